@@ -1,0 +1,108 @@
+// args.c: see args.h. Options are consumed when a command asks for them, so
+// positional arguments must be read after every option has been queried.
+#include "host/args.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void args_init(args *a, int argc, char **argv) {
+    memset(a, 0, sizeof *a);
+    a->argc = argc > 255 ? 255 : argc;
+    a->argv = argv;
+}
+
+// Does argv[i] equal one of the '|'-separated names?
+static int name_matches(const char *names, const char *arg) {
+    size_t n = strlen(arg);
+    for (const char *p = names; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, arg, n) == 0) return 1;
+        if (!bar) break;
+        p = bar + 1;
+    }
+    return 0;
+}
+
+static int find(args *a, const char *names) {
+    for (int i = 0; i < a->argc; i++) {
+        if (!a->used[i] && a->argv[i][0] == '-' && name_matches(names, a->argv[i])) return i;
+    }
+    return -1;
+}
+
+const char *args_str(args *a, const char *names, const char *def) {
+    int i = find(a, names);
+    if (i < 0) return def;
+    a->used[i] = 1;
+    if (i + 1 >= a->argc) {
+        if (!a->err[0]) snprintf(a->err, sizeof a->err, "option %s needs a value", a->argv[i]);
+        return def;
+    }
+    a->used[i + 1] = 1;
+    return a->argv[i + 1];
+}
+
+long args_int(args *a, const char *names, long def) {
+    const char *s = args_str(a, names, NULL);
+    if (!s) return def;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end) {
+        if (!a->err[0]) snprintf(a->err, sizeof a->err, "option %s: '%s' is not an integer", names, s);
+        return def;
+    }
+    return v;
+}
+
+double args_float(args *a, const char *names, double def) {
+    const char *s = args_str(a, names, NULL);
+    if (!s) return def;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end) {
+        if (!a->err[0]) snprintf(a->err, sizeof a->err, "option %s: '%s' is not a number", names, s);
+        return def;
+    }
+    return v;
+}
+
+int args_flag(args *a, const char *names) {
+    int i = find(a, names);
+    if (i < 0) return 0;
+    a->used[i] = 1;
+    return 1;
+}
+
+static int is_positional(args *a, int i) {
+    const char *s = a->argv[i];
+    return !a->used[i] && (s[0] != '-' || s[1] == '\0');
+}
+
+const char *args_pos(args *a, int k) {
+    for (int i = 0; i < a->argc; i++) {
+        if (is_positional(a, i) && k-- == 0) return a->argv[i];
+    }
+    return NULL;
+}
+
+int args_finish(args *a, int n_positional_allowed) {
+    if (a->err[0]) return -1;
+    int npos = 0;
+    for (int i = 0; i < a->argc; i++) {
+        if (a->used[i]) continue;
+        if (!is_positional(a, i)) {
+            snprintf(a->err, sizeof a->err, "unknown option '%s'", a->argv[i]);
+            return -1;
+        }
+        if (++npos > n_positional_allowed) {
+            snprintf(a->err, sizeof a->err, "unexpected argument '%s'", a->argv[i]);
+            return -1;
+        }
+    }
+    return 0;
+}

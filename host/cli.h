@@ -1,0 +1,19 @@
+// cli.h: the varent subcommands. Each takes the arguments after its name and returns
+// the process exit status. Only CLI code prints to the user and decides exit codes.
+#ifndef VARENT_CLI_H
+#define VARENT_CLI_H
+
+int cmd_run(int argc, char **argv);         // host/cli_run.c
+int cmd_logits(int argc, char **argv);      // host/cli_run.c
+int cmd_info(int argc, char **argv);        // host/cli_info.c
+int cmd_bench(int argc, char **argv);       // host/cli_bench.c
+int cmd_convert(int argc, char **argv);     // host/cli_convert.c: dispatches to the converters
+int cmd_tokenize(int argc, char **argv);    // host/cli_tokenize.c
+int cmd_detokenize(int argc, char **argv);  // host/cli_tokenize.c
+int cmd_template(int argc, char **argv);    // host/cli_template.c: render a chat template
+
+// Converters, called by cmd_convert with the arguments after the format name.
+int convert_llama2c_main(int argc, char **argv);  // host/convert_llama2c.c
+int convert_gguf_main(int argc, char **argv);     // host/convert_gguf.c
+
+#endif

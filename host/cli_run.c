@@ -1,0 +1,146 @@
+// cli_run.c: `varent run` (generate text) and `varent logits` (dump logits).
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "host/args.h"
+#include "host/cli.h"
+#include "host/generate.h"
+
+// Options shared by every command that opens a model.
+static void read_session_opts(args *a, session_opts *o) {
+    o->model_dir = args_str(a, "-m|--model", NULL);
+    o->ctx = (int)args_int(a, "--ctx", 0);
+    o->threads = (int)args_int(a, "-t|--threads", 0);
+    o->device = args_str(a, "--device", "cpu");
+    o->max_batch = (int)args_int(a, "--batch", 0);
+}
+
+static int fail(const char *cmd, const char *msg) {
+    fprintf(stderr, "varent %s: %s\n", cmd, msg);
+    return 1;
+}
+
+typedef struct {
+    session *s;
+    tokenizer_stream *ts;
+} run_out;
+
+static int print_token(void *ud, int id) {
+    run_out *o = ud;
+    if (!o->ts) {
+        printf("%s%d", "", id), printf(" ");
+    } else {
+        const char *text;
+        verr err;
+        int n = tokenizer_stream_push(o->ts, id, &text, &err);
+        if (n > 0) fwrite(text, 1, (size_t)n, stdout);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+// The prompt: --ids, -p TEXT, or BOS alone.
+static int prompt_ids(session *s, const char *ids_arg, const char *text, int **ids, verr *err) {
+    if (ids_arg) return parse_id_list(ids_arg, ids, err);
+    if (text) return session_encode_prompt(s, text, ids, err);
+    int bos = s->m.cfg.bos_id >= 0 ? s->m.cfg.bos_id : s->tok ? tokenizer_bos_id(s->tok) : -1;
+    if (bos < 0) return verr_set(err, "the model has no BOS token: give a prompt with -p or --ids");
+    *ids = malloc(sizeof(int));
+    if (!*ids) return verr_set(err, "out of memory");
+    **ids = bos;
+    return 1;
+}
+
+int cmd_run(int argc, char **argv) {
+    args a;
+    args_init(&a, argc, argv);
+    session_opts so = { 0 };
+    read_session_opts(&a, &so);
+    const char *ids_arg = args_str(&a, "--ids", NULL), *text = args_str(&a, "-p|--prompt", NULL);
+    gen_opts g = { .max_new = (int)args_int(&a, "-n|--max-tokens", 256) };
+    g.sp.temperature = (float)args_float(&a, "--temp|--temperature", 1.0);
+    g.sp.top_k = (int)args_int(&a, "--top-k", 0);
+    g.sp.top_p = (float)args_float(&a, "--top-p", 1.0);
+    g.sp.min_p = (float)args_float(&a, "--min-p", 0.0);
+    g.seed = (uint64_t)args_int(&a, "--seed", (long)time(NULL));
+    int stats = args_flag(&a, "--stats");
+    if (args_finish(&a, 0)) return fail("run", a.err);
+    if (!so.model_dir) return fail("run", "missing -m MODEL_DIR");
+    if (ids_arg && text) return fail("run", "give either --ids or -p, not both");
+    if (g.sp.temperature < 0 || g.sp.top_k < 0 || g.sp.top_p <= 0 || g.sp.top_p > 1 || g.sp.min_p < 0 || g.sp.min_p >= 1 ||
+        g.max_new < 0)
+        return fail("run", "need --temp >= 0, --top-k >= 0, 0 < --top-p <= 1, 0 <= --min-p < 1, -n >= 0");
+
+    verr err = { { 0 } };
+    session s;
+    if (session_open(&s, &so, &err)) return fail("run", err.msg);
+    int *ids = NULL, n = prompt_ids(&s, ids_arg, text, &ids, &err), rc = 0;
+    run_out out = { &s, s.tok ? tokenizer_stream_new(s.tok, 1) : NULL };
+    g.on_token = print_token, g.ud = &out;
+    gen_stats st;
+    if (n < 0 || generate(&s, ids, n, &g, &st, &err)) {
+        rc = fail("run", err.msg);
+    } else {
+        const char *tail;
+        int k = out.ts ? tokenizer_stream_flush(out.ts, &tail) : 0;
+        if (k > 0) fwrite(tail, 1, (size_t)k, stdout);
+        printf("\n");
+        if (stats)
+            fprintf(stderr, "load %.3f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | seed %llu\n",
+                    s.load_s, st.n_prompt, st.n_prompt / (st.prefill_s > 0 ? st.prefill_s : 1e-9), st.n_gen,
+                    st.n_gen > 1 ? (st.n_gen - 1) / st.decode_s : 0.0, (unsigned long long)g.seed);
+    }
+    if (out.ts) tokenizer_stream_free(out.ts);
+    free(ids);
+    session_close(&s);
+    return rc;
+}
+
+// Writes n floats to path atomically (tmp + rename): no partial file on failure.
+static int write_floats(const char *path, const float *x, int n, verr *err) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return verr_set(err, "%s: cannot create: %s", tmp, strerror(errno));
+    int ok = fwrite(x, sizeof(float), (size_t)n, f) == (size_t)n;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return verr_set(err, "%s: write failed: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+int cmd_logits(int argc, char **argv) {
+    args a;
+    args_init(&a, argc, argv);
+    session_opts so = { 0 };
+    read_session_opts(&a, &so);
+    const char *ids_arg = args_str(&a, "--ids", NULL), *out = args_str(&a, "-o|--out", NULL);
+    int chunk = (int)args_int(&a, "--chunk", 0);
+    if (args_finish(&a, 0)) return fail("logits", a.err);
+    if (!so.model_dir || !ids_arg || !out) return fail("logits", "usage: varent logits -m DIR --ids 1,2,3 --out FILE [--chunk C]");
+    if (chunk < 0) return fail("logits", "--chunk must be positive");
+    verr err = { { 0 } };
+    int *ids = NULL;
+    int n = parse_id_list(ids_arg, &ids, &err);
+    if (n < 0) return fail("logits", err.msg);
+    session s;
+    if (session_open(&s, &so, &err)) {
+        free(ids);
+        return fail("logits", err.msg);
+    }
+    kv_view kv = kv_view_of(&s.kv);
+    int rc = 0, step = chunk > 0 ? chunk : n;
+    if (n > s.ctx) rc = verr_set(&err, "%d ids do not fit the %d-token context (raise --ctx)", n, s.ctx);
+    for (int i = 0; rc == 0 && i < n; i += step)
+        rc = forward(&s.fw, &kv, ids + i, n - i < step ? n - i : step, &err);
+    if (rc == 0) rc = write_floats(out, s.fw.logits, s.m.cfg.vocab_size, &err);
+    free(ids);
+    session_close(&s);
+    return rc ? fail("logits", err.msg) : 0;
+}

@@ -1,0 +1,40 @@
+// kv_cache.h: preallocated fp32 keys and values for every layer.
+// A sequence reads a trunk (shared, e.g. the prompt) and optionally writes into a
+// small private tail; branches fork by getting their own tail, not a cache copy.
+#ifndef VARENT_KV_CACHE_H
+#define VARENT_KV_CACHE_H
+
+#include <stddef.h>
+#include "host/err.h"
+
+typedef struct {
+    int n_layers, ctx, kv_dim;
+    float *k, *v;  // [n_layers, ctx, kv_dim]
+    int len;       // filled positions
+} kv_cache;
+
+// What one forward call sees: trunk positions 0..n_trunk-1 and, when tail is set,
+// tail positions after them. New tokens go to the tail if there is one.
+typedef struct {
+    kv_cache *trunk;
+    int n_trunk;     // trunk positions visible to this sequence (<= trunk->len)
+    kv_cache *tail;  // NULL: append to the trunk
+} kv_view;
+
+int kv_cache_init(kv_cache *c, int n_layers, int ctx, int kv_dim, verr *err);
+void kv_cache_free(kv_cache *c);
+static inline float *kv_cache_k(const kv_cache *c, int layer) { return c->k + (size_t)layer * c->ctx * c->kv_dim; }
+static inline float *kv_cache_v(const kv_cache *c, int layer) { return c->v + (size_t)layer * c->ctx * c->kv_dim; }
+// A view of the whole trunk that appends to it.
+static inline kv_view kv_view_of(kv_cache *c) { return (kv_view){ c, c->len, NULL }; }
+// Positions the view holds, and how many more it can take.
+static inline int kv_view_len(const kv_view *v) { return v->n_trunk + (v->tail ? v->tail->len : 0); }
+static inline int kv_view_room(const kv_view *v) {
+    return v->tail ? v->tail->ctx - v->tail->len : v->trunk->ctx - v->trunk->len;
+}
+// Drop positions >= len (rollback). The cache is truncated, never recomputed.
+void kv_cache_truncate(kv_cache *c, int len);
+// Append the first n tail positions to the trunk (commit a branch).
+int kv_cache_commit(kv_cache *trunk, const kv_cache *tail, int n, verr *err);
+
+#endif

@@ -1,0 +1,59 @@
+// main.c: the varent command line. Dispatches to the subcommands in host/cli_*.c.
+#include <stdio.h>
+#include <string.h>
+
+#include "host/cli.h"
+
+#ifdef VARENT_CUDA
+int cuda_device_count(void);
+#endif
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    { "run", cmd_run, "generate text from a prompt or token ids" },
+    { "logits", cmd_logits, "write the last position's logits as float32" },
+    { "info", cmd_info, "print a model's config, parameters and bytes per token" },
+    { "bench", cmd_bench, "measure prefill and decode speed" },
+    { "convert", cmd_convert, "convert llama2c or gguf checkpoints to a HF model dir" },
+    { "tokenize", cmd_tokenize, "text to token ids" },
+    { "detokenize", cmd_detokenize, "token ids to text" },
+    { "template", cmd_template, "render a chat template" },
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: varent <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\nvarent --version prints the version and compiled backends.\n");
+}
+
+static void version(void) {
+    printf("varent %s\nbackends: cpu", VARENT_VERSION);
+#ifdef VARENT_CUDA
+    printf(" cuda");
+    int n = cuda_device_count();
+    printf("\ncuda devices: %d", n);
+#endif
+    printf("\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        version();
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 2, argv + 2);
+    fprintf(stderr, "varent: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

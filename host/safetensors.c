@@ -1,0 +1,2 @@
+#define SAFETENSORS_IMPLEMENTATION
+#include "host/safetensors.h"

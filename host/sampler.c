@@ -1,0 +1,118 @@
+// sampler.c: see sampler.h. Probabilities are computed in double so truncation
+// thresholds and the inverse CDF are exact to the last bit that matters.
+#include "host/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+int sampler_init(sampler *s, int vocab) {
+    s->n = vocab, s->n_cand = 0;
+    s->cand = malloc((size_t)vocab * sizeof *s->cand);
+    return s->cand ? 0 : -1;
+}
+
+void sampler_free(sampler *s) {
+    free(s->cand);
+    s->cand = NULL;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+double rng_uniform(rng *r) {
+    uint64_t x = splitmix64(r->seed ^ splitmix64(r->counter++));
+    return (double)(x >> 11) * 0x1.0p-53;
+}
+
+int sampler_argmax(const float *logits, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+static int cand_cmp(const void *a, const void *b) {
+    const sampler_cand *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id - y->id;
+}
+
+// Keeps candidates with p >= thr, preserving order.
+static int keep_at_least(sampler_cand *c, int n, double thr) {
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (c[i].p >= thr) c[m++] = c[i];
+    return m;
+}
+
+// Top-p needs only the head of the sorted list: find a threshold whose survivors
+// already hold top_p of the mass, so the sort touches few candidates.
+static int nucleus_prefilter(sampler_cand *c, int n, double total, double top_p) {
+    for (double eps = 1e-3; eps > 1e-300; eps *= 1e-3) {
+        double mass = 0;
+        for (int i = 0; i < n; i++)
+            if (c[i].p >= eps) mass += c[i].p;
+        if (mass >= top_p * total) return keep_at_least(c, n, eps);
+    }
+    return n;
+}
+
+double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
+    sampler_cand *c = s->cand;
+    int n = s->n;
+    if (p.temperature <= 0) {
+        c[0] = (sampler_cand){ 1.0, sampler_argmax(logits, n) };
+        s->n_cand = 1;
+        return 0;
+    }
+    float mx = logits[sampler_argmax(logits, n)];
+    double total = 0, inv_t = 1.0 / p.temperature;
+    for (int i = 0; i < n; i++) {
+        c[i] = (sampler_cand){ exp(((double)logits[i] - mx) * inv_t), i };
+        total += c[i].p;
+    }
+    if (p.min_p > 0) n = keep_at_least(c, n, p.min_p * 1.0);  // p_max is exp(0) = 1 here
+    if (p.top_p < 1 && !(p.top_k > 0 && p.top_k < n)) {
+        double kept = 0;
+        for (int i = 0; i < n; i++) kept += c[i].p;
+        n = nucleus_prefilter(c, n, kept, p.top_p);
+    }
+    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    if (p.top_k > 0 && p.top_k < n) n = p.top_k;
+    total = 0;
+    for (int i = 0; i < n; i++) total += c[i].p;
+    if (p.top_p < 1) {  // smallest prefix whose mass reaches top_p
+        double cum = 0;
+        int m = 0;
+        while (m < n && cum < p.top_p * total) cum += c[m++].p;
+        n = m > 0 ? m : 1;
+        total = 0;
+        for (int i = 0; i < n; i++) total += c[i].p;
+    }
+    double h = 0;
+    for (int i = 0; i < n; i++) {
+        c[i].p /= total;
+        if (c[i].p > 0) h -= c[i].p * log2(c[i].p);
+    }
+    s->n_cand = n;
+    return h;
+}
+
+int sampler_draw(const sampler *s, rng *r) {
+    double u = rng_uniform(r), cum = 0;
+    for (int i = 0; i < s->n_cand; i++) {
+        cum += s->cand[i].p;
+        if (u < cum) return s->cand[i].id;
+    }
+    return s->cand[s->n_cand - 1].id;  // u beyond the rounded total
+}
+
+int sampler_sample(sampler *s, const float *logits, sampler_params p, rng *r) {
+    if (p.temperature <= 0) return sampler_argmax(logits, s->n);
+    sampler_distribution(s, logits, p);
+    return sampler_draw(s, r);
+}

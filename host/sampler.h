@@ -1,0 +1,44 @@
+// sampler.h: stock decoding. The order is fixed: temperature, then min-p, top-k and
+// top-p truncation, then an exact categorical draw (double-precision inverse CDF)
+// from a seeded counter-based generator, so a seed always gives the same tokens.
+#ifndef VARENT_SAMPLER_H
+#define VARENT_SAMPLER_H
+
+#include <stdint.h>
+
+typedef struct {
+    float temperature;  // 0: greedy argmax
+    int top_k;          // 0: off
+    float top_p;        // 1: off
+    float min_p;        // 0: off
+} sampler_params;
+
+// Counter-based: draw i is a pure function of (seed, i), as on the device.
+typedef struct {
+    uint64_t seed, counter;
+} rng;
+
+typedef struct {
+    double p;
+    int id;
+} sampler_cand;
+
+typedef struct {
+    int n;               // vocab size
+    sampler_cand *cand;  // [n] kept candidates, most probable first (ties: lower id)
+    int n_cand;          // candidates kept by the last truncation
+} sampler;
+
+int sampler_init(sampler *s, int vocab);
+void sampler_free(sampler *s);
+double rng_uniform(rng *r);  // [0, 1), 53 bits
+int sampler_argmax(const float *logits, int n);
+// Builds the truncated, renormalised distribution in s->cand and returns its
+// entropy in bits. Temperature <= 0 gives the one-hot argmax distribution.
+double sampler_distribution(sampler *s, const float *logits, sampler_params p);
+// Draws from the distribution last built by sampler_distribution.
+int sampler_draw(const sampler *s, rng *r);
+// sampler_distribution + sampler_draw.
+int sampler_sample(sampler *s, const float *logits, sampler_params p, rng *r);
+
+#endif

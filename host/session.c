@@ -1,0 +1,121 @@
+// session.c: see session.h.
+#include "host/session.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef VARENT_CUDA
+int cuda_device_count(void);
+#endif
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int check_device(const char *dev, verr *err) {
+    if (!dev || !strcmp(dev, "cpu")) return 0;
+    if (strncmp(dev, "cuda", 4) != 0 || (dev[4] && dev[4] != ':'))
+        return verr_set(err, "unknown device '%s' (use cpu or cuda[:N])", dev);
+#ifdef VARENT_CUDA
+    if (cuda_device_count() == 0) return verr_set(err, "--device %s: no CUDA device found on this machine", dev);
+    return verr_set(err, "--device %s: the CUDA forward pass is not available in this build yet; use --device cpu", dev);
+#else
+    return verr_set(err, "--device %s: this varent was built without CUDA (rebuild with nvcc on PATH)", dev);
+#endif
+}
+
+static int open_tokenizer(session *s, const char *dir, verr *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (access(path, F_OK) != 0) return 0;  // ids-only model dirs are fine
+    s->tok = tokenizer_load(dir, err);
+    return s->tok ? 0 : -1;
+}
+
+int session_open(session *s, const session_opts *o, verr *err) {
+    memset(s, 0, sizeof *s);
+    double t0 = now_s();
+    if (check_device(o->device, err) || model_load(&s->m, o->model_dir, err)) return -1;
+    const model_config *c = &s->m.cfg;
+    s->ctx = o->ctx > 0 ? o->ctx : (c->max_pos < 4096 ? c->max_pos : 4096);
+    if (o->ctx > c->max_pos) {
+        model_free(&s->m);
+        return verr_set(err, "--ctx %d exceeds the model's max_position_embeddings (%d)", o->ctx, c->max_pos);
+    }
+    if (o->threads > 0) cpu_set_threads(o->threads);
+    int batch = o->max_batch > 0 ? o->max_batch : 256;
+    if (forward_init(&s->fw, &s->m, batch < s->ctx ? batch : s->ctx, s->ctx, err) ||
+        kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err) ||
+        sampler_init(&s->smp, c->vocab_size) != 0 || open_tokenizer(s, o->model_dir, err)) {
+        if (!err->msg[0]) verr_set(err, "out of memory");
+        session_close(s);
+        return -1;
+    }
+    s->load_s = now_s() - t0;
+    return 0;
+}
+
+void session_close(session *s) {
+    forward_free(&s->fw);
+    kv_cache_free(&s->kv);
+    sampler_free(&s->smp);
+    if (s->tok) tokenizer_free(s->tok);
+    model_free(&s->m);
+    memset(s, 0, sizeof *s);
+}
+
+int session_is_stop(const session *s, int id) {
+    for (int i = 0; i < s->m.cfg.n_eos; i++)
+        if (s->m.cfg.eos_ids[i] == id) return 1;
+    return s->tok && tokenizer_eos_id(s->tok) == id;
+}
+
+int session_encode_prompt(const session *s, const char *text, int **ids, verr *err) {
+    if (!s->tok) return verr_set(err, "%s has no tokenizer.json: pass token ids with --ids", s->m.dir);
+    int *body = NULL;
+    int n = tokenizer_encode(s->tok, text, strlen(text), 1, &body, err);
+    if (n < 0) return -1;
+    int bos = tokenizer_add_bos(s->tok) ? tokenizer_bos_id(s->tok) : -1;
+    int *out = malloc(sizeof(int) * (size_t)(n + 1));
+    if (!out) {
+        free(body);
+        return verr_set(err, "out of memory");
+    }
+    int k = 0;
+    if (bos >= 0) out[k++] = bos;
+    memcpy(out + k, body, sizeof(int) * (size_t)n);
+    free(body);
+    *ids = out;
+    return n + k;
+}
+
+int parse_id_list(const char *str, int **ids, verr *err) {
+    size_t cap = 1;
+    for (const char *p = str; *p; p++) cap += *p == ',';
+    int *out = malloc(cap * sizeof *out), n = 0;
+    if (!out) return verr_set(err, "out of memory");
+    const char *p = str;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > 0x7fffffff || (*end && *end != ',')) {
+            free(out);
+            return verr_set(err, "--ids: '%s' is not a comma-separated list of token ids (at offset %ld)", str,
+                            (long)(p - str));
+        }
+        out[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) {
+        free(out);
+        return verr_set(err, "--ids: empty list");
+    }
+    *ids = out;
+    return n;
+}

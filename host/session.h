@@ -1,0 +1,40 @@
+// session.h: everything one generation needs, opened from a model directory:
+// the model, the forward scratch, the KV cache, the tokenizer (when the directory
+// has one) and the sampler.
+#ifndef VARENT_SESSION_H
+#define VARENT_SESSION_H
+
+#include "host/kv_cache.h"
+#include "host/sampler.h"
+#include "model/forward.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct {
+    const char *model_dir;
+    int ctx;          // 0: min(max_position_embeddings, 4096)
+    int threads;      // 0: all cores
+    const char *device;  // "cpu" (default) or "cuda[:N]"
+    int max_batch;    // prefill chunk size (0: 256)
+} session_opts;
+
+typedef struct {
+    model m;
+    forward_state fw;
+    kv_cache kv;
+    tokenizer *tok;   // NULL when the model dir has no tokenizer.json
+    sampler smp;
+    int ctx;
+    double load_s;    // seconds spent loading
+} session;
+
+int session_open(session *s, const session_opts *o, verr *err);
+void session_close(session *s);
+// Ids that end generation: config eos ids plus the tokenizer's eos.
+int session_is_stop(const session *s, int id);
+// Text to prompt ids, with BOS when the tokenizer config says so. *ids is malloc'd.
+int session_encode_prompt(const session *s, const char *text, int **ids, verr *err);
+
+// Parses "1,2,3" into a malloc'd array; returns the count or -1 with err.
+int parse_id_list(const char *s, int **ids, verr *err);
+
+#endif

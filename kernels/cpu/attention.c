@@ -1,0 +1,59 @@
+// attention.c: causal grouped-query attention over a kv_span (trunk + tail).
+// Each (token, head) pair is independent, so they are spread across threads; each
+// thread keeps its own score buffer sized to the number of keys.
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "kernels/ops.h"
+
+static inline const float *kv_row(const void *trunk, const void *tail, int n_trunk, int j, int kv_dim) {
+    return j < n_trunk ? (const float *)trunk + (size_t)j * kv_dim
+                       : (const float *)tail + (size_t)(j - n_trunk) * kv_dim;
+}
+
+// One query against keys 0..n_keys-1: writes softmax(q.k * scale) @ v to out and,
+// if raw is non-NULL, the scaled scores before softmax.
+static void attend_one(float *out, const float *q, kv_span kv, int n_keys, int kv_off, int kv_dim,
+                       int hd, float scale, float *scores, float *raw) {
+    float mx = -INFINITY;
+    for (int j = 0; j < n_keys; j++) {
+        const float *k = kv_row(kv.k_trunk, kv.k_tail, kv.n_trunk, j, kv_dim) + kv_off;
+        float s = 0;
+        for (int i = 0; i < hd; i++) s += q[i] * k[i];
+        s *= scale;
+        scores[j] = s;
+        if (raw) raw[j] = s;
+        if (s > mx) mx = s;
+    }
+    float sum = 0;
+    for (int j = 0; j < n_keys; j++) sum += scores[j] = expf(scores[j] - mx);
+    float inv = 1.0f / sum;
+    for (int i = 0; i < hd; i++) out[i] = 0;
+    for (int j = 0; j < n_keys; j++) {
+        const float *v = kv_row(kv.v_trunk, kv.v_tail, kv.n_trunk, j, kv_dim) + kv_off;
+        float a = scores[j] * inv;
+        for (int i = 0; i < hd; i++) out[i] += a * v[i];
+    }
+}
+
+void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s, float *last_scores) {
+    int total = kv.n_trunk + kv.n_tail, kv_dim = s.n_kv_heads * s.head_dim;
+    int group = s.n_heads / s.n_kv_heads;
+    int jobs = T * s.n_heads;
+#pragma omp parallel if (jobs > 1 && (long)jobs * total * s.head_dim > 16384)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(total ? total : 1));
+#pragma omp for schedule(dynamic, 4)
+        for (int job = 0; job < jobs; job++) {
+            int t = job / s.n_heads, h = job % s.n_heads;
+            int n_keys = total - T + t + 1;  // causal: keys up to this query's position
+            size_t off = ((size_t)t * s.n_heads + h) * s.head_dim;
+            float *raw = (last_scores && t == T - 1) ? last_scores + (size_t)h * total : NULL;
+            if (scores)
+                attend_one(out + off, q + off, kv, n_keys, (h / group) * s.head_dim, kv_dim, s.head_dim,
+                           s.scale, scores, raw);
+        }
+        free(scores);
+    }
+}

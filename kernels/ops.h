@@ -1,0 +1,86 @@
+// ops.h: the operator interface shared by the CPU (kernels/cpu) and CUDA
+// (kernels/cuda) backends. Every op exists as cpu_<op> and cuda_<op> with the same
+// arguments; CUDA variants take device pointers and a stream. Activations are fp32;
+// weights stay in their stored dtype (F32, F16 or BF16) and are widened on the fly.
+//
+// Shapes are written [rows, cols], row-major. T is the number of tokens in the batch.
+#ifndef VARENT_OPS_H
+#define VARENT_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { WT_F32 = 0, WT_F16 = 1, WT_BF16 = 2 } wtype;
+
+static inline size_t wtype_size(wtype t) { return t == WT_F32 ? 4 : 2; }
+static inline const char *wtype_name(wtype t) {
+    return t == WT_F32 ? "f32" : t == WT_F16 ? "f16" : "bf16";
+}
+
+// A weight tensor as the kernels see it: data in its stored dtype.
+typedef struct {
+    const void *data;
+    wtype type;
+} wref;
+
+// The keys and values one attention call reads, as two segments: a shared trunk
+// (positions 0..n_trunk-1) and an optional private tail (positions
+// n_trunk..n_trunk+n_tail-1). Branches and agents share the prompt's trunk and keep
+// only their own tail, so forking never copies the whole cache.
+// Each buffer is [positions, n_kv_heads * head_dim] fp32 (CPU) or bf16 (CUDA).
+typedef struct {
+    const void *k_trunk, *v_trunk;
+    int n_trunk;
+    const void *k_tail, *v_tail;  // may be NULL when n_tail == 0
+    int n_tail;
+} kv_span;
+
+// Attention geometry for one layer.
+typedef struct {
+    int n_heads, n_kv_heads, head_dim;
+    float scale;  // 1/sqrt(head_dim)
+} attn_shape;
+
+// ---- CPU backend (kernels/cpu) -------------------------------------------------
+
+// Set how many threads the CPU kernels use (0 = all cores). Returns the count in use.
+int cpu_set_threads(int n);
+
+// out[T, dim] = table[ids[t], :]
+void cpu_embed(float *out, wref table, const int *ids, int T, int dim);
+// out[T, dim] = x / rms(x) * w   (in-place allowed: out == x)
+void cpu_rmsnorm(float *out, const float *x, wref w, int T, int dim, float eps);
+// out[T, n_out] = x[T, n_in] @ w[n_out, n_in]^T   (fp32 accumulation)
+void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out);
+// x[T, n] += b[n]
+void cpu_add_bias(float *x, wref b, int T, int n);
+// Rotary embedding in place on x[T, n_heads, head_dim] at positions pos[t].
+// inv_freq[head_dim/2] already includes any frequency scaling (llama3).
+// interleaved=0: HF rotate-half pairs (i, i+hd/2); 1: adjacent pairs (2i, 2i+1).
+void cpu_rope(float *x, const int *pos, int T, int n_heads, int head_dim,
+              const float *inv_freq, int interleaved);
+// Causal GQA attention. q[T, n_heads*hd] holds queries at positions
+// kv.n_trunk + kv.n_tail - T + t (the newest T positions, already in kv).
+// out[T, n_heads*hd]. If last_scores != NULL it receives the scaled pre-softmax
+// scores of the last query, [n_heads, n_keys] with n_keys = n_trunk + n_tail.
+void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s,
+                   float *last_scores);
+// out[n] = silu(gate[n]) * up[n]   (in-place allowed: out == gate)
+void cpu_swiglu(float *out, const float *gate, const float *up, size_t n);
+// x[n] += y[n]
+void cpu_add(float *x, const float *y, size_t n);
+
+// Numeric conversions shared by loaders and kernels.
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
+    return v.f;
+}
+static inline uint16_t f32_to_bf16(float f) {  // round to nearest even
+    union { float f; uint32_t u; } v = { f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);  // NaN
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1)) >> 16);
+}
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+
+#endif

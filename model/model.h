@@ -1,0 +1,36 @@
+// model.h: a loaded model: config, weights (views into the mmapped safetensors, in
+// their stored dtype) and the RoPE table.
+#ifndef VARENT_MODEL_H
+#define VARENT_MODEL_H
+
+#include "host/safetensors.h"
+#include "kernels/ops.h"
+#include "model/config.h"
+
+typedef struct {
+    wref attn_norm;          // [dim]
+    wref wq, wk, wv, wo;     // [n_heads*hd, dim], [n_kv*hd, dim] x2, [dim, n_heads*hd]
+    wref bq, bk, bv;         // [n_heads*hd], [n_kv*hd] x2 (Qwen2 / attention_bias)
+    wref q_norm, k_norm;     // [hd] (Qwen3)
+    wref ffn_norm;           // [dim]
+    wref w_gate, w_up;       // [hidden_dim, dim]
+    wref w_down;             // [dim, hidden_dim]
+} layer_weights;
+
+typedef struct {
+    model_config cfg;
+    char dir[4096];
+    st_set files;
+    wref embed;              // [vocab, dim]
+    wref final_norm;         // [dim]
+    wref lm_head;            // [vocab, dim] (the embedding when tied)
+    layer_weights *layers;   // [n_layers]
+    float *inv_freq;         // [head_dim/2]
+    size_t n_params;
+    size_t weight_bytes;     // bytes read per token (all weights, lm_head once)
+} model;
+
+int model_load(model *m, const char *dir, verr *err);
+void model_free(model *m);
+
+#endif

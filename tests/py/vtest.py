@@ -1,0 +1,66 @@
+"""vtest: helpers for the Python test programs (PASS/FAIL/SKIP protocol of tests/run.sh)."""
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.environ.get("ROOT", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+VARENT = os.environ.get("VARENT", os.path.join(ROOT, "varent"))
+TESTDATA = os.environ.get("TESTDATA", os.path.join(ROOT, "tests", "data"))
+TESTTMP = os.environ.get("TESTTMP", os.path.join(ROOT, "tests", "tmp"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+failures = 0
+
+
+def check(cond, name, why=""):
+    global failures
+    if cond:
+        print(f"PASS {name}", flush=True)
+    else:
+        failures += 1
+        print(f"FAIL {name}: {why}", flush=True)
+    return cond
+
+
+def skip(name, why):
+    print(f"SKIP {name}: {why}", flush=True)
+
+
+def varent(*args, stdin=None, timeout=300, env=None):
+    """Run the varent binary; returns CompletedProcess with text stdout/stderr."""
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    return subprocess.run([VARENT, *map(str, args)], input=stdin, capture_output=True,
+                          text=True, timeout=timeout, env=e)
+
+
+def tmpdir(prefix):
+    os.makedirs(TESTTMP, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix + "-", dir=TESTTMP)
+
+
+def done():
+    sys.exit(1 if failures else 0)
+
+
+def stories_dir(dtype="f32"):
+    """stories260K converted to a HF dir with `varent convert llama2c` (cached per test run)."""
+    import lzma
+    import shutil
+    out = os.path.join(TESTTMP, f"stories260K-{dtype}")
+    if os.path.exists(os.path.join(out, "tokenizer.json")):
+        return out
+    src = os.path.join(TESTDATA, "stories260K")
+    ckpt = os.path.join(TESTTMP, "stories260K.bin")
+    if not os.path.exists(ckpt):
+        with lzma.open(os.path.join(src, "stories260K.bin.xz")) as f, open(ckpt + ".tmp", "wb") as g:
+            shutil.copyfileobj(f, g)
+        os.replace(ckpt + ".tmp", ckpt)
+    shutil.rmtree(out, ignore_errors=True)
+    r = varent("convert", "llama2c", ckpt, os.path.join(src, "tok512.bin"), out, "--dtype", dtype)
+    if r.returncode != 0:
+        raise RuntimeError(f"convert llama2c failed: {r.stderr}")
+    return out

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs every test program and totals their results.
+# Protocol: each program prints "PASS name", "FAIL name: why" or "SKIP name: why" lines.
+# A program that exits non-zero without printing a FAIL line counts as one failure.
+# Programs: build/tests/test_* (C), tests/py/test_*.py, tests/sh/test_*.sh.
+# Usage: tests/run.sh [filter]   (only programs whose name contains filter)
+set -u
+cd "$(dirname "$0")/.."
+export ROOT=$PWD
+export BUILD=${BUILD:-build}
+export PYTHON=${PYTHON:-python3}
+export VARENT=${VARENT:-$ROOT/varent}
+export TESTDATA=$ROOT/tests/data
+export TESTTMP=$ROOT/tests/tmp
+mkdir -p "$TESTTMP"
+filter=${1:-}
+pass=0; fail=0; skip=0; failed=()
+
+run_one() {  # name, command...
+    local name=$1; shift
+    local log="$TESTTMP/$name.log"
+    local start=$SECONDS
+    "$@" >"$log" 2>&1
+    local rc=$?
+    local p f s
+    p=$(grep -c '^PASS ' "$log"); f=$(grep -c '^FAIL ' "$log"); s=$(grep -c '^SKIP ' "$log")
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; echo "FAIL $name: exited with status $rc" >>"$log"; fi
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+    printf '%-28s %4d passed %3d failed %3d skipped  (%ds)\n' "$name" "$p" "$f" "$s" $((SECONDS - start))
+    if [ "$f" -gt 0 ]; then
+        failed+=("$name")
+        grep -E '^FAIL ' "$log" | head -20 | sed 's/^/    /'
+        tail -n 15 "$log" | grep -vE '^(PASS|FAIL|SKIP) ' | sed 's/^/    | /'
+    fi
+    grep -E '^SKIP ' "$log" | head -5 | sed 's/^/    /'
+}
+
+for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t"); [[ -z "$filter" || "$n" == *"$filter"* ]] || continue
+    run_one "$n" "$t"
+done
+for t in tests/py/test_*.py; do
+    [ -f "$t" ] || continue
+    n=$(basename "$t" .py); [[ -z "$filter" || "$n" == *"$filter"* ]] || continue
+    run_one "$n" "$PYTHON" "$t"
+done
+for t in tests/sh/test_*.sh; do
+    [ -f "$t" ] || continue
+    n=$(basename "$t" .sh); [[ -z "$filter" || "$n" == *"$filter"* ]] || continue
+    run_one "$n" bash "$t"
+done
+
+echo
+[ ${#failed[@]} -gt 0 ] && echo "failed programs: ${failed[*]} (logs in tests/tmp/)"
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]

@@ -83,4 +83,9 @@ static inline uint16_t f32_to_bf16(float f) {  // round to nearest even
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+// ---- CUDA backend (kernels/cuda): same ops on device pointers ---------------------
+#ifdef VARENT_CUDA
+#include "kernels/ops_cuda.h"
+#endif
+
 #endif

@@ -1,0 +1,114 @@
+// common.cuh: shared helpers of the CUDA kernels: error macros that name the call,
+// file and line; 16-bit float widening; warp and block reductions.
+#ifndef VARENT_CUDA_COMMON_CUH
+#define VARENT_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include <math.h>
+#include "kernels/ops_cuda.h"
+
+// Record a failed CUDA runtime call in ctx->err and return -1 from the caller.
+#define CUDA_CHECK(ctx, call)                                                          \
+    do {                                                                               \
+        cudaError_t e_ = (call);                                                       \
+        if (e_ != cudaSuccess)                                                         \
+            return verr_set(&(ctx)->err, "%s failed: %s (%s:%d)", #call,               \
+                            cudaGetErrorString(e_), __FILE__, __LINE__);               \
+    } while (0)
+
+// After a <<<>>> launch: report a bad configuration (grid, smem) by kernel name.
+#define CUDA_CHECK_LAUNCH(ctx, name)                                                   \
+    do {                                                                               \
+        cudaError_t e_ = cudaGetLastError();                                           \
+        if (e_ != cudaSuccess)                                                         \
+            return verr_set(&(ctx)->err, "launch of %s failed: %s (%s:%d)", name,      \
+                            cudaGetErrorString(e_), __FILE__, __LINE__);               \
+    } while (0)
+
+#define CUBLAS_CHECK(ctx, call)                                                        \
+    do {                                                                               \
+        cublasStatus_t s_ = (call);                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                               \
+            return verr_set(&(ctx)->err, "%s failed: %s (%s:%d)", #call,               \
+                            cublasGetStatusString(s_), __FILE__, __LINE__);            \
+    } while (0)
+
+// Argument validation in host wrappers.
+#define CUDA_REQUIRE(ctx, cond, ...)                                                   \
+    do {                                                                               \
+        if (!(cond)) return verr_set(&(ctx)->err, __VA_ARGS__);                        \
+    } while (0)
+
+static inline unsigned cdiv_u(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+static inline int is_aligned(const void *p, size_t n) { return ((uintptr_t)p % n) == 0; }
+
+// ---- 16-bit floats kept as raw uint16 bits ---------------------------------------
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) { return __uint_as_float(h << 16); }
+__device__ __forceinline__ float f16_bits_to_f32(uint32_t h) {
+    return __half2float(__ushort_as_half((unsigned short)h));
+}
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {  // round to nearest even
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+// Element i of a weight of type t, widened to fp32.
+__device__ __forceinline__ float load_w(const void *p, int t, size_t i) {
+    if (t == WT_BF16) return bf16_bits_to_f32(((const uint16_t *)p)[i]);
+    if (t == WT_F16) return f16_bits_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+// Widen 8 packed 16-bit values (one uint4) to fp32.
+template <int WT>
+__device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
+    uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (WT == WT_BF16) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        } else {
+            f[2 * i] = f16_bits_to_f32(u[i] & 0xffffu);
+            f[2 * i + 1] = f16_bits_to_f32(u[i] >> 16);
+        }
+    }
+}
+
+// ---- reductions (blockDim.x a multiple of 32, at most 1024) ------------------------
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Sum over the block; every thread gets the result. `sh` holds >= 32 floats and may
+// be reused right after the call returns (a trailing barrier protects it).
+__device__ __forceinline__ float block_sum(float v, float *sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.f;
+    v = warp_sum(v);
+    __syncthreads();
+    return v;
+}
+__device__ __forceinline__ float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -INFINITY;
+    v = warp_max(v);
+    __syncthreads();
+    return v;
+}
+
+#endif

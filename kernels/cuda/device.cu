@@ -1,0 +1,137 @@
+// device.cu: device discovery, context (stream + cuBLAS handle), allocation with
+// readable out-of-memory messages, scratch, copies.
+#include <string.h>
+#include <cublas_v2.h>
+#include "kernels/cuda/common.cuh"
+
+extern "C" int cuda_device_count(void) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();  // clear the non-sticky "no driver / no device" error
+        return 0;
+    }
+    return n < 0 ? 0 : n;
+}
+
+extern "C" int cuda_init(cuda_ctx *ctx, int device, verr *err) {
+    memset(ctx, 0, sizeof *ctx);
+    ctx->device = device;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return verr_set(err, "no CUDA device available (%s); run with the CPU backend",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+    }
+    if (device < 0 || device >= n)
+        return verr_set(err, "CUDA device %d does not exist (%d device%s found)", device, n,
+                        n == 1 ? "" : "s");
+#define INIT_CHECK(call)                                                               \
+    do {                                                                               \
+        cudaError_t e_ = (call);                                                       \
+        if (e_ != cudaSuccess) {                                                       \
+            verr_set(err, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(e_),      \
+                     __FILE__, __LINE__);                                              \
+            cuda_destroy(ctx);                                                         \
+            return -1;                                                                 \
+        }                                                                              \
+    } while (0)
+    INIT_CHECK(cudaSetDevice(device));
+    INIT_CHECK(cudaDeviceGetAttribute(&ctx->n_sm, cudaDevAttrMultiProcessorCount, device));
+    INIT_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+#undef INIT_CHECK
+    cublasHandle_t h = NULL;
+    cublasStatus_t s = cublasCreate(&h);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        verr_set(err, "cublasCreate failed: %s (%s:%d)", cublasGetStatusString(s), __FILE__,
+                 __LINE__);
+        cuda_destroy(ctx);
+        return -1;
+    }
+    ctx->cublas = h;
+    s = cublasSetStream(h, ctx->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        verr_set(err, "cublasSetStream failed: %s (%s:%d)", cublasGetStatusString(s), __FILE__,
+                 __LINE__);
+        cuda_destroy(ctx);
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" void cuda_destroy(cuda_ctx *ctx) {
+    if (!ctx) return;
+    // Teardown: errors here cannot be acted on; clear them so they do not leak into
+    // the next call's cudaGetLastError.
+    if (ctx->scratch) cudaFree(ctx->scratch);
+    if (ctx->cublas) cublasDestroy(ctx->cublas);
+    if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    cudaGetLastError();
+    ctx->scratch = NULL;
+    ctx->scratch_bytes = 0;
+    ctx->cublas = NULL;
+    ctx->stream = NULL;
+}
+
+extern "C" int cuda_malloc(void **p, size_t bytes, const char *what, verr *err) {
+    *p = NULL;
+    if (bytes == 0) bytes = 1;
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaSuccess) return 0;
+    cudaGetLastError();  // cudaErrorMemoryAllocation is not sticky
+    *p = NULL;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        cudaGetLastError();
+        return verr_set(err, "cudaMalloc of %zu bytes for %s failed: %s", bytes,
+                        what ? what : "buffer", cudaGetErrorString(e));
+    }
+    return verr_set(err,
+                    "cudaMalloc of %zu bytes (%.1f MiB) for %s failed: %s; device has %zu "
+                    "bytes (%.1f MiB) free of %zu (%.1f MiB)",
+                    bytes, bytes / 1048576.0, what ? what : "buffer", cudaGetErrorString(e),
+                    free_b, free_b / 1048576.0, total_b, total_b / 1048576.0);
+}
+
+extern "C" void cuda_free(void *p) {
+    if (p) cudaFree(p);
+}
+
+extern "C" int cuda_reserve_scratch(cuda_ctx *ctx, size_t bytes) {
+    if (bytes <= ctx->scratch_bytes) return 0;
+    // The old scratch may still be read by queued kernels.
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    if (ctx->scratch) CUDA_CHECK(ctx, cudaFree(ctx->scratch));
+    ctx->scratch = NULL;
+    ctx->scratch_bytes = 0;
+    bytes = (bytes + 255) & ~(size_t)255;
+    if (cuda_malloc(&ctx->scratch, bytes, "kernel scratch", &ctx->err)) return -1;
+    ctx->scratch_bytes = bytes;
+    return 0;
+}
+
+extern "C" int cuda_upload(cuda_ctx *ctx, void *dst_dev, const void *src_host, size_t bytes) {
+    if (bytes == 0) return 0;
+    CUDA_CHECK(ctx, cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    return 0;
+}
+
+extern "C" int cuda_download(cuda_ctx *ctx, void *dst_host, const void *src_dev, size_t bytes) {
+    if (bytes == 0) return 0;
+    CUDA_CHECK(ctx, cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    return 0;
+}
+
+extern "C" int cuda_memset(cuda_ctx *ctx, void *p, int byte, size_t bytes) {
+    if (bytes == 0) return 0;
+    CUDA_CHECK(ctx, cudaMemsetAsync(p, byte, bytes, ctx->stream));
+    return 0;
+}
+
+extern "C" int cuda_sync(cuda_ctx *ctx) {
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    return 0;
+}

@@ -1,0 +1,125 @@
+// elementwise.cu: embedding lookup, residual add, bias, SwiGLU, rotary embedding and
+// the bf16 KV-cache store. All memory-bound; one thread per element (or pair).
+#include "kernels/cuda/common.cuh"
+
+// ---- embed: out[T, dim] = table[ids[t], :] ---------------------------------------
+// grid (cdiv(dim, 256), T)
+__global__ void embed_kernel(float *out, const void *table, int wt, const int *ids, int dim) {
+    int t = blockIdx.y;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= dim) return;
+    size_t row = (size_t)ids[t];
+    out[(size_t)t * dim + i] = load_w(table, wt, row * dim + i);
+}
+
+extern "C" int cuda_embed(cuda_ctx *ctx, float *out, wref table, const int *ids, int T, int dim) {
+    CUDA_REQUIRE(ctx, T >= 0 && T <= 65535 && dim > 0, "cuda_embed: bad shape T=%d dim=%d", T, dim);
+    if (T == 0) return 0;
+    dim3 grid(cdiv_u(dim, 256), T);
+    embed_kernel<<<grid, 256, 0, ctx->stream>>>(out, table.data, (int)table.type, ids, dim);
+    CUDA_CHECK_LAUNCH(ctx, "embed_kernel");
+    return 0;
+}
+
+// ---- add: x[n] += y[n] -------------------------------------------------------------
+__global__ void add_kernel(float *x, const float *y, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+extern "C" int cuda_add(cuda_ctx *ctx, float *x, const float *y, size_t n) {
+    if (n == 0) return 0;
+    add_kernel<<<cdiv_u(n, 256), 256, 0, ctx->stream>>>(x, y, n);
+    CUDA_CHECK_LAUNCH(ctx, "add_kernel");
+    return 0;
+}
+
+// ---- add_bias: x[T, n] += b[n] ----------------------------------------------------
+__global__ void add_bias_kernel(float *x, const void *b, int bt, int n, size_t total) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) x[i] += load_w(b, bt, i % (size_t)n);
+}
+
+extern "C" int cuda_add_bias(cuda_ctx *ctx, float *x, wref b, int T, int n) {
+    CUDA_REQUIRE(ctx, T >= 0 && n > 0, "cuda_add_bias: bad shape T=%d n=%d", T, n);
+    size_t total = (size_t)T * n;
+    if (total == 0) return 0;
+    add_bias_kernel<<<cdiv_u(total, 256), 256, 0, ctx->stream>>>(x, b.data, (int)b.type, n, total);
+    CUDA_CHECK_LAUNCH(ctx, "add_bias_kernel");
+    return 0;
+}
+
+// ---- swiglu: out[n] = silu(gate[n]) * up[n] ----------------------------------------
+__global__ void swiglu_kernel(float *out, const float *gate, const float *up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+extern "C" int cuda_swiglu(cuda_ctx *ctx, float *out, const float *gate, const float *up, size_t n) {
+    if (n == 0) return 0;
+    swiglu_kernel<<<cdiv_u(n, 256), 256, 0, ctx->stream>>>(out, gate, up, n);
+    CUDA_CHECK_LAUNCH(ctx, "swiglu_kernel");
+    return 0;
+}
+
+// ---- rope: in place on x[T, n_heads, head_dim] --------------------------------------
+// One thread per rotated pair: T * n_heads * head_dim/2 threads.
+// interleaved=0 (HF rotate-half): pair (i, i + hd/2); 1: pair (2i, 2i+1). Both use
+// angle pos[t] * inv_freq[i], computed in fp32 like the CPU twin.
+__global__ void rope_kernel(float *x, const int *pos, int n_heads, int head_dim,
+                            const float *inv_freq, int interleaved, size_t n_pairs) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n_pairs) return;
+    int half = head_dim / 2;
+    int i = (int)(idx % half);
+    size_t th = idx / half;            // t * n_heads + h
+    int t = (int)(th / n_heads);
+    float *hx = x + th * head_dim;
+    float ang = (float)pos[t] * inv_freq[i];
+    float s, c;
+    sincosf(ang, &s, &c);
+    int a = interleaved ? 2 * i : i;
+    int b = interleaved ? 2 * i + 1 : i + half;
+    float x0 = hx[a], x1 = hx[b];
+    hx[a] = x0 * c - x1 * s;
+    hx[b] = x0 * s + x1 * c;
+}
+
+extern "C" int cuda_rope(cuda_ctx *ctx, float *x, const int *pos, int T, int n_heads, int head_dim,
+                         const float *inv_freq, int interleaved) {
+    CUDA_REQUIRE(ctx, T >= 0 && n_heads > 0 && head_dim > 0 && head_dim % 2 == 0,
+                 "cuda_rope: bad shape T=%d n_heads=%d head_dim=%d", T, n_heads, head_dim);
+    size_t n_pairs = (size_t)T * n_heads * (head_dim / 2);
+    if (n_pairs == 0) return 0;
+    rope_kernel<<<cdiv_u(n_pairs, 256), 256, 0, ctx->stream>>>(x, pos, n_heads, head_dim, inv_freq,
+                                                               interleaved, n_pairs);
+    CUDA_CHECK_LAUNCH(ctx, "rope_kernel");
+    return 0;
+}
+
+// ---- kv_store: bf16 cache rows pos[t] <- fp32 k[t], v[t] ------------------------------
+// grid (cdiv(kv_dim, 256), T)
+__global__ void kv_store_kernel(uint16_t *kc, uint16_t *vc, const float *k, const float *v,
+                                const int *pos, int kv_dim) {
+    int t = blockIdx.y;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= kv_dim) return;
+    size_t dst = (size_t)pos[t] * kv_dim + i, src = (size_t)t * kv_dim + i;
+    kc[dst] = f32_to_bf16_bits(k[src]);
+    vc[dst] = f32_to_bf16_bits(v[src]);
+}
+
+extern "C" int cuda_kv_store(cuda_ctx *ctx, void *k_cache, void *v_cache, const float *k,
+                             const float *v, const int *pos, int T, int kv_dim) {
+    CUDA_REQUIRE(ctx, T >= 0 && T <= 65535 && kv_dim > 0, "cuda_kv_store: bad shape T=%d kv_dim=%d",
+                 T, kv_dim);
+    if (T == 0) return 0;
+    dim3 grid(cdiv_u(kv_dim, 256), T);
+    kv_store_kernel<<<grid, 256, 0, ctx->stream>>>((uint16_t *)k_cache, (uint16_t *)v_cache, k, v,
+                                                   pos, kv_dim);
+    CUDA_CHECK_LAUNCH(ctx, "kv_store_kernel");
+    return 0;
+}

@@ -1,0 +1,116 @@
+// ops_cuda.h: the CUDA half of the op interface (kernels/cuda/*.cu). Each cuda_<op>
+// mirrors cpu_<op> in ops.h with the same argument meaning, plus a leading cuda_ctx.
+// Differences from the CPU twins:
+//   - every pointer (activations, weights, ids, positions, inv_freq, scores) is a
+//     device pointer; index arrays (ids, pos) live on the device so a captured
+//     CUDA graph can be replayed with new values;
+//   - the KV cache (kv_span buffers) is bf16, [positions, n_kv_heads * head_dim];
+//   - ops are asynchronous on ctx->stream and return 0, or -1 with ctx->err filled
+//     (bad arguments, too little scratch, launch failures). Kernel faults surface at
+//     the next cuda_sync / cuda_download.
+//   - no op allocates: ops that need temporary memory (cuda_matmul for T > 1,
+//     cuda_attention) use ctx->scratch, sized once with cuda_reserve_scratch() from
+//     cuda_matmul_scratch_bytes() / cuda_attention_scratch_bytes().
+// Only compiled in with VARENT_CUDA (nvcc found at build time).
+#ifndef VARENT_OPS_CUDA_H
+#define VARENT_OPS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+#include "host/err.h"
+#include "kernels/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cublasContext;  // == cublasHandle_t's pointee, kept opaque for C callers
+
+typedef struct {
+    int device;                   // CUDA device index
+    int n_sm;                     // multiprocessor count (sizes split-KV attention)
+    cudaStream_t stream;          // every op runs on this stream
+    struct cublasContext *cublas; // cuBLAS handle bound to stream
+    void *scratch;                // device scratch shared by ops (one stream: no overlap)
+    size_t scratch_bytes;
+    verr err;                     // message of the last failed op
+} cuda_ctx;
+
+// ---- device helpers (kernels/cuda/device.cu) ---------------------------------------
+
+// Number of usable CUDA devices; 0 when there is no driver or no GPU. Never fails.
+int cuda_device_count(void);
+// Select device, create the stream and cuBLAS handle. Clear error when no GPU.
+int cuda_init(cuda_ctx *ctx, int device, verr *err);
+// Release scratch, cuBLAS handle and stream (safe on a zeroed or failed ctx).
+void cuda_destroy(cuda_ctx *ctx);
+// cudaMalloc wrapper; on failure the message names `what`, bytes needed and bytes free.
+int cuda_malloc(void **p, size_t bytes, const char *what, verr *err);
+void cuda_free(void *p);
+// Grow ctx->scratch to at least `bytes` (never shrinks). Call at setup, not per token.
+int cuda_reserve_scratch(cuda_ctx *ctx, size_t bytes);
+// Synchronous copies on ctx->stream (they wait for queued work first).
+int cuda_upload(cuda_ctx *ctx, void *dst_dev, const void *src_host, size_t bytes);
+int cuda_download(cuda_ctx *ctx, void *dst_host, const void *src_dev, size_t bytes);
+// Async memset on ctx->stream (0xFF fills fp32 buffers with NaN: the tests' poison).
+int cuda_memset(cuda_ctx *ctx, void *p, int byte, size_t bytes);
+// Wait for everything queued on ctx->stream; reports asynchronous kernel faults.
+int cuda_sync(cuda_ctx *ctx);
+
+// Scratch each op family needs at its largest shapes.
+size_t cuda_matmul_scratch_bytes(int max_T, int max_n_in);
+size_t cuda_attention_scratch_bytes(const cuda_ctx *ctx, int max_keys, attn_shape s);
+
+// ---- ops (kernels/cuda/*.cu) ----------------------------------------------------------
+
+// out[T, dim] = table[ids[t], :]  (ids: device int[T])
+int cuda_embed(cuda_ctx *ctx, float *out, wref table, const int *ids, int T, int dim);
+// out[T, dim] = x / rms(x) * w   (in-place allowed: out == x)
+// Qwen3 q/k norm: call with T*n_heads rows of head_dim.
+int cuda_rmsnorm(cuda_ctx *ctx, float *out, const float *x, wref w, int T, int dim, float eps);
+// Fused residual: x[T, dim] += y[T, dim]; out = rmsnorm(x) * w  (out != x, out != y)
+int cuda_rmsnorm_residual(cuda_ctx *ctx, float *out, float *x, const float *y, wref w,
+                          int T, int dim, float eps);
+// out[T, n_out] = x[T, n_in] @ w[n_out, n_in]^T. T == 1: hand-written matvec (fp32
+// activations, fp32 accumulation). T > 1: cuBLAS GEMM with x rounded to the weight's
+// 16-bit type in scratch (bf16/f16 inputs, fp32 compute and output); f32 weights run
+// a full fp32 GEMM. Needs cuda_matmul_scratch_bytes(T, n_in) of scratch for T > 1.
+int cuda_matmul(cuda_ctx *ctx, float *out, const float *x, wref w, int T, int n_in, int n_out);
+// Batch-1 matvec only: out[n_out] = w[n_out, n_in] @ x[n_in]
+int cuda_matvec(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out);
+// x[T, n] += b[n]
+int cuda_add_bias(cuda_ctx *ctx, float *x, wref b, int T, int n);
+// Rotary embedding in place on x[T, n_heads, head_dim]; pos: device int[T];
+// inv_freq: device float[head_dim/2]. interleaved as in cpu_rope.
+int cuda_rope(cuda_ctx *ctx, float *x, const int *pos, int T, int n_heads, int head_dim,
+              const float *inv_freq, int interleaved);
+// Causal GQA attention over a bf16 kv_span, as cpu_attention. T == 1 runs the
+// split-KV (flash-decoding) kernel; T > 1 the prefill kernel.
+// last_scores (device [n_heads, n_keys], may be NULL): scaled pre-softmax scores of
+// the last query. head_stats (device [n_heads, 4], may be NULL; requires
+// last_scores): per head {entropy_bits, agreement_h, interaction_h, lse}, see
+// docs/cuda.md; reduce with cuda_attn_stats.
+int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span kv, int T,
+                   attn_shape s, float *last_scores, float *head_stats);
+// out4 (device float[4]) = {attn_entropy, attn_varentropy, agreement,
+// interaction_strength} from head_stats[n_heads, 4].
+int cuda_attn_stats(cuda_ctx *ctx, float *out4, const float *head_stats, int n_heads);
+// out[n] = silu(gate[n]) * up[n]   (in-place allowed: out == gate)
+int cuda_swiglu(cuda_ctx *ctx, float *out, const float *gate, const float *up, size_t n);
+// x[n] += y[n]
+int cuda_add(cuda_ctx *ctx, float *x, const float *y, size_t n);
+// Store fp32 rows k[T, kv_dim], v[T, kv_dim] into bf16 caches [positions, kv_dim]
+// at rows pos[t] (device int[T], relative to the given cache buffers).
+int cuda_kv_store(cuda_ctx *ctx, void *k_cache, void *v_cache, const float *k, const float *v,
+                  const int *pos, int T, int kv_dim);
+// One-pass softmax statistics of logits[rows, n]: out[rows, 4] = {max, lse (nats),
+// entropy (bits), varentropy (bits^2)}.
+int cuda_vocab_stats(cuda_ctx *ctx, float *out, const float *logits, int rows, int n);
+// out[rows] = argmax of logits[rows, n] (first index on ties; NaN never wins).
+int cuda_argmax(cuda_ctx *ctx, int *out, const float *logits, int rows, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,536 @@
+// test_cuda_kernels.c: every CUDA kernel against its cpu_* twin (or a double-precision
+// reference for the statistics), in the spirit of llm.c dev/cuda and ggml's
+// test-backend-ops: fixed-seed random inputs, outputs poisoned with NaN first, odd
+// sizes, |gpu - ref| <= tol + |ref| * eps.
+// Usage: test_cuda_kernels            run the checks (SKIP without a device)
+//        test_cuda_kernels --bench    time the bf16 matvec at Llama-3.2-1B shapes etc.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include "check.h"
+#include "kernels/ops.h"
+
+#ifndef VARENT_CUDA
+int main(void) {
+    (void)check_failures;
+    SKIP("cuda_kernels", "built without CUDA");
+    return 0;
+}
+#else
+#include <cuda_runtime_api.h>
+#include "kernels/ops_cuda.h"
+
+static cuda_ctx C;
+
+// ---- helpers ----------------------------------------------------------------------------
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) {  // uniform in [-1, 1)
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f;
+}
+static int irand(int n) { return (int)((frand() * 0.5f + 0.5f) * n) % n; }
+
+static void die_ctx(const char *what) {
+    printf("FAIL %s: %s\n", what, C.err.msg);
+    exit(1);
+}
+#define OK(call) do { if ((call) != 0) die_ctx(#call); } while (0)
+// Direct CUDA runtime calls of the bench.
+#define CK(call)                                                                         \
+    do {                                                                                 \
+        cudaError_t e_ = (call);                                                         \
+        if (e_ != cudaSuccess) {                                                         \
+            printf("FAIL %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+            exit(1);                                                                     \
+        }                                                                                \
+    } while (0)
+
+static void *dalloc(size_t bytes) {
+    void *p;
+    verr e;
+    if (cuda_malloc(&p, bytes, "test buffer", &e)) { printf("FAIL cuda_malloc: %s\n", e.msg); exit(1); }
+    OK(cuda_memset(&C, p, 0xFF, bytes));  // NaN poison
+    return p;
+}
+static void *dup_up(const void *h, size_t bytes) {
+    void *p = dalloc(bytes);
+    OK(cuda_upload(&C, p, h, bytes));
+    return p;
+}
+static float *fvec(size_t n, float scale) {
+    float *v = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = frand() * scale;
+    return v;
+}
+static float *fdown(const void *d, size_t n) {
+    float *h = malloc(n * sizeof(float));
+    OK(cuda_download(&C, h, d, n * sizeof(float)));
+    return h;
+}
+
+// Random weight of type t: raw storage (for both backends).
+static void *wmake(wtype t, size_t n, float scale) {
+    void *raw = malloc(n * wtype_size(t));
+    for (size_t i = 0; i < n; i++) {
+        float f = frand() * scale;
+        if (t == WT_F32) ((float *)raw)[i] = f;
+        else if (t == WT_BF16) ((uint16_t *)raw)[i] = f32_to_bf16(f);
+        else ((uint16_t *)raw)[i] = f32_to_f16(f);
+    }
+    return raw;
+}
+
+static void cmp(const char *name, const float *got, const float *ref, long n, float tol, float eps) {
+    long bad = check_close(got, ref, n, tol, eps);
+    double maxerr = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (d > maxerr || d != d) maxerr = d;
+    }
+    CHECK(bad < 0, name, "at %ld of %ld: gpu %.8g cpu %.8g (max err %.3g)", bad, n,
+          bad < 0 ? 0 : got[bad], bad < 0 ? 0 : ref[bad], maxerr);
+}
+
+static const wtype TYPES[3] = {WT_F32, WT_F16, WT_BF16};
+static char nm[256];
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+
+// ---- elementwise ----------------------------------------------------------------------
+static void test_embed(void) {
+    int vocab = 1001, dim = 777, T = 5, ids[5];
+    for (int t = 0; t < T; t++) ids[t] = irand(vocab);
+    ids[T - 1] = vocab - 1;
+    for (int k = 0; k < 3; k++) {
+        void *raw = wmake(TYPES[k], (size_t)vocab * dim, 1.f);
+        void *dw = dup_up(raw, (size_t)vocab * dim * wtype_size(TYPES[k]));
+        int *dids = dup_up(ids, sizeof ids);
+        float *dout = dalloc((size_t)T * dim * 4), *ref = malloc((size_t)T * dim * 4);
+        cpu_embed(ref, (wref){raw, TYPES[k]}, ids, T, dim);
+        OK(cuda_embed(&C, dout, (wref){dw, TYPES[k]}, dids, T, dim));
+        float *got = fdown(dout, (size_t)T * dim);
+        cmp(NAME("cuda_embed %s dim=%d", wtype_name(TYPES[k]), dim), got, ref, (long)T * dim, 0, 0);
+        free(raw); free(ref); free(got); cuda_free(dw); cuda_free(dids); cuda_free(dout);
+    }
+}
+
+static void test_rmsnorm(void) {
+    int dims[] = {8, 64, 128, 2049, 4096};
+    for (int k = 0; k < 3; k++)
+        for (int di = 0; di < 5; di++) {
+            int dim = dims[di], T = 3;
+            size_t n = (size_t)T * dim;
+            void *raw = wmake(TYPES[k], dim, 1.f);
+            float *x = fvec(n, 2.f), *y = fvec(n, 1.f), *ref = malloc(n * 4), *xr = malloc(n * 4);
+            void *dw = dup_up(raw, dim * wtype_size(TYPES[k]));
+            float *dx = dup_up(x, n * 4), *dy = dup_up(y, n * 4), *dout = dalloc(n * 4);
+            wref w = {raw, TYPES[k]}, wd = {dw, TYPES[k]};
+            cpu_rmsnorm(ref, x, w, T, dim, 1e-5f);
+            OK(cuda_rmsnorm(&C, dout, dx, wd, T, dim, 1e-5f));
+            float *got = fdown(dout, n);
+            cmp(NAME("cuda_rmsnorm %s dim=%d", wtype_name(TYPES[k]), dim), got, ref, n, 1e-5f, 1e-5f);
+            free(got);
+            OK(cuda_rmsnorm(&C, dx, dx, wd, T, dim, 1e-5f));  // in place
+            got = fdown(dx, n);
+            cmp(NAME("cuda_rmsnorm in-place %s dim=%d", wtype_name(TYPES[k]), dim), got, ref, n,
+                1e-5f, 1e-5f);
+            free(got);
+            // fused residual: x += y; out = rmsnorm(x)
+            OK(cuda_upload(&C, dx, x, n * 4));
+            OK(cuda_memset(&C, dout, 0xFF, n * 4));
+            memcpy(xr, x, n * 4);
+            cpu_add(xr, y, n);
+            cpu_rmsnorm(ref, xr, w, T, dim, 1e-5f);
+            OK(cuda_rmsnorm_residual(&C, dout, dx, dy, wd, T, dim, 1e-5f));
+            got = fdown(dout, n);
+            float *gx = fdown(dx, n);
+            cmp(NAME("cuda_rmsnorm_residual out %s dim=%d", wtype_name(TYPES[k]), dim), got, ref, n,
+                1e-5f, 1e-5f);
+            cmp(NAME("cuda_rmsnorm_residual x %s dim=%d", wtype_name(TYPES[k]), dim), gx, xr, n, 0, 0);
+            free(got); free(gx); free(raw); free(x); free(y); free(ref); free(xr);
+            cuda_free(dw); cuda_free(dx); cuda_free(dy); cuda_free(dout);
+        }
+}
+
+static void test_pointwise(void) {
+    size_t n = 100003;
+    float *g = fvec(n, 6.f), *u = fvec(n, 2.f), *ref = malloc(n * 4);
+    float *dg = dup_up(g, n * 4), *du = dup_up(u, n * 4), *dout = dalloc(n * 4);
+    cpu_swiglu(ref, g, u, n);
+    OK(cuda_swiglu(&C, dout, dg, du, n));
+    float *got = fdown(dout, n);
+    cmp("cuda_swiglu n=100003", got, ref, n, 1e-6f, 1e-5f);
+    free(got);
+    OK(cuda_swiglu(&C, dg, dg, du, n));  // in place
+    got = fdown(dg, n);
+    cmp("cuda_swiglu in-place", got, ref, n, 1e-6f, 1e-5f);
+    free(got);
+    OK(cuda_upload(&C, dg, g, n * 4));
+    memcpy(ref, g, n * 4);
+    cpu_add(ref, u, n);
+    OK(cuda_add(&C, dg, du, n));
+    got = fdown(dg, n);
+    cmp("cuda_add n=100003", got, ref, n, 0, 0);
+    free(got);
+    for (int k = 0; k < 3; k++) {  // add_bias
+        int T = 3, nb = 1001;
+        void *raw = wmake(TYPES[k], nb, 1.f);
+        void *db = dup_up(raw, nb * wtype_size(TYPES[k]));
+        memcpy(ref, g, (size_t)T * nb * 4);
+        OK(cuda_upload(&C, dg, g, (size_t)T * nb * 4));
+        cpu_add_bias(ref, (wref){raw, TYPES[k]}, T, nb);
+        OK(cuda_add_bias(&C, dg, (wref){db, TYPES[k]}, T, nb));
+        got = fdown(dg, (size_t)T * nb);
+        cmp(NAME("cuda_add_bias %s n=%d", wtype_name(TYPES[k]), nb), got, ref, (long)T * nb, 0, 0);
+        free(got); free(raw); cuda_free(db);
+    }
+    free(g); free(u); free(ref); cuda_free(dg); cuda_free(du); cuda_free(dout);
+}
+
+static void test_rope(void) {
+    int hds[] = {8, 64, 128};
+    for (int hi = 0; hi < 3; hi++)
+        for (int il = 0; il < 2; il++) {
+            int hd = hds[hi], T = 5, nh = 3, pos[5];
+            for (int t = 0; t < T; t++) pos[t] = irand(4000);
+            pos[0] = 0;
+            float inv[64];
+            for (int i = 0; i < hd / 2; i++) inv[i] = powf(500000.f, -2.f * i / hd);
+            size_t n = (size_t)T * nh * hd;
+            float *x = fvec(n, 1.f);
+            float *dx = dup_up(x, n * 4), *dinv = dup_up(inv, hd / 2 * 4);
+            int *dpos = dup_up(pos, sizeof pos);
+            cpu_rope(x, pos, T, nh, hd, inv, il);
+            OK(cuda_rope(&C, dx, dpos, T, nh, hd, dinv, il));
+            float *got = fdown(dx, n);
+            cmp(NAME("cuda_rope hd=%d %s", hd, il ? "interleaved" : "rotate-half"), got, x, n, 1e-5f, 1e-5f);
+            free(got); free(x); cuda_free(dx); cuda_free(dinv); cuda_free(dpos);
+        }
+}
+
+static void test_kv_store(void) {
+    int T = 4, kv_dim = 520, n_pos = 11, pos[4] = {0, 7, 3, 10};
+    size_t n = (size_t)T * kv_dim, nc = (size_t)n_pos * kv_dim;
+    float *k = fvec(n, 3.f), *v = fvec(n, 3.f);
+    float *dk = dup_up(k, n * 4), *dv = dup_up(v, n * 4);
+    int *dpos = dup_up(pos, sizeof pos);
+    uint16_t *kc = dalloc(nc * 2), *vc = dalloc(nc * 2);  // poisoned 0xFFFF
+    OK(cuda_kv_store(&C, kc, vc, dk, dv, dpos, T, kv_dim));
+    uint16_t *hk = malloc(nc * 2), *hv = malloc(nc * 2);
+    OK(cuda_download(&C, hk, kc, nc * 2));
+    OK(cuda_download(&C, hv, vc, nc * 2));
+    long bad = -1;
+    for (int p = 0; p < n_pos && bad < 0; p++) {
+        int t = -1;
+        for (int i = 0; i < T; i++) if (pos[i] == p) t = i;
+        for (int i = 0; i < kv_dim; i++) {
+            uint16_t ek = t < 0 ? 0xFFFF : f32_to_bf16(k[(size_t)t * kv_dim + i]);
+            uint16_t ev = t < 0 ? 0xFFFF : f32_to_bf16(v[(size_t)t * kv_dim + i]);
+            if (hk[(size_t)p * kv_dim + i] != ek || hv[(size_t)p * kv_dim + i] != ev) { bad = (long)p * kv_dim + i; break; }
+        }
+    }
+    CHECK(bad < 0, "cuda_kv_store bf16 rows", "mismatch at element %ld", bad);
+    free(k); free(v); free(hk); free(hv);
+    cuda_free(dk); cuda_free(dv); cuda_free(dpos); cuda_free(kc); cuda_free(vc);
+}
+
+// ---- matmul -------------------------------------------------------------------------------
+static void test_matmul(void) {
+    int shapes[][3] = {  // T, n_in, n_out
+        {1, 2048, 515}, {1, 1001, 257}, {1, 8, 3}, {1, 4096, 1027}, {1, 64, 32003},
+        {7, 2048, 515}, {33, 1000, 129}, {2, 8, 5}};
+    OK(cuda_reserve_scratch(&C, cuda_matmul_scratch_bytes(33, 2048)));
+    for (int k = 0; k < 3; k++)
+        for (int si = 0; si < 8; si++) {
+            int T = shapes[si][0], n_in = shapes[si][1], n_out = shapes[si][2];
+            wtype t = TYPES[k];
+            void *raw = wmake(t, (size_t)n_out * n_in, 1.f / sqrtf((float)n_in));
+            float *x = fvec((size_t)T * n_in + 1, 1.f), *ref = malloc((size_t)T * n_out * 4);
+            void *dw = dup_up(raw, (size_t)n_out * n_in * wtype_size(t));
+            float *dx = dup_up(x, ((size_t)T * n_in + 1) * 4), *dout = dalloc((size_t)T * n_out * 4);
+            // T > 1 rounds x to the weight's 16-bit type: the reference does the same.
+            float *xr = malloc(((size_t)T * n_in + 1) * 4);
+            for (size_t i = 0; i < (size_t)T * n_in + 1; i++)
+                xr[i] = T == 1 || t == WT_F32 ? x[i]
+                        : t == WT_BF16 ? bf16_to_f32(f32_to_bf16(x[i])) : f16_to_f32(f32_to_f16(x[i]));
+            cpu_matmul(ref, xr, (wref){raw, t}, T, n_in, n_out);
+            OK(cuda_matmul(&C, dout, dx, (wref){dw, t}, T, n_in, n_out));
+            float *got = fdown(dout, (size_t)T * n_out);
+            cmp(NAME("cuda_matmul %s T=%d n_in=%d n_out=%d", wtype_name(t), T, n_in, n_out), got, ref,
+                (long)T * n_out, 1e-4f, 1e-3f);
+            free(got);
+            if (T == 1) {  // unaligned x: the scalar fallback
+                cpu_matmul(ref, x + 1, (wref){raw, t}, 1, n_in, n_out);
+                OK(cuda_memset(&C, dout, 0xFF, (size_t)n_out * 4));
+                OK(cuda_matvec(&C, dout, dx + 1, (wref){dw, t}, n_in, n_out));
+                got = fdown(dout, n_out);
+                cmp(NAME("cuda_matvec unaligned-x %s n_in=%d n_out=%d", wtype_name(t), n_in, n_out),
+                    got, ref, n_out, 1e-4f, 1e-3f);
+                free(got);
+            }
+            free(raw); free(x); free(xr); free(ref); cuda_free(dw); cuda_free(dx); cuda_free(dout);
+        }
+}
+
+// ---- attention ------------------------------------------------------------------------------
+// Double-precision statistics of scores [nh, nk]: per-head entropy (bits, clip rule),
+// then {mean H, population var H, agreement, interaction}.
+static void stats_ref(const float *sc, int nh, int nk, double out4[4], double *ent) {
+    double *a = malloc((size_t)nh * nk * sizeof(double)), mean = 0, var = 0, agr = 0, inter = 0;
+    for (int h = 0; h < nh; h++) {
+        const float *s = sc + (size_t)h * nk;
+        double m = -INFINITY, sum = 0, e = 0;
+        for (int j = 0; j < nk; j++) m = fmax(m, s[j]);
+        for (int j = 0; j < nk; j++) sum += exp(s[j] - m);
+        for (int j = 0; j < nk; j++) {
+            double p = exp(s[j] - m) / sum;
+            a[(size_t)h * nk + j] = p;
+            e -= p * log2(fmin(fmax(p, 1e-10), 1.0));
+            inter += fabs(s[j]);
+        }
+        ent[h] = e;
+        mean += e / nh;
+    }
+    for (int h = 0; h < nh; h++) var += (ent[h] - mean) * (ent[h] - mean) / nh;
+    for (int j = 0; j < nk; j++) {
+        double abar = 0;
+        for (int h = 0; h < nh; h++) abar += a[(size_t)h * nk + j] / nh;
+        for (int h = 0; h < nh; h++) agr += fabs(a[(size_t)h * nk + j] - abar);
+    }
+    out4[0] = mean; out4[1] = var;
+    out4[2] = agr / ((double)nh * nk); out4[3] = inter / ((double)nh * nk);
+    free(a);
+}
+
+static void close1(const char *name, double got, double ref, double tol, double eps) {
+    CHECK(fabs(got - ref) <= tol + fabs(ref) * eps, name, "gpu %.9g ref %.9g", got, ref);
+}
+
+// One attention case: nk keys (n_tail of them in the tail segment), T queries.
+static void attn_case(int hd, int nkv, int G, int nk, int n_tail, int T, float qscale) {
+    int nh = nkv * G, kv_dim = nkv * hd, n_trunk = nk - n_tail;
+    attn_shape s = {nh, nkv, hd, 1.f / sqrtf((float)hd)};
+    size_t nkv_el = (size_t)nk * kv_dim, nq = (size_t)T * nh * hd;
+    float *kf = fvec(nkv_el, 1.f), *vf = fvec(nkv_el, 1.f), *q = fvec(nq, qscale);
+    uint16_t *kb = malloc(nkv_el * 2), *vb = malloc(nkv_el * 2);
+    for (size_t i = 0; i < nkv_el; i++) {  // the CPU twin reads the bf16-rounded cache
+        kb[i] = f32_to_bf16(kf[i]); kf[i] = bf16_to_f32(kb[i]);
+        vb[i] = f32_to_bf16(vf[i]); vf[i] = bf16_to_f32(vb[i]);
+    }
+    size_t tr = (size_t)n_trunk * kv_dim;
+    kv_span hs = {kf, vf, n_trunk, n_tail ? kf + tr : NULL, n_tail ? vf + tr : NULL, n_tail};
+    // Separate device buffers for trunk and tail, as a forked branch would have.
+    uint16_t *dkt = dalloc(tr * 2 + 16), *dvt = dalloc(tr * 2 + 16);
+    OK(cuda_upload(&C, dkt, kb, tr * 2));
+    OK(cuda_upload(&C, dvt, vb, tr * 2));
+    uint16_t *dkl = n_tail ? dup_up(kb + tr, (nkv_el - tr) * 2) : NULL;
+    uint16_t *dvl = n_tail ? dup_up(vb + tr, (nkv_el - tr) * 2) : NULL;
+    kv_span ds = {dkt, dvt, n_trunk, dkl, dvl, n_tail};
+    float *ref = malloc(nq * 4), *rsc = malloc((size_t)nh * nk * 4);
+    cpu_attention(ref, q, hs, T, s, rsc);
+    float *dq = dup_up(q, nq * 4), *dout = dalloc(nq * 4), *dsc = dalloc((size_t)nh * nk * 4);
+    float *dhs = dalloc((size_t)nh * 4 * 4), *d4 = dalloc(16);
+    OK(cuda_reserve_scratch(&C, cuda_attention_scratch_bytes(&C, nk, s)));
+    OK(cuda_attention(&C, dout, dq, ds, T, s, dsc, dhs));
+    OK(cuda_attn_stats(&C, d4, dhs, nh));
+    float *got = fdown(dout, nq), *gsc = fdown(dsc, (size_t)nh * nk), *ghs = fdown(dhs, (size_t)nh * 4);
+    float g4[4];
+    OK(cuda_download(&C, g4, d4, 16));
+    char tag[128];
+    snprintf(tag, sizeof tag, "%s hd=%d kv=%d G=%d keys=%d tail=%d T=%d", T == 1 ? "decode" : "prefill",
+             hd, nkv, G, nk, n_tail, T);
+    cmp(NAME("cuda_attention out %s", tag), got, ref, (long)nq, 2e-5f, 1e-3f);
+    cmp(NAME("cuda_attention scores %s", tag), gsc, rsc, (long)nh * nk, 1e-5f, 1e-4f);
+    double r4[4], *ent = malloc(nh * sizeof(double));
+    stats_ref(gsc, nh, nk, r4, ent);  // the GPU's scores: isolates the stats kernels
+    long bad = -1;
+    for (int h = 0; h < nh && bad < 0; h++) if (!(fabs(ghs[h * 4] - ent[h]) <= 1e-4 + 1e-4 * ent[h])) bad = h;
+    CHECK(bad < 0, NAME("cuda_attention head entropy %s", tag), "head %ld: gpu %.7g ref %.7g", bad,
+          bad < 0 ? 0 : ghs[bad * 4], bad < 0 ? 0 : ent[bad]);
+    close1(NAME("cuda_attn_stats entropy %s", tag), g4[0], r4[0], 1e-4, 1e-4);
+    close1(NAME("cuda_attn_stats varentropy %s", tag), g4[1], r4[1], 1e-5, 1e-2);
+    close1(NAME("cuda_attn_stats agreement %s", tag), g4[2], r4[2], 1e-7, 1e-3);
+    close1(NAME("cuda_attn_stats interaction %s", tag), g4[3], r4[3], 1e-6, 1e-4);
+    // Scores straight from q and k in double: the whole chain against exact math.
+    stats_ref(rsc, nh, nk, r4, ent);
+    close1(NAME("cuda_attn_stats entropy vs cpu scores %s", tag), g4[0], r4[0], 1e-3, 1e-3);
+    free(ent); free(got); free(gsc); free(ghs);
+    free(kf); free(vf); free(q); free(kb); free(vb); free(ref); free(rsc);
+    cuda_free(dkt); cuda_free(dvt); cuda_free(dkl); cuda_free(dvl); cuda_free(dq);
+    cuda_free(dout); cuda_free(dsc); cuda_free(dhs); cuda_free(d4);
+}
+
+static void test_attention(void) {
+    int hds[] = {8, 64, 128}, Gs[] = {1, 2, 8};
+    for (int hi = 0; hi < 3; hi++)
+        for (int gi = 0; gi < 3; gi++) {
+            int hd = hds[hi], G = Gs[gi], nkv = G == 8 ? 2 : 3;
+            attn_case(hd, nkv, G, 1, 0, 1, 3.f);      // first token
+            attn_case(hd, nkv, G, 37, 0, 1, 3.f);
+            attn_case(hd, nkv, G, 1000, 13, 1, 3.f);  // trunk + tail
+            attn_case(hd, nkv, G, 2, 0, 2, 3.f);      // prefill from scratch
+            attn_case(hd, nkv, G, 301, 40, 130, 3.f); // prefill after a trunk, crosses tiles
+        }
+    attn_case(64, 8, 4, 5000, 0, 1, 4.f);   // Llama-3.2-1B geometry, many splits
+    attn_case(128, 8, 2, 20000, 777, 1, 4.f);  // long context
+    attn_case(64, 8, 1, 40000, 777, 1, 4.f);   // split size capped at 1024 keys
+    attn_case(64, 1, 8, 70, 70, 1, 2.f);    // everything in the tail
+}
+
+// ---- vocab -----------------------------------------------------------------------------------
+static void test_vocab(void) {
+    int ns[] = {1000, 32003, 151669}, rows = 3;
+    for (int ni = 0; ni < 3; ni++) {
+        int n = ns[ni];
+        size_t tot = (size_t)rows * n;
+        float *x = fvec(tot, 8.f);
+        x[5] = -INFINITY;                       // row 0: a masked logit
+        for (int i = 0; i < n; i++) x[n + i] *= 0.01f;  // row 1: nearly uniform
+        x[2 * (size_t)n + n / 3] = 60.f;        // row 2: one dominant logit
+        float *dx = dup_up(x, tot * 4), *dout = dalloc((size_t)rows * 16);
+        OK(cuda_vocab_stats(&C, dout, dx, rows, n));
+        float *got = fdown(dout, (size_t)rows * 4);
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + (size_t)r * n;
+            double m = -INFINITY, s0 = 0, h = 0, v = 0;
+            for (int i = 0; i < n; i++) m = fmax(m, xr[i]);
+            for (int i = 0; i < n; i++) s0 += exp((double)xr[i] - m);
+            double lse = m + log(s0);
+            for (int i = 0; i < n; i++) {
+                if (xr[i] == -INFINITY) continue;
+                double lp = (xr[i] - lse) / M_LN2, p = exp((double)xr[i] - lse);
+                h -= p * lp;
+            }
+            for (int i = 0; i < n; i++) {
+                if (xr[i] == -INFINITY) continue;
+                double lp = (xr[i] - lse) / M_LN2, p = exp((double)xr[i] - lse);
+                v += p * (lp + h) * (lp + h);
+            }
+            char tag[64];
+            snprintf(tag, sizeof tag, "n=%d row=%d", n, r);
+            close1(NAME("cuda_vocab_stats max %s", tag), got[r * 4 + 0], m, 0, 0);
+            close1(NAME("cuda_vocab_stats lse %s", tag), got[r * 4 + 1], lse, 1e-5, 1e-5);
+            close1(NAME("cuda_vocab_stats entropy %s", tag), got[r * 4 + 2], h, 1e-4, 1e-4);
+            close1(NAME("cuda_vocab_stats varentropy %s", tag), got[r * 4 + 3], v, 1e-4, 1e-3);
+        }
+        // argmax: ties resolve to the first index, NaN never wins
+        x[7] = 100.f; x[9] = 100.f; x[3] = NAN;
+        x[(size_t)n + n - 1] = 50.f;
+        OK(cuda_upload(&C, dx, x, tot * 4));
+        int *di = dalloc(rows * sizeof(int)), gi[3], ri[3];
+        OK(cuda_argmax(&C, di, dx, rows, n));
+        OK(cuda_download(&C, gi, di, sizeof gi));
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + (size_t)r * n;
+            ri[r] = 0;
+            for (int i = 1; i < n; i++) if (xr[i] > xr[ri[r]] || xr[ri[r]] != xr[ri[r]]) ri[r] = i;
+            CHECK(gi[r] == ri[r], NAME("cuda_argmax n=%d row=%d", n, r), "gpu %d ref %d", gi[r], ri[r]);
+        }
+        free(x); free(got); cuda_free(dx); cuda_free(dout); cuda_free(di);
+    }
+}
+
+// ---- bench -------------------------------------------------------------------------------------
+static void bench(void) {
+    struct { const char *name; int n_in, n_out; } sh[] = {
+        {"wq/wo 2048x2048", 2048, 2048}, {"wk/wv 512x2048", 2048, 512}, {"gate/up 8192x2048", 2048, 8192},
+        {"down 2048x8192", 8192, 2048}, {"lm_head 128256x2048", 2048, 128256}};
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, C.device) == cudaSuccess) printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    double layer_us = 0, head_us = 0;
+    for (int i = 0; i < 5; i++) {
+        size_t nw = (size_t)sh[i].n_in * sh[i].n_out;
+        void *raw = wmake(WT_BF16, nw, 0.02f);
+        void *dw = dup_up(raw, nw * 2);
+        float *x = fvec(sh[i].n_in, 1.f), *dx = dup_up(x, sh[i].n_in * 4), *dout = dalloc(sh[i].n_out * 4);
+        wref w = {dw, WT_BF16};
+        for (int it = 0; it < 10; it++) OK(cuda_matvec(&C, dout, dx, w, sh[i].n_in, sh[i].n_out));
+        int iters = 200;
+        CK(cudaEventRecord(e0, C.stream));
+        for (int it = 0; it < iters; it++) OK(cuda_matvec(&C, dout, dx, w, sh[i].n_in, sh[i].n_out));
+        CK(cudaEventRecord(e1, C.stream));
+        OK(cuda_sync(&C));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        double us = ms * 1000.0 / iters, bytes = nw * 2.0 + sh[i].n_in * 4.0 + sh[i].n_out * 4.0;
+        printf("BENCH matvec bf16 %-22s %8.2f us  %7.1f GB/s\n", sh[i].name, us, bytes / us / 1e3);
+        if (i == 0) layer_us += 2 * us;
+        else if (i == 1) layer_us += 2 * us;
+        else if (i == 2) layer_us += 2 * us;
+        else if (i == 3) layer_us += us;
+        else head_us = us;
+        free(raw); free(x); cuda_free(dw); cuda_free(dx); cuda_free(dout);
+    }
+    printf("BENCH llama-3.2-1b matvecs per token: 16 layers x %.1f us + lm_head %.1f us = %.1f us\n",
+           layer_us, head_us, 16 * layer_us + head_us);
+    // decode attention at Llama-3.2-1B geometry and vocab stats at 128256
+    int lens[] = {1024, 8192, 32768};
+    attn_shape s = {32, 8, 64, 0.125f};
+    for (int li = 0; li < 3; li++) {
+        int nk = lens[li];
+        size_t nel = (size_t)nk * 512;
+        uint16_t *kv = dalloc(nel * 2);
+        OK(cuda_memset(&C, kv, 0, nel * 2));
+        float *q = fvec(32 * 64, 1.f), *dq = dup_up(q, 32 * 64 * 4), *dout = dalloc(32 * 64 * 4);
+        kv_span ds = {kv, kv, nk, NULL, NULL, 0};
+        OK(cuda_reserve_scratch(&C, cuda_attention_scratch_bytes(&C, nk, s)));
+        for (int it = 0; it < 5; it++) OK(cuda_attention(&C, dout, dq, ds, 1, s, NULL, NULL));
+        CK(cudaEventRecord(e0, C.stream));
+        for (int it = 0; it < 100; it++) OK(cuda_attention(&C, dout, dq, ds, 1, s, NULL, NULL));
+        CK(cudaEventRecord(e1, C.stream));
+        OK(cuda_sync(&C));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        double us = ms * 10.0;
+        printf("BENCH attention decode 32h/8kv/hd64 keys=%-6d %8.2f us  %7.1f GB/s (K+V)\n", nk, us,
+               2.0 * nel * 2 / us / 1e3);
+        free(q); cuda_free(kv); cuda_free(dq); cuda_free(dout);
+    }
+    int nv = 128256;
+    float *lg = fvec(nv, 10.f), *dl = dup_up(lg, nv * 4), *d4 = dalloc(16);
+    for (int it = 0; it < 5; it++) OK(cuda_vocab_stats(&C, d4, dl, 1, nv));
+    CK(cudaEventRecord(e0, C.stream));
+    for (int it = 0; it < 100; it++) OK(cuda_vocab_stats(&C, d4, dl, 1, nv));
+    CK(cudaEventRecord(e1, C.stream));
+    OK(cuda_sync(&C));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    printf("BENCH vocab_stats n=%d %8.2f us\n", nv, ms * 10.0);
+    free(lg); cuda_free(dl); cuda_free(d4);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+}
+
+int main(int argc, char **argv) {
+    int do_bench = argc > 1 && strcmp(argv[1], "--bench") == 0;
+    if (cuda_device_count() == 0) {
+        SKIP("cuda_kernels", "no CUDA device");
+        return 0;
+    }
+    verr e;
+    if (cuda_init(&C, 0, &e)) {
+        printf("FAIL cuda_init: %s\n", e.msg);
+        return 1;
+    }
+    if (do_bench) {
+        bench();
+        cuda_destroy(&C);
+        return 0;
+    }
+    test_embed();
+    test_rmsnorm();
+    test_pointwise();
+    test_rope();
+    test_kv_store();
+    test_matmul();
+    test_attention();
+    test_vocab();
+    cuda_destroy(&C);
+    CHECK_DONE();
+}
+#endif

@@ -10,6 +10,7 @@ int cmd_bench(int argc, char **argv);       // host/cli_bench.c
 int cmd_convert(int argc, char **argv);     // host/cli_convert.c: dispatches to the converters
 int cmd_tokenize(int argc, char **argv);    // host/cli_tokenize.c
 int cmd_detokenize(int argc, char **argv);  // host/cli_tokenize.c
+int cmd_chat(int argc, char **argv);        // host/cli_chat.c: interactive chat
 int cmd_template(int argc, char **argv);    // host/cli_template.c: render a chat template
 
 // Converters, called by cmd_convert with the arguments after the format name.

@@ -8,6 +8,7 @@
 
 #include "host/args.h"
 #include "host/cli.h"
+#include "host/chat_prompt.h"
 #include "host/generate.h"
 
 // Options shared by every command that opens a model.
@@ -32,7 +33,7 @@ typedef struct {
 static int print_token(void *ud, int id) {
     run_out *o = ud;
     if (!o->ts) {
-        printf("%s%d", "", id), printf(" ");
+        printf("%d ", id);
     } else {
         const char *text;
         verr err;
@@ -55,6 +56,31 @@ static int prompt_ids(session *s, const char *ids_arg, const char *text, int **i
     return 1;
 }
 
+// --chat: the prompt becomes one user turn (after an optional --system turn),
+// rendered with the model's chat template.
+typedef struct {
+    int on, think;
+    const char *system, *template_name;
+} chat_args;
+
+static chat_args read_chat_args(args *a) {
+    chat_args c = { .on = args_flag(a, "--chat"), .think = !args_flag(a, "--no-think") };
+    c.system = args_str(a, "--system", NULL);
+    c.template_name = args_str(a, "--chat-template", NULL);
+    return c;
+}
+
+static int chat_prompt_ids(session *s, const chat_args *c, const char *text, int **ids, verr *err) {
+    if (!text) return verr_set(err, "--chat needs a user message with -p");
+    chat_conv conv;
+    int rc = chat_conv_init(&conv, s, c->template_name, c->think, err);
+    if (rc == 0 && c->system) rc = chat_conv_add(&conv, "system", c->system, err);
+    if (rc == 0) rc = chat_conv_add(&conv, "user", text, err);
+    int n = rc == 0 ? chat_conv_ids(&conv, s, ids, err) : -1;
+    chat_conv_free(&conv);
+    return n;
+}
+
 int cmd_run(int argc, char **argv) {
     args a;
     args_init(&a, argc, argv);
@@ -68,6 +94,7 @@ int cmd_run(int argc, char **argv) {
     g.sp.min_p = (float)args_float(&a, "--min-p", 0.0);
     g.seed = (uint64_t)args_int(&a, "--seed", (long)time(NULL));
     int stats = args_flag(&a, "--stats");
+    chat_args chat = read_chat_args(&a);
     if (args_finish(&a, 0)) return fail("run", a.err);
     if (!so.model_dir) return fail("run", "missing -m MODEL_DIR");
     if (ids_arg && text) return fail("run", "give either --ids or -p, not both");
@@ -78,7 +105,8 @@ int cmd_run(int argc, char **argv) {
     verr err = { { 0 } };
     session s;
     if (session_open(&s, &so, &err)) return fail("run", err.msg);
-    int *ids = NULL, n = prompt_ids(&s, ids_arg, text, &ids, &err), rc = 0;
+    int *ids = NULL, rc = 0;
+    int n = chat.on ? chat_prompt_ids(&s, &chat, text, &ids, &err) : prompt_ids(&s, ids_arg, text, &ids, &err);
     run_out out = { &s, s.tok ? tokenizer_stream_new(s.tok, 1) : NULL };
     g.on_token = print_token, g.ud = &out;
     gen_stats st;
@@ -89,6 +117,7 @@ int cmd_run(int argc, char **argv) {
         int k = out.ts ? tokenizer_stream_flush(out.ts, &tail) : 0;
         if (k > 0) fwrite(tail, 1, (size_t)k, stdout);
         printf("\n");
+        fflush(stdout);  // the text before the stats line, even when both go to one terminal
         if (stats)
             fprintf(stderr, "load %.3f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | seed %llu\n",
                     s.load_s, st.n_prompt, st.n_prompt / (st.prefill_s > 0 ? st.prefill_s : 1e-9), st.n_gen,

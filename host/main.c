@@ -16,6 +16,7 @@ typedef struct {
 
 static const command commands[] = {
     { "run", cmd_run, "generate text from a prompt or token ids" },
+    { "chat", cmd_chat, "interactive multi-turn chat with the model's template" },
     { "logits", cmd_logits, "write the last position's logits as float32" },
     { "info", cmd_info, "print a model's config, parameters and bytes per token" },
     { "bench", cmd_bench, "measure prefill and decode speed" },

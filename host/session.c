@@ -69,9 +69,18 @@ void session_close(session *s) {
     memset(s, 0, sizeof *s);
 }
 
+int session_add_stop(session *s, int id) {
+    if (session_is_stop(s, id)) return 0;
+    if (s->n_stop == (int)(sizeof s->stop / sizeof *s->stop)) return -1;
+    s->stop[s->n_stop++] = id;
+    return 0;
+}
+
 int session_is_stop(const session *s, int id) {
     for (int i = 0; i < s->m.cfg.n_eos; i++)
         if (s->m.cfg.eos_ids[i] == id) return 1;
+    for (int i = 0; i < s->n_stop; i++)
+        if (s->stop[i] == id) return 1;
     return s->tok && tokenizer_eos_id(s->tok) == id;
 }
 

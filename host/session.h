@@ -25,12 +25,16 @@ typedef struct {
     sampler smp;
     int ctx;
     double load_s;    // seconds spent loading
+    int stop[16];     // extra stop ids (chat end-of-turn tokens)
+    int n_stop;
 } session;
 
 int session_open(session *s, const session_opts *o, verr *err);
 void session_close(session *s);
 // Ids that end generation: config eos ids plus the tokenizer's eos.
 int session_is_stop(const session *s, int id);
+// Adds an id that ends generation; -1 when the table is full.
+int session_add_stop(session *s, int id);
 // Text to prompt ids, with BOS when the tokenizer config says so. *ids is malloc'd.
 int session_encode_prompt(const session *s, const char *text, int **ids, verr *err);
 

@@ -59,6 +59,8 @@ static int load_weights(model *m, verr *err) {
     if (get(m, &m->embed, "model.embed_tokens.weight", c->vocab_size, c->dim, err) ||
         get(m, &m->final_norm, "model.norm.weight", 0, c->dim, err))
         return -1;
+    // Decode reads one embedding row per token, not the table.
+    m->weight_bytes -= (size_t)c->vocab_size * c->dim * wtype_size(m->embed.type);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return verr_set(err, "out of memory");
     for (int l = 0; l < c->n_layers; l++)

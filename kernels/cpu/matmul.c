@@ -6,9 +6,107 @@
 
 #include "kernels/ops.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#define MATMUL_ROWS 4  // rows per pass: each load of x feeds four weight rows
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 4  // rows ahead to prefetch: short rows defeat the hardware prefetcher
+#endif
 
+static inline __m512 load16_f32(const void *p, size_t i) { return _mm512_loadu_ps((const float *)p + i); }
+static inline __m512 load16_bf16(const void *p, size_t i) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline __m512 load16_f16(const void *p, size_t i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+}
+static inline float widen1(const void *p, size_t i, wtype t) {
+    return t == WT_F32 ? ((const float *)p)[i] : t == WT_BF16 ? bf16_to_f32(((const uint16_t *)p)[i])
+                                                              : f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+// out[r..r+4) = rows r..r+4 of w dotted with x; rows are n elements apart.
+#define DOT4(NAME, LOAD, TYPE)                                                             \
+    static void NAME(float *out, const void *w, size_t r, const float *x, int n) {         \
+        const size_t stride = (size_t)n;                                                   \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                        \
+        int i = 0;                                                                         \
+        for (; i + 16 <= n; i += 16) {                                                     \
+            __m512 xv = _mm512_loadu_ps(x + i);                                            \
+            for (int k = 0; k < 4; k++)                                                    \
+                _mm_prefetch((const char *)w + ((r + k + PREFETCH_ROWS) * stride + i) * wtype_size(TYPE), _MM_HINT_T0); \
+            a0 = _mm512_fmadd_ps(LOAD(w, (r + 0) * stride + i), xv, a0);                   \
+            a1 = _mm512_fmadd_ps(LOAD(w, (r + 1) * stride + i), xv, a1);                   \
+            a2 = _mm512_fmadd_ps(LOAD(w, (r + 2) * stride + i), xv, a2);                   \
+            a3 = _mm512_fmadd_ps(LOAD(w, (r + 3) * stride + i), xv, a3);                   \
+        }                                                                                  \
+        float s[4] = { _mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1),                \
+                       _mm512_reduce_add_ps(a2), _mm512_reduce_add_ps(a3) };               \
+        for (; i < n; i++)                                                                 \
+            for (int k = 0; k < 4; k++) s[k] += widen1(w, (r + k) * stride + i, TYPE) * x[i]; \
+        for (int k = 0; k < 4; k++) out[k] = s[k];                                         \
+    }
+DOT4(dot4_f32, load16_f32, WT_F32)
+DOT4(dot4_bf16, load16_bf16, WT_BF16)
+DOT4(dot4_f16, load16_f16, WT_F16)
+
+// bf16 without a widening shuffle: a 32-bit lane holds elements 2j (low half) and
+// 2j+1 (high half); shifting left by 16 gives the even element as fp32, masking the
+// low half gives the odd one. x is split into even (xe) and odd (xo) halves to match.
+static void dot4_bf16_eo(float *out, const uint16_t *w, size_t r, const float *x, const float *xe,
+                         const float *xo, int n) {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const uint16_t *w0 = w + r * (size_t)n, *w1 = w0 + n, *w2 = w1 + n, *w3 = w2 + n;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 e = _mm512_loadu_ps(xe + i / 2), o = _mm512_loadu_ps(xo + i / 2);
+        // Fetch rows PREFETCH_ROWS ahead while these are summed.
+        _mm_prefetch((const char *)(w0 + PREFETCH_ROWS * (size_t)n + i), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w1 + PREFETCH_ROWS * (size_t)n + i), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w2 + PREFETCH_ROWS * (size_t)n + i), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w3 + PREFETCH_ROWS * (size_t)n + i), _MM_HINT_T0);
+#define EO_FMA(acc, wr)                                                                            \
+    do {                                                                                           \
+        __m512i v = _mm512_loadu_si512((const void *)(wr + i));                                    \
+        acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)), e, acc);              \
+        acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(v, hi)), o, acc);               \
+    } while (0)
+        EO_FMA(a0, w0); EO_FMA(a1, w1); EO_FMA(a2, w2); EO_FMA(a3, w3);
+#undef EO_FMA
+    }
+    float s[4] = { _mm512_reduce_add_ps(a0), _mm512_reduce_add_ps(a1), _mm512_reduce_add_ps(a2),
+                   _mm512_reduce_add_ps(a3) };
+    for (; i < n; i++)
+        for (int k = 0; k < 4; k++) s[k] += bf16_to_f32(w[(r + k) * (size_t)n + i]) * x[i];
+    for (int k = 0; k < 4; k++) out[k] = s[k];
+}
+
+// Decode-time bf16 matvec with the even/odd split of x.
+static void matvec_bf16_eo(float *out, const float *x, const uint16_t *w, int n_in, int n_out) {
+    float xe[n_in / 2 + 1], xo[n_in / 2 + 1];
+    for (int i = 0; i + 1 < n_in; i += 2) xe[i / 2] = x[i], xo[i / 2] = x[i + 1];
+    int blocks = n_out / MATMUL_ROWS;
+#pragma omp parallel for schedule(static) if ((long)n_out * n_in > 32768)
+    for (int b = 0; b < blocks; b++) dot4_bf16_eo(out + (size_t)b * MATMUL_ROWS, w, (size_t)b * MATMUL_ROWS, x, xe, xo, n_in);
+    for (int r = blocks * MATMUL_ROWS; r < n_out; r++) {
+        float s = 0;
+        for (int i = 0; i < n_in; i++) s += bf16_to_f32(w[(size_t)r * n_in + i]) * x[i];
+        out[r] = s;
+    }
+}
+
+static void dot_rows(float *out, wref w, size_t r, const float *x, int n) {
+    switch (w.type) {
+    case WT_BF16: dot4_bf16(out, w.data, r, x, n); break;
+    case WT_F16: dot4_f16(out, w.data, r, x, n); break;
+    default: dot4_f32(out, w.data, r, x, n); break;
+    }
+}
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -80,9 +178,27 @@ static inline float dot_row(wref w, size_t row, const float *x, int n) {
 void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out) {
     // Small problems are not worth waking the thread team for.
     long work = (long)n_out * n_in * T;
+#ifdef MATMUL_ROWS
+    if (T == 1 && w.type == WT_BF16 && n_in <= 65536) {
+        matvec_bf16_eo(out, x, w.data, n_in, n_out);
+        return;
+    }
+    int blocks = n_out / MATMUL_ROWS;
+#pragma omp parallel for schedule(static) if (work > 32768)
+    for (int b = 0; b < blocks; b++) {
+        for (int t = 0; t < T; t++) {
+            float o[MATMUL_ROWS];
+            dot_rows(o, w, (size_t)b * MATMUL_ROWS, x + (size_t)t * n_in, n_in);
+            for (int k = 0; k < MATMUL_ROWS; k++) out[(size_t)t * n_out + (size_t)b * MATMUL_ROWS + k] = o[k];
+        }
+    }
+    for (int r = blocks * MATMUL_ROWS; r < n_out; r++)  // leftover rows
+        for (int t = 0; t < T; t++) out[(size_t)t * n_out + r] = dot_row(w, (size_t)r, x + (size_t)t * n_in, n_in);
+#else
 #pragma omp parallel for schedule(static) if (work > 32768)
     for (int r = 0; r < n_out; r++) {
         for (int t = 0; t < T; t++)
             out[(size_t)t * n_out + r] = dot_row(w, (size_t)r, x + (size_t)t * n_in, n_in);
     }
+#endif
 }

@@ -9,6 +9,7 @@
 #include "host/args.h"
 #include "host/cli.h"
 #include "host/chat_prompt.h"
+#include "host/entropix_cli.h"
 #include "host/generate.h"
 
 // Options shared by every command that opens a model.
@@ -94,6 +95,9 @@ int cmd_run(int argc, char **argv) {
     g.sp.min_p = (float)args_float(&a, "--min-p", 0.0);
     g.seed = (uint64_t)args_int(&a, "--seed", (long)time(NULL));
     int stats = args_flag(&a, "--stats");
+    verr xerr = { { 0 } };
+    entropix_cli ex;  // --sampler, --profile, --metrics-out, ... (host/entropix_cli.h)
+    int ex_rc = entropix_cli_read(&a, &g, &ex, &xerr);
     chat_args chat = read_chat_args(&a);
     if (args_finish(&a, 0)) return fail("run", a.err);
     if (!so.model_dir) return fail("run", "missing -m MODEL_DIR");
@@ -104,11 +108,13 @@ int cmd_run(int argc, char **argv) {
 
     verr err = { { 0 } };
     session s;
-    if (session_open(&s, &so, &err)) return fail("run", err.msg);
+    if (ex_rc || entropix_cli_open(&ex, &xerr)) return fail("run", xerr.msg);
+    if (session_open(&s, &so, &err)) return entropix_cli_close(&ex), fail("run", err.msg);
     int *ids = NULL, rc = 0;
     int n = chat.on ? chat_prompt_ids(&s, &chat, text, &ids, &err) : prompt_ids(&s, ids_arg, text, &ids, &err);
     run_out out = { &s, s.tok ? tokenizer_stream_new(s.tok, 1) : NULL };
-    g.on_token = print_token, g.ud = &out;
+    g.on_token = print_token, g.ud = &out, g.want_metrics = stats;
+    if (n >= 0 && entropix_cli_start(&ex, &s, &g, &err)) n = -1;
     gen_stats st;
     if (n < 0 || generate(&s, ids, n, &g, &st, &err)) {
         rc = fail("run", err.msg);
@@ -122,9 +128,11 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "load %.3f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | seed %llu\n",
                     s.load_s, st.n_prompt, st.n_prompt / (st.prefill_s > 0 ? st.prefill_s : 1e-9), st.n_gen,
                     st.n_gen > 1 ? (st.n_gen - 1) / st.decode_s : 0.0, (unsigned long long)g.seed);
+        if (stats) entropix_cli_report(&ex, &st);
     }
     if (out.ts) tokenizer_stream_free(out.ts);
     free(ids);
+    entropix_cli_close(&ex);
     session_close(&s);
     return rc;
 }

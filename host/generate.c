@@ -1,13 +1,161 @@
-// generate.c: see generate.h.
+// generate.c: see generate.h. Each step turns the forward's logits into one token
+// (or, for a committed LEHV branch, several), emits them in order and feeds the last.
 #include "host/generate.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "host/branch.h"
 
 double gen_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int gen_find_clarifier(const session *s) {
+    if (!s->tok) return -1;
+    int *ids = NULL;
+    verr err;
+    int n = tokenizer_encode(s->tok, " ...", 4, 0, &ids, &err), id = n > 0 ? ids[n - 1] : -1;
+    free(ids);
+    return id;
+}
+
+// What the loop carries between steps.
+typedef struct {
+    session *s;
+    const gen_opts *o;
+    rng r;
+    int *hist, n_hist;     // this call's prompt and generated ids (penalties, clarifier)
+    float *work;           // [vocab] penalised logits
+    unsigned char *seen;   // [vocab] scratch of sampler_penalize
+    metrics_ws ws;
+    branch_set bs;
+    int metrics;           // compute metrics at every step
+} gen_ctx;
+
+static void ctx_free(gen_ctx *c) {
+    free(c->hist), free(c->work), free(c->seen);
+    metrics_ws_free(&c->ws);
+    branch_free(&c->bs);
+}
+
+static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt, int n_prompt, verr *err) {
+    memset(c, 0, sizeof *c);
+    c->s = s, c->o = o, c->r = (rng){ o->seed, 0 };
+    int vocab = s->m.cfg.vocab_size, branching = o->sampler == GEN_ENTROPIX && o->branch_k > 0 && o->branch_b > 0;
+    c->metrics = o->ex && (o->sampler == GEN_ENTROPIX || o->want_metrics);
+    if (o->sampler == GEN_ENTROPIX && !o->ex) return verr_set(err, "the entropix sampler needs a profile");
+    c->hist = malloc(sizeof(int) * ((size_t)n_prompt + o->max_new + o->branch_b + 1));
+    c->work = malloc(sizeof(float) * (size_t)vocab);
+    c->seen = calloc((size_t)vocab, 1);
+    if (!c->hist || !c->work || !c->seen) return ctx_free(c), verr_set(err, "out of memory");
+    memcpy(c->hist, prompt, sizeof(int) * (size_t)n_prompt);
+    c->n_hist = n_prompt;
+    if (branching && branch_init(&c->bs, &s->m.cfg, o->branch_k, o->branch_b, err)) return ctx_free(c), -1;
+    int last = s->m.cfg.n_layers - 1, layer = o->attn_layer_given ? o->attn_layer : last;
+    if (layer < 0 || layer > last) {
+        ctx_free(c);
+        return verr_set(err, "--attn-layer %d is out of range: the model has layers 0..%d", layer, last);
+    }
+    s->fw.attn_layer = c->metrics ? layer : -1;
+    return 0;
+}
+
+// The logits the draw sees: the raw ones, or a penalised copy.
+static const float *draw_logits(gen_ctx *c) {
+    const gen_opts *o = c->o;
+    int vocab = c->s->m.cfg.vocab_size;
+    if (o->no_repeat_ngram <= 0 && !(o->repeat_penalty > 0 && o->repeat_penalty != 1)) return c->s->fw.logits;
+    memcpy(c->work, c->s->fw.logits, sizeof(float) * (size_t)vocab);
+    sampler_penalize(c->work, vocab, c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->seen);
+    return c->work;
+}
+
+// ADAPTIVE: n draws from one distribution; the best score wins (ties: the first).
+static int best_of(gen_ctx *c, const entropix_step *st, gen_record *rec) {
+    sampler *smp = &c->s->smp;
+    int best = -1;
+    for (int i = 0; i < st->n_samples; i++) {
+        int id = sampler_draw(smp, &c->r);
+        double sc = entropix_score(c->o->ex, &rec->m, c->s->fw.logits[id]);
+        if (best < 0 || sc > rec->score) best = id, rec->score = sc;
+    }
+    return best;
+}
+
+// Room for a branch of B steps: tokens left to generate and positions left in the context.
+static int branch_steps(gen_ctx *c, int n_gen) {
+    int b = c->o->branch_b, left = c->o->max_new - n_gen - 1, room = c->s->ctx - c->s->kv.len - 1;
+    if (left < b) b = left;
+    if (room < b) b = room;
+    return b;
+}
+
+// One step: fills toks/recs and returns how many (> 1 only for a committed branch).
+static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record *one, int *one_tok, verr *err) {
+    session *s = c->s;
+    const gen_opts *o = c->o;
+    const model_config *mc = &s->m.cfg;
+    memset(one, 0, sizeof *one);
+    one->pos = s->kv.len, one->q = Q_STANDARD;
+    if (c->metrics) {
+        if (metrics_logits(&c->ws, s->fw.logits, mc->vocab_size, &one->m) ||
+            metrics_attention(&c->ws, s->fw.attn_scores, mc->n_heads, s->fw.attn_keys, &one->m))
+            return verr_set(err, "out of memory computing metrics");
+        one->q = entropix_classify(o->ex, &one->m);
+    }
+    const float *lg = draw_logits(c);
+    *toks = one_tok, *recs = one;
+    if (o->sampler != GEN_ENTROPIX) {
+        one->sp = o->sp;
+        if (o->sp.temperature <= 0) one->sp = (sampler_params){ 0, 1, 1, 0 };
+        *one_tok = sampler_sample(&s->smp, lg, o->sp, &c->r);
+        return 1;
+    }
+    entropix_step st = entropix_decide(o->ex, &one->m, c->hist[c->n_hist - 1], o->clarifier);
+    one->q = st.q, one->sp = st.sp;
+    if (st.greedy) *one_tok = sampler_argmax(lg, mc->vocab_size);
+    else if (st.clarify) *one_tok = o->clarifier;
+    else {
+        sampler_distribution(&s->smp, lg, st.sp);
+        int b = st.q == Q_LEHV && c->bs.k > 0 ? branch_steps(c, n_gen) : 0;
+        if (b > 0) {
+            sampler_params base = { (float)o->ex->temp, (int)o->ex->top_k, (float)o->ex->top_p, (float)o->ex->min_p };
+            int w = branch_run(&c->bs, s, one, base, b, &c->ws, &c->r, err);
+            if (w < 0) return -1;
+            *toks = c->bs.tok + (size_t)w * (c->bs.b + 1), *recs = c->bs.rec + (size_t)w * (c->bs.b + 1);
+            return c->bs.len[w];
+        }
+        *one_tok = st.n_samples > 1 ? best_of(c, &st, one) : sampler_draw(&s->smp, &c->r);
+    }
+    one->token = *one_tok;
+    return 1;
+}
+
+static void count(gen_stats *st, const gen_ctx *c, const gen_record *r) {
+    if (!c->metrics) return;
+    st->quadrant_count[r->q]++;
+    st->sum_entropy += r->m.entropy;
+    st->n_metrics++;
+}
+
+// Emits step tokens in order. Returns 1 when generation is over, 0 to go on, -1 on error.
+static int emit(gen_ctx *c, gen_stats *st, const int *toks, gen_record *recs, int n) {
+    const gen_opts *o = c->o;
+    for (int i = 0; i < n; i++) {
+        if (session_is_stop(c->s, toks[i])) return st->hit_eos = 1;
+        recs[i].token = toks[i];
+        st->n_gen++;
+        c->hist[c->n_hist++] = toks[i];
+        count(st, c, &recs[i]);
+        if (o->on_record && o->on_record(o->record_ud, &recs[i])) return 1;
+        if (o->on_token && o->on_token(o->ud, toks[i])) return 1;
+        if (st->n_gen == o->max_new) return 1;
+    }
+    return 0;
 }
 
 int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen_stats *st, verr *err) {
@@ -17,27 +165,29 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
     if (n_prompt >= s->ctx)
         return verr_set(err, "the prompt is %d tokens but the context holds %d (raise --ctx, up to %d)", n_prompt,
                         s->ctx, s->m.cfg.max_pos);
+    gen_ctx c;
+    if (ctx_init(&c, s, o, prompt, n_prompt, err)) return -1;
     kv_view kv = kv_view_of(&s->kv);
     double t0 = gen_now();
-    if (forward(&s->fw, &kv, prompt, n_prompt, err)) return -1;
+    int rc = forward(&s->fw, &kv, prompt, n_prompt, err);
     st->prefill_s = gen_now() - t0;
-    rng r = { o->seed, 0 };
     t0 = gen_now();
-    while (st->n_gen < o->max_new) {
-        int next = sampler_sample(&s->smp, s->fw.logits, o->sp, &r);
-        if (session_is_stop(s, next)) {
-            st->hit_eos = 1;
+    while (rc == 0 && st->n_gen < o->max_new) {
+        int *toks = NULL, one_tok;
+        gen_record *recs = NULL, one;
+        int n = step(&c, st->n_gen, &toks, &recs, &one, &one_tok, err);
+        if (n < 0 || (rc = emit(&c, st, toks, recs, n)) != 0) {
+            rc = n < 0 || rc < 0 ? -1 : 0;
             break;
         }
-        st->n_gen++;
-        if (o->on_token && o->on_token(o->ud, next)) break;
-        if (st->n_gen == o->max_new) break;
+        kv = kv_view_of(&s->kv);  // a committed branch moved the trunk
         if (kv_view_len(&kv) >= s->ctx) {
             st->hit_ctx = 1;
             break;
         }
-        if (forward(&s->fw, &kv, &next, 1, err)) return -1;
+        rc = forward(&s->fw, &kv, &toks[n - 1], 1, err);
     }
     st->decode_s = gen_now() - t0;
-    return 0;
+    ctx_free(&c);
+    return rc;
 }

@@ -1,9 +1,23 @@
 // generate.h: the decode loop: prefill the prompt as one batch, then sample and
 // feed back one token at a time until EOS, max_new tokens or a full context.
+// The sampler is either the stock one (sp) or entropix (host/entropix.h), which picks
+// its parameters per token from the uncertainty metrics (host/metrics.h).
 #ifndef VARENT_GENERATE_H
 #define VARENT_GENERATE_H
 
+#include "host/entropix.h"
 #include "host/session.h"
+
+typedef enum { GEN_STANDARD = 0, GEN_ENTROPIX = 1 } gen_sampler;
+
+// One generated token and how it was chosen.
+typedef struct {
+    int pos, token;           // position the token occupies in the sequence
+    token_metrics m;          // of the distribution it was drawn from (raw logits)
+    entropix_quadrant q;      // by the profile's thresholds, also under the standard sampler
+    sampler_params sp;        // parameters actually used (greedy: temperature 0, top_k 1)
+    double score;             // ADAPTIVE: the winning draw's score, else 0
+} gen_record;
 
 typedef struct {
     int max_new;
@@ -11,15 +25,31 @@ typedef struct {
     uint64_t seed;
     int (*on_token)(void *ud, int id);  // called per generated token; non-zero stops
     void *ud;
+    // Uncertainty-aware decoding; all zero gives plain stock sampling without metrics.
+    gen_sampler sampler;
+    const entropix_config *ex;  // thresholds and constants; required for entropix and metrics
+    int attn_layer_given, attn_layer;   // layer of the attention metrics (default: last)
+    int clarifier;              // HELV's inserted token (entropix)
+    int no_repeat_ngram;        // 0: off
+    float repeat_penalty;       // <= 0 or 1: off
+    int branch_k, branch_b;     // LEHV branching: K candidates, B steps each (0: off)
+    int want_metrics;           // compute metrics under the standard sampler too
+    int (*on_record)(void *ud, const gen_record *r);  // per token, before on_token
+    void *record_ud;
 } gen_opts;
 
 typedef struct {
     int n_prompt, n_gen;
     double prefill_s, decode_s;
     int hit_eos, hit_ctx;
+    int quadrant_count[Q_COUNT];  // per generated token, when metrics were computed
+    double sum_entropy;
+    int n_metrics;
 } gen_stats;
 
 int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen_stats *st, verr *err);
 double gen_now(void);
+// HELV's clarifier: " ..." encoded by the model's tokenizer (its only or last id); -1 without one.
+int gen_find_clarifier(const session *s);
 
 #endif

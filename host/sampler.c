@@ -41,6 +41,28 @@ static int cand_cmp(const void *a, const void *b) {
     return x->id - y->id;
 }
 
+// Moves the k first candidates in cand_cmp order to the front, unsorted (quickselect):
+// top-k then sorts only k entries instead of the whole vocab. cand_cmp is a total
+// order, so the result equals a full sort truncated to k.
+static void select_top(sampler_cand *c, int n, int k) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        sampler_cand pivot = c[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (cand_cmp(&c[i], &pivot) < 0) i++;
+            while (cand_cmp(&c[j], &pivot) > 0) j--;
+            if (i <= j) {
+                sampler_cand t = c[i];
+                c[i++] = c[j], c[j--] = t;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
 // Keeps candidates with p >= thr, preserving order.
 static int keep_at_least(sampler_cand *c, int n, double thr) {
     int m = 0;
@@ -81,8 +103,8 @@ double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
         for (int i = 0; i < n; i++) kept += c[i].p;
         n = nucleus_prefilter(c, n, kept, p.top_p);
     }
+    if (p.top_k > 0 && p.top_k < n) select_top(c, n, p.top_k), n = p.top_k;
     qsort(c, (size_t)n, sizeof *c, cand_cmp);
-    if (p.top_k > 0 && p.top_k < n) n = p.top_k;
     total = 0;
     for (int i = 0; i < n; i++) total += c[i].p;
     if (p.top_p < 1) {  // smallest prefix whose mass reaches top_p
@@ -109,6 +131,52 @@ int sampler_draw(const sampler *s, rng *r) {
         if (u < cum) return s->cand[i].id;
     }
     return s->cand[s->n_cand - 1].id;  // u beyond the rounded total
+}
+
+static int taken(const int *out, int n, int id) {
+    for (int i = 0; i < n; i++)
+        if (out[i] == id) return 1;
+    return 0;
+}
+
+int sampler_draw_distinct(const sampler *s, rng *r, int k, int *out) {
+    int n = 0;
+    while (n < k && n < s->n_cand) {
+        double left = 0, cum = 0, u;
+        for (int i = 0; i < s->n_cand; i++)
+            if (!taken(out, n, s->cand[i].id)) left += s->cand[i].p;
+        u = rng_uniform(r) * left;
+        int pick = -1;
+        for (int i = 0; i < s->n_cand; i++) {
+            if (taken(out, n, s->cand[i].id)) continue;
+            pick = s->cand[i].id, cum += s->cand[i].p;
+            if (u < cum) break;
+        }
+        out[n++] = pick;
+    }
+    return n;
+}
+
+void sampler_penalize(float *logits, int n, const int *hist, int n_hist, int no_repeat_ngram, float repeat_penalty,
+                      unsigned char *seen) {
+    if (repeat_penalty > 0 && repeat_penalty != 1) {
+        for (int i = 0; i < n_hist; i++) {
+            int id = hist[i];
+            if (id < 0 || id >= n || seen[id]) continue;
+            seen[id] = 1;
+            logits[id] = logits[id] > 0 ? logits[id] / repeat_penalty : logits[id] * repeat_penalty;
+        }
+        for (int i = 0; i < n_hist; i++)
+            if (hist[i] >= 0 && hist[i] < n) seen[hist[i]] = 0;
+    }
+    int N = no_repeat_ngram;
+    if (N <= 0 || n_hist + 1 < N) return;
+    const int *prefix = hist + n_hist - (N - 1);  // the N-1 newest ids
+    for (int i = 0; i + N <= n_hist; i++) {
+        int match = 1;
+        for (int j = 0; j < N - 1 && match; j++) match = hist[i + j] == prefix[j];
+        if (match && hist[i + N - 1] >= 0 && hist[i + N - 1] < n) logits[hist[i + N - 1]] = -INFINITY;
+    }
 }
 
 int sampler_sample(sampler *s, const float *logits, sampler_params p, rng *r) {

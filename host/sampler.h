@@ -38,6 +38,15 @@ int sampler_argmax(const float *logits, int n);
 double sampler_distribution(sampler *s, const float *logits, sampler_params p);
 // Draws from the distribution last built by sampler_distribution.
 int sampler_draw(const sampler *s, rng *r);
+// Draws up to k distinct ids without replacement from that distribution (each draw
+// renormalised over what is left); returns how many (fewer when fewer candidates).
+int sampler_draw_distinct(const sampler *s, rng *r, int k, int *out);
+// HF-style stock extras on logits[n] in place, given the ids so far: with
+// repeat_penalty R (> 0, != 1) each seen id's logit is divided by R when positive and
+// multiplied by R otherwise; no_repeat_ngram N (> 0) bans every id that would repeat an
+// N-gram already in hist. seen: scratch [n] of zeros, left zeroed.
+void sampler_penalize(float *logits, int n, const int *hist, int n_hist, int no_repeat_ngram, float repeat_penalty,
+                      unsigned char *seen);
 // sampler_distribution + sampler_draw.
 int sampler_sample(sampler *s, const float *logits, sampler_params p, rng *r);
 

@@ -1,0 +1,80 @@
+// branch.c: see branch.h. The forward's logits and attention capture are overwritten
+// by every branch step, so each step's metrics are taken before the next forward.
+#include "host/branch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int branch_init(branch_set *bs, const model_config *c, int k, int b, verr *err) {
+    memset(bs, 0, sizeof *bs);
+    bs->k = k, bs->b = b;
+    size_t cells = (size_t)k * (b + 1);
+    bs->tails = calloc((size_t)k, sizeof *bs->tails);
+    bs->tok = malloc(cells * sizeof *bs->tok);
+    bs->rec = malloc(cells * sizeof *bs->rec);
+    bs->len = malloc((size_t)k * sizeof *bs->len);
+    bs->mean_h = malloc((size_t)k * sizeof *bs->mean_h);
+    if (!bs->tails || !bs->tok || !bs->rec || !bs->len || !bs->mean_h) {
+        branch_free(bs);
+        return verr_set(err, "out of memory allocating %d branches", k);
+    }
+    for (int i = 0; i < k; i++)
+        if (kv_cache_init(&bs->tails[i], c->n_layers, b + 1, c->n_kv_heads * c->head_dim, err)) {
+            branch_free(bs);
+            return -1;
+        }
+    return 0;
+}
+
+void branch_free(branch_set *bs) {
+    for (int i = 0; bs->tails && i < bs->k; i++) kv_cache_free(&bs->tails[i]);
+    free(bs->tails), free(bs->tok), free(bs->rec), free(bs->len), free(bs->mean_h);
+    memset(bs, 0, sizeof *bs);
+}
+
+// Extends branch i from its candidate: feed, measure, draw with the base sampler.
+static int extend(branch_set *bs, int i, session *s, sampler_params base, int steps, metrics_ws *ws, rng *r,
+                  verr *err) {
+    int *tok = bs->tok + (size_t)i * (bs->b + 1);
+    gen_record *rec = bs->rec + (size_t)i * (bs->b + 1);
+    kv_cache *tail = &bs->tails[i];
+    tail->len = 0;
+    kv_view kv = { &s->kv, s->kv.len, tail };
+    const model_config *c = &s->m.cfg;
+    double sum_h = 0;
+    int n = 1;
+    for (int j = 1; j <= steps; j++) {
+        if (forward(&s->fw, &kv, &tok[j - 1], 1, err)) return -1;
+        gen_record *g = &rec[j];
+        memset(g, 0, sizeof *g);
+        if (metrics_logits(ws, s->fw.logits, c->vocab_size, &g->m) ||
+            metrics_attention(ws, s->fw.attn_scores, c->n_heads, s->fw.attn_keys, &g->m))
+            return verr_set(err, "out of memory computing metrics");
+        sum_h += g->m.entropy;
+        g->q = Q_BRANCH, g->sp = base, g->pos = rec[0].pos + j;
+        g->token = tok[j] = sampler_sample(&s->smp, s->fw.logits, base, r);
+        n = j + 1;
+        if (session_is_stop(s, tok[j])) break;
+    }
+    bs->len[i] = n;
+    bs->mean_h[i] = n > 1 ? sum_h / (n - 1) : 0;
+    return 0;
+}
+
+int branch_run(branch_set *bs, session *s, const gen_record *root, sampler_params base, int steps, metrics_ws *ws,
+               rng *r, verr *err) {
+    if (steps > bs->b) steps = bs->b;
+    int cand[64], k = bs->k < 64 ? bs->k : 64;
+    // All candidates first: the branches' own draws reuse the sampler's buffer.
+    k = sampler_draw_distinct(&s->smp, r, k, cand);
+    int best = 0;
+    for (int i = 0; i < k; i++) {
+        gen_record *rec = bs->rec + (size_t)i * (bs->b + 1);
+        rec[0] = *root;
+        rec[0].q = Q_BRANCH, rec[0].token = bs->tok[(size_t)i * (bs->b + 1)] = cand[i];
+        if (extend(bs, i, s, base, steps, ws, r, err)) return -1;
+        if (bs->mean_h[i] < bs->mean_h[best]) best = i;  // ties: the earlier (likelier) draw
+    }
+    if (kv_cache_commit(&s->kv, &bs->tails[best], bs->len[best] - 1, err)) return -1;
+    return best;
+}

@@ -1,0 +1,115 @@
+// entropix_cli.c: see entropix_cli.h.
+#include "host/entropix_cli.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int read_branch(const char *v, gen_opts *g, verr *err) {
+    char *end;
+    long k = strtol(v, &end, 10), b = *end == ':' ? strtol(end + 1, &end, 10) : -1;
+    if (*end || k < 1 || k > 64 || b < 1 || b > 1024)
+        return verr_set(err, "--branch: '%s' is not K:B with 1 <= K <= 64 and 1 <= B <= 1024 (e.g. 3:8)", v);
+    g->branch_k = (int)k, g->branch_b = (int)b;
+    return 0;
+}
+
+// --set KEY=VALUE, any number of times.
+static int read_sets(args *a, entropix_cli *c, verr *err) {
+    for (const char *kv; (kv = args_str(a, "--set", NULL));) {
+        const char *eq = strchr(kv, '=');
+        char key[128];
+        if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof key) return verr_set(err, "--set: '%s' is not KEY=VALUE", kv);
+        memcpy(key, kv, (size_t)(eq - kv)), key[eq - kv] = 0;
+        if (entropix_set(&c->ex, key, eq + 1, err)) return -1;
+    }
+    return 0;
+}
+
+int entropix_cli_read(args *a, gen_opts *g, entropix_cli *c, verr *err) {
+    memset(c, 0, sizeof *c);
+    c->sampler_name = args_str(a, "--sampler", "standard");
+    const char *profile = args_str(a, "--profile", "seed"), *cfg = args_str(a, "--sampler-config", NULL);
+    const char *branch = args_str(a, "--branch", NULL);
+    c->metrics_path = args_str(a, "--metrics-out", NULL);
+    g->attn_layer = (int)args_int(a, "--attn-layer", -1);
+    g->attn_layer_given = g->attn_layer != -1;  // -1 (or absent): the last layer
+    g->no_repeat_ngram = (int)args_int(a, "--no-repeat-ngram", 0);
+    g->repeat_penalty = (float)args_float(a, "--repeat-penalty", 1.0);
+    c->clarifier = (int)args_int(a, "--clarifier-token", -1);
+    if (strcmp(c->sampler_name, "standard") && strcmp(c->sampler_name, "entropix"))
+        return verr_set(err, "--sampler: '%s' is not standard or entropix", c->sampler_name);
+    g->sampler = strcmp(c->sampler_name, "entropix") ? GEN_STANDARD : GEN_ENTROPIX;
+    if (entropix_profile(profile, &c->ex, err) || (cfg && entropix_load_json(&c->ex, cfg, err)) || read_sets(a, c, err))
+        return -1;
+    if (branch && read_branch(branch, g, err)) return -1;
+    if (g->no_repeat_ngram < 0 || g->repeat_penalty <= 0)
+        return verr_set(err, "need --no-repeat-ngram >= 0 and --repeat-penalty > 0");
+    g->ex = &c->ex;
+    return 0;
+}
+
+int entropix_cli_open(entropix_cli *c, verr *err) {
+    if (!c->metrics_path) return 0;
+    c->log = fopen(c->metrics_path, "w");
+    if (!c->log) return verr_set(err, "--metrics-out %s: cannot create: %s", c->metrics_path, strerror(errno));
+    return 0;
+}
+
+int entropix_cli_start(entropix_cli *c, const session *s, gen_opts *g, verr *err) {
+    c->s = s;
+    g->clarifier = c->clarifier >= 0 ? c->clarifier : gen_find_clarifier(s);
+    if (g->clarifier >= s->m.cfg.vocab_size)
+        return verr_set(err, "--clarifier-token %d is out of range (vocab_size %d)", g->clarifier, s->m.cfg.vocab_size);
+    if (c->log) g->on_record = entropix_cli_record, g->record_ud = c, g->want_metrics = 1;
+    return 0;
+}
+
+void entropix_cli_close(entropix_cli *c) {
+    if (c->log) fclose(c->log);
+    c->log = NULL;
+}
+
+// JSON string of raw token bytes: invalid UTF-8 bytes become \u00XX (latin-1).
+static void put_json_text(FILE *f, const unsigned char *t) {
+    fputc('"', f);
+    while (*t) {
+        unsigned char ch = *t;
+        int n = ch < 0x80 ? 1 : (ch >> 5) == 6 ? 2 : (ch >> 4) == 14 ? 3 : (ch >> 3) == 30 ? 4 : 0, ok = n > 0;
+        for (int i = 1; ok && i < n; i++) ok = (t[i] & 0xc0) == 0x80;
+        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+        else if (ch < 0x20 || !ok) fprintf(f, "\\u%04x", ch);
+        else fwrite(t, 1, (size_t)n, f);
+        t += ok ? n : 1;
+    }
+    fputc('"', f);
+}
+
+int entropix_cli_record(void *ud, const gen_record *r) {
+    entropix_cli *c = ud;
+    FILE *f = c->log;
+    const token_metrics *m = &r->m;
+    fprintf(f, "{\"pos\":%d,\"token\":%d,\"text\":", r->pos, r->token);
+    verr err;
+    char *text = c->s->tok ? tokenizer_decode(c->s->tok, &r->token, 1, 0, &err) : NULL;
+    put_json_text(f, (const unsigned char *)(text ? text : ""));
+    free(text);
+    fprintf(f,
+            ",\"entropy\":%.17g,\"varentropy\":%.17g,\"attn_entropy\":%.17g,\"attn_varentropy\":%.17g,"
+            "\"agreement\":%.17g,\"interaction_strength\":%.17g,\"quadrant\":\"%s\",\"sampler\":\"%s\","
+            "\"temperature\":%.9g,\"top_k\":%d,\"top_p\":%.9g,\"min_p\":%.9g",
+            m->entropy, m->varentropy, m->attn_entropy, m->attn_varentropy, m->agreement, m->interaction_strength,
+            entropix_quadrant_name(r->q), c->sampler_name, r->sp.temperature, r->sp.top_k, r->sp.top_p, r->sp.min_p);
+    if (r->q == Q_ADAPTIVE && r->score != 0) fprintf(f, ",\"score\":%.17g", r->score);
+    fputs("}\n", f);
+    return fflush(f) != 0 || ferror(f);
+}
+
+void entropix_cli_report(const entropix_cli *c, const gen_stats *st) {
+    if (st->n_metrics == 0) return;
+    fprintf(stderr, "quadrants");
+    for (int q = 0; q < Q_COUNT; q++)
+        if (q != Q_STANDARD) fprintf(stderr, " %s %d", entropix_quadrant_name((entropix_quadrant)q), st->quadrant_count[q]);
+    fprintf(stderr, " | mean entropy %.4f bits over %d tokens (%s sampler, %s profile)\n",
+            st->sum_entropy / st->n_metrics, st->n_metrics, c->sampler_name, c->ex.name);
+}

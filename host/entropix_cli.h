@@ -1,0 +1,34 @@
+// entropix_cli.h: the sampler options `varent run` shares with other commands:
+//   --sampler standard|entropix  --profile NAME  --sampler-config FILE.json
+//   --set KEY=VALUE (repeatable)  --attn-layer N  --clarifier-token ID
+//   --no-repeat-ngram N  --repeat-penalty R  --branch K:B  --metrics-out FILE.jsonl
+// and the per-token metrics log (one JSON object per line, flushed per line).
+#ifndef VARENT_ENTROPIX_CLI_H
+#define VARENT_ENTROPIX_CLI_H
+
+#include <stdio.h>
+
+#include "host/args.h"
+#include "host/generate.h"
+
+typedef struct {
+    entropix_config ex;
+    const char *metrics_path, *sampler_name;
+    int clarifier;   // -1: from the tokenizer
+    FILE *log;
+    const session *s;
+} entropix_cli;
+
+// Reads the options into c and g (call before args_finish). -1 with err on a bad value.
+int entropix_cli_read(args *a, gen_opts *g, entropix_cli *c, verr *err);
+// Opens the metrics file, before the model loads, so a bad path fails early.
+int entropix_cli_open(entropix_cli *c, verr *err);
+// After the session opens: the clarifier token and the metrics callback.
+int entropix_cli_start(entropix_cli *c, const session *s, gen_opts *g, verr *err);
+// --stats: tokens per quadrant and the mean entropy, on stderr.
+void entropix_cli_report(const entropix_cli *c, const gen_stats *st);
+void entropix_cli_close(entropix_cli *c);
+// gen_opts.on_record writing one JSONL line; ud is the entropix_cli.
+int entropix_cli_record(void *ud, const gen_record *r);
+
+#endif

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages varent builds and tests with, only when missing.
 set -euo pipefail
-pkgs=(libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev python3-numpy python3-jinja2 xz-utils)
+pkgs=(libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev python3-numpy python3-jinja2 python3-pip xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,7 @@
 
 #include "host/args.h"
 #include "host/cli.h"
+#include "host/fileio.h"
 #include "host/err.h"
 #include "tokenizer/chat.h"
 
@@ -22,40 +23,6 @@ static const char *template_usage =
     "  --no-generation-prompt omit the assistant turn opener\n"
     "  --no-think             Qwen3: render the empty <think> block (enable_thinking=false)\n"
     "  --date STRING          Llama 3.1+: the 'Today Date' value (e.g. \"26 Jul 2024\")\n";
-
-// Whole file (or stdin for "-") as a NUL-terminated string.
-static char *read_all(const char *path, verr *err) {
-    FILE *fp = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!fp) {
-        verr_set(err, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t n = 0, cap = 4096;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap *= 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-        }
-        size_t got = fread(buf + n, 1, cap - n - 1, fp);
-        n += got;
-        if (got == 0) break;
-    }
-    const char *bad = !buf ? "out of memory" : ferror(fp) ? "read error" : NULL;
-    if (fp != stdin) fclose(fp);
-    if (bad) {
-        free(buf);
-        verr_set(err, "%s: %s", path, bad);
-        return NULL;
-    }
-    buf[n] = 0;
-    return buf;
-}
 
 // Parse JSON, reporting the line and byte offset of a syntax error.
 static cJSON *parse_json(const char *text, const char *path, verr *err) {
@@ -98,7 +65,7 @@ typedef struct {
 } template_src;
 
 static int load_config(template_src *ts, const char *path, verr *err) {
-    char *text = read_all(path, err);
+    char *text = fileio_read_all(path, err);
     if (!text) return -1;
     ts->cfg = parse_json(text, path, err);
     free(text);
@@ -129,7 +96,7 @@ static int load_template(template_src *ts, const char *path, verr *err) {
         size_t n = strlen(path);
         if (n >= 5 && !strcmp(path + n - 5, ".json")) return load_config(ts, path, err);
     }
-    ts->text = read_all(path, err);
+    ts->text = fileio_read_all(path, err);
     snprintf(ts->src, sizeof ts->src, "%s", path);
     return ts->text ? 0 : -1;
 }
@@ -192,7 +159,7 @@ static int render_and_print(const char *tpath, const char *mpath, const char *na
         o.bos_token = token_field(ts.cfg, "bos_token");
         o.eos_token = token_field(ts.cfg, "eos_token");
     }
-    if (!(mtext = read_all(mpath, err)) || !(mj = parse_json(mtext, mpath, err))) goto done;
+    if (!(mtext = fileio_read_all(mpath, err)) || !(mj = parse_json(mtext, mpath, err))) goto done;
     if (parse_messages(mj, mpath, &msgs, &n, err)) goto done;
     if (!(out = chat_render(&f, msgs, n, &o, err))) {
         char why[sizeof err->msg];

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "host/entropix.h"
+#include "host/fileio.h"
 
 static const char *METRIC_KEYS[M_COUNT] = { "entropy", "varentropy", "attn_entropy", "attn_varentropy", "agreement",
                                             "interaction_strength" };
@@ -160,22 +161,6 @@ int entropix_set(entropix_config *c, const char *key, const char *value, verr *e
     return 0;
 }
 
-static char *read_text(const char *path, verr *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return verr_set(err, "%s: cannot open: %s", path, strerror(errno)), NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f), free(s);
-        return verr_set(err, "%s: read failed", path), NULL;
-    }
-    fclose(f);
-    s[n] = 0;
-    return s;
-}
-
 // "profile" first, so the other keys override it whatever their order in the file.
 static int apply_json(entropix_config *c, const cJSON *root, const char *path, verr *err) {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "profile");
@@ -197,7 +182,7 @@ static int apply_json(entropix_config *c, const cJSON *root, const char *path, v
 }
 
 int entropix_load_json(entropix_config *c, const char *path, verr *err) {
-    char *text = read_text(path, err);
+    char *text = fileio_read_all(path, err);
     if (!text) return -1;
     cJSON *root = cJSON_Parse(text);
     free(text);

@@ -2,6 +2,8 @@
 // file and the field, because a wrong config silently produces garbage logits.
 #include "model/config.h"
 
+#include "host/fileio.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -9,24 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *read_file(const char *path, verr *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return verr_set(err, "%s: cannot open: %s", path, strerror(errno)), NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = n >= 0 && n < (64 << 20) ? malloc((size_t)n + 1) : NULL;
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf), fclose(f);
-        return verr_set(err, "%s: read failed", path), NULL;
-    }
-    fclose(f);
-    buf[n] = 0;
-    return buf;
-}
-
 static cJSON *load_json(const char *path, verr *err) {
-    char *text = read_file(path, err);
+    char *text = fileio_read_all(path, err);
     if (!text) return NULL;
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithOpts(text, &end, 1);

@@ -8,6 +8,7 @@
 
 #include "host/args.h"
 #include "host/cli.h"
+#include "host/cli_common.h"
 #include "host/generate.h"
 
 static int cmp_double(const void *a, const void *b) {
@@ -56,8 +57,8 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
 int cmd_bench(int argc, char **argv) {
     args a;
     args_init(&a, argc, argv);
-    session_opts so = { .model_dir = args_str(&a, "-m|--model", NULL), .device = args_str(&a, "--device", "cpu") };
-    so.threads = (int)args_int(&a, "-t|--threads", 0);
+    session_opts so = { 0 };
+    cli_session_opts(&a, &so);
     int n = (int)args_int(&a, "-n", 256), plen = (int)args_int(&a, "--prompt-len", 512), runs = (int)args_int(&a, "--runs", 3);
     if (args_finish(&a, 0) || !so.model_dir || n < 1 || plen < 1 || runs < 1 || runs > 100) {
         fprintf(stderr, "varent bench: %s\nusage: varent bench -m DIR [-n 256] [--prompt-len 512] [--runs 3] [--threads N]\n",

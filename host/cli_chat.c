@@ -11,6 +11,7 @@
 #include "host/args.h"
 #include "host/chat_prompt.h"
 #include "host/cli.h"
+#include "host/cli_common.h"
 #include "host/generate.h"
 
 typedef struct {
@@ -105,15 +106,10 @@ static int chat_loop(session *s, chat_conv *conv, const char *system, gen_opts *
 int cmd_chat(int argc, char **argv) {
     args a;
     args_init(&a, argc, argv);
-    session_opts so = { .model_dir = args_str(&a, "-m|--model", NULL), .device = args_str(&a, "--device", "cpu") };
-    so.ctx = (int)args_int(&a, "--ctx", 0);
-    so.threads = (int)args_int(&a, "-t|--threads", 0);
-    gen_opts g = { .max_new = (int)args_int(&a, "-n|--max-tokens", 512) };
-    g.sp.temperature = (float)args_float(&a, "--temp|--temperature", 0.7);
-    g.sp.top_k = (int)args_int(&a, "--top-k", 0);
-    g.sp.top_p = (float)args_float(&a, "--top-p", 0.9);
-    g.sp.min_p = (float)args_float(&a, "--min-p", 0.0);
-    g.seed = (uint64_t)args_int(&a, "--seed", (long)time(NULL));
+    session_opts so = { 0 };
+    cli_session_opts(&a, &so);
+    gen_opts g = { 0 };
+    cli_sampling_opts(&a, &g, 512, 0.7f, 0.9f);
     const char *system = args_str(&a, "--system", NULL), *tmpl = args_str(&a, "--chat-template", NULL);
     int think = !args_flag(&a, "--no-think");
     if (args_finish(&a, 0) || !so.model_dir) {
@@ -122,6 +118,8 @@ int cmd_chat(int argc, char **argv) {
                 a.err[0] ? a.err : "missing -m MODEL_DIR");
         return 1;
     }
+    char bad[256];
+    if (cli_check_sampling(&g, bad, sizeof bad)) return fprintf(stderr, "varent chat: %s\n", bad), 1;
     verr err = { { 0 } };
     session s;
     if (session_open(&s, &so, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;

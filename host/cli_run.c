@@ -8,18 +8,10 @@
 
 #include "host/args.h"
 #include "host/cli.h"
+#include "host/cli_common.h"
 #include "host/chat_prompt.h"
 #include "host/entropix_cli.h"
 #include "host/generate.h"
-
-// Options shared by every command that opens a model.
-static void read_session_opts(args *a, session_opts *o) {
-    o->model_dir = args_str(a, "-m|--model", NULL);
-    o->ctx = (int)args_int(a, "--ctx", 0);
-    o->threads = (int)args_int(a, "-t|--threads", 0);
-    o->device = args_str(a, "--device", "cpu");
-    o->max_batch = (int)args_int(a, "--batch", 0);
-}
 
 static int fail(const char *cmd, const char *msg) {
     fprintf(stderr, "varent %s: %s\n", cmd, msg);
@@ -86,14 +78,10 @@ int cmd_run(int argc, char **argv) {
     args a;
     args_init(&a, argc, argv);
     session_opts so = { 0 };
-    read_session_opts(&a, &so);
+    cli_session_opts(&a, &so);
     const char *ids_arg = args_str(&a, "--ids", NULL), *text = args_str(&a, "-p|--prompt", NULL);
-    gen_opts g = { .max_new = (int)args_int(&a, "-n|--max-tokens", 256) };
-    g.sp.temperature = (float)args_float(&a, "--temp|--temperature", 1.0);
-    g.sp.top_k = (int)args_int(&a, "--top-k", 0);
-    g.sp.top_p = (float)args_float(&a, "--top-p", 1.0);
-    g.sp.min_p = (float)args_float(&a, "--min-p", 0.0);
-    g.seed = (uint64_t)args_int(&a, "--seed", (long)time(NULL));
+    gen_opts g = { 0 };
+    cli_sampling_opts(&a, &g, 256, 1.0f, 1.0f);
     int stats = args_flag(&a, "--stats");
     verr xerr = { { 0 } };
     entropix_cli ex;  // --sampler, --profile, --metrics-out, ... (host/entropix_cli.h)
@@ -102,9 +90,8 @@ int cmd_run(int argc, char **argv) {
     if (args_finish(&a, 0)) return fail("run", a.err);
     if (!so.model_dir) return fail("run", "missing -m MODEL_DIR");
     if (ids_arg && text) return fail("run", "give either --ids or -p, not both");
-    if (g.sp.temperature < 0 || g.sp.top_k < 0 || g.sp.top_p <= 0 || g.sp.top_p > 1 || g.sp.min_p < 0 || g.sp.min_p >= 1 ||
-        g.max_new < 0)
-        return fail("run", "need --temp >= 0, --top-k >= 0, 0 < --top-p <= 1, 0 <= --min-p < 1, -n >= 0");
+    char bad[256];
+    if (cli_check_sampling(&g, bad, sizeof bad)) return fail("run", bad);
 
     verr err = { { 0 } };
     session s;
@@ -156,7 +143,7 @@ int cmd_logits(int argc, char **argv) {
     args a;
     args_init(&a, argc, argv);
     session_opts so = { 0 };
-    read_session_opts(&a, &so);
+    cli_session_opts(&a, &so);
     const char *ids_arg = args_str(&a, "--ids", NULL), *out = args_str(&a, "-o|--out", NULL);
     int chunk = (int)args_int(&a, "--chunk", 0);
     if (args_finish(&a, 0)) return fail("logits", a.err);

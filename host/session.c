@@ -60,12 +60,37 @@ int session_open(session *s, const session_opts *o, verr *err) {
     return 0;
 }
 
+int session_open_shared(session *s, const session *base, int ctx, verr *err) {
+    memset(s, 0, sizeof *s);
+    s->m = base->m;  // shallow: the weights stay base's
+    s->tok = base->tok;
+    s->borrowed = 1;
+    s->ctx = ctx > 0 ? ctx : base->ctx;
+    memcpy(s->stop, base->stop, sizeof s->stop);
+    s->n_stop = base->n_stop;
+    if (ctx > base->m.cfg.max_pos) {
+        session_close(s);
+        return verr_set(err, "context %d exceeds the model's max_position_embeddings (%d)", ctx, base->m.cfg.max_pos);
+    }
+    const model_config *c = &s->m.cfg;
+    if (forward_init(&s->fw, &s->m, base->fw.max_T < s->ctx ? base->fw.max_T : s->ctx, s->ctx, err) ||
+        kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err) ||
+        sampler_init(&s->smp, c->vocab_size) != 0) {
+        if (!err->msg[0]) verr_set(err, "out of memory");
+        session_close(s);
+        return -1;
+    }
+    return 0;
+}
+
 void session_close(session *s) {
     forward_free(&s->fw);
     kv_cache_free(&s->kv);
     sampler_free(&s->smp);
-    if (s->tok) tokenizer_free(s->tok);
-    model_free(&s->m);
+    if (!s->borrowed) {
+        if (s->tok) tokenizer_free(s->tok);
+        model_free(&s->m);
+    }
     memset(s, 0, sizeof *s);
 }
 

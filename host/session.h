@@ -27,9 +27,14 @@ typedef struct {
     double load_s;    // seconds spent loading
     int stop[16];     // extra stop ids (chat end-of-turn tokens)
     int n_stop;
+    int borrowed;     // model and tokenizer belong to another session (session_open_shared)
 } session;
 
 int session_open(session *s, const session_opts *o, verr *err);
+// A second context on base's model: its own forward scratch, KV cache (ctx positions,
+// 0: base's) and sampler, borrowing base's weights and tokenizer, which must outlive it.
+// Used for the critic, server slots and agent replicas on one device.
+int session_open_shared(session *s, const session *base, int ctx, verr *err);
 void session_close(session *s);
 // Ids that end generation: config eos ids plus the tokenizer's eos.
 int session_is_stop(const session *s, int id);

@@ -44,7 +44,7 @@ static int extend(branch_set *bs, int i, session *s, sampler_params base, int st
     double sum_h = 0;
     int n = 1;
     for (int j = 1; j <= steps; j++) {
-        if (forward(&s->fw, &kv, &tok[j - 1], 1, err)) return -1;
+        if (session_forward(s, &kv, &tok[j - 1], 1, err)) return -1;
         gen_record *g = &rec[j];
         memset(g, 0, sizeof *g);
         if (metrics_logits(ws, s->fw.logits, c->vocab_size, &g->m) ||

@@ -43,12 +43,12 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
     s->kv.len = 0;
     kv_view kv = kv_view_of(&s->kv);
     double t0 = gen_now();
-    if (forward(&s->fw, &kv, prompt, prompt_len, err)) return -1;
+    if (session_forward(s, &kv, prompt, prompt_len, err)) return -1;
     *prefill_s = gen_now() - t0;
     t0 = gen_now();
     for (int i = 0; i < n; i++) {
         int next = sampler_argmax(s->fw.logits, s->m.cfg.vocab_size);
-        if (forward(&s->fw, &kv, &next, 1, err)) return -1;
+        if (session_forward(s, &kv, &next, 1, err)) return -1;
     }
     *decode_s = gen_now() - t0;
     return 0;

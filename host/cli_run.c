@@ -162,7 +162,7 @@ int cmd_logits(int argc, char **argv) {
     int rc = 0, step = chunk > 0 ? chunk : n;
     if (n > s.ctx) rc = verr_set(&err, "%d ids do not fit the %d-token context (raise --ctx)", n, s.ctx);
     for (int i = 0; rc == 0 && i < n; i += step)
-        rc = forward(&s.fw, &kv, ids + i, n - i < step ? n - i : step, &err);
+        rc = session_forward(&s, &kv, ids + i, n - i < step ? n - i : step, &err);
     if (rc == 0) rc = write_floats(out, s.fw.logits, s.m.cfg.vocab_size, &err);
     free(ids);
     session_close(&s);

@@ -169,7 +169,7 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
     if (ctx_init(&c, s, o, prompt, n_prompt, err)) return -1;
     kv_view kv = kv_view_of(&s->kv);
     double t0 = gen_now();
-    int rc = forward(&s->fw, &kv, prompt, n_prompt, err);
+    int rc = session_forward(s, &kv, prompt, n_prompt, err);
     st->prefill_s = gen_now() - t0;
     t0 = gen_now();
     while (rc == 0 && st->n_gen < o->max_new) {
@@ -185,7 +185,7 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
             st->hit_ctx = 1;
             break;
         }
-        rc = forward(&s->fw, &kv, &toks[n - 1], 1, err);
+        rc = session_forward(s, &kv, &toks[n - 1], 1, err);
     }
     st->decode_s = gen_now() - t0;
     ctx_free(&c);

@@ -94,6 +94,10 @@ void session_close(session *s) {
     memset(s, 0, sizeof *s);
 }
 
+int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err) {
+    return forward(&s->fw, kv, ids, T, err);
+}
+
 int session_add_stop(session *s, int id) {
     if (session_is_stop(s, id)) return 0;
     if (s->n_stop == (int)(sizeof s->stop / sizeof *s->stop)) return -1;

@@ -36,6 +36,10 @@ int session_open(session *s, const session_opts *o, verr *err);
 // Used for the critic, server slots and agent replicas on one device.
 int session_open_shared(session *s, const session *base, int ctx, verr *err);
 void session_close(session *s);
+// The forward pass on the session's backend: appends T tokens to the sequence in kv
+// and leaves the last token's logits in s->fw.logits (host memory on every backend),
+// plus the attention capture when s->fw.attn_layer >= 0. Use this, not forward().
+int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err);
 // Ids that end generation: config eos ids plus the tokenizer's eos.
 int session_is_stop(const session *s, int id);
 // Adds an id that ends generation; -1 when the table is full.

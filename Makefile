@@ -48,7 +48,7 @@ $(BUILD)/%.cu.o: %.cu
 
 $(BUILD)/tests/%: tests/c/%.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
 tests: $(TEST_BIN)
 test: all $(TEST_BIN)

@@ -4,6 +4,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer/tok_internal.h"
 
+#include <utf8proc.h>
+
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,13 +111,27 @@ static int split_regex(const tok_pre *p, void *re, const char *s, size_t n, pcre
     return emit_regions(p, s, *rbuf, nr, out);
 }
 
+// Length of the UTF-8 character at s (1 for an invalid byte) and whether it is numeric:
+// HF's Digits uses Rust's char::is_numeric, the general categories Nd, Nl and No.
+static size_t numeric_char(const char *s, size_t n, int *num) {
+    utf8proc_int32_t c;
+    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &c);
+    if (k <= 0) {
+        *num = 0;
+        return 1;
+    }
+    utf8proc_category_t cat = utf8proc_category(c);
+    *num = cat == UTF8PROC_CATEGORY_ND || cat == UTF8PROC_CATEGORY_NL || cat == UTF8PROC_CATEGORY_NO;
+    return (size_t)k;
+}
+
 static int split_digits(const tok_pre *p, const char *s, size_t n, piece_list *out) {
     size_t i = 0;
     while (i < n) {
-        int dig = s[i] >= '0' && s[i] <= '9';
-        size_t j = i + 1;
+        int dig, next;
+        size_t j = i + numeric_char(s + i, n - i, &dig);
         if (!dig || !p->individual_digits)
-            while (j < n && (s[j] >= '0' && s[j] <= '9') == dig) j++;
+            for (size_t k; j < n && (k = numeric_char(s + j, n - j, &next)) && next == dig;) j += k;
         if (piece_list_add(out, s + i, j - i) < 0) return -1;
         i = j;
     }

@@ -1,7 +1,9 @@
-// cli_bench.c: `varent bench -m DIR [-n 256] [--prompt-len 512] [--runs 3]`.
+// cli_bench.c: `varent bench -m DIR [-n 256] [--prompt-len 512] [--runs 3]
+//                [--sampler standard,entropix] [--profile seed]`.
 // Reports medians over runs: prefill tok/s, decode tok/s and ms/token, and the
 // achieved bandwidth (weight + KV bytes per token / time) against a measured copy
-// bandwidth of the same memory.
+// bandwidth of the same memory. Then the full decode loop (generate()) under each
+// named sampler, side by side, with its overhead over the first one.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,14 +56,58 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
     return 0;
 }
 
+// Decode seconds of one generate() run of n tokens under the named sampler.
+static int bench_sampler(session *s, const char *name, const entropix_config *ex, const int *prompt, int plen, int n,
+                         double *decode_s, verr *err) {
+    gen_opts g = { 0 };
+    g.max_new = n, g.seed = 42, g.ignore_eos = 1, g.ex = ex;
+    g.sp = (sampler_params){ (float)ex->temp, 0, (float)ex->top_p, 0 };  // the profile's T0 and P0
+    if (!strcmp(name, "entropix")) g.sampler = GEN_ENTROPIX, g.clarifier = gen_find_clarifier(s);
+    else if (!strcmp(name, "standard+metrics")) g.want_metrics = 1;
+    else if (strcmp(name, "standard") != 0)
+        return verr_set(err, "--sampler: unknown sampler '%s' (use standard, standard+metrics or entropix)", name);
+    s->kv.len = 0;
+    gen_stats st;
+    if (generate(s, prompt, plen, &g, &st, err)) return -1;
+    *decode_s = st.decode_s / (st.n_gen > 0 ? st.n_gen : 1);
+    return 0;
+}
+
+// --sampler LIST: each sampler's median ms/token and overhead over the first. Runs
+// interleave the samplers so drift (clocks, caches) hits them alike.
+static int bench_samplers(session *s, const char *list, const char *profile, const int *prompt, int plen, int n,
+                          int runs, verr *err) {
+    entropix_config ex;
+    if (entropix_profile(profile, &ex, err)) return -1;
+    char buf[256], *save = NULL, *names[8];
+    int k = 0;
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (k < 8) names[k++] = t;
+    double *t = malloc(sizeof(double) * (size_t)(runs * k));
+    if (!t) return verr_set(err, "out of memory");
+    int rc = 0;
+    for (int r = 0; rc == 0 && r < runs; r++)
+        for (int i = 0; rc == 0 && i < k; i++) rc = bench_sampler(s, names[i], &ex, prompt, plen, n, &t[i * runs + r], err);
+    for (int i = 0; rc == 0 && i < k; i++) {
+        double ms = 1e3 * median(t + i * runs, runs), base = 1e3 * median(t, runs);
+        printf("sampler     %-16s %.3f ms/token  %+.1f%% vs %s (median of %d, profile %s)\n", names[i], ms,
+               100.0 * (ms / base - 1), names[0], runs, profile);
+    }
+    free(t);
+    return rc;
+}
+
 int cmd_bench(int argc, char **argv) {
     args a;
     args_init(&a, argc, argv);
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
     int n = (int)args_int(&a, "-n", 256), plen = (int)args_int(&a, "--prompt-len", 512), runs = (int)args_int(&a, "--runs", 3);
+    const char *samplers = args_str(&a, "--sampler", "standard,entropix"), *profile = args_str(&a, "--profile", "seed");
     if (args_finish(&a, 0) || !so.model_dir || n < 1 || plen < 1 || runs < 1 || runs > 100) {
-        fprintf(stderr, "varent bench: %s\nusage: varent bench -m DIR [-n 256] [--prompt-len 512] [--runs 3] [--threads N]\n",
+        fprintf(stderr, "varent bench: %s\nusage: varent bench -m DIR [-n 256] [--prompt-len 512] [--runs 3] [--threads N]\n"
+                "                   [--sampler standard,entropix|none] [--profile seed]\n",
                 a.err[0] ? a.err : "bad arguments");
         return 1;
     }
@@ -87,6 +133,8 @@ int cmd_bench(int argc, char **argv) {
         printf("prefill     %d tokens: %.1f tok/s (median of %d)\n", plen, plen / p, runs);
         printf("decode      %d tokens: %.1f tok/s, %.3f ms/token (median of %d)\n", n, tps, 1e3 / tps, runs);
         printf("bandwidth   %.1f GB/s achieved; memcpy %.1f GB/s (read+write); ratio %.2f\n", gbs, copy, copy > 0 ? gbs / copy : 0);
+        fflush(stdout);
+        if (strcmp(samplers, "none") != 0) rc = bench_samplers(&s, samplers, profile, prompt, plen, n, runs, &err);
     }
     free(prompt), free(pf), free(dc);
     session_close(&s);

@@ -146,7 +146,7 @@ static void count(gen_stats *st, const gen_ctx *c, const gen_record *r) {
 static int emit(gen_ctx *c, gen_stats *st, const int *toks, gen_record *recs, int n) {
     const gen_opts *o = c->o;
     for (int i = 0; i < n; i++) {
-        if (session_is_stop(c->s, toks[i])) return st->hit_eos = 1;
+        if (!o->ignore_eos && session_is_stop(c->s, toks[i])) return st->hit_eos = 1;
         recs[i].token = toks[i];
         st->n_gen++;
         c->hist[c->n_hist++] = toks[i];

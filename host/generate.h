@@ -34,6 +34,7 @@ typedef struct {
     float repeat_penalty;       // <= 0 or 1: off
     int branch_k, branch_b;     // LEHV branching: K candidates, B steps each (0: off)
     int want_metrics;           // compute metrics under the standard sampler too
+    int ignore_eos;             // keep going past stop ids (benchmarks)
     int (*on_record)(void *ud, const gen_record *r);  // per token, before on_token
     void *record_ud;
 } gen_opts;

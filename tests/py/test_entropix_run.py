@@ -175,6 +175,16 @@ def test_config_and_errors(d, tmp):
     check("ADAPTIVE" in a.stderr and "mean entropy" in a.stderr, "stats_quadrants", a.stderr[-300:])
 
 
+def test_bench_samplers(d):
+    """varent bench runs the decode loop under each sampler and reports them side by side."""
+    r = vtest.varent("bench", "-m", d, "-n", 8, "--prompt-len", 8, "--runs", 1, "--sampler", "standard,entropix")
+    lines = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("sampler")]
+    check(r.returncode == 0 and [ln[1] for ln in lines] == ["standard", "entropix"]
+          and all(float(ln[2]) > 0 for ln in lines), "bench_sampler_side_by_side", r.stdout + r.stderr[-200:])
+    r = vtest.varent("bench", "-m", d, "-n", 4, "--prompt-len", 4, "--runs", 1, "--sampler", "standard,bogus")
+    check(r.returncode == 1 and "bogus" in r.stderr, "bench_unknown_sampler", r.stderr.strip())
+
+
 def main():
     if not (os.path.isfile(vtest.VARENT) and os.access(vtest.VARENT, os.X_OK)):
         check(False, "entropix", f"varent binary not found at {vtest.VARENT}")
@@ -185,6 +195,7 @@ def main():
         test_model(name, d, prompt, tmp)
     test_clarifier(ms[0][1], tmp)
     test_config_and_errors(ms[0][1], tmp)
+    test_bench_samplers(ms[0][1])
 
 
 if __name__ == "__main__":

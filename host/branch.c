@@ -32,9 +32,21 @@ void branch_free(branch_set *bs) {
     memset(bs, 0, sizeof *bs);
 }
 
+// The logits a branch draw sees: raw, or penalised by the history plus the branch's
+// first j tokens.
+static const float *branch_logits(session *s, const branch_penalty *pen, const int *tok, int j) {
+    if (!pen || (pen->no_repeat_ngram <= 0 && !(pen->repeat_penalty > 0 && pen->repeat_penalty != 1)))
+        return s->fw.logits;
+    int vocab = s->m.cfg.vocab_size;
+    memcpy(pen->hist + pen->n_hist, tok, sizeof(int) * (size_t)j);
+    memcpy(pen->work, s->fw.logits, sizeof(float) * (size_t)vocab);
+    sampler_penalize(pen->work, vocab, pen->hist, pen->n_hist + j, pen->no_repeat_ngram, pen->repeat_penalty, pen->seen);
+    return pen->work;
+}
+
 // Extends branch i from its candidate: feed, measure, draw with the base sampler.
 static int extend(branch_set *bs, int i, session *s, sampler_params base, int steps, metrics_ws *ws, rng *r,
-                  verr *err) {
+                  const branch_penalty *pen, verr *err) {
     int *tok = bs->tok + (size_t)i * (bs->b + 1);
     gen_record *rec = bs->rec + (size_t)i * (bs->b + 1);
     kv_cache *tail = &bs->tails[i];
@@ -52,7 +64,7 @@ static int extend(branch_set *bs, int i, session *s, sampler_params base, int st
             return verr_set(err, "out of memory computing metrics");
         sum_h += g->m.entropy;
         g->q = Q_BRANCH, g->sp = base, g->pos = rec[0].pos + j;
-        g->token = tok[j] = sampler_sample(&s->smp, s->fw.logits, base, r);
+        g->token = tok[j] = sampler_sample(&s->smp, branch_logits(s, pen, tok, j), base, r);
         n = j + 1;
         if (session_is_stop(s, tok[j])) break;
     }
@@ -62,7 +74,7 @@ static int extend(branch_set *bs, int i, session *s, sampler_params base, int st
 }
 
 int branch_run(branch_set *bs, session *s, const gen_record *root, sampler_params base, int steps, metrics_ws *ws,
-               rng *r, verr *err) {
+               rng *r, const branch_penalty *pen, verr *err) {
     if (steps > bs->b) steps = bs->b;
     int cand[64], k = bs->k < 64 ? bs->k : 64;
     // All candidates first: the branches' own draws reuse the sampler's buffer.
@@ -72,7 +84,7 @@ int branch_run(branch_set *bs, session *s, const gen_record *root, sampler_param
         gen_record *rec = bs->rec + (size_t)i * (bs->b + 1);
         rec[0] = *root;
         rec[0].q = Q_BRANCH, rec[0].token = bs->tok[(size_t)i * (bs->b + 1)] = cand[i];
-        if (extend(bs, i, s, base, steps, ws, r, err)) return -1;
+        if (extend(bs, i, s, base, steps, ws, r, pen, err)) return -1;
         if (bs->mean_h[i] < bs->mean_h[best]) best = i;  // ties: the earlier (likelier) draw
     }
     if (kv_cache_commit(&s->kv, &bs->tails[best], bs->len[best] - 1, err)) return -1;

@@ -16,6 +16,17 @@ typedef struct {
     double *mean_h;     // [k] mean entropy over its steps
 } branch_set;
 
+// The stock penalties inside branches: each branch step sees the committed history
+// plus the branch's own tokens. hist has room for n_hist + b + 1 ids past which the
+// branch tokens are written; work [vocab] and seen [vocab, zeroed] are scratch.
+typedef struct {
+    int *hist, n_hist;
+    int no_repeat_ngram;
+    float repeat_penalty;
+    float *work;
+    unsigned char *seen;
+} branch_penalty;
+
 int branch_init(branch_set *bs, const model_config *c, int k, int b, verr *err);
 void branch_free(branch_set *bs);
 
@@ -24,7 +35,8 @@ void branch_free(branch_set *bs);
 // tokens to s->kv. root: the current step's record (metrics, LEHV parameters).
 // Returns the winner's index; its tokens are tok + i*(b+1), len[i] of them, all but
 // the last already in the cache. -1 with err on failure.
+// pen: NULL or the penalties to apply.
 int branch_run(branch_set *bs, session *s, const gen_record *root, sampler_params base, int steps, metrics_ws *ws,
-               rng *r, verr *err);
+               rng *r, const branch_penalty *pen, verr *err);
 
 #endif

@@ -124,7 +124,8 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
         int b = st.q == Q_LEHV && c->bs.k > 0 ? branch_steps(c, n_gen) : 0;
         if (b > 0) {
             sampler_params base = { (float)o->ex->temp, (int)o->ex->top_k, (float)o->ex->top_p, (float)o->ex->min_p };
-            int w = branch_run(&c->bs, s, one, base, b, &c->ws, &c->r, err);
+            branch_penalty pen = { c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->work, c->seen };
+            int w = branch_run(&c->bs, s, one, base, b, &c->ws, &c->r, &pen, err);
             if (w < 0) return -1;
             *toks = c->bs.tok + (size_t)w * (c->bs.b + 1), *recs = c->bs.rec + (size_t)w * (c->bs.b + 1);
             return c->bs.len[w];

@@ -175,6 +175,20 @@ def test_config_and_errors(d, tmp):
     check("ADAPTIVE" in a.stderr and "mean entropy" in a.stderr, "stats_quadrants", a.stderr[-300:])
 
 
+def test_branch_penalties(d, tmp):
+    """Branch steps obey --no-repeat-ngram too: with N=1 no id may appear twice, prompt included."""
+    out = os.path.join(tmp, "branch-ngram.jsonl")
+    prompt = [1, 403, 407]
+    r = vtest.varent("run", "-m", d, "--ids", ",".join(map(str, prompt)), "-n", 40, "--sampler", "entropix",
+                     "--set", "order=LEHV", "--set", "LEHV.entropy.max=inf", "--set", "LEHV.varentropy.min=-1",
+                     "--branch", "3:4", "--no-repeat-ngram", 1, "--seed", 3, "--metrics-out", out)
+    recs = [json.loads(ln) for ln in open(out)] if r.returncode == 0 else []
+    toks = [x["token"] for x in recs]
+    branched = sum(x["quadrant"] == "BRANCH" for x in recs)
+    check(r.returncode == 0 and branched > 20 and len(set(toks + prompt)) == len(toks) + len(prompt),
+          "branch_no_repeat_ngram", f"rc {r.returncode}, {branched} branch tokens, ids {toks}")
+
+
 def test_bench_samplers(d):
     """varent bench runs the decode loop under each sampler and reports them side by side."""
     r = vtest.varent("bench", "-m", d, "-n", 8, "--prompt-len", 8, "--runs", 1, "--sampler", "standard,entropix")
@@ -196,6 +210,7 @@ def main():
     test_clarifier(ms[0][1], tmp)
     test_config_and_errors(ms[0][1], tmp)
     test_bench_samplers(ms[0][1])
+    test_branch_penalties(ms[0][1], tmp)
 
 
 if __name__ == "__main__":

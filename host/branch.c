@@ -73,8 +73,21 @@ static int extend(branch_set *bs, int i, session *s, sampler_params base, int st
     return 0;
 }
 
+// The tails live where the session's cache does: branch_init makes host tails, and a
+// session on the GPU swaps them for device ones (same geometry) on first use.
+static int tails_on_backend(branch_set *bs, const session *s, verr *err) {
+    for (int i = 0; i < bs->k; i++) {
+        kv_cache *t = &bs->tails[i];
+        if (t->ctx == bs->b + 1 && t->cu == s->kv.cu && !t->dk == !s->kv.dk) continue;
+        kv_cache_free(t);
+        if (kv_cache_init_like(t, &s->kv, bs->b + 1, err)) return -1;
+    }
+    return 0;
+}
+
 int branch_run(branch_set *bs, session *s, const gen_record *root, sampler_params base, int steps, metrics_ws *ws,
                rng *r, const branch_penalty *pen, verr *err) {
+    if (tails_on_backend(bs, s, err)) return -1;
     if (steps > bs->b) steps = bs->b;
     int cand[64], k = bs->k < 64 ? bs->k : 64;
     // All candidates first: the branches' own draws reuse the sampler's buffer.

@@ -4,6 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef VARENT_CUDA
+#include "kernels/ops_cuda.h"
+#endif
+
 int kv_cache_init(kv_cache *c, int n_layers, int ctx, int kv_dim, verr *err) {
     memset(c, 0, sizeof *c);
     size_t n = (size_t)n_layers * ctx * kv_dim;
@@ -18,10 +22,69 @@ int kv_cache_init(kv_cache *c, int n_layers, int ctx, int kv_dim, verr *err) {
     return 0;
 }
 
+int kv_cache_init_cuda(kv_cache *c, struct cuda_ctx *cu, int n_layers, int ctx, int kv_dim, verr *err) {
+    memset(c, 0, sizeof *c);
+#ifdef VARENT_CUDA
+    size_t bytes = (size_t)n_layers * ctx * kv_dim * sizeof(uint16_t);
+    if (cuda_activate(cu)) return verr_set(err, "%s", cu->err.msg);
+    if (cuda_malloc(&c->dk, bytes, "KV cache keys", err) || cuda_malloc(&c->dv, bytes, "KV cache values", err)) {
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        kv_cache_free(c);
+        return verr_set(err, "%s; the %d-token KV cache needs %.1f MiB on the GPU: lower --ctx", msg, ctx,
+                        2.0 * bytes / (1 << 20));
+    }
+    c->cu = cu;
+    // Zeroed so a kernel reading past len sees finite values, never stale NaN bits.
+    if (cuda_memset(cu, c->dk, 0, bytes) || cuda_memset(cu, c->dv, 0, bytes)) {
+        kv_cache_free(c);
+        return verr_set(err, "%s", cu->err.msg);
+    }
+    c->n_layers = n_layers, c->ctx = ctx, c->kv_dim = kv_dim;
+    return 0;
+#else
+    (void)cu, (void)n_layers, (void)ctx, (void)kv_dim;
+    return verr_set(err, "this varent was built without CUDA: no device KV cache");
+#endif
+}
+
+int kv_cache_init_like(kv_cache *c, const kv_cache *like, int ctx, verr *err) {
+    if (like->dk) return kv_cache_init_cuda(c, like->cu, like->n_layers, ctx, like->kv_dim, err);
+    return kv_cache_init(c, like->n_layers, ctx, like->kv_dim, err);
+}
+
 void kv_cache_free(kv_cache *c) {
     free(c->k);
     free(c->v);
+#ifdef VARENT_CUDA
+    if (c->cu) {  // cudaFree acts on the current device; a commit copy may be in flight
+        cuda_activate(c->cu);
+        cuda_sync(c->cu);
+    }
+    cuda_free(c->dk);
+    cuda_free(c->dv);
+#endif
     memset(c, 0, sizeof *c);
+}
+
+// Device caches: one pitched copy per K and V, a row per layer, on the trunk's stream.
+static int commit_device(kv_cache *trunk, const kv_cache *tail, int n, verr *err) {
+#ifdef VARENT_CUDA
+    if (!trunk->dk || !tail->dk || trunk->cu != tail->cu)
+        return verr_set(err, "cannot commit branch tokens between KV caches on different devices");
+    size_t row = (size_t)trunk->kv_dim * sizeof(uint16_t);
+    size_t dpitch = (size_t)trunk->ctx * row, spitch = (size_t)tail->ctx * row;
+    char *dk = (char *)trunk->dk + (size_t)trunk->len * row, *dv = (char *)trunk->dv + (size_t)trunk->len * row;
+    if (cuda_activate(trunk->cu) ||
+        cuda_copy_2d(trunk->cu, dk, dpitch, tail->dk, spitch, (size_t)n * row, (size_t)trunk->n_layers) ||
+        cuda_copy_2d(trunk->cu, dv, dpitch, tail->dv, spitch, (size_t)n * row, (size_t)trunk->n_layers))
+        return verr_set(err, "%s", trunk->cu->err.msg);
+    trunk->len += n;
+    return 0;
+#else
+    (void)trunk, (void)tail, (void)n;
+    return verr_set(err, "this varent was built without CUDA: no device KV cache");
+#endif
 }
 
 void kv_cache_truncate(kv_cache *c, int len) {
@@ -31,6 +94,7 @@ void kv_cache_truncate(kv_cache *c, int len) {
 int kv_cache_commit(kv_cache *trunk, const kv_cache *tail, int n, verr *err) {
     if (n > tail->len || trunk->len + n > trunk->ctx)
         return verr_set(err, "cannot commit %d branch tokens: the context is full (%d of %d)", n, trunk->len, trunk->ctx);
+    if (trunk->dk || tail->dk) return commit_device(trunk, tail, n, err);
     size_t row = (size_t)trunk->kv_dim * sizeof(float);
     for (int l = 0; l < trunk->n_layers; l++) {
         memcpy(kv_cache_k(trunk, l) + (size_t)trunk->len * trunk->kv_dim, kv_cache_k(tail, l), n * row);

@@ -1,4 +1,5 @@
-// kv_cache.h: preallocated fp32 keys and values for every layer.
+// kv_cache.h: preallocated fp32 keys and values for every layer (bf16 on the GPU for
+// the CUDA backend).
 // A sequence reads a trunk (shared, e.g. the prompt) and optionally writes into a
 // small private tail; branches fork by getting their own tail, not a cache copy.
 #ifndef VARENT_KV_CACHE_H
@@ -7,10 +8,14 @@
 #include <stddef.h>
 #include "host/err.h"
 
+struct cuda_ctx;
+
 typedef struct {
     int n_layers, ctx, kv_dim;
-    float *k, *v;  // [n_layers, ctx, kv_dim]
+    float *k, *v;  // [n_layers, ctx, kv_dim]; NULL on a device cache
     int len;       // filled positions
+    void *dk, *dv;        // device cache (kv_cache_init_cuda): bf16 [n_layers, ctx, kv_dim]
+    struct cuda_ctx *cu;  // the CUDA context (stream) that owns dk/dv; NULL on the host
 } kv_cache;
 
 // What one forward call sees: trunk positions 0..n_trunk-1 and, when tail is set,
@@ -22,6 +27,11 @@ typedef struct {
 } kv_view;
 
 int kv_cache_init(kv_cache *c, int n_layers, int ctx, int kv_dim, verr *err);
+// The same cache in bf16 on cu's GPU (CUDA builds; an error otherwise). Commits copy on
+// cu's stream, so use it with the session that owns cu.
+int kv_cache_init_cuda(kv_cache *c, struct cuda_ctx *cu, int n_layers, int ctx, int kv_dim, verr *err);
+// A cache of ctx positions on the same backend (host or device) and geometry as `like`.
+int kv_cache_init_like(kv_cache *c, const kv_cache *like, int ctx, verr *err);
 void kv_cache_free(kv_cache *c);
 static inline float *kv_cache_k(const kv_cache *c, int layer) { return c->k + (size_t)layer * c->ctx * c->kv_dim; }
 static inline float *kv_cache_v(const kv_cache *c, int layer) { return c->v + (size_t)layer * c->ctx * c->kv_dim; }

@@ -7,9 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef VARENT_CUDA
-int cuda_device_count(void);
-#endif
+#include "host/session_cuda.h"
+#include "model/forward_cuda.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -17,16 +16,13 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int check_device(const char *dev, verr *err) {
+// *cuda_dev: the CUDA device index, or -1 for the CPU.
+static int check_device(const char *dev, int *cuda_dev, verr *err) {
+    *cuda_dev = -1;
     if (!dev || !strcmp(dev, "cpu")) return 0;
     if (strncmp(dev, "cuda", 4) != 0 || (dev[4] && dev[4] != ':'))
         return verr_set(err, "unknown device '%s' (use cpu or cuda[:N])", dev);
-#ifdef VARENT_CUDA
-    if (cuda_device_count() == 0) return verr_set(err, "--device %s: no CUDA device found on this machine", dev);
-    return verr_set(err, "--device %s: the CUDA forward pass is not available in this build yet; use --device cpu", dev);
-#else
-    return verr_set(err, "--device %s: this varent was built without CUDA (rebuild with nvcc on PATH)", dev);
-#endif
+    return session_cuda_parse(dev, cuda_dev, err);
 }
 
 static int open_tokenizer(session *s, const char *dir, verr *err) {
@@ -40,7 +36,8 @@ static int open_tokenizer(session *s, const char *dir, verr *err) {
 int session_open(session *s, const session_opts *o, verr *err) {
     memset(s, 0, sizeof *s);
     double t0 = now_s();
-    if (check_device(o->device, err) || model_load(&s->m, o->model_dir, err)) return -1;
+    int cuda_dev;
+    if (check_device(o->device, &cuda_dev, err) || model_load(&s->m, o->model_dir, err)) return -1;
     const model_config *c = &s->m.cfg;
     s->ctx = o->ctx > 0 ? o->ctx : (c->max_pos < 4096 ? c->max_pos : 4096);
     if (o->ctx > c->max_pos) {
@@ -50,7 +47,8 @@ int session_open(session *s, const session_opts *o, verr *err) {
     if (o->threads > 0) cpu_set_threads(o->threads);
     int batch = o->max_batch > 0 ? o->max_batch : 256;
     if (forward_init(&s->fw, &s->m, batch < s->ctx ? batch : s->ctx, s->ctx, err) ||
-        kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err) ||
+        (cuda_dev >= 0 ? session_cuda_open(s, cuda_dev, NULL, err)
+                       : kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err)) ||
         sampler_init(&s->smp, c->vocab_size) != 0 || open_tokenizer(s, o->model_dir, err)) {
         if (!err->msg[0]) verr_set(err, "out of memory");
         session_close(s);
@@ -74,7 +72,8 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
     }
     const model_config *c = &s->m.cfg;
     if (forward_init(&s->fw, &s->m, base->fw.max_T < s->ctx ? base->fw.max_T : s->ctx, s->ctx, err) ||
-        kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err) ||
+        (base->cu ? session_cuda_open(s, cuda_forward_device(base->cu), base, err)
+                  : kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err)) ||
         sampler_init(&s->smp, c->vocab_size) != 0) {
         if (!err->msg[0]) verr_set(err, "out of memory");
         session_close(s);
@@ -84,6 +83,7 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
 }
 
 void session_close(session *s) {
+    session_cuda_close(s);  // gives fw its host buffers back, frees the device KV cache
     forward_free(&s->fw);
     kv_cache_free(&s->kv);
     sampler_free(&s->smp);
@@ -95,6 +95,7 @@ void session_close(session *s) {
 }
 
 int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err) {
+    if (s->cu) return cuda_forward_run(s->cu, &s->fw, kv, ids, T, err);
     return forward(&s->fw, kv, ids, T, err);
 }
 

@@ -28,6 +28,7 @@ typedef struct {
     int stop[16];     // extra stop ids (chat end-of-turn tokens)
     int n_stop;
     int borrowed;     // model and tokenizer belong to another session (session_open_shared)
+    struct cuda_forward *cu;  // CUDA backend state (host/session_cuda.c); NULL on the CPU
 } session;
 
 int session_open(session *s, const session_opts *o, verr *err);

@@ -27,7 +27,7 @@ extern "C" {
 
 struct cublasContext;  // == cublasHandle_t's pointee, kept opaque for C callers
 
-typedef struct {
+typedef struct cuda_ctx {
     int device;                   // CUDA device index
     int n_sm;                     // multiprocessor count (sizes split-KV attention)
     cudaStream_t stream;          // every op runs on this stream
@@ -57,10 +57,37 @@ int cuda_download(cuda_ctx *ctx, void *dst_host, const void *src_dev, size_t byt
 int cuda_memset(cuda_ctx *ctx, void *p, int byte, size_t bytes);
 // Wait for everything queued on ctx->stream; reports asynchronous kernel faults.
 int cuda_sync(cuda_ctx *ctx);
+// "NVIDIA H100 80GB HBM3, 132 SMs, 79.1 GiB" into buf (bench and info output).
+int cuda_describe(cuda_ctx *ctx, char *buf, size_t n);
+// Make ctx->device current on the calling thread (the current device is per thread).
+int cuda_activate(cuda_ctx *ctx);
+// Async device-to-device copy of `height` rows of `width` bytes between pitched
+// buffers on ctx->stream (commits a branch's KV tail: one row per layer).
+int cuda_copy_2d(cuda_ctx *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                 size_t width, size_t height);
+// Device-to-device copy bandwidth (read + write bytes per second / 1e9), best of a few
+// cudaMemcpyAsync of up to 256 MiB: the bound the decode bandwidth is compared with.
+int cuda_copy_gbs(cuda_ctx *ctx, double *gbs);
 
 // Scratch each op family needs at its largest shapes.
 size_t cuda_matmul_scratch_bytes(int max_T, int max_n_in);
 size_t cuda_attention_scratch_bytes(const cuda_ctx *ctx, int max_keys, attn_shape s);
+
+// ---- device-resident KV descriptions (for CUDA graph replay) ---------------------------
+// A captured decode step must not bake per-token values into kernel arguments, so the
+// kernels below read the KV segment pointers and lengths from device memory; the host
+// rewrites them before each replay. Segments are bf16 [positions, kv_dim], 16-byte
+// aligned (cudaMalloc'd base + whole rows).
+typedef struct {
+    const void *k_trunk, *v_trunk;  // positions 0 .. n_trunk-1
+    const void *k_tail, *v_tail;    // positions n_trunk .. n_keys-1 (NULL without a tail)
+    void *k_dst, *v_dst;            // where cuda_kv_store_dev writes (tail, else trunk)
+} cuda_kv_layer;
+
+typedef struct {
+    int n_trunk;  // keys read from the trunk segment
+    int n_keys;   // all keys, the newest position included
+} cuda_kv_lens;
 
 // ---- ops (kernels/cuda/*.cu) ----------------------------------------------------------
 
@@ -104,6 +131,22 @@ int cuda_add(cuda_ctx *ctx, float *x, const float *y, size_t n);
 // at rows pos[t] (device int[T], relative to the given cache buffers).
 int cuda_kv_store(cuda_ctx *ctx, void *k_cache, void *v_cache, const float *k, const float *v,
                   const int *pos, int T, int kv_dim);
+// As cuda_kv_store, with the destination buffers read from d_layer->k_dst / v_dst
+// (device record) and rows[t] (device int[T]) relative to them.
+int cuda_kv_store_dev(cuda_ctx *ctx, const cuda_kv_layer *d_layer, const float *k, const float *v,
+                      const int *rows, int T, int kv_dim);
+// Decode attention (T == 1) as cuda_attention, with the KV segments and lengths read on
+// the device from d_layer / d_lens. The launch shape depends only on max_keys and s, so
+// one captured graph serves every length 1 <= d_lens->n_keys <= max_keys and any
+// trunk/tail. Scratch: cuda_attention_scratch_bytes(ctx, max_keys, s). last_scores and
+// head_stats as in cuda_attention (last_scores rows are n_keys long, n_keys read on the
+// device).
+int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float *q, const cuda_kv_layer *d_layer,
+                              const cuda_kv_lens *d_lens, int max_keys, attn_shape s,
+                              float *last_scores, float *head_stats);
+// 0 if the attention kernels support shape s (head_dim even and <= 512, GQA group fits
+// the decode kernel's shared memory); -1 with ctx->err otherwise. For early errors.
+int cuda_attention_validate(cuda_ctx *ctx, attn_shape s);
 // One-pass softmax statistics of logits[rows, n]: out[rows, 4] = {max, lse (nats),
 // entropy (bits), varentropy (bits^2)}.
 int cuda_vocab_stats(cuda_ctx *ctx, float *out, const float *logits, int rows, int n);

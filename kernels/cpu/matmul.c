@@ -6,8 +6,11 @@
 
 #include "kernels/ops.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
 #define MATMUL_ROWS 4  // rows per pass: each load of x feeds four weight rows
 #ifndef PREFETCH_ROWS
 #define PREFETCH_ROWS 4  // rows ahead to prefetch: short rows defeat the hardware prefetcher

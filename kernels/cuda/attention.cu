@@ -2,11 +2,16 @@
 // segments (kv_span), and the attention statistics of the newest query.
 //
 // Decode (T == 1), flash-decoding style:
-//   attn_decode_split_kernel  grid (n_splits, n_kv_heads): one block scores S keys for
-//       the G = n_heads/n_kv_heads query heads sharing a KV head, then writes the
-//       split's max m, sum l = sum exp(s - m) and unnormalized output o = sum exp(s-m) v
-//       to scratch part[n_heads, n_splits, head_dim + 2] (o..., m, l).
-//   attn_decode_combine_kernel grid (n_heads): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+//   attn_decode_split_kernel  grid (n_splits, n_kv_heads): one block takes an equal share
+//       of the keys for the G = n_heads/n_kv_heads query heads sharing a KV head, in
+//       tiles of S keys with an online softmax, then writes the split's max m, sum
+//       l = sum exp(s - m) and unnormalized output o = sum exp(s-m) v to scratch
+//       part[n_heads, n_splits, head_dim + 2] (o..., m, l). Empty splits write l = 0.
+//   attn_decode_combine_kernel grid (n_heads): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M)
+//       over the splits with l_s > 0.
+//   The segments and lengths come either from kernel arguments (cuda_attention) or from
+//   device records (cuda_attention_decode_dev, graph replay); the split count is a host
+//   value fixed by the longest length the caller supports.
 // Prefill (T > 1): attn_prefill_kernel grid (T, n_heads), one block per (query, head),
 //   keys in tiles of blockDim with an online softmax. Simple and correct first.
 // Stats (head_stats != NULL), from the last query's scores [n_heads, n_keys]:
@@ -25,10 +30,15 @@ __device__ __forceinline__ const uint16_t *kv_row(const uint16_t *trunk, const u
     return j < n_trunk ? trunk + (size_t)j * kv_dim : tail + (size_t)(j - n_trunk) * kv_dim;
 }
 
-// q[0..hd) (shared fp32) . k[0..hd) (bf16, 16-byte aligned), hd % 8 == 0
+// q[0..hd) (shared fp32) . k[0..hd) (bf16). hd % 8 == 0: 16-byte loads (rows are
+// 16-byte aligned then); otherwise one element at a time (e.g. head_dim 28).
 __device__ __forceinline__ float dot_q_k(const float *q, const uint16_t *k, int hd) {
-    const uint4 *k4 = (const uint4 *)k;
     float s = 0.f;
+    if (hd & 7) {
+        for (int d = 0; d < hd; d++) s = fmaf(q[d], bf16_bits_to_f32(k[d]), s);
+        return s;
+    }
+    const uint4 *k4 = (const uint4 *)k;
     for (int c = 0; c < hd / 8; c++) {
         float f[8];
         unpack8<WT_BF16>(__ldg(k4 + c), f);
@@ -40,123 +50,156 @@ __device__ __forceinline__ float dot_q_k(const float *q, const uint16_t *k, int 
 }
 
 // ---- decode -------------------------------------------------------------------------
-// smem: q_s[G * hd] then sc[G * S]
+// smem: q_s[G*hd] | o_s[G*hd] | sc[G*S] | m_s[G] | l_s[G] | c_s[G]. Each thread owns fixed
+// o_s entries (same idx stride every tile), so o_s needs no barrier of its own.
+// L/N are used as given unless dL/dN (device records) are set.
 __global__ void attn_decode_split_kernel(float *part, float *last_scores, const float *q,
-                                         const uint16_t *k_trunk, const uint16_t *v_trunk,
-                                         const uint16_t *k_tail, const uint16_t *v_tail,
-                                         int n_trunk, int n_keys, int n_heads, int n_kv, int hd,
-                                         float scale, int S) {
+                                         cuda_kv_layer L, cuda_kv_lens N,
+                                         const cuda_kv_layer *dL, const cuda_kv_lens *dN,
+                                         int n_heads, int n_kv, int hd, float scale, int S) {
     extern __shared__ float smem[];
+    if (dL) L = *dL;
+    if (dN) N = *dN;
     int split = blockIdx.x, kvh = blockIdx.y, n_splits = gridDim.x;
-    int G = n_heads / n_kv, kv_dim = n_kv * hd;
-    int j0 = split * S;
-    int n = min(S, n_keys - j0);
-    float *q_s = smem, *sc = smem + G * hd;
+    int G = n_heads / n_kv, kv_dim = n_kv * hd, n_keys = N.n_keys, n_trunk = N.n_trunk;
+    int per = (n_keys + n_splits - 1) / n_splits;  // keys per split
+    int j0 = split * per, j1 = min(n_keys, j0 + per);
+    const uint16_t *kt = (const uint16_t *)L.k_trunk, *vt = (const uint16_t *)L.v_trunk;
+    const uint16_t *kl = (const uint16_t *)L.k_tail, *vl = (const uint16_t *)L.v_tail;
+    float *q_s = smem, *o_s = q_s + G * hd, *sc = o_s + G * hd;
+    float *m_s = sc + G * S, *l_s = m_s + G, *c_s = l_s + G;
     const float *qg = q + (size_t)kvh * G * hd;  // heads kvh*G .. kvh*G+G-1 are contiguous
-    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q_s[i] = qg[i];
-    __syncthreads();
-
-    // 1. scores s = q_h . k_j * scale, for (g, jj) pairs; a warp walks consecutive keys.
-    for (int idx = threadIdx.x; idx < G * n; idx += blockDim.x) {
-        int g = idx / n, jj = idx - g * n, j = j0 + jj;
-        const uint16_t *kr = kv_row(k_trunk, k_tail, n_trunk, j, kv_dim) + (size_t)kvh * hd;
-        float s = dot_q_k(q_s + g * hd, kr, hd) * scale;
-        sc[g * S + jj] = s;
-        if (last_scores) last_scores[(size_t)(kvh * G + g) * n_keys + j] = s;
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
+        q_s[i] = qg[i];
+        o_s[i] = 0.f;
+    }
+    for (int g = threadIdx.x; g < G; g += blockDim.x) {
+        m_s[g] = -INFINITY;
+        l_s[g] = 0.f;
     }
     __syncthreads();
 
-    // 2. per head: split max m, p = exp(s - m) in place, l = sum p. One warp per head.
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int g = warp; g < G; g += nw) {
-        float *sg = sc + g * S;
-        float m = -INFINITY;
-        for (int jj = lane; jj < n; jj += 32) m = fmaxf(m, sg[jj]);
-        m = warp_max(m);
-        float l = 0.f;
-        for (int jj = lane; jj < n; jj += 32) {
-            float p = expf(sg[jj] - m);
-            sg[jj] = p;
-            l += p;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, half = hd / 2;
+    for (int jt = j0; jt < j1; jt += S) {
+        int n = min(S, j1 - jt);
+        // 1. scores s = q_h . k_j * scale for (g, jj) pairs; a warp walks consecutive keys.
+        for (int idx = threadIdx.x; idx < G * n; idx += blockDim.x) {
+            int g = idx / n, jj = idx - g * n, j = jt + jj;
+            const uint16_t *kr = kv_row(kt, kl, n_trunk, j, kv_dim) + (size_t)kvh * hd;
+            float s = dot_q_k(q_s + g * hd, kr, hd) * scale;
+            sc[g * S + jj] = s;
+            if (last_scores) last_scores[(size_t)(kvh * G + g) * n_keys + j] = s;
         }
-        l = warp_sum(l);
-        if (lane == 0) {
-            float *pp = part + ((size_t)(kvh * G + g) * n_splits + split) * (hd + 2);
-            pp[hd] = m;
-            pp[hd + 1] = l;
+        __syncthreads();
+        // 2. per head (one warp each): new running max, p = exp(s - m) in place, l.
+        for (int g = warp; g < G; g += nw) {
+            float *sg = sc + g * S;
+            float m_old = m_s[g], l_old = l_s[g];  // read by every lane before lane 0 writes
+            float tm = -INFINITY;
+            for (int jj = lane; jj < n; jj += 32) tm = fmaxf(tm, sg[jj]);
+            tm = warp_max(tm);
+            float m_new = fmaxf(m_old, tm);
+            float corr = expf(m_old - m_new);  // 0 on the first tile (m_old = -inf)
+            float l = 0.f;
+            for (int jj = lane; jj < n; jj += 32) {
+                float p = expf(sg[jj] - m_new);
+                sg[jj] = p;
+                l += p;
+            }
+            l = warp_sum(l);
+            __syncwarp();  // orders the lanes' reads of m_s/l_s before the write
+            if (lane == 0) {
+                m_s[g] = m_new;
+                l_s[g] = l_old * corr + l;
+                c_s[g] = corr;
+            }
         }
+        __syncthreads();
+        // 3. o[g][d] = o * corr + sum_jj p[g][jj] * v[j][d]; one thread per (g, pair of d).
+        for (int idx = threadIdx.x; idx < G * half; idx += blockDim.x) {
+            int g = idx / half, d = 2 * (idx - g * half);
+            const float *pg = sc + g * S;
+            float corr = c_s[g];
+            float o0 = o_s[g * hd + d] * corr, o1 = o_s[g * hd + d + 1] * corr;
+            for (int jj = 0; jj < n; jj++) {
+                const uint16_t *vr = kv_row(vt, vl, n_trunk, jt + jj, kv_dim) + (size_t)kvh * hd;
+                uint32_t u = *(const uint32_t *)(vr + d);  // d and hd even: 4-byte aligned
+                float p = pg[jj];
+                o0 = fmaf(p, __uint_as_float(u << 16), o0);
+                o1 = fmaf(p, __uint_as_float(u & 0xffff0000u), o1);
+            }
+            o_s[g * hd + d] = o0;
+            o_s[g * hd + d + 1] = o1;
+        }
+        __syncthreads();  // sc and c_s are rewritten by the next tile
     }
-    __syncthreads();
-
-    // 3. o[g][d] = sum_jj p[g][jj] * v[j][d]; one thread per (g, pair of d).
-    int half = hd / 2;
+    // o_s entries are final for their owners; m_s, l_s were published before a barrier.
     for (int idx = threadIdx.x; idx < G * half; idx += blockDim.x) {
         int g = idx / half, d = 2 * (idx - g * half);
-        const float *pg = sc + g * S;
-        float o0 = 0.f, o1 = 0.f;
-        for (int jj = 0; jj < n; jj++) {
-            const uint16_t *vr = kv_row(v_trunk, v_tail, n_trunk, j0 + jj, kv_dim) + (size_t)kvh * hd;
-            uint32_t u = *(const uint32_t *)(vr + d);  // d even, rows 16-byte aligned
-            float p = pg[jj];
-            o0 = fmaf(p, __uint_as_float(u << 16), o0);
-            o1 = fmaf(p, __uint_as_float(u & 0xffff0000u), o1);
-        }
         float *pp = part + ((size_t)(kvh * G + g) * n_splits + split) * (hd + 2);
-        pp[d] = o0;
-        pp[d + 1] = o1;
+        pp[d] = o_s[g * hd + d];
+        pp[d + 1] = o_s[g * hd + d + 1];
+    }
+    for (int g = threadIdx.x; g < G; g += blockDim.x) {
+        float *pp = part + ((size_t)(kvh * G + g) * n_splits + split) * (hd + 2);
+        pp[hd] = m_s[g];
+        pp[hd + 1] = l_s[g];
     }
 }
 
-// grid (n_heads), block ATT_THREADS
+// grid (n_heads), block ATT_THREADS. Splits with l == 0 (no keys) are skipped; split 0
+// always has keys, so M is finite.
 __global__ void attn_decode_combine_kernel(float *out, const float *part, int n_splits, int hd) {
     int h = blockIdx.x;
     const float *ph = part + (size_t)h * n_splits * (hd + 2);
     float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, ph[(size_t)s * (hd + 2) + hd]);
+    for (int s = 0; s < n_splits; s++) {
+        const float *ps = ph + (size_t)s * (hd + 2);
+        if (ps[hd + 1] > 0.f) M = fmaxf(M, ps[hd]);
+    }
     float L = 0.f;
     for (int s = 0; s < n_splits; s++) {
         const float *ps = ph + (size_t)s * (hd + 2);
-        L += ps[hd + 1] * expf(ps[hd] - M);
+        if (ps[hd + 1] > 0.f) L += ps[hd + 1] * expf(ps[hd] - M);
     }
     float inv = 1.f / L;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.f;
         for (int s = 0; s < n_splits; s++) {
             const float *ps = ph + (size_t)s * (hd + 2);
-            o = fmaf(ps[d], expf(ps[hd] - M), o);
+            if (ps[hd + 1] > 0.f) o = fmaf(ps[d], expf(ps[hd] - M), o);
         }
         out[(size_t)h * hd + d] = o * inv;
     }
 }
 
-// Split size S and count for n_keys keys; S is a multiple of 32, capped so the score
-// buffer G*S floats stays within 32 KiB. Aim for >= 2 blocks per SM.
-static void decode_splits(int n_sm, int n_keys, attn_shape s, int *S_out, int *n_splits_out) {
-    int G = s.n_heads / s.n_kv_heads;
-    int s_max = (8192 / G) / 32 * 32;
-    if (s_max > 1024) s_max = 1024;
-    if (s_max < 32) s_max = 32;
+// Split count for n_keys keys: about two blocks per SM, at least 32 keys per split.
+static int decode_splits(int n_sm, int n_keys, attn_shape s) {
     int target = (2 * (n_sm > 0 ? n_sm : 1) + s.n_kv_heads - 1) / s.n_kv_heads;
     int by_len = (n_keys + 31) / 32;
     int ns = target < by_len ? target : by_len;
-    if (ns < 1) ns = 1;
-    int S = (n_keys + ns - 1) / ns;
-    S = (S + 31) / 32 * 32;
-    if (S > s_max) S = s_max;
-    *S_out = S;
-    *n_splits_out = (n_keys + S - 1) / S;
+    return ns < 1 ? 1 : ns;
+}
+
+// Keys per tile S (a multiple of 32, at most 256) so the decode kernel's shared memory
+// fits in ATT_SMEM_MAX; 0 if not even 32 fit.
+static int decode_tile(attn_shape s) {
+    int G = s.n_heads / s.n_kv_heads;
+    long fixed = 2L * G * s.head_dim + 3L * G;  // q_s, o_s, m_s, l_s, c_s
+    long room = (long)(ATT_SMEM_MAX / sizeof(float)) - fixed;
+    long S = room > 0 ? room / G / 32 * 32 : 0;
+    return S > 256 ? 256 : (int)S;
+}
+
+static size_t decode_smem(attn_shape s, int S) {
+    int G = s.n_heads / s.n_kv_heads;
+    return ((size_t)2 * G * s.head_dim + (size_t)G * S + 3 * (size_t)G) * sizeof(float);
 }
 
 extern "C" size_t cuda_attention_scratch_bytes(const cuda_ctx *ctx, int max_keys, attn_shape s) {
     if (max_keys < 1 || s.n_kv_heads < 1 || s.n_heads < s.n_kv_heads) return 0;
-    // The split count is not monotone in n_keys; bound it over every length.
-    int G = s.n_heads / s.n_kv_heads;
-    int s_max = (8192 / G) / 32 * 32;
-    if (s_max > 1024) s_max = 1024;
-    if (s_max < 32) s_max = 32;
-    int target = (2 * (ctx->n_sm > 0 ? ctx->n_sm : 1) + s.n_kv_heads - 1) / s.n_kv_heads;
-    size_t ns = (size_t)target + 1, by_cap = (size_t)(max_keys + s_max - 1) / s_max;
-    if (by_cap > ns) ns = by_cap;
+    // decode_splits grows with n_keys up to its target: bound it at max_keys.
+    size_t ns = (size_t)decode_splits(ctx->n_sm, max_keys, s);
     size_t part = (size_t)s.n_heads * ns * (s.head_dim + 2) * sizeof(float);
     size_t abar = (size_t)max_keys * sizeof(float);  // stats, used after the combine
     return part > abar ? part : abar;
@@ -229,9 +272,12 @@ __global__ void attn_prefill_kernel(float *out, float *last_scores, const float 
 }
 
 // ---- statistics of the last query --------------------------------------------------------
+// The stats kernels take n_keys as an argument, or from dN when it is set (graph replay).
 // grid (n_heads), block 256: head_stats[h*4 + 3] = lse_h = log sum_j exp(s_h(j))
-__global__ void attn_lse_kernel(float *head_stats, const float *scores, int n_keys) {
+__global__ void attn_lse_kernel(float *head_stats, const float *scores, int n_keys,
+                                const cuda_kv_lens *dN) {
     __shared__ float sh[32];
+    if (dN) n_keys = dN->n_keys;
     const float *sr = scores + (size_t)blockIdx.x * n_keys;
     float m = -INFINITY;
     for (int j = threadIdx.x; j < n_keys; j += blockDim.x) m = fmaxf(m, sr[j]);
@@ -242,9 +288,10 @@ __global__ void attn_lse_kernel(float *head_stats, const float *scores, int n_ke
     if (threadIdx.x == 0) head_stats[blockIdx.x * 4 + 3] = m + logf(l);
 }
 
-// grid (cdiv(n_keys, 256)), block 256: abar[j] = mean_h exp(s_h(j) - lse_h)
+// grid (cdiv(max n_keys, 256)), block 256: abar[j] = mean_h exp(s_h(j) - lse_h)
 __global__ void attn_mean_prob_kernel(float *abar, const float *scores, const float *head_stats,
-                                      int n_heads, int n_keys) {
+                                      int n_heads, int n_keys, const cuda_kv_lens *dN) {
+    if (dN) n_keys = dN->n_keys;
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= n_keys) return;
     float a = 0.f;
@@ -257,8 +304,9 @@ __global__ void attn_mean_prob_kernel(float *abar, const float *scores, const fl
 //   [1] agreement_h  = mean_j |a - abar[j]|
 //   [2] interaction_h = mean_j |s|
 __global__ void attn_head_stats_kernel(float *head_stats, const float *scores, const float *abar,
-                                       int n_keys) {
+                                       int n_keys, const cuda_kv_lens *dN) {
     __shared__ float sh[32];
+    if (dN) n_keys = dN->n_keys;
     int h = blockIdx.x;
     const float *sr = scores + (size_t)h * n_keys;
     float lse = head_stats[h * 4 + 3];
@@ -313,32 +361,62 @@ extern "C" int cuda_attn_stats(cuda_ctx *ctx, float *out4, const float *head_sta
     return 0;
 }
 
+// n_keys: the key count, or with dN the largest one (sizes the grid; dN has the count).
 static int head_stats_launch(cuda_ctx *ctx, float *head_stats, const float *scores, int n_heads,
-                             int n_keys) {
+                             int n_keys, const cuda_kv_lens *dN) {
     size_t need = (size_t)n_keys * sizeof(float);
     CUDA_REQUIRE(ctx, ctx->scratch && ctx->scratch_bytes >= need,
                  "cuda_attention: scratch too small for head stats: need %zu bytes, have %zu",
                  need, ctx->scratch_bytes);
     float *abar = (float *)ctx->scratch;
-    attn_lse_kernel<<<n_heads, 256, 0, ctx->stream>>>(head_stats, scores, n_keys);
+    attn_lse_kernel<<<n_heads, 256, 0, ctx->stream>>>(head_stats, scores, n_keys, dN);
     CUDA_CHECK_LAUNCH(ctx, "attn_lse_kernel");
     attn_mean_prob_kernel<<<cdiv_u(n_keys, 256), 256, 0, ctx->stream>>>(abar, scores, head_stats,
-                                                                        n_heads, n_keys);
+                                                                        n_heads, n_keys, dN);
     CUDA_CHECK_LAUNCH(ctx, "attn_mean_prob_kernel");
-    attn_head_stats_kernel<<<n_heads, 256, 0, ctx->stream>>>(head_stats, scores, abar, n_keys);
+    attn_head_stats_kernel<<<n_heads, 256, 0, ctx->stream>>>(head_stats, scores, abar, n_keys, dN);
     CUDA_CHECK_LAUNCH(ctx, "attn_head_stats_kernel");
+    return 0;
+}
+
+static int shape_check(cuda_ctx *ctx, attn_shape s) {
+    CUDA_REQUIRE(ctx, s.n_heads > 0 && s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
+                 "cuda_attention: n_heads=%d is not a multiple of n_kv_heads=%d", s.n_heads,
+                 s.n_kv_heads);
+    CUDA_REQUIRE(ctx, s.head_dim > 0 && s.head_dim % 2 == 0 && s.head_dim <= ATT_MAX_HD,
+                 "cuda_attention: head_dim=%d must be even and <= %d", s.head_dim, ATT_MAX_HD);
+    CUDA_REQUIRE(ctx, decode_tile(s) >= 32,
+                 "cuda_attention: a GQA group of %d heads x head_dim %d does not fit the decode "
+                 "kernel's %d bytes of shared memory", s.n_heads / s.n_kv_heads, s.head_dim,
+                 ATT_SMEM_MAX);
+    return 0;
+}
+
+extern "C" int cuda_attention_validate(cuda_ctx *ctx, attn_shape s) { return shape_check(ctx, s); }
+
+// Split + combine on ctx->scratch; L/N by value, or dL/dN on the device.
+static int decode_launch(cuda_ctx *ctx, float *out, const float *q, cuda_kv_layer L, cuda_kv_lens N,
+                         const cuda_kv_layer *dL, const cuda_kv_lens *dN, int ns, attn_shape s,
+                         float *last_scores) {
+    size_t need = (size_t)s.n_heads * ns * (s.head_dim + 2) * sizeof(float);
+    CUDA_REQUIRE(ctx, ctx->scratch && ctx->scratch_bytes >= need,
+                 "cuda_attention: scratch too small: need %zu bytes, have %zu "
+                 "(reserve cuda_attention_scratch_bytes)", need, ctx->scratch_bytes);
+    int S = decode_tile(s);
+    float *part = (float *)ctx->scratch;
+    dim3 grid(ns, s.n_kv_heads);
+    attn_decode_split_kernel<<<grid, ATT_THREADS, decode_smem(s, S), ctx->stream>>>(
+        part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S);
+    CUDA_CHECK_LAUNCH(ctx, "attn_decode_split_kernel");
+    attn_decode_combine_kernel<<<s.n_heads, ATT_THREADS, 0, ctx->stream>>>(out, part, ns, s.head_dim);
+    CUDA_CHECK_LAUNCH(ctx, "attn_decode_combine_kernel");
     return 0;
 }
 
 extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span kv, int T,
                               attn_shape s, float *last_scores, float *head_stats) {
     int n_keys = kv.n_trunk + kv.n_tail;
-    CUDA_REQUIRE(ctx, s.n_heads > 0 && s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
-                 "cuda_attention: n_heads=%d is not a multiple of n_kv_heads=%d", s.n_heads,
-                 s.n_kv_heads);
-    CUDA_REQUIRE(ctx, s.head_dim > 0 && s.head_dim % 8 == 0 && s.head_dim <= ATT_MAX_HD,
-                 "cuda_attention: head_dim=%d must be a multiple of 8 and <= %d", s.head_dim,
-                 ATT_MAX_HD);
+    if (shape_check(ctx, s)) return -1;
     CUDA_REQUIRE(ctx, kv.n_trunk >= 0 && kv.n_tail >= 0 && T >= 1 && T <= n_keys,
                  "cuda_attention: T=%d queries need 1..%d keys (n_trunk=%d n_tail=%d)", T, n_keys,
                  kv.n_trunk, kv.n_tail);
@@ -349,30 +427,15 @@ extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span
                           is_aligned(kv.k_tail, 16) && is_aligned(kv.v_tail, 16),
                  "cuda_attention: KV buffers must be 16-byte aligned");
     CUDA_REQUIRE(ctx, T <= 65535, "cuda_attention: T=%d exceeds the grid limit", T);
-    int G = s.n_heads / s.n_kv_heads;
     const uint16_t *kt = (const uint16_t *)kv.k_trunk, *vt = (const uint16_t *)kv.v_trunk;
     const uint16_t *kl = (const uint16_t *)kv.k_tail, *vl = (const uint16_t *)kv.v_tail;
 
     if (T == 1) {
-        int S, ns;
-        decode_splits(ctx->n_sm, n_keys, s, &S, &ns);
-        size_t need = (size_t)s.n_heads * ns * (s.head_dim + 2) * sizeof(float);
-        CUDA_REQUIRE(ctx, ctx->scratch && ctx->scratch_bytes >= need,
-                     "cuda_attention: scratch too small: need %zu bytes, have %zu "
-                     "(reserve cuda_attention_scratch_bytes)", need, ctx->scratch_bytes);
-        size_t smem = (size_t)G * (s.head_dim + S) * sizeof(float);
-        CUDA_REQUIRE(ctx, smem <= ATT_SMEM_MAX,
-                     "cuda_attention: GQA group %d x head_dim %d needs %zu bytes of shared memory",
-                     G, s.head_dim, smem);
-        float *part = (float *)ctx->scratch;
-        dim3 grid(ns, s.n_kv_heads);
-        attn_decode_split_kernel<<<grid, ATT_THREADS, smem, ctx->stream>>>(
-            part, last_scores, q, kt, vt, kl, vl, kv.n_trunk, n_keys, s.n_heads, s.n_kv_heads,
-            s.head_dim, s.scale, S);
-        CUDA_CHECK_LAUNCH(ctx, "attn_decode_split_kernel");
-        attn_decode_combine_kernel<<<s.n_heads, ATT_THREADS, 0, ctx->stream>>>(out, part, ns,
-                                                                              s.head_dim);
-        CUDA_CHECK_LAUNCH(ctx, "attn_decode_combine_kernel");
+        cuda_kv_layer L = {kv.k_trunk, kv.v_trunk, kv.k_tail, kv.v_tail, NULL, NULL};
+        cuda_kv_lens N = {kv.n_trunk, n_keys};
+        if (decode_launch(ctx, out, q, L, N, NULL, NULL, decode_splits(ctx->n_sm, n_keys, s), s,
+                          last_scores))
+            return -1;
     } else {
         dim3 grid(T, s.n_heads);
         size_t smem = (size_t)(s.head_dim + ATT_THREADS) * sizeof(float);
@@ -381,6 +444,25 @@ extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span
             s.head_dim, s.scale);
         CUDA_CHECK_LAUNCH(ctx, "attn_prefill_kernel");
     }
-    if (head_stats) return head_stats_launch(ctx, head_stats, last_scores, s.n_heads, n_keys);
+    if (head_stats) return head_stats_launch(ctx, head_stats, last_scores, s.n_heads, n_keys, NULL);
+    return 0;
+}
+
+extern "C" int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float *q,
+                                         const cuda_kv_layer *d_layer, const cuda_kv_lens *d_lens,
+                                         int max_keys, attn_shape s, float *last_scores,
+                                         float *head_stats) {
+    if (shape_check(ctx, s)) return -1;
+    CUDA_REQUIRE(ctx, d_layer && d_lens && max_keys >= 1,
+                 "cuda_attention_decode_dev: needs device records and max_keys >= 1 (got %d)",
+                 max_keys);
+    CUDA_REQUIRE(ctx, !head_stats || last_scores,
+                 "cuda_attention_decode_dev: head_stats needs last_scores");
+    cuda_kv_layer L = {NULL, NULL, NULL, NULL, NULL, NULL};
+    cuda_kv_lens N = {0, 0};
+    if (decode_launch(ctx, out, q, L, N, d_layer, d_lens, decode_splits(ctx->n_sm, max_keys, s), s,
+                      last_scores))
+        return -1;
+    if (head_stats) return head_stats_launch(ctx, head_stats, last_scores, s.n_heads, max_keys, d_lens);
     return 0;
 }

@@ -135,3 +135,68 @@ extern "C" int cuda_sync(cuda_ctx *ctx) {
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
     return 0;
 }
+
+extern "C" int cuda_activate(cuda_ctx *ctx) {
+    CUDA_CHECK(ctx, cudaSetDevice(ctx->device));
+    return 0;
+}
+
+extern "C" int cuda_copy_2d(cuda_ctx *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                            size_t width, size_t height) {
+    if (width == 0 || height == 0) return 0;
+    CUDA_CHECK(ctx, cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
+                                      cudaMemcpyDeviceToDevice, ctx->stream));
+    return 0;
+}
+
+extern "C" int cuda_copy_gbs(cuda_ctx *ctx, double *gbs) {
+    *gbs = 0;
+    size_t free_b = 0, total_b = 0, n = (size_t)256 << 20;
+    CUDA_CHECK(ctx, cudaMemGetInfo(&free_b, &total_b));
+    while (n > ((size_t)1 << 20) && 2 * n + ((size_t)64 << 20) > free_b) n /= 2;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = -1;
+    float best_ms = 0;
+    if (cuda_malloc(&a, n, "copy bench", &ctx->err) || cuda_malloc(&b, n, "copy bench", &ctx->err))
+        goto out;
+#define COPY_CHECK(call)                                                               \
+    do {                                                                               \
+        cudaError_t e_ = (call);                                                       \
+        if (e_ != cudaSuccess) {                                                       \
+            verr_set(&ctx->err, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(e_),\
+                     __FILE__, __LINE__);                                              \
+            goto out;                                                                  \
+        }                                                                              \
+    } while (0)
+    COPY_CHECK(cudaEventCreate(&e0));
+    COPY_CHECK(cudaEventCreate(&e1));
+    COPY_CHECK(cudaMemsetAsync(a, 1, n, ctx->stream));
+    COPY_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, ctx->stream));  // warm-up
+    for (int r = 0; r < 5; r++) {
+        COPY_CHECK(cudaEventRecord(e0, ctx->stream));
+        COPY_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, ctx->stream));
+        COPY_CHECK(cudaEventRecord(e1, ctx->stream));
+        COPY_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        COPY_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        if (ms > 0 && (best_ms == 0 || ms < best_ms)) best_ms = ms;
+    }
+#undef COPY_CHECK
+    if (best_ms > 0) *gbs = 2.0 * (double)n / (best_ms * 1e-3) / 1e9;
+    rc = 0;
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cuda_free(a);
+    cuda_free(b);
+    return rc;
+}
+
+extern "C" int cuda_describe(cuda_ctx *ctx, char *buf, size_t n) {
+    cudaDeviceProp p;
+    CUDA_CHECK(ctx, cudaGetDeviceProperties(&p, ctx->device));
+    snprintf(buf, n, "%s, %d SMs, %.1f GiB", p.name, p.multiProcessorCount,
+             p.totalGlobalMem / 1073741824.0);
+    return 0;
+}

@@ -232,8 +232,33 @@ static void test_kv_store(void) {
         }
     }
     CHECK(bad < 0, "cuda_kv_store bf16 rows", "mismatch at element %ld", bad);
+    // The graph form: destination buffers from a device record.
+    uint16_t *kc2 = dalloc(nc * 2), *vc2 = dalloc(nc * 2), *hk2 = malloc(nc * 2), *hv2 = malloc(nc * 2);
+    cuda_kv_layer L = {NULL, NULL, NULL, NULL, kc2, vc2};
+    cuda_kv_layer *dL = dup_up(&L, sizeof L);
+    OK(cuda_kv_store_dev(&C, dL, dk, dv, dpos, T, kv_dim));
+    OK(cuda_download(&C, hk2, kc2, nc * 2));
+    OK(cuda_download(&C, hv2, vc2, nc * 2));
+    CHECK(!memcmp(hk, hk2, nc * 2) && !memcmp(hv, hv2, nc * 2), "cuda_kv_store_dev bf16 rows",
+          "differs from cuda_kv_store");
+    free(hk2); free(hv2); cuda_free(kc2); cuda_free(vc2); cuda_free(dL);
     free(k); free(v); free(hk); free(hv);
     cuda_free(dk); cuda_free(dv); cuda_free(dpos); cuda_free(kc); cuda_free(vc);
+}
+
+// cuda_copy_2d: rows of a narrow pitched buffer into a wider one (a KV tail commit).
+static void test_copy_2d(void) {
+    int rows = 5;
+    size_t sp = 40, dp = 72, w = 24;
+    unsigned char src[5 * 40], dst[5 * 72], ref[5 * 72];
+    for (size_t i = 0; i < sizeof src; i++) src[i] = (unsigned char)(i * 7 + 3);
+    memset(ref, 0xFF, sizeof ref);
+    for (int r = 0; r < rows; r++) memcpy(ref + r * dp + 8, src + r * sp, w);
+    void *ds = dup_up(src, sizeof src), *dd = dalloc(sizeof dst);
+    OK(cuda_copy_2d(&C, (char *)dd + 8, dp, ds, sp, w, rows));
+    OK(cuda_download(&C, dst, dd, sizeof dst));
+    CHECK(!memcmp(dst, ref, sizeof dst), "cuda_copy_2d pitched rows", "bytes differ");
+    cuda_free(ds); cuda_free(dd);
 }
 
 // ---- matmul -------------------------------------------------------------------------------
@@ -356,6 +381,25 @@ static void attn_case(int hd, int nkv, int G, int nk, int n_tail, int T, float q
     // Scores straight from q and k in double: the whole chain against exact math.
     stats_ref(rsc, nh, nk, r4, ent);
     close1(NAME("cuda_attn_stats entropy vs cpu scores %s", tag), g4[0], r4[0], 1e-3, 1e-3);
+    if (T == 1) {  // the graph form: segments and lengths from device records, fixed grid
+        cuda_kv_layer L = {dkt, dvt, dkl, dvl, NULL, NULL};
+        cuda_kv_lens N = {n_trunk, nk};
+        cuda_kv_layer *dL = dup_up(&L, sizeof L);
+        cuda_kv_lens *dN = dup_up(&N, sizeof N);
+        int max_keys = 3 * nk + 100;  // most splits see few or no keys
+        OK(cuda_reserve_scratch(&C, cuda_attention_scratch_bytes(&C, max_keys, s)));
+        OK(cuda_memset(&C, dout, 0xFF, nq * 4));
+        OK(cuda_memset(&C, dsc, 0xFF, (size_t)nh * nk * 4));
+        OK(cuda_memset(&C, dhs, 0xFF, (size_t)nh * 16));
+        OK(cuda_attention_decode_dev(&C, dout, dq, dL, dN, max_keys, s, dsc, dhs));
+        OK(cuda_attn_stats(&C, d4, dhs, nh));
+        float *got2 = fdown(dout, nq), *gsc2 = fdown(dsc, (size_t)nh * nk);
+        OK(cuda_download(&C, g4, d4, 16));
+        cmp(NAME("cuda_attention_decode_dev out %s", tag), got2, ref, (long)nq, 2e-5f, 1e-3f);
+        cmp(NAME("cuda_attention_decode_dev scores %s", tag), gsc2, rsc, (long)nh * nk, 1e-5f, 1e-4f);
+        close1(NAME("cuda_attention_decode_dev entropy %s", tag), g4[0], r4[0], 1e-3, 1e-3);
+        free(got2); free(gsc2); cuda_free(dL); cuda_free(dN);
+    }
     free(ent); free(got); free(gsc); free(ghs);
     free(kf); free(vf); free(q); free(kb); free(vb); free(ref); free(rsc);
     cuda_free(dkt); cuda_free(dvt); cuda_free(dkl); cuda_free(dvl); cuda_free(dq);
@@ -363,6 +407,12 @@ static void attn_case(int hd, int nkv, int G, int nk, int n_tail, int T, float q
 }
 
 static void test_attention(void) {
+    attn_shape huge = {64, 1, 512, 0.04f}, odd = {4, 2, 30, 0.2f}, bad_g = {6, 4, 64, 0.125f};
+    CHECK(cuda_attention_validate(&C, huge) != 0 && strstr(C.err.msg, "shared memory"),
+          "cuda_attention_validate rejects a group too large for shared memory", "%s", C.err.msg);
+    CHECK(cuda_attention_validate(&C, odd) == 0, "cuda_attention_validate accepts head_dim 30", "%s", C.err.msg);
+    CHECK(cuda_attention_validate(&C, bad_g) != 0, "cuda_attention_validate rejects 6 heads over 4 kv heads",
+          "accepted");
     int hds[] = {8, 64, 128}, Gs[] = {1, 2, 8};
     for (int hi = 0; hi < 3; hi++)
         for (int gi = 0; gi < 3; gi++) {
@@ -375,8 +425,12 @@ static void test_attention(void) {
         }
     attn_case(64, 8, 4, 5000, 0, 1, 4.f);   // Llama-3.2-1B geometry, many splits
     attn_case(128, 8, 2, 20000, 777, 1, 4.f);  // long context
-    attn_case(64, 8, 1, 40000, 777, 1, 4.f);   // split size capped at 1024 keys
+    attn_case(64, 8, 1, 40000, 777, 1, 4.f);   // many key tiles per split
     attn_case(64, 1, 8, 70, 70, 1, 2.f);    // everything in the tail
+    attn_case(28, 2, 2, 1, 0, 1, 3.f);      // head_dim 28 (not a multiple of 8): scalar K loads
+    attn_case(28, 2, 2, 300, 20, 1, 3.f);
+    attn_case(28, 2, 2, 60, 9, 7, 3.f);
+    attn_case(128, 2, 16, 600, 0, 1, 3.f);  // large GQA group: smaller key tiles
 }
 
 // ---- vocab -----------------------------------------------------------------------------------
@@ -527,6 +581,7 @@ int main(int argc, char **argv) {
     test_pointwise();
     test_rope();
     test_kv_store();
+    test_copy_2d();
     test_matmul();
     test_attention();
     test_vocab();

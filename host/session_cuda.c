@@ -1,0 +1,68 @@
+// session_cuda.c: see session_cuda.h.
+#include "host/session_cuda.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/forward_cuda.h"
+
+#ifdef VARENT_CUDA
+#include "kernels/ops_cuda.h"
+#endif
+
+int session_cuda_parse(const char *dev, int *index, verr *err) {
+    *index = -1;
+#ifndef VARENT_CUDA
+    return verr_set(err, "--device %s: this varent was built without CUDA (rebuild with nvcc on PATH)", dev);
+#else
+    long v = 0;
+    if (dev[4] == ':') {
+        const char *p = dev + 5;
+        char *end = NULL;
+        errno = 0;
+        v = isdigit((unsigned char)*p) ? strtol(p, &end, 10) : -1;
+        if (v < 0 || errno || *end || v > 1 << 20)
+            return verr_set(err, "--device %s: expected cuda or cuda:N with N a device index", dev);
+    }
+    int n = cuda_device_count();
+    if (n == 0) return verr_set(err, "--device %s: no CUDA device found on this machine (use --device cpu)", dev);
+    if (v >= n)
+        return verr_set(err, "--device %s: CUDA device %ld does not exist (%d device%s found: cuda:0 .. cuda:%d)", dev,
+                        v, n, n == 1 ? "" : "s", n - 1);
+    *index = (int)v;
+    return 0;
+#endif
+}
+
+int session_cuda_open(session *s, int device, const session *base, verr *err) {
+    if (cuda_forward_open(&s->cu, &s->m, &s->fw, device, base ? base->cu : NULL, err)) return -1;
+    const char *g = getenv("VARENT_CUDA_GRAPHS");
+    if (g && !strcmp(g, "0")) cuda_forward_set_graphs(s->cu, 0);
+    const model_config *c = &s->m.cfg;
+    return kv_cache_init_cuda(&s->kv, cuda_forward_ctx(s->cu), c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err);
+}
+
+void session_cuda_close(session *s) {
+    if (!s->cu) return;
+    kv_cache_free(&s->kv);  // device buffers, while the context is alive
+    cuda_forward_close(s->cu);
+    s->cu = NULL;
+}
+
+int session_cuda_bench_info(session *s, char *buf, size_t n, double *copy_gbs, size_t *weight_bytes, verr *err) {
+    if (!s->cu) return verr_set(err, "not a CUDA session");
+#ifdef VARENT_CUDA
+    struct cuda_ctx *ctx = cuda_forward_ctx(s->cu);
+    char desc[256];
+    if (cuda_activate(ctx) || cuda_describe(ctx, desc, sizeof desc) || cuda_copy_gbs(ctx, copy_gbs))
+        return verr_set(err, "%s", ctx->err.msg);
+    snprintf(buf, n, "cuda:%d (%s)", ctx->device, desc);
+    *weight_bytes = cuda_forward_weight_bytes(s->cu);
+    return 0;
+#else
+    (void)buf, (void)n, (void)copy_gbs, (void)weight_bytes;
+    return verr_set(err, "built without CUDA");
+#endif
+}

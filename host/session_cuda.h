@@ -1,0 +1,23 @@
+// session_cuda.h: the CUDA side of a session, called from host/session.c: parsing
+// --device cuda[:N], opening the device forward (weights uploaded once; a shared
+// session borrows its base's) with a device KV cache, and closing them.
+#ifndef VARENT_SESSION_CUDA_H
+#define VARENT_SESSION_CUDA_H
+
+#include "host/session.h"
+
+// "cuda" -> 0, "cuda:N" -> N, checked against the devices present. Without VARENT_CUDA,
+// or without a GPU, a clear error.
+int session_cuda_parse(const char *dev, int *index, verr *err);
+// After forward_init(&s->fw): s->cu on GPU `device` (sharing base's weights when base
+// is given) and s->kv on the device. VARENT_CUDA_GRAPHS=0 in the environment turns
+// the decode-step CUDA graph off.
+int session_cuda_open(session *s, int device, const session *base, verr *err);
+// Frees s->kv and s->cu (no-op on a CPU session). Before forward_free(&s->fw).
+void session_cuda_close(session *s);
+// For `varent bench` on a CUDA session: "cuda:0 (NAME, N SMs, X GiB)" into buf, the
+// device-to-device copy bandwidth (GB/s, read + write) and the bytes of the weights as
+// uploaded (bf16 where the checkpoint was f32). -1 with err on a CPU session.
+int session_cuda_bench_info(session *s, char *buf, size_t n, double *copy_gbs, size_t *weight_bytes, verr *err);
+
+#endif

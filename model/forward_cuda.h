@@ -1,0 +1,41 @@
+// forward_cuda.h: the transformer forward pass on the CUDA backend, the device twin of
+// model/forward.c. Weights are uploaded once (bf16/f16 as stored, f32 matrices rounded
+// to bf16, norms and biases widened to f32); activations stay on the GPU; the KV cache
+// is a device kv_cache (bf16, kv_cache_init_cuda) with the same trunk/tail kv_view
+// semantics as the CPU. Only the last token's logits (and the attention capture) come
+// back, into the host forward_state the session already has. T == 1 steps are captured
+// once in a CUDA graph and replayed.
+// Only functional in builds with VARENT_CUDA; otherwise every call reports that.
+#ifndef VARENT_FORWARD_CUDA_H
+#define VARENT_FORWARD_CUDA_H
+
+#include "host/kv_cache.h"
+#include "model/forward.h"
+#include "model/model.h"
+
+typedef struct cuda_forward cuda_forward;
+struct cuda_ctx;
+
+// Opens the device forward of m on GPU `device` for fw's shapes (fw->max_T tokens per
+// chunk, fw->ctx positions). share == NULL: uploads m's weights (freed on close);
+// otherwise borrows share's weights (same model and device), and share must outlive
+// this forward. Until cuda_forward_close, fw->logits and fw->attn_scores point at
+// page-locked buffers of the same sizes (fast copies); close puts fw's own buffers
+// back, so it must come before forward_free(fw).
+int cuda_forward_open(cuda_forward **out, const model *m, forward_state *fw, int device,
+                      const cuda_forward *share, verr *err);
+void cuda_forward_close(cuda_forward *f);
+// The context (device, stream) device KV caches of this forward are allocated on.
+struct cuda_ctx *cuda_forward_ctx(cuda_forward *f);
+int cuda_forward_device(const cuda_forward *f);
+// Device bytes of the uploaded weights (lm_head once, the embedding table included).
+size_t cuda_forward_weight_bytes(const cuda_forward *f);
+// CUDA graphs for T == 1 steps: on by default. Off: the same kernels launched one by one.
+void cuda_forward_set_graphs(cuda_forward *f, int on);
+// As forward(): appends T tokens to the sequence in kv (device caches of this forward's
+// device) and leaves the last token's logits in fw->logits, and the attention capture
+// in fw->attn_scores / fw->attn_keys when fw->attn_layer is a layer. Fails without
+// touching kv on bad ids or a full context.
+int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err);
+
+#endif

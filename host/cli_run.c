@@ -1,17 +1,23 @@
-// cli_run.c: `varent run` (generate text) and `varent logits` (dump logits).
+// cli_run.c: `varent run` (generate text, for one prompt or a batch from a file) and
+// `varent logits` (dump logits).
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "host/args.h"
 #include "host/cli.h"
 #include "host/cli_common.h"
-#include "host/chat_prompt.h"
+#include "host/batch.h"
 #include "host/entropix_cli.h"
 #include "host/generate.h"
+#include "host/interrupt.h"
+#include "host/outfile.h"
+#include "host/progress.h"
+#include "host/prompts.h"
 
 static int fail(const char *cmd, const char *msg) {
     fprintf(stderr, "varent %s: %s\n", cmd, msg);
@@ -33,8 +39,32 @@ static int print_token(void *ud, int id) {
         int n = tokenizer_stream_push(o->ts, id, &text, &err);
         if (n > 0) fwrite(text, 1, (size_t)n, stdout);
     }
-    fflush(stdout);
+    return fflush(stdout) != 0;  // stdout gone (disk full, closed): stop, run_finish reports it
+}
+
+// After a generation that ran: a log or stdout that could not be written is an error
+// (exit 1), Ctrl-C gives INTERRUPT_EXIT; the text and the log are flushed either way.
+static int run_finish(entropix_cli *ex, const gen_stats *st) {
+    if (ex->log && (fflush(ex->log) != 0 || ferror(ex->log))) {
+        char msg[4300];
+        snprintf(msg, sizeof msg, "--metrics-out %s: write failed after %d tokens: %s (disk full?)", ex->metrics_path,
+                 st->n_gen, strerror(errno));
+        return fail("run", msg);
+    }
+    if (ferror(stdout)) return fail("run", "writing the generated text to stdout failed");
+    if (st->interrupted) {
+        fprintf(stderr, "varent run: interrupted after %d tokens\n", st->n_gen);
+        return INTERRUPT_EXIT;
+    }
     return 0;
+}
+
+// Closes the --metrics-out log; on failure a regular file is removed (no partial output).
+static void run_close_log(entropix_cli *ex, int keep) {
+    struct stat sb;
+    int regular = ex->log && fstat(fileno(ex->log), &sb) == 0 && S_ISREG(sb.st_mode);
+    entropix_cli_close(ex);
+    if (!keep && regular) unlink(ex->metrics_path);
 }
 
 // The prompt: --ids, -p TEXT, or BOS alone.
@@ -49,29 +79,105 @@ static int prompt_ids(session *s, const char *ids_arg, const char *text, int **i
     return 1;
 }
 
-// --chat: the prompt becomes one user turn (after an optional --system turn),
-// rendered with the model's chat template.
+// Batch runs: --prompts FILE (one per line) or --prompt-csv FILE (a "prompt" column).
+// Each prompt is generated exactly as a single `varent run -p PROMPT` with the same
+// options and seed would be, and gives one JSONL line (host/batch.h).
 typedef struct {
-    int on, think;
-    const char *system, *template_name;
-} chat_args;
+    const char *lines_path, *csv_path, *out_path;
+    int quiet, stats;
+} batch_args;
 
-static chat_args read_chat_args(args *a) {
-    chat_args c = { .on = args_flag(a, "--chat"), .think = !args_flag(a, "--no-think") };
-    c.system = args_str(a, "--system", NULL);
-    c.template_name = args_str(a, "--chat-template", NULL);
-    return c;
+static void write_result(FILE *f, int i, const prompt_list *pl, const batch_result *r, uint64_t seed) {
+    fprintf(f, "{\"index\":%d,\"line\":%d,\"prompt\":", i, pl->line[i]);
+    json_out_str(f, pl->text[i]);
+    fputs(",\"text\":", f);
+    if (r->text) json_out_str(f, r->text);
+    else fputs("null", f);
+    fputs(",\"ids\":[", f);
+    for (int k = 0; k < r->n; k++) fprintf(f, k ? ",%d" : "%d", r->ids[k]);
+    fprintf(f, "],\"tokens\":%d,\"prompt_tokens\":%d,\"tok_per_s\":", r->st.n_gen, r->st.n_prompt);
+    json_out_num(f, batch_tok_s(r));
+    fprintf(f, ",\"seed\":%llu,\"stop\":\"%s\",", (unsigned long long)seed, batch_stop_reason(r));
+    batch_json_metrics(f, r);
+    fputs("}\n", f);
+    fflush(f);
 }
 
-static int chat_prompt_ids(session *s, const chat_args *c, const char *text, int **ids, verr *err) {
-    if (!text) return verr_set(err, "--chat needs a user message with -p");
-    chat_conv conv;
-    int rc = chat_conv_init(&conv, s, c->template_name, c->think, err);
-    if (rc == 0 && c->system) rc = chat_conv_add(&conv, "system", c->system, err);
-    if (rc == 0) rc = chat_conv_add(&conv, "user", text, err);
-    int n = rc == 0 ? chat_conv_ids(&conv, s, ids, err) : -1;
-    chat_conv_free(&conv);
-    return n;
+// Encodes every prompt up front, so a prompt that cannot run fails before any output.
+static int encode_all(session *s, const prompt_style *ps, const prompt_list *pl, const char *path, int **ids, int *n,
+                      verr *err) {
+    for (int i = 0; i < pl->n; i++) {
+        n[i] = prompt_encode(s, ps, pl->text[i], &ids[i], err);
+        if (n[i] < 0) return verr_set(err, "%s:%d: %.900s", path, pl->line[i], err->msg);
+        if (n[i] >= s->ctx)
+            return verr_set(err, "%s:%d: the prompt is %d tokens but the context holds %d (raise --ctx)", path,
+                            pl->line[i], n[i], s->ctx);
+    }
+    return 0;
+}
+
+// 0, -1 with err, or 1 when Ctrl-C stopped it (*done prompts were written).
+static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, int **ids, const int *n, FILE *f,
+                        int quiet, long *n_tok, int *done, verr *err) {
+    progress pg;
+    progress_start(&pg, "run", pl->n, quiet);
+    for (int i = 0; i < pl->n; i++) {
+        batch_result r;
+        if (batch_generate(s, ids[i], n[i], g, &r, err)) return -1;
+        if (r.st.interrupted) {
+            batch_result_free(&r);
+            progress_finish(&pg, "interrupted");
+            return 1;
+        }
+        write_result(f, i, pl, &r, g->seed);
+        *done = i + 1;
+        *n_tok += r.st.n_gen;
+        char detail[64];
+        snprintf(detail, sizeof detail, "%d tokens, %.1f tok/s", r.st.n_gen, batch_tok_s(&r));
+        batch_result_free(&r);
+        progress_update(&pg, i + 1, detail);
+        if (ferror(f)) return verr_set(err, "writing the results failed");
+    }
+    progress_finish(&pg, NULL);
+    return 0;
+}
+
+static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, entropix_cli *ex,
+                     const prompt_style *ps) {
+    const char *path = b->lines_path ? b->lines_path : b->csv_path;
+    verr err = { { 0 } };
+    prompt_list pl;
+    if ((b->lines_path ? prompts_read_lines : prompts_read_csv)(&pl, path, &err)) return fail("run", err.msg);
+    outfile out = { 0 };
+    if (b->out_path && outfile_open(&out, b->out_path, &err)) return prompts_free(&pl), fail("run", err.msg);
+    progress pg;
+    progress_start(&pg, "load", 1, b->quiet);
+    session s;
+    int **ids = calloc((size_t)pl.n, sizeof *ids), *n = calloc((size_t)pl.n, sizeof *n), rc = -1;
+    long n_tok = 0;
+    int done = 0;
+    double t0 = gen_now();
+    interrupt_install();  // Ctrl-C: stop after the current token; -o then writes nothing
+    g->interrupt = interrupt_flag();
+    if (!ids || !n) verr_set(&err, "out of memory");
+    else if (session_open(&s, so, &err) == 0) {
+        progress_finish(&pg, NULL);
+        rc = encode_all(&s, ps, &pl, path, ids, n, &err);
+        if (rc == 0) rc = entropix_cli_start(ex, &s, g, &err);
+        if (rc == 0) rc = generate_all(&s, g, &pl, ids, n, out.f ? out.f : stdout, b->quiet, &n_tok, &done, &err);
+        session_close(&s);
+    }
+    if (rc == 1)
+        verr_set(&err, "interrupted after %d of %d prompts%s%s", done, pl.n, out.f ? "; not written: " : "",
+                 out.f ? b->out_path : "");
+    if (rc == 0 && out.f) rc = outfile_commit(&out, &err);
+    outfile_abort(&out);
+    if (rc == 0 && b->stats)
+        fprintf(stderr, "batch: %d prompts, %ld tokens in %.2f s\n", pl.n, n_tok, gen_now() - t0);
+    for (int i = 0; ids && i < pl.n; i++) free(ids[i]);
+    free(ids), free(n);
+    prompts_free(&pl);
+    return rc == 1 ? (fail("run", err.msg), INTERRUPT_EXIT) : rc ? fail("run", err.msg) : 0;
 }
 
 int cmd_run(int argc, char **argv) {
@@ -86,19 +192,33 @@ int cmd_run(int argc, char **argv) {
     verr xerr = { { 0 } };
     entropix_cli ex;  // --sampler, --profile, --metrics-out, ... (host/entropix_cli.h)
     int ex_rc = entropix_cli_read(&a, &g, &ex, &xerr);
-    chat_args chat = read_chat_args(&a);
+    prompt_style chat;
+    prompt_style_read(&a, &chat);
+    batch_args b = { args_str(&a, "--prompts", NULL), args_str(&a, "--prompt-csv", NULL), args_str(&a, "-o|--out", NULL),
+                     args_flag(&a, "-q|--quiet"), stats };
     if (args_finish(&a, 0)) return fail("run", a.err);
     if (!so.model_dir) return fail("run", "missing -m MODEL_DIR");
     if (ids_arg && text) return fail("run", "give either --ids or -p, not both");
     char bad[256];
     if (cli_check_sampling(&g, bad, sizeof bad)) return fail("run", bad);
+    if (b.lines_path || b.csv_path) {
+        if (b.lines_path && b.csv_path) return fail("run", "give either --prompts or --prompt-csv, not both");
+        if (ids_arg || text) return fail("run", "--prompts/--prompt-csv take the prompts from the file: drop -p/--ids");
+        if (ex.metrics_path) return fail("run", "--metrics-out is for a single prompt, not a batch run");
+        if (ex_rc) return fail("run", xerr.msg);
+        return run_batch(&b, &so, &g, &ex, &chat);
+    }
+    if (b.out_path) return fail("run", "-o/--out is for batch runs (--prompts, --prompt-csv); a single run prints to stdout");
+    if (b.quiet) return fail("run", "-q/--quiet is for batch runs (--prompts, --prompt-csv)");
 
     verr err = { { 0 } };
     session s;
     if (ex_rc || entropix_cli_open(&ex, &xerr)) return fail("run", xerr.msg);
-    if (session_open(&s, &so, &err)) return entropix_cli_close(&ex), fail("run", err.msg);
+    interrupt_install();  // Ctrl-C: stop generating, flush, exit 130
+    g.interrupt = interrupt_flag();
+    if (session_open(&s, &so, &err)) return run_close_log(&ex, 0), fail("run", err.msg);
     int *ids = NULL, rc = 0;
-    int n = chat.on ? chat_prompt_ids(&s, &chat, text, &ids, &err) : prompt_ids(&s, ids_arg, text, &ids, &err);
+    int n = chat.chat ? prompt_encode(&s, &chat, text, &ids, &err) : prompt_ids(&s, ids_arg, text, &ids, &err);
     run_out out = { &s, s.tok ? tokenizer_stream_new(s.tok, 1) : NULL };
     g.on_token = print_token, g.ud = &out, g.want_metrics = stats;
     if (n >= 0 && entropix_cli_start(&ex, &s, &g, &err)) n = -1;
@@ -116,10 +236,11 @@ int cmd_run(int argc, char **argv) {
                     s.load_s, st.n_prompt, st.n_prompt / (st.prefill_s > 0 ? st.prefill_s : 1e-9), st.n_gen,
                     st.n_gen > 1 ? (st.n_gen - 1) / st.decode_s : 0.0, (unsigned long long)g.seed);
         if (stats) entropix_cli_report(&ex, &st);
+        rc = run_finish(&ex, &st);
     }
     if (out.ts) tokenizer_stream_free(out.ts);
     free(ids);
-    entropix_cli_close(&ex);
+    run_close_log(&ex, rc == 0 || rc == INTERRUPT_EXIT);
     session_close(&s);
     return rc;
 }

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/json_out.h"
+
 static int read_branch(const char *v, gen_opts *g, verr *err) {
     char *end;
     long k = strtol(v, &end, 10), b = *end == ':' ? strtol(end + 1, &end, 10) : -1;
@@ -70,20 +72,6 @@ void entropix_cli_close(entropix_cli *c) {
     c->log = NULL;
 }
 
-// JSON string of raw token bytes: invalid UTF-8 bytes become \u00XX (latin-1).
-static void put_json_text(FILE *f, const unsigned char *t) {
-    fputc('"', f);
-    while (*t) {
-        unsigned char ch = *t;
-        int n = ch < 0x80 ? 1 : (ch >> 5) == 6 ? 2 : (ch >> 4) == 14 ? 3 : (ch >> 3) == 30 ? 4 : 0, ok = n > 0;
-        for (int i = 1; ok && i < n; i++) ok = (t[i] & 0xc0) == 0x80;
-        if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
-        else if (ch < 0x20 || !ok) fprintf(f, "\\u%04x", ch);
-        else fwrite(t, 1, (size_t)n, f);
-        t += ok ? n : 1;
-    }
-    fputc('"', f);
-}
 
 int entropix_cli_record(void *ud, const gen_record *r) {
     entropix_cli *c = ud;
@@ -92,7 +80,7 @@ int entropix_cli_record(void *ud, const gen_record *r) {
     fprintf(f, "{\"pos\":%d,\"token\":%d,\"text\":", r->pos, r->token);
     verr err;
     char *text = c->s->tok ? tokenizer_decode(c->s->tok, &r->token, 1, 0, &err) : NULL;
-    put_json_text(f, (const unsigned char *)(text ? text : ""));
+    json_out_str(f, text ? text : "");
     free(text);
     fprintf(f,
             ",\"entropy\":%.17g,\"varentropy\":%.17g,\"attn_entropy\":%.17g,\"attn_varentropy\":%.17g,"

@@ -174,6 +174,10 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
     st->prefill_s = gen_now() - t0;
     t0 = gen_now();
     while (rc == 0 && st->n_gen < o->max_new) {
+        if (o->interrupt && *o->interrupt) {
+            st->interrupted = 1;
+            break;
+        }
         int *toks = NULL, one_tok;
         gen_record *recs = NULL, one;
         int n = step(&c, st->n_gen, &toks, &recs, &one, &one_tok, err);

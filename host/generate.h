@@ -5,6 +5,8 @@
 #ifndef VARENT_GENERATE_H
 #define VARENT_GENERATE_H
 
+#include <signal.h>
+
 #include "host/entropix.h"
 #include "host/session.h"
 
@@ -37,12 +39,14 @@ typedef struct {
     int ignore_eos;             // keep going past stop ids (benchmarks)
     int (*on_record)(void *ud, const gen_record *r);  // per token, before on_token
     void *record_ud;
+    const volatile sig_atomic_t *interrupt;  // set (e.g. by Ctrl-C): stop before the next token
 } gen_opts;
 
 typedef struct {
     int n_prompt, n_gen;
     double prefill_s, decode_s;
     int hit_eos, hit_ctx;
+    int interrupted;              // stopped by gen_opts.interrupt
     int quadrant_count[Q_COUNT];  // per generated token, when metrics were computed
     double sum_entropy;
     int n_metrics;

@@ -90,3 +90,12 @@ int metrics_attention(metrics_ws *w, const float *scores, int n_heads, int n_key
     m->agreement = agree / cells, m->interaction_strength = inter / cells;
     return 0;
 }
+
+double metrics_log_prob(const float *logits, int n, int id) {
+    float mx = logits[0];
+    for (int i = 1; i < n; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double z = 0;
+    for (int i = 0; i < n; i++) z += exp((double)logits[i] - mx);
+    return (double)logits[id] - mx - log(z);
+}

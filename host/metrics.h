@@ -20,6 +20,8 @@ typedef struct {
 } metrics_ws;
 
 void metrics_ws_free(metrics_ws *w);
+// Natural-log probability of id under softmax(logits[n]): logit - logsumexp, in double.
+double metrics_log_prob(const float *logits, int n, int id);
 // H, V and log_z from logits[n]. Returns -1 only when out of memory.
 int metrics_logits(metrics_ws *w, const float *logits, int n, token_metrics *m);
 // The four attention metrics from scores[n_heads, n_keys]. n_keys == 0 gives zeros.

@@ -99,6 +99,16 @@ int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err) {
     return forward(&s->fw, kv, ids, T, err);
 }
 
+int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *out, verr *err) {
+    if (!s->cu) return forward_all(&s->fw, kv, ids, T, out, err);
+    size_t vocab = (size_t)s->m.cfg.vocab_size;
+    for (int t = 0; t < T; t++) {
+        if (session_forward(s, kv, ids + t, 1, err)) return -1;
+        memcpy(out + (size_t)t * vocab, s->fw.logits, vocab * sizeof(float));
+    }
+    return 0;
+}
+
 int session_add_stop(session *s, int id) {
     if (session_is_stop(s, id)) return 0;
     if (s->n_stop == (int)(sizeof s->stop / sizeof *s->stop)) return -1;

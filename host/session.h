@@ -41,6 +41,9 @@ void session_close(session *s);
 // and leaves the last token's logits in s->fw.logits (host memory on every backend),
 // plus the attention capture when s->fw.attn_layer >= 0. Use this, not forward().
 int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err);
+// session_forward that also writes every new position's logits to out [T, vocab], host
+// memory (perplexity, scoring). The CUDA backend feeds one token at a time for now.
+int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *out, verr *err);
 // Ids that end generation: config eos ids plus the tokenizer's eos.
 int session_is_stop(const session *s, int id);
 // Adds an id that ends generation; -1 when the table is full.

@@ -90,7 +90,8 @@ static void mlp_block(forward_state *s, const layer_weights *w, int T) {
 }
 
 // One chunk of at most max_T tokens; the caller has validated ids and room.
-static void forward_chunk(forward_state *s, kv_view *kv, const int *ids, int T) {
+// all: NULL, or [T, vocab] for every position's logits (the last one also goes to s->logits).
+static void forward_chunk(forward_state *s, kv_view *kv, const int *ids, int T, float *all) {
     const model *m = s->m;
     const model_config *c = &m->cfg;
     int pos0 = kv_view_len(kv);
@@ -102,13 +103,19 @@ static void forward_chunk(forward_state *s, kv_view *kv, const int *ids, int T) 
     }
     write_target(kv)->len += T;
     if (!kv->tail) kv->n_trunk = kv->trunk->len;
-    // Only the last token's logits are needed.
+    if (all) {  // scoring: every position
+        cpu_rmsnorm(s->x, s->x, m->final_norm, T, c->dim, c->norm_eps);
+        cpu_matmul(all, s->x, m->lm_head, T, c->dim, c->vocab_size);
+        memcpy(s->logits, all + (size_t)(T - 1) * c->vocab_size, sizeof(float) * (size_t)c->vocab_size);
+        return;
+    }
+    // Generation needs only the last token's logits.
     float *last = s->x + (size_t)(T - 1) * c->dim;
     cpu_rmsnorm(last, last, m->final_norm, 1, c->dim, c->norm_eps);
     cpu_matmul(s->logits, last, m->lm_head, 1, c->dim, c->vocab_size);
 }
 
-int forward(forward_state *s, kv_view *kv, const int *ids, int T, verr *err) {
+static int forward_run(forward_state *s, kv_view *kv, const int *ids, int T, float *all, verr *err) {
     const model_config *c = &s->m->cfg;
     if (T <= 0) return verr_set(err, "forward: no tokens to process");
     for (int t = 0; t < T; t++)
@@ -119,7 +126,15 @@ int forward(forward_state *s, kv_view *kv, const int *ids, int T, verr *err) {
                         kv_view_len(kv), s->ctx);
     for (int done = 0; done < T; done += s->max_T) {
         int n = T - done < s->max_T ? T - done : s->max_T;
-        forward_chunk(s, kv, ids + done, n);
+        forward_chunk(s, kv, ids + done, n, all ? all + (size_t)done * c->vocab_size : NULL);
     }
     return 0;
+}
+
+int forward(forward_state *s, kv_view *kv, const int *ids, int T, verr *err) {
+    return forward_run(s, kv, ids, T, NULL, err);
+}
+
+int forward_all(forward_state *s, kv_view *kv, const int *ids, int T, float *out, verr *err) {
+    return forward_run(s, kv, ids, T, out, err);
 }

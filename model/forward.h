@@ -26,5 +26,7 @@ void forward_free(forward_state *s);
 // Appends T tokens to the sequence in kv and computes s->logits for the last one.
 // Fails (without touching kv) on ids outside the vocab or when the context is full.
 int forward(forward_state *s, kv_view *kv, const int *ids, int T, verr *err);
+// forward() that also writes every new position's logits to out [T, vocab] (scoring).
+int forward_all(forward_state *s, kv_view *kv, const int *ids, int T, float *out, verr *err);
 
 #endif

@@ -1,0 +1,34 @@
+// batch.h: one generation with everything a batch run or a comparison reports about
+// it: the generated ids, their text (decoded as `varent run` prints it), the timing
+// and the per-token entropix metrics summed (host/metrics.h), plus the JSONL helpers
+// those commands share.
+#ifndef VARENT_BATCH_H
+#define VARENT_BATCH_H
+
+#include <stdio.h>
+
+#include "host/generate.h"
+#include "host/json_out.h"
+
+typedef struct {
+    int *ids, n, cap;        // [n] generated ids (stop ids excluded)
+    char *text;              // decoded with a tokenizer stream (NULL without a tokenizer)
+    size_t len, text_cap;
+    gen_stats st;
+    double sum[M_COUNT];     // metric sums over the generated tokens (entropy, varentropy, ...)
+    int n_metrics;
+} batch_result;
+
+// Resets the session's KV cache and generates from prompt[n_prompt] with g (which
+// needs g->ex: metrics are always computed, as with --metrics-out). g's on_token and
+// on_record are replaced.
+int batch_generate(session *s, const int *prompt, int n_prompt, const gen_opts *g, batch_result *r, verr *err);
+void batch_result_free(batch_result *r);
+// Decode speed as `varent run --stats` reports it: (tokens - 1) / decode seconds.
+double batch_tok_s(const batch_result *r);
+const char *batch_stop_reason(const batch_result *r);  // "eos", "context" or "length"
+
+// "mean":{"entropy":..,...} and "quadrants":{"LELV":..,...} (without braces around both).
+void batch_json_metrics(FILE *f, const batch_result *r);
+
+#endif

@@ -1,0 +1,337 @@
+// cli_compare.c: `varent compare -m DIR --prompts FILE [--samplers LIST]`: every prompt
+// under every sampler with the same seed, side by side. Per run: the text, decode
+// tokens/s, mean entropy, quadrant counts, distinct-n and the mean log-probability of
+// the generated tokens under the model (teacher-forced, raw logits: what the model
+// thinks of the text, whatever sampler chose it). Markdown on stdout, JSONL with -o.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/args.h"
+#include "host/batch.h"
+#include "host/cli.h"
+#include "host/cli_common.h"
+#include "host/interrupt.h"
+#include "host/outfile.h"
+#include "host/perplexity.h"
+#include "host/progress.h"
+#include "host/prompts.h"
+
+#define MAX_SAMPLERS 16
+#define MAX_DISTINCT 3
+
+static int fail(const char *msg) {
+    fprintf(stderr, "varent compare: %s\n", msg);
+    return 1;
+}
+
+typedef struct {
+    char name[48];
+    gen_sampler kind;
+    int greedy;
+    entropix_config ex;  // entropix: its profile; standard/greedy: the classification profile
+} sampler_spec;
+
+typedef struct {
+    int prompt, sampler;
+    batch_result r;
+    int n_prompt;
+    double distinct[MAX_DISTINCT];  // distinct-1..3 over generated ids (NAN: no n-grams)
+    double mean_logp;               // nats per generated token (NAN: none generated)
+} row;
+
+// "standard", "greedy", "entropix" (the --profile) or "entropix:PROFILE".
+static int parse_one(const char *spec, const char *def_profile, sampler_spec *o, verr *err) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->name, sizeof o->name, "%s", spec);
+    const char *profile = def_profile;
+    if (!strcmp(spec, "standard") || !strcmp(spec, "greedy")) {
+        o->kind = GEN_STANDARD, o->greedy = spec[0] == 'g';
+    } else if (!strcmp(spec, "entropix") || !strncmp(spec, "entropix:", 9)) {
+        o->kind = GEN_ENTROPIX;
+        if (spec[8] == ':') profile = spec + 9;
+    } else {
+        return verr_set(err, "--samplers: unknown sampler '%s' (use standard, greedy, entropix or entropix:PROFILE)", spec);
+    }
+    if (entropix_profile(profile, &o->ex, err))
+        return verr_set(err, "--samplers: '%s': unknown profile '%s' (profiles: %s)", spec, profile, entropix_profile_names());
+    return 0;
+}
+
+static int parse_samplers(const char *list, const char *def_profile, sampler_spec *out, verr *err) {
+    int n = 0;
+    char buf[1024];
+    if (strlen(list) >= sizeof buf) return verr_set(err, "--samplers: list too long");
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        while (*t == ' ') t++;
+        for (size_t k = strlen(t); k > 0 && t[k - 1] == ' ';) t[--k] = 0;
+        if (!*t) continue;
+        if (n == MAX_SAMPLERS) return verr_set(err, "--samplers: at most %d samplers", MAX_SAMPLERS);
+        if (parse_one(t, def_profile, &out[n++], err)) return -1;
+    }
+    if (n == 0) return verr_set(err, "--samplers: empty list");
+    return n;
+}
+
+// Distinct n-grams / all n-grams of ids[0..len) (Li et al. 2016), NAN when len < n.
+static double distinct_n(const int *ids, int len, int n) {
+    int total = len - n + 1, uniq = 0;
+    if (total <= 0) return NAN;
+    for (int i = 0; i < total; i++) {
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = !memcmp(ids + i, ids + j, sizeof(int) * (size_t)n);
+        uniq += !seen;
+    }
+    return (double)uniq / total;
+}
+
+// Mean ln p of the generated ids given the prompt and the ids before them.
+static int mean_logprob(session *s, const int *prompt, int n_prompt, const batch_result *r, double *out, verr *err) {
+    *out = NAN;
+    if (r->n == 0) return 0;
+    int n = n_prompt + r->n;
+    int *all = malloc(sizeof(int) * (size_t)n);
+    double *lp = malloc(sizeof(double) * (size_t)n);
+    int rc = all && lp ? 0 : verr_set(err, "out of memory");
+    if (rc == 0) {
+        memcpy(all, prompt, sizeof(int) * (size_t)n_prompt);
+        memcpy(all + n_prompt, r->ids, sizeof(int) * (size_t)r->n);
+        rc = ppl_score(s, all, n, n_prompt, lp, err);
+    }
+    double sum = 0;
+    for (int i = n_prompt; rc == 0 && i < n; i++) sum += lp[i];
+    if (rc == 0) *out = sum / r->n;
+    free(all), free(lp);
+    return rc;
+}
+
+static int run_one(session *s, const gen_opts *base, const sampler_spec *sp, const int *ids, int n, row *w, verr *err) {
+    gen_opts g = *base;
+    g.sampler = sp->kind, g.ex = &sp->ex;
+    if (sp->greedy) g.sp.temperature = 0;
+    if (batch_generate(s, ids, n, &g, &w->r, err)) return -1;
+    w->n_prompt = n;
+    for (int k = 0; k < MAX_DISTINCT; k++) w->distinct[k] = distinct_n(w->r.ids, w->r.n, k + 1);
+    return mean_logprob(s, ids, n, &w->r, &w->mean_logp, err);
+}
+
+static void write_row(FILE *f, const row *w, const prompt_list *pl, const sampler_spec *sp, uint64_t seed) {
+    const batch_result *r = &w->r;
+    fprintf(f, "{\"prompt_index\":%d,\"line\":%d,\"prompt\":", w->prompt, pl->line[w->prompt]);
+    json_out_str(f, pl->text[w->prompt]);
+    fputs(",\"sampler\":", f);
+    json_out_str(f, sp->name);
+    fprintf(f, ",\"profile\":\"%s\",\"seed\":%llu,\"text\":", sp->ex.name, (unsigned long long)seed);
+    if (r->text) json_out_str(f, r->text);
+    else fputs("null", f);
+    fputs(",\"ids\":[", f);
+    for (int k = 0; k < r->n; k++) fprintf(f, k ? ",%d" : "%d", r->ids[k]);
+    fprintf(f, "],\"tokens\":%d,\"prompt_tokens\":%d,\"stop\":\"%s\",\"tok_per_s\":", r->n, w->n_prompt,
+            batch_stop_reason(r));
+    json_out_num(f, batch_tok_s(r));
+    fputs(",\"mean_logprob\":", f);
+    json_out_num(f, w->mean_logp);
+    fputs(",\"distinct\":{", f);
+    for (int k = 0; k < MAX_DISTINCT; k++) {
+        fprintf(f, "%s\"%d\":", k ? "," : "", k + 1);
+        json_out_num(f, w->distinct[k]);
+    }
+    fputs("},", f);
+    batch_json_metrics(f, r);
+    fputs("}\n", f);
+}
+
+// A table cell: newlines and tabs become spaces, '|' is escaped, and the text is cut
+// after `width` characters (never inside a UTF-8 sequence).
+static void md_cell(FILE *f, const char *s, int width) {
+    int chars = 0;
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        if ((*p & 0xc0) != 0x80 && chars++ == width) {
+            fputs("...", f);
+            return;
+        }
+        if (*p == '\n' || *p == '\r' || *p == '\t') fputc(' ', f);
+        else if (*p == '|') fputs("\\|", f);
+        else fputc(*p, f);
+    }
+}
+
+static void md_num(FILE *f, double x, const char *fmt) {
+    if (isfinite(x)) fprintf(f, fmt, x);
+    else fputs("-", f);
+}
+
+static const entropix_quadrant shown_q[] = { Q_LELV, Q_HELV, Q_LEHV, Q_HEHV, Q_ADAPTIVE, Q_BRANCH };
+#define N_SHOWN ((int)(sizeof shown_q / sizeof *shown_q))
+
+static void md_header(FILE *f, int with_text) {
+    fputs("| sampler | tokens | tok/s | mean H (bits) |", f);
+    for (int q = 0; q < N_SHOWN; q++) fprintf(f, " %s |", entropix_quadrant_name(shown_q[q]));
+    fputs(" distinct-1 | distinct-2 | mean log p (nats) |", f);
+    fputs(with_text ? " text |\n|---|" : "\n|---|", f);
+    for (int i = 0; i < 3 + N_SHOWN + 3; i++) fputs("--:|", f);
+    fputs(with_text ? "---|\n" : "\n", f);
+}
+
+static void md_row(FILE *f, const row *w, const sampler_spec *sp, int width) {
+    const batch_result *r = &w->r;
+    fprintf(f, "| %s | %d | ", sp->name, r->n);
+    md_num(f, batch_tok_s(r), "%.1f");
+    fputs(" | ", f);
+    md_num(f, r->n_metrics ? r->st.sum_entropy / r->n_metrics : NAN, "%.3f");
+    for (int q = 0; q < N_SHOWN; q++) fprintf(f, " | %d", r->st.quadrant_count[shown_q[q]]);
+    for (int k = 0; k < 2; k++) fputs(" | ", f), md_num(f, w->distinct[k], "%.3f");
+    fputs(" | ", f);
+    md_num(f, w->mean_logp, "%.3f");
+    fputs(" | ", f);
+    md_cell(f, r->text, width);
+    fputs(" |\n", f);
+}
+
+// Per sampler over all prompts: token-weighted mean entropy and log p, summed
+// quadrant counts, mean distinct-n and tok/s over the runs.
+static void md_summary(FILE *f, const row *rows, int n_rows, const sampler_spec *sp, int n_sp) {
+    fputs("\n### All prompts, per sampler\n\n", f);
+    md_header(f, 0);
+    for (int j = 0; j < n_sp; j++) {
+        double tok_s = 0, ent = 0, lp = 0, dist[2] = { 0, 0 };
+        int runs = 0, toks = 0, n_met = 0, nd[2] = { 0, 0 }, quad[Q_COUNT] = { 0 };
+        for (int i = 0; i < n_rows; i++) {
+            const row *w = &rows[i];
+            if (w->sampler != j) continue;
+            runs++, toks += w->r.n, tok_s += batch_tok_s(&w->r);
+            ent += w->r.st.sum_entropy, n_met += w->r.n_metrics;
+            if (w->r.n) lp += w->mean_logp * w->r.n;
+            for (int q = 0; q < Q_COUNT; q++) quad[q] += w->r.st.quadrant_count[q];
+            for (int k = 0; k < 2; k++)
+                if (isfinite(w->distinct[k])) dist[k] += w->distinct[k], nd[k]++;
+        }
+        fprintf(f, "| %s | %d | ", sp[j].name, toks);
+        md_num(f, runs ? tok_s / runs : NAN, "%.1f");
+        fputs(" | ", f);
+        md_num(f, n_met ? ent / n_met : NAN, "%.3f");
+        for (int q = 0; q < N_SHOWN; q++) fprintf(f, " | %d", quad[shown_q[q]]);
+        for (int k = 0; k < 2; k++) fputs(" | ", f), md_num(f, nd[k] ? dist[k] / nd[k] : NAN, "%.3f");
+        fputs(" | ", f);
+        md_num(f, toks ? lp / toks : NAN, "%.3f");
+        fputs(" |\n", f);
+    }
+}
+
+static void write_markdown(FILE *f, const row *rows, int n_rows, const prompt_list *pl, const sampler_spec *sp, int n_sp,
+                           const gen_opts *g, int width) {
+    fprintf(f, "## varent compare: %d prompt%s x %d sampler%s, seed %llu, up to %d tokens\n", pl->n,
+            pl->n == 1 ? "" : "s", n_sp, n_sp == 1 ? "" : "s", (unsigned long long)g->seed, g->max_new);
+    for (int i = 0; i < n_rows; i++) {
+        if (rows[i].sampler == 0) {
+            fprintf(f, "\n### Prompt %d (line %d): ", rows[i].prompt + 1, pl->line[rows[i].prompt]);
+            md_cell(f, pl->text[rows[i].prompt], width);
+            fputs("\n\n", f);
+            md_header(f, 1);
+        }
+        md_row(f, &rows[i], &sp[rows[i].sampler], width);
+    }
+    md_summary(f, rows, n_rows, sp, n_sp);
+}
+
+typedef struct {
+    const char *prompts, *csv, *samplers, *profile, *out, *format;
+    int width, quiet;
+} compare_args;
+
+static int run_all(session *s, const compare_args *c, const prompt_style *ps, const gen_opts *g, const prompt_list *pl,
+                   const sampler_spec *sp, int n_sp, row *rows, FILE *jsonl, verr *err) {
+    progress pg;
+    progress_start(&pg, "compare", (long)pl->n * n_sp, c->quiet);
+    const char *path = c->prompts ? c->prompts : c->csv;
+    for (int i = 0, k = 0; i < pl->n; i++) {
+        int *ids = NULL, n = prompt_encode(s, ps, pl->text[i], &ids, err);
+        if (n < 0) return verr_set(err, "%s:%d: %.900s", path, pl->line[i], err->msg);
+        for (int j = 0; j < n_sp; j++, k++) {
+            rows[k].prompt = i, rows[k].sampler = j;
+            if (run_one(s, g, &sp[j], ids, n, &rows[k], err)) {
+                free(ids);
+                return verr_set(err, "%s:%d: %s: %.900s", path, pl->line[i], sp[j].name, err->msg);
+            }
+            if (rows[k].r.st.interrupted) {
+                free(ids);
+                progress_finish(&pg, "interrupted");
+                verr_set(err, "interrupted after %d of %d runs%s", k, pl->n * n_sp, c->out ? "; not written: " : "");
+                return 1;
+            }
+            if (jsonl) write_row(jsonl, &rows[k], pl, &sp[j], g->seed);
+            char detail[160];
+            snprintf(detail, sizeof detail, "prompt %d %.48s: %d tokens", i + 1, sp[j].name, rows[k].r.n);
+            progress_update(&pg, k + 1, detail);
+        }
+        free(ids);
+    }
+    progress_finish(&pg, NULL);
+    return 0;
+}
+
+static int compare(const compare_args *c, const session_opts *so, const gen_opts *g, const prompt_style *ps,
+                   const prompt_list *pl, const sampler_spec *sp, int n_sp) {
+    verr err = { { 0 } };
+    outfile out = { 0 };
+    if (c->out && outfile_open(&out, c->out, &err)) return fail(err.msg);
+    row *rows = calloc((size_t)pl->n * n_sp, sizeof *rows);
+    int rc = rows ? 0 : verr_set(&err, "out of memory");
+    progress pg;
+    progress_start(&pg, "load", 1, c->quiet);
+    session s;
+    if (rc == 0 && (rc = session_open(&s, so, &err)) == 0) {
+        progress_finish(&pg, NULL);
+        gen_opts base = *g;
+        base.clarifier = gen_find_clarifier(&s);
+        interrupt_install();  // Ctrl-C: stop after the current token; -o then writes nothing
+        base.interrupt = interrupt_flag();
+        int stdout_jsonl = !strcmp(c->format, "jsonl");
+        rc = run_all(&s, c, ps, &base, pl, sp, n_sp, rows, out.f ? out.f : stdout_jsonl ? stdout : NULL, &err);
+        if (rc == 0 && !stdout_jsonl) write_markdown(stdout, rows, pl->n * n_sp, pl, sp, n_sp, &base, c->width);
+        session_close(&s);
+    }
+    if (rc == 0 && out.f) rc = outfile_commit(&out, &err);
+    outfile_abort(&out);
+    for (int i = 0; rows && i < pl->n * n_sp; i++) batch_result_free(&rows[i].r);
+    free(rows);
+    if (rc == 1) {
+        fprintf(stderr, "varent compare: %s%s\n", err.msg, c->out ? c->out : "");
+        return INTERRUPT_EXIT;
+    }
+    return rc ? fail(err.msg) : 0;
+}
+
+int cmd_compare(int argc, char **argv) {
+    args a;
+    args_init(&a, argc, argv);
+    session_opts so = { 0 };
+    cli_session_opts(&a, &so);
+    gen_opts g = { 0 };
+    cli_sampling_opts(&a, &g, 64, 1.0f, 1.0f);
+    prompt_style ps;
+    prompt_style_read(&a, &ps);
+    compare_args c = { args_str(&a, "--prompts", NULL), args_str(&a, "--prompt-csv", NULL),
+                       args_str(&a, "--samplers", "standard,greedy,entropix:seed,entropix:jax"),
+                       args_str(&a, "--profile", "seed"), args_str(&a, "-o|--out", NULL), args_str(&a, "--format", "md"),
+                       (int)args_int(&a, "--text-width", 60), args_flag(&a, "-q|--quiet") };
+    if (args_finish(&a, 0)) return fail(a.err);
+    if (!so.model_dir || (!c.prompts == !c.csv))
+        return fail("usage: varent compare -m DIR (--prompts FILE | --prompt-csv FILE) [--samplers LIST] [-n N] "
+                    "[--seed S] [-o OUT.jsonl] [--format md|jsonl]");
+    char bad[256];
+    if (cli_check_sampling(&g, bad, sizeof bad)) return fail(bad);
+    if (strcmp(c.format, "md") && strcmp(c.format, "jsonl")) return fail("--format: use md or jsonl");
+    if (c.width < 4) return fail("--text-width must be at least 4");
+    verr err = { { 0 } };
+    sampler_spec sp[MAX_SAMPLERS];
+    int n_sp = parse_samplers(c.samplers, c.profile, sp, &err);
+    if (n_sp < 0) return fail(err.msg);
+    prompt_list pl;
+    if ((c.prompts ? prompts_read_lines : prompts_read_csv)(&pl, c.prompts ? c.prompts : c.csv, &err)) return fail(err.msg);
+    int rc = compare(&c, &so, &g, &ps, &pl, sp, n_sp);
+    prompts_free(&pl);
+    return rc;
+}

@@ -1,0 +1,91 @@
+// cli_ppl.c: `varent ppl -m DIR -f TEXT [--ctx N] [--stride S] [--json]`: perplexity of a
+// text file with its standard error (host/perplexity.h documents which tokens are
+// scored with which context).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/args.h"
+#include "host/cli.h"
+#include "host/cli_common.h"
+#include "host/fileio.h"
+#include "host/perplexity.h"
+#include "host/progress.h"
+
+static int fail(const char *msg) {
+    fprintf(stderr, "varent ppl: %s\n", msg);
+    return 1;
+}
+
+typedef struct {
+    progress p;
+    char detail[64];
+} window_report;
+
+static int on_window(void *ud, int w, int n_windows, const ppl_result *r) {
+    window_report *wr = ud;
+    snprintf(wr->detail, sizeof wr->detail, "ppl %.4f +/- %.4f", r->ppl, r->ppl_se);
+    progress_update(&wr->p, w + 1, wr->detail);
+    return 0;
+}
+
+static void print_result(const ppl_result *r, int ctx, int stride, int json) {
+    if (json) {
+        printf("{\"ppl\":%.17g,\"ppl_se\":%.17g,\"nll_mean\":%.17g,\"nll_se\":%.17g,\"tokens\":%d,"
+               "\"scored\":%d,\"windows\":%d,\"ctx\":%d,\"stride\":%d}\n",
+               r->ppl, r->ppl_se, r->nll_mean, r->nll_se, r->n_tokens, r->n_scored, r->n_windows, ctx, stride);
+        return;
+    }
+    printf("PPL = %.4f +/- %.5f (mean NLL %.5f +/- %.5f nats; %d of %d tokens scored in %d window%s, ctx %d, "
+           "stride %d)\n",
+           r->ppl, r->ppl_se, r->nll_mean, r->nll_se, r->n_scored, r->n_tokens, r->n_windows,
+           r->n_windows == 1 ? "" : "s", ctx, stride);
+}
+
+int cmd_ppl(int argc, char **argv) {
+    args a;
+    args_init(&a, argc, argv);
+    session_opts so = { 0 };
+    cli_session_opts(&a, &so);
+    const char *path = args_str(&a, "-f|--file", NULL);
+    int stride = (int)args_int(&a, "--stride", 0), json = args_flag(&a, "--json"), quiet = args_flag(&a, "-q|--quiet");
+    if (args_finish(&a, 0)) return fail(a.err);
+    if (!so.model_dir || !path) return fail("usage: varent ppl -m DIR -f TEXT [--ctx N] [--stride S] [--json] [-q]");
+    if (so.ctx < 0) return fail("--ctx must be positive");
+
+    verr err = { { 0 } };
+    char *text = fileio_read_all(path, &err);
+    if (!text) return fail(err.msg);
+    progress pg;
+    progress_start(&pg, "load", 1, quiet);
+    session s;
+    if (session_open(&s, &so, &err)) {
+        free(text);
+        return fail(err.msg);
+    }
+    progress_finish(&pg, NULL);
+    int *ids = NULL, rc = 0;
+    int n = session_encode_prompt(&s, text, &ids, &err);
+    free(text);
+    int ctx = s.ctx, step = stride > 0 ? stride : ctx / 2 > 0 ? ctx / 2 : 1;
+    if (n >= 0 && n < 3)
+        verr_set(&err, "%s: the text is %d token%s%s; perplexity needs at least 3 (2 scored)", path, n,
+                 n == 1 ? "" : "s", s.tok && tokenizer_add_bos(s.tok) ? " with BOS" : "");
+    int n_windows = n < 0 || n < 3 ? -1 : ppl_count_windows(n, ctx, step, &err);
+    if (n_windows < 0) {
+        rc = fail(err.msg);
+    } else {
+        window_report wr;
+        progress_start(&wr.p, "ppl", n_windows, quiet);
+        ppl_result r;
+        if (ppl_eval(&s, ids, n, ctx, step, NULL, on_window, &wr, &r, &err)) {
+            rc = fail(err.msg);
+        } else {
+            progress_finish(&wr.p, NULL);
+            print_result(&r, ctx, step, json);
+        }
+    }
+    free(ids);
+    session_close(&s);
+    return rc;
+}

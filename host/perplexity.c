@@ -1,0 +1,72 @@
+// perplexity.c: see perplexity.h.
+#include "host/perplexity.h"
+#include "host/metrics.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+int ppl_score(session *s, const int *ids, int n, int from, double *logp, verr *err) {
+    if (from < 1 || from > n || n - 1 > s->ctx)
+        return verr_set(err, "cannot score tokens %d..%d of %d in a %d-token context", from, n - 1, n, s->ctx);
+    int vocab = s->m.cfg.vocab_size;
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab) return verr_set(err, "token id %d at %d is outside the vocab (%d)", ids[i], i, vocab);
+    kv_cache_truncate(&s->kv, 0);
+    s->fw.attn_layer = -1;  // no attention capture needed
+    kv_view kv = kv_view_of(&s->kv);
+    if (from > 1 && session_forward(s, &kv, ids, from - 1, err)) return -1;
+    // The scored tokens go through in batches, with every position's logits kept.
+    int chunk = s->fw.max_T < 64 ? s->fw.max_T : 64;
+    float *all = malloc(sizeof(float) * (size_t)chunk * vocab);
+    if (!all) return verr_set(err, "out of memory (%d x %d logits)", chunk, vocab);
+    for (int i = from; i < n; i += chunk) {
+        int T = n - i < chunk ? n - i : chunk;
+        kv = kv_view_of(&s->kv);
+        if (session_forward_all(s, &kv, &ids[i - 1], T, all, err)) return free(all), -1;
+        for (int t = 0; t < T; t++) logp[i + t] = metrics_log_prob(all + (size_t)t * vocab, vocab, ids[i + t]);
+    }
+    free(all);
+    return 0;
+}
+
+int ppl_count_windows(int n, int ctx, int stride, verr *err) {
+    if (ctx < 2) return verr_set(err, "--ctx %d: a window needs at least 2 tokens", ctx);
+    if (stride < 1 || stride >= ctx)
+        return verr_set(err, "--stride %d: must be in 1..%d (less than --ctx %d, so every token is scored)", stride,
+                        ctx - 1, ctx);
+    if (n < 3) return verr_set(err, "the text is %d token%s; perplexity needs at least 3 (2 scored)", n, n == 1 ? "" : "s");
+    int w = 1;
+    for (int b = 0; b + ctx < n; b += stride) w++;
+    return w;
+}
+
+void ppl_finish(ppl_result *r) {
+    int N = r->n_scored;
+    r->nll_mean = N > 0 ? r->sum_nll / N : 0;
+    double var = N > 1 ? r->sum_nll2 / N - r->nll_mean * r->nll_mean : 0;
+    r->nll_se = N > 1 && var > 0 ? sqrt(var / (N - 1)) : 0;
+    r->ppl = exp(r->nll_mean);
+    r->ppl_se = r->ppl * r->nll_se;
+}
+
+int ppl_eval(session *s, const int *ids, int n, int ctx, int stride, double *logp, ppl_window_fn fn, void *ud,
+             ppl_result *r, verr *err) {
+    *r = (ppl_result){ .n_tokens = n };
+    int n_windows = ppl_count_windows(n, ctx, stride, err);
+    if (n_windows < 0) return -1;
+    if (ctx > s->ctx) return verr_set(err, "--ctx %d exceeds the session's context (%d)", ctx, s->ctx);
+    double *lp = logp ? logp : malloc(sizeof(double) * (size_t)n);
+    if (!lp) return verr_set(err, "out of memory");
+    int rc = 0, end = 1;  // tokens before `end` are scored (token 0 never is)
+    for (int w = 0, b = 0; rc == 0 && end < n; w++, b += stride) {
+        int e = b + ctx < n ? b + ctx : n;
+        rc = ppl_score(s, ids + b, e - b, end - b, lp + b, err);
+        for (int i = end; rc == 0 && i < e; i++) r->sum_nll -= lp[i], r->sum_nll2 += lp[i] * lp[i], r->n_scored++;
+        end = e;
+        r->n_windows = w + 1;
+        ppl_finish(r);
+        if (rc == 0 && fn && fn(ud, w, n_windows, r)) rc = verr_set(err, "stopped");
+    }
+    if (lp != logp) free(lp);
+    return rc;
+}

@@ -1,0 +1,39 @@
+// prompts.h: prompt lists for batch runs and comparisons, and turning one prompt into
+// ids (plain text, or a user turn in the model's chat template).
+//
+// Line files: one prompt per line; "\r\n" endings are accepted; blank (whitespace-only)
+// lines are skipped. CSV (RFC 4180): a header row naming the columns, one of them
+// "prompt" (case-insensitive, surrounding spaces ignored); fields separated by commas;
+// a field in double quotes may hold commas, newlines and "" for a quote; every record
+// has the header's number of fields; empty lines are skipped; an empty prompt field
+// is an error. A UTF-8 byte-order mark at the start is ignored.
+#ifndef VARENT_PROMPTS_H
+#define VARENT_PROMPTS_H
+
+#include "host/args.h"
+#include "host/session.h"
+
+typedef struct {
+    char **text;  // [n], malloc'd NUL-terminated prompts
+    int *line;    // [n], 1-based line in the file where each prompt (its record) starts
+    int n, cap;
+} prompt_list;
+
+int prompts_read_lines(prompt_list *l, const char *path, verr *err);
+int prompts_read_csv(prompt_list *l, const char *path, verr *err);
+// Parses CSV text already in memory (where: the file name for messages).
+int prompts_parse_csv(prompt_list *l, const char *text, const char *where, verr *err);
+void prompts_free(prompt_list *l);
+
+// How prompts become ids: --chat [--system TEXT] [--chat-template NAME] [--no-think].
+typedef struct {
+    int chat, think;
+    const char *system, *template_name;
+} prompt_style;
+
+void prompt_style_read(args *a, prompt_style *ps);
+// Plain: session_encode_prompt (BOS per the tokenizer config). Chat: the system and
+// user turns rendered with the template (which also registers its stop tokens).
+int prompt_encode(session *s, const prompt_style *ps, const char *text, int **ids, verr *err);
+
+#endif

@@ -25,11 +25,17 @@ ifneq ($(NVCC),)
 endif
 
 LIB_SRC  := $(wildcard kernels/cpu/*.c model/*.c tokenizer/*.c) $(filter-out host/main.c,$(wildcard host/*.c))
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/gen/web_index.o
 TEST_SRC := $(wildcard tests/c/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
+# The fuzz targets built as plain programs that replay files (tests/sh/test_fuzz_replay.sh).
+REPLAY_BIN := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz-replay/%,$(wildcard tests/fuzz/fuzz_*.c))
+# Extra compile and link flags for every object, e.g. sanitizers (make test-asan).
+SAN      ?=
+CFLAGS   += $(SAN)
+LDLIBS   += $(SAN)
 
-.PHONY: all deps test tests run bench bench-cpu clean
+.PHONY: all deps test tests run bench bench-cpu clean test-asan fuzz fuzz-build fuzz-seeds
 all: deps $(BIN)
 
 deps:
@@ -46,12 +52,19 @@ $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
+# The server's web page (host/web/index.html), built into the binary.
+$(BUILD)/gen/web_index.c: host/web/index.html tools/embed.py
+	@mkdir -p $(dir $@)
+	$(PYTHON) tools/embed.py $< web_index_html $@
+$(BUILD)/gen/web_index.o: $(BUILD)/gen/web_index.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
 $(BUILD)/tests/%: tests/c/%.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
-tests: $(TEST_BIN)
-test: all $(TEST_BIN)
+tests: $(TEST_BIN) $(REPLAY_BIN)
+test: all $(TEST_BIN) $(REPLAY_BIN)
 	@PYTHON=$(PYTHON) BUILD=$(BUILD) VARENT=$(abspath $(BIN)) bash tests/run.sh $(T)
 
 # Default model: stories260K from tests/data until the real chat model lands.
@@ -62,7 +75,48 @@ bench: bench-cpu
 bench-cpu: all
 	@PYTHON=$(PYTHON) bash tools/bench-cpu.sh
 
+$(BUILD)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay_main.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< tests/fuzz/replay_main.c $(LIB_OBJ) $(LDLIBS)
+
+# The whole CPU suite under AddressSanitizer + UBSan, in its own build dir. Any report
+# aborts the process, which the tests see as a crash (docs/robustness.md).
+ASAN_BUILD ?= $(BUILD)/asan
+ASAN_SAN   := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer
+test-asan: deps
+	ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	$(MAKE) CUDA=0 BUILD=$(ASAN_BUILD) BIN=$(ASAN_BUILD)/varent OPT=-O1 SAN="$(ASAN_SAN)" test
+
+# libFuzzer targets (tests/fuzz/): `make fuzz FUZZ_SECONDS=N` runs each for N seconds,
+# FUZZ_TARGETS="gguf chat" picks some. Needs clang with compiler-rt (Debian: clang).
+FUZZ_CC      ?= clang
+FUZZ_BUILD   ?= $(BUILD)/fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_CFLAGS  := -std=gnu11 -O1 -g -I. -fno-omit-frame-pointer -Wall -Wno-unknown-pragmas \
+                -DVARENT_VERSION=\"$(VERSION)\" -fsanitize=address,undefined -fno-sanitize-recover=undefined
+# The parsers and what they call; an archive, so each target links only what it uses.
+FUZZ_LIB_SRC := host/safetensors.c host/gguf.c host/dequant.c host/fileio.c host/args.c host/st_write.c \
+                host/convert_gguf.c host/server_request.c host/entropix_profiles.c host/entropix.c model/config.c \
+                $(wildcard tokenizer/*.c)
+FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
+
+$(FUZZ_BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+$(FUZZ_BUILD)/libparsers.a: $(FUZZ_LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h $(FUZZ_BUILD)/libparsers.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libparsers.a -lcjson -lpcre2-8 -lutf8proc -lm
+
+fuzz-build: deps $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
+fuzz-seeds: $(BIN)
+	VARENT=$(abspath $(BIN)) $(PYTHON) tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
+fuzz: fuzz-build fuzz-seeds
+	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_TARGETS="$(FUZZ_TARGETS)" bash tests/fuzz/run.sh
+
 clean:
 	rm -rf $(BUILD) varent
 
--include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD) $(filter-out $(BUILD)/%,$(FUZZ_BUILD)) -name '*.d' 2>/dev/null)

@@ -1,0 +1,126 @@
+// cli_serve.c: `varent serve`: load the model, start the server (host/server.h),
+// and on SIGINT/SIGTERM stop accepting, let in-flight requests finish, exit 0.
+// A second signal (or --drain-timeout) cancels what is still running.
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "host/args.h"
+#include "host/cli.h"
+#include "host/cli_common.h"
+#include "host/server.h"
+
+static int fail(const char *msg) {
+    fprintf(stderr, "varent serve: %s\n", msg);
+    return 1;
+}
+
+static const char usage[] =
+    "usage: varent serve -m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [--max-tokens-limit N]\n"
+    "       [--ctx N] [-t THREADS] [--device cpu] [--sampler standard|entropix] [--profile seed|jax|frog]\n"
+    "       [--chat-template NAME] [--model-id NAME] [--max-body BYTES] [--max-queue N]\n"
+    "       [--max-connections N] [--timeout S] [--drain-timeout S] [--token-delay-ms MS] [-v]";
+
+// Reads everything but the session options; 0, or -1 with msg.
+static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t len) {
+    o->host = args_str(a, "--host", "127.0.0.1");
+    o->port = (int)args_int(a, "--port", 8080);
+    o->parallel = (int)args_int(a, "--parallel", 1);
+    o->max_tokens_limit = (int)args_int(a, "--max-tokens-limit", 4096);
+    long body = args_int(a, "--max-body", 1 << 20);
+    o->max_queue = (int)args_int(a, "--max-queue", 256);
+    o->max_connections = (int)args_int(a, "--max-connections", 256);
+    o->timeout_s = (int)args_int(a, "--timeout", 60);
+    o->model_id = args_str(a, "--model-id", NULL);
+    const char *smp = args_str(a, "--sampler", "standard");
+    o->profile = args_str(a, "--profile", "seed");
+    o->chat_template = args_str(a, "--chat-template", NULL);
+    o->token_delay_ms = (int)args_int(a, "--token-delay-ms", 0);
+    o->verbose = args_flag(a, "-v|--verbose");
+    *drain_s = args_float(a, "--drain-timeout", 60);
+    o->max_body = body > 0 ? (size_t)body : 0;
+    if (strcmp(smp, "standard") && strcmp(smp, "entropix"))
+        return snprintf(msg, len, "--sampler '%s': use standard or entropix", smp), -1;
+    o->sampler = strcmp(smp, "entropix") ? GEN_STANDARD : GEN_ENTROPIX;
+    entropix_config ex;
+    verr err;
+    if (entropix_profile(o->profile, &ex, &err)) return snprintf(msg, len, "--profile: %.400s", err.msg), -1;
+    if (o->port < 0 || o->port > 65535) return snprintf(msg, len, "--port %d: must be 0..65535", o->port), -1;
+    if (o->parallel < 1 || o->parallel > 256) return snprintf(msg, len, "--parallel %d: must be 1..256", o->parallel), -1;
+    if (o->max_tokens_limit < 1) return snprintf(msg, len, "--max-tokens-limit %d: must be >= 1", o->max_tokens_limit), -1;
+    if (body < 1) return snprintf(msg, len, "--max-body %ld: must be >= 1", body), -1;
+    if (o->max_queue < 0 || o->max_connections < 1 || o->timeout_s < 0 || o->token_delay_ms < 0 || !(*drain_s >= 0))
+        return snprintf(msg, len, "--max-queue, --timeout, --drain-timeout and --token-delay-ms must be >= 0, "
+                                  "--max-connections >= 1"), -1;
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// After the first signal: wait for in-flight requests; a second signal or the drain
+// timeout cancels them, and 2 s after that we stop regardless (clients not reading).
+static void drain(server *srv, const sigset_t *set, double drain_s) {
+    server_quiesce(srv);
+    int n = server_inflight(srv);
+    if (n) fprintf(stderr, "varent serve: finishing %d request(s) (signal again to cancel)\n", n);
+    double t0 = now_s(), cancelled_at = 0;
+    while (server_inflight(srv) > 0) {
+        struct timespec ts = { 0, 100000000L };
+        int sig = sigtimedwait(set, NULL, &ts);
+        if (!cancelled_at && (sig > 0 || now_s() - t0 > drain_s)) {
+            fprintf(stderr, "varent serve: cancelling %d request(s)\n", server_inflight(srv));
+            server_cancel_all(srv);
+            cancelled_at = now_s();
+        }
+        if (cancelled_at && now_s() - cancelled_at > 2) break;
+    }
+}
+
+int cmd_serve(int argc, char **argv) {
+    args a;
+    args_init(&a, argc, argv);
+    session_opts so = { 0 };
+    cli_session_opts(&a, &so);
+    server_opts o = { 0 };
+    double drain_s;
+    char msg[512];
+    int bad = read_opts(&a, &o, &drain_s, msg, sizeof msg);
+    if (args_finish(&a, 0)) return fail(a.err);
+    if (!so.model_dir) return fail(usage);
+    if (bad) return fail(msg);
+    // Signals go to sigwait below: block them before any thread (OpenMP, slots,
+    // libmicrohttpd) starts, so every thread inherits the mask.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not a signal
+    verr err = { { 0 } };
+    session s;
+    if (session_open(&s, &so, &err)) return fail(err.msg);
+    server *srv = server_start(&s, &o, &err);
+    if (!srv) {
+        session_close(&s);
+        return fail(err.msg);
+    }
+    const char *chat = server_chat_format(srv);
+    fprintf(stderr, "varent serve: listening on http://%s%s%s:%d/ (%d slot%s, context %d, chat template %s)\n",
+            strchr(o.host, ':') ? "[" : "", o.host, strchr(o.host, ':') ? "]" : "", server_port(srv),
+            server_n_slots(srv), server_n_slots(srv) > 1 ? "s" : "", s.ctx, chat ? chat : "none: messages joined by newlines");
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "varent serve: %s: stopping\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    drain(srv, &set, drain_s);
+    server_stop(srv);
+    session_close(&s);
+    fprintf(stderr, "varent serve: stopped\n");
+    return 0;
+}

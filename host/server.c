@@ -1,0 +1,478 @@
+// server.c: the HTTP side of the server: libmicrohttpd with one thread per
+// connection, routes, request bodies and limits, error bodies, and handing completion
+// requests to the queue (server_gen.c). A connection thread may block: a
+// non-streamed request waits for its job; a streamed one's content reader waits for
+// the next SSE bytes. Both poll the client's socket for hangup while they wait, so a
+// client that goes away cancels its request and frees the slot.
+#define _GNU_SOURCE  // POLLRDHUP
+#include "host/server.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "host/chat_prompt.h"
+#include "host/server_internal.h"
+#include "kernels/ops.h"
+
+extern const char web_index_html[];
+extern const unsigned long web_index_html_len;
+
+typedef struct {
+    sbuf body;
+    int too_large;
+} conn_req;
+
+// ---- responses --------------------------------------------------------------------
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type, const char *s, size_t n,
+                             int close) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)s, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "Cache-Control", "no-store");
+    if (close) MHD_add_response_header(r, "Connection", "close");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, sbuf *b) {
+    enum MHD_Result ret = b->oom ? MHD_NO : reply(c, status, "application/json", b->p ? b->p : "", b->len, 0);
+    sb_free(b);
+    return ret;
+}
+
+static enum MHD_Result reply_error(server *s, struct MHD_Connection *c, unsigned status, const char *msg,
+                                   const char *type, const char *param, const char *code) {
+    sbuf b = { 0 };
+    sb_error(&b, msg, type, param, code);
+    if (s->o.verbose) fprintf(stderr, "varent serve: %u %s\n", status, msg);
+    enum MHD_Result ret = b.oom ? MHD_NO : reply(c, status, "application/json", b.p, b.len, status == 413);
+    sb_free(&b);
+    return ret;
+}
+
+static enum MHD_Result bad_request(server *s, struct MHD_Connection *c, const char *msg, const char *param,
+                                   const char *code) {
+    return reply_error(s, c, 400, msg, "invalid_request_error", param, code);
+}
+
+// ---- GET routes -------------------------------------------------------------------
+
+static void model_obj(server *s, sbuf *b) {
+    sb_puts(b, "{\"id\":");
+    sb_put(b, s->model_json.p, s->model_json.len);
+    sb_printf(b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"varent\",\"context_length\":%d}", s->created,
+              s->base->ctx);
+}
+
+static enum MHD_Result get_health(server *s, struct MHD_Connection *c) {
+    sbuf b = { 0 };
+    pthread_mutex_lock(&s->mu);
+    sb_printf(&b, "{\"status\":\"%s\",\"model\":", atomic_load(&s->quiesced) ? "shutting_down" : "ok");
+    sb_put(&b, s->model_json.p, s->model_json.len);
+    sb_printf(&b, ",\"slots\":%d,\"slots_busy\":%d,\"queued\":%d,\"inflight\":%d,\"requests\":%ld,"
+                  "\"cancelled\":%ld,\"rejected\":%ld}",
+              s->n_slots, s->busy, s->queued, s->inflight, s->n_requests, s->n_cancelled, s->n_rejected);
+    pthread_mutex_unlock(&s->mu);
+    return reply_json(c, 200, &b);
+}
+
+static enum MHD_Result get_route(server *s, struct MHD_Connection *c, const char *url) {
+    sbuf b = { 0 };
+    if (!strcmp(url, "/") || !strcmp(url, "/index.html"))
+        return reply(c, 200, "text/html; charset=utf-8", web_index_html, web_index_html_len, 0);
+    if (!strcmp(url, "/health")) return get_health(s, c);
+    if (!strcmp(url, "/v1/models")) {
+        sb_puts(&b, "{\"object\":\"list\",\"data\":[");
+        model_obj(s, &b);
+        sb_puts(&b, "]}");
+        return reply_json(c, 200, &b);
+    }
+    if (!strncmp(url, "/v1/models/", 11)) {
+        if (strcmp(url + 11, s->model_id)) {
+            char msg[800];
+            snprintf(msg, sizeof msg, "the model '%.300s' does not exist (this server has '%s')", url + 11, s->model_id);
+            return reply_error(s, c, 404, msg, "invalid_request_error", "model", "model_not_found");
+        }
+        model_obj(s, &b);
+        return reply_json(c, 200, &b);
+    }
+    if (!strcmp(url, "/v1/profiles")) {
+        sb_profiles(&b, s->o.sampler == GEN_ENTROPIX ? "entropix" : "standard", s->o.profile);
+        return reply_json(c, 200, &b);
+    }
+    return reply_error(s, c, 404, "no such route (GET /, /health, /v1/models, /v1/profiles)", "invalid_request_error",
+                       NULL, "not_found");
+}
+
+// ---- waiting on a job -------------------------------------------------------------
+
+static int peer_gone(int fd) {
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    return fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+// Waits (j->mu held) up to 100 ms; returns -1 when the client has gone away.
+static int wait_step(server_job *j) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    j->waiting = 1;
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+    j->waiting = 0;
+    if (atomic_load(&j->cancelled)) return -1;
+    if (!j->done && j->out.len == j->out_off && peer_gone(j->fd)) {
+        server_job_cancel(j);
+        return -1;
+    }
+    return 0;
+}
+
+// Sends at most every SSE_PACE_S while tokens come faster than that: one write and one
+// wake-up for several tokens on small models, no delay on models slower than 500 tok/s.
+#define SSE_PACE_S 0.002
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    server_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        size_t avail = j->out.len - j->out_off;
+        double early = avail && !j->done && avail < 4096 ? j->last_send + SSE_PACE_S - server_now() : 0;
+        if (early > 0) {
+            pthread_mutex_unlock(&j->mu);
+            struct timespec ts = { 0, (long)(early * 1e9) };
+            nanosleep(&ts, NULL);
+            pthread_mutex_lock(&j->mu);
+            continue;
+        }
+        if (avail || j->done) break;
+        if (wait_step(j)) {
+            pthread_mutex_unlock(&j->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+    j->last_send = server_now();
+    size_t n = j->out.len - j->out_off;
+    if (n > max) n = max;
+    if (n) memcpy(buf, j->out.p + j->out_off, n);
+    j->out_off += n;
+    if (j->out_off == j->out.len) j->out_off = 0, sb_reset(&j->out);
+    pthread_mutex_unlock(&j->mu);
+    return n ? (ssize_t)n : MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+static void sse_free(void *cls) {
+    server_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    if (!j->done) server_job_cancel(j);  // the connection ended first
+    pthread_mutex_unlock(&j->mu);
+    server_job_release(j);
+}
+
+static enum MHD_Result reply_stream(server *s, struct MHD_Connection *c, server_job *j) {
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_read, j, sse_free);
+    if (!r) {
+        server_job_cancel(j);
+        server_job_release(j);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);  // sse_free runs when the connection is done with it
+    return ret;
+}
+
+static enum MHD_Result reply_when_done(server *s, struct MHD_Connection *c, server_job *j) {
+    pthread_mutex_lock(&j->mu);
+    int gone = 0;
+    while (!j->done && !gone) gone = wait_step(j);
+    pthread_mutex_unlock(&j->mu);
+    enum MHD_Result ret = MHD_NO;  // a client that went away gets no answer
+    if (!gone) ret = reply(c, j->failed ? 500 : 200, "application/json", j->body.p, j->body.len, 0);
+    server_job_release(j);
+    return ret;
+}
+
+// ---- completions ------------------------------------------------------------------
+
+static const char *kind_code(server_err_kind k) {
+    switch (k) {
+    case SRV_E_JSON: return "invalid_json";
+    case SRV_E_TYPE: return "invalid_type";
+    case SRV_E_MISSING: return "missing_required_parameter";
+    case SRV_E_UNSUPPORTED: return "unsupported_parameter";
+    default: return "invalid_value";
+    }
+}
+
+// The prompt's ids: text, token ids, or chat messages (rendered with the template,
+// or joined by newlines when the model has none). -1 with err.
+static int prompt_ids(server *s, const server_request *q, int **ids, verr *err) {
+    const session *b = s->base;
+    if (q->prompt_ids) {
+        for (int i = 0; i < q->n_prompt_ids; i++)
+            if (q->prompt_ids[i] >= b->m.cfg.vocab_size)
+                return verr_set(err, "prompt: token id %d is outside the vocabulary (0..%d)", q->prompt_ids[i],
+                                b->m.cfg.vocab_size - 1);
+        *ids = malloc(sizeof(int) * (size_t)q->n_prompt_ids);
+        if (!*ids) return verr_set(err, "out of memory");
+        memcpy(*ids, q->prompt_ids, sizeof(int) * (size_t)q->n_prompt_ids);
+        return q->n_prompt_ids;
+    }
+    if (!q->chat) return session_encode_prompt(b, q->prompt, ids, err);
+    if (s->has_chat) {
+        chat_conv conv = { .fmt = s->chat_fmt, .opts = s->chat_opt };
+        int rc = 0;
+        for (int i = 0; i < q->n_msgs && rc == 0; i++) rc = chat_conv_add(&conv, q->msgs[i].role, q->msgs[i].content, err);
+        int n = rc == 0 ? chat_conv_ids(&conv, b, ids, err) : -1;
+        chat_conv_free(&conv);
+        return n;
+    }
+    sbuf t = { 0 };
+    for (int i = 0; i < q->n_msgs; i++) {
+        if (i) sb_puts(&t, "\n");
+        sb_puts(&t, q->msgs[i].content);
+    }
+    int n = t.oom ? verr_set(err, "out of memory") : session_encode_prompt(b, t.p ? t.p : "", ids, err);
+    sb_free(&t);
+    return n;
+}
+
+// Checks what needs the model and fills the job; returns 0 or an HTTP status with msg.
+static int prepare_job(server *s, server_job *j, char *msg, size_t len, const char **param, const char **code) {
+    server_request *q = &j->req;
+    verr err = { { 0 } };
+    *param = q->chat ? "messages" : "prompt", *code = "invalid_value";
+    if (q->model && strcmp(q->model, s->model_id)) {
+        snprintf(msg, len, "the model '%.300s' does not exist (this server has '%s')", q->model, s->model_id);
+        return *param = "model", *code = "model_not_found", 404;
+    }
+    int limit = s->o.max_tokens_limit;
+    if (q->max_tokens > limit) {
+        snprintf(msg, len, "max_tokens is %d but this server allows at most %d (--max-tokens-limit)", q->max_tokens, limit);
+        return *param = "max_tokens", 400;
+    }
+    j->max_tokens = q->max_tokens > 0 ? q->max_tokens : q->chat || limit < 16 ? limit : 16;
+    j->n_ids = prompt_ids(s, q, &j->ids, &err);
+    if (j->n_ids < 0) return snprintf(msg, len, "%s", err.msg), 400;
+    if (j->n_ids == 0) return snprintf(msg, len, "the prompt is empty (and the model adds no BOS token)"), 400;
+    if (j->n_ids >= s->base->ctx) {
+        snprintf(msg, len, "the prompt is %d tokens but the context holds %d (including at least one generated token)",
+                 j->n_ids, s->base->ctx);
+        return *code = "context_length_exceeded", 400;
+    }
+    j->sampler = q->sampler >= 0 ? (gen_sampler)q->sampler : s->o.sampler;
+    if (entropix_profile(q->profile[0] ? q->profile : s->o.profile, &j->ex, &err))
+        return snprintf(msg, len, "%s", err.msg), *param = "profile", 400;
+    j->seed = q->has_seed ? q->seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&s->seed_counter, 1);
+    return 0;
+}
+
+static enum MHD_Result post_completion(server *s, struct MHD_Connection *c, conn_req *r, int chat) {
+    if (r->too_large) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (--max-body)", s->o.max_body);
+        return reply_error(s, c, 413, msg, "invalid_request_error", NULL, "request_too_large");
+    }
+    if (atomic_load(&s->quiesced))
+        return reply_error(s, c, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
+    server_job *j = server_job_new(s);
+    if (!j) return MHD_NO;
+    verr err = { { 0 } };
+    if (server_parse_request(r->body.p ? r->body.p : "", r->body.len, chat, &j->req, &err)) {
+        enum MHD_Result ret = bad_request(s, c, err.msg, j->req.param, kind_code(j->req.kind));
+        server_job_release(j);
+        return ret;
+    }
+    char msg[1200];
+    const char *param, *code;
+    int status = prepare_job(s, j, msg, sizeof msg, &param, &code);
+    if (status) {
+        server_job_release(j);
+        return reply_error(s, c, (unsigned)status, msg, "invalid_request_error", param, code);
+    }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
+    if (server_job_enqueue(s, j)) {
+        server_job_release(j);
+        return reply_error(s, c, 429, "too many requests are waiting (--max-queue); try again later",
+                           "rate_limit_error", NULL, "queue_full");
+    }
+    return j->req.stream ? reply_stream(s, c, j) : reply_when_done(s, c, j);
+}
+
+// ---- dispatch ---------------------------------------------------------------------
+
+static int is_completion(const char *url, int *chat) {
+    const char *p = !strncmp(url, "/v1/", 4) ? url + 3 : url;
+    *chat = !strcmp(p, "/chat/completions");
+    return *chat || !strcmp(p, "/completions");
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    server *s = cls;
+    conn_req *r = *con_cls;
+    if (!r) {  // headers are in; the body (if any) comes in the next calls
+        if (!(r = calloc(1, sizeof *r))) return MHD_NO;
+        *con_cls = r;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > 16 * (unsigned long long)s->o.max_body)
+            r->too_large = 2;  // far too large: answer before reading it, then close
+        if (r->too_large != 2) return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!r->too_large && r->body.len + *upload_size > s->o.max_body) r->too_large = 1, sb_free(&r->body);
+        if (!r->too_large) sb_put(&r->body, upload, *upload_size);
+        if (r->body.oom) return MHD_NO;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    int chat;
+    if (is_completion(url, &chat)) {
+        if (!strcmp(method, "POST")) return post_completion(s, c, r, chat);
+    } else if (!strcmp(method, "GET") || !strcmp(method, "HEAD")) {
+        return get_route(s, c, url);
+    } else if (strcmp(url, "/") && strcmp(url, "/health") && strncmp(url, "/v1/models", 10) &&
+               strcmp(url, "/v1/profiles")) {
+        return reply_error(s, c, 404, "no such route", "invalid_request_error", NULL, "not_found");
+    }
+    return reply_error(s, c, 405, "method not allowed on this route", "invalid_request_error", NULL,
+                       "method_not_allowed");
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    conn_req *r = *con_cls;
+    if (!r) return;
+    sb_free(&r->body);
+    free(r);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    server *s = cls;
+    if (!s->o.verbose) return;
+    fprintf(stderr, "varent serve: libmicrohttpd: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+// ---- lifecycle --------------------------------------------------------------------
+
+static int setup_model(server *s, verr *err) {
+    session *b = s->base;
+    if (!b->tok) return verr_set(err, "%s has no tokenizer.json, which the server needs", b->m.dir);
+    if (s->o.model_id) {
+        snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
+    } else {  // the directory's last component
+        char dir[sizeof b->m.dir];
+        snprintf(dir, sizeof dir, "%s", b->m.dir);
+        size_t n = strlen(dir);
+        while (n > 1 && dir[n - 1] == '/') dir[--n] = 0;
+        const char *slash = strrchr(dir, '/');
+        snprintf(s->model_id, sizeof s->model_id, "%s", slash && slash[1] ? slash + 1 : dir);
+    }
+    sb_json_str(&s->model_json, s->model_id, strlen(s->model_id));
+    s->clarifier = gen_find_clarifier(b);
+    if (server_token_texts(s, err)) return -1;
+    // The chat format, once: chat_conv_init registers its end-of-turn ids on the base
+    // session before the slots copy its stop list.
+    chat_conv conv;
+    verr cerr;
+    if (chat_conv_init(&conv, b, s->o.chat_template, 1, &cerr) == 0) {
+        s->has_chat = 1, s->chat_fmt = conv.fmt, s->chat_opt = conv.opts;
+        chat_conv_free(&conv);
+    } else if (s->o.chat_template) {
+        return verr_set(err, "%s", cerr.msg);
+    }
+    return 0;
+}
+
+static int bind_addr(const char *host, int port, struct sockaddr_storage *ss, int *v6, verr *err) {
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE }, *res;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc) return verr_set(err, "--host %s: %s", host, gai_strerror(rc));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *v6 = res->ai_family == AF_INET6;
+    freeaddrinfo(res);
+    return 0;
+}
+
+server *server_start(session *base, const server_opts *o, verr *err) {
+    server *s = calloc(1, sizeof *s);
+    if (!s) return verr_set(err, "out of memory"), NULL;
+    s->o = *o, s->base = base, s->created = (long)time(NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    int cores = cpu_set_threads(0), total = o->threads > 0 ? o->threads : cores;
+    s->threads_per_slot = total / o->parallel > 0 ? total / o->parallel : 1;
+    struct sockaddr_storage ss;
+    int v6 = 0;
+    if (setup_model(s, err) || bind_addr(o->host, o->port, &ss, &v6, err) || server_slots_start(s, err)) {
+        server_stop(s);
+        return NULL;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
+                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+                            s, MHD_OPTION_SOCK_ADDR, &ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)o->timeout_s, MHD_OPTION_END);
+    if (!s->d) {
+        verr_set(err, "cannot listen on %s port %d: %s", o->host, o->port, errno ? strerror(errno) : "libmicrohttpd failed");
+        server_stop(s);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : o->port;
+    return s;
+}
+
+int server_port(const server *s) { return s->port; }
+int server_n_slots(const server *s) { return s->n_slots; }
+const char *server_chat_format(const server *s) { return s->has_chat ? chat_kind_name(s->chat_fmt.kind) : NULL; }
+
+void server_quiesce(server *s) {
+    if (atomic_exchange(&s->quiesced, 1) || !s->d) return;
+    MHD_socket fd = MHD_quiesce_daemon(s->d);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
+}
+
+int server_inflight(server *s) {
+    pthread_mutex_lock(&s->mu);
+    int n = s->inflight;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+void server_cancel_all(server *s) {
+    atomic_store(&s->stopping, 1);  // on_token and the waits see it through the job's server
+    pthread_mutex_lock(&s->mu);
+    for (server_job *j = s->head; j; j = j->next) server_job_cancel(j);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void server_stop(server *s) {
+    if (!s) return;
+    server_quiesce(s);
+    server_cancel_all(s);
+    server_slots_stop(s);  // running jobs end at their next token
+    if (s->d) MHD_stop_daemon(s->d);
+    sb_free(&s->model_json), sb_free(&s->tok_text);
+    free(s->tok_off);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}

@@ -1,0 +1,49 @@
+// server.h: the OpenAI-compatible HTTP server behind `varent serve` (libmicrohttpd,
+// one thread per connection). Completion requests go to a FIFO queue served by
+// --parallel slots, each a session context on the one loaded model (session_open_shared).
+// Routes, shapes and limits: docs/server.md.
+#ifndef VARENT_SERVER_H
+#define VARENT_SERVER_H
+
+#include <stddef.h>
+
+#include "host/generate.h"
+
+typedef struct {
+    const char *host;           // bind address (default 127.0.0.1)
+    int port;                   // 0: any free port (server_port tells which)
+    int parallel;               // slots, >= 1
+    int threads;                // forward threads in all (0: all cores), split between slots
+    int max_tokens_limit;       // a request asking for more gets a 400
+    size_t max_body;            // bytes; a larger body gets a 413
+    int max_queue;              // waiting requests beyond this get a 429
+    int max_connections;
+    int timeout_s;              // idle connection timeout (0: none)
+    const char *model_id;       // name in /v1/models (NULL: the model directory's basename)
+    gen_sampler sampler;        // defaults when a request names none
+    const char *profile;
+    const char *chat_template;  // NULL: the model's; none recognised: messages joined by newlines
+    int token_delay_ms;         // sleep per generated token (demos and tests)
+    int verbose;                // one stderr line per request
+} server_opts;
+
+typedef struct server server;
+
+// Starts listening. base: an open session with a tokenizer, which must outlive the
+// server; slot 0 uses it, the others get their own contexts. Returns NULL with err.
+server *server_start(session *base, const server_opts *o, verr *err);
+int server_port(const server *s);
+int server_n_slots(const server *s);
+// Whether the model has a recognised chat template (else the newline fallback).
+const char *server_chat_format(const server *s);
+// Stops accepting connections; in-flight requests go on, new requests on open
+// connections get a 503.
+void server_quiesce(server *s);
+// Requests accepted and not yet fully answered.
+int server_inflight(server *s);
+// Cancels every running and queued request.
+void server_cancel_all(server *s);
+// Stops everything, joins the threads and frees (base stays open).
+void server_stop(server *s);
+
+#endif

@@ -1,0 +1,505 @@
+// server_gen.c: the request queue, the slots that serve it and the per-token output
+// (text with stop strings, logprobs, metrics; SSE chunks or one JSON body).
+// Each slot is a thread with its own session context; requests are taken in arrival
+// order (FIFO), one request's choices run one after another on the same slot.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "host/server_internal.h"
+#include "kernels/ops.h"
+
+double server_now(void) { return gen_now(); }
+
+// ---- queue ----------------------------------------------------------------------
+
+server_job *server_job_new(server *s) {
+    server_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->srv = s, j->refs = 1, j->fd = -1, j->t_new = server_now(), j->created = (long)time(NULL);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    pthread_mutex_lock(&s->mu);
+    s->inflight++;
+    s->n_requests++;
+    snprintf(j->id, sizeof j->id, "%lx%06lx", (unsigned long)j->created, (unsigned long)s->n_requests & 0xffffff);
+    pthread_mutex_unlock(&s->mu);
+    return j;
+}
+
+void server_job_release(server_job *j) {
+    server *s = j->srv;
+    pthread_mutex_lock(&s->mu);
+    int last = --j->refs == 0;
+    if (last) {
+        s->inflight--;
+        if (atomic_load(&j->cancelled)) s->n_cancelled++;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!last) return;
+    server_request_free(&j->req);
+    free(j->ids);
+    sb_free(&j->out), sb_free(&j->body), sb_free(&j->chunk_head);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+void server_job_cancel(server_job *j) { atomic_store(&j->cancelled, 1); }
+
+int server_job_enqueue(server *s, server_job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (s->queued >= s->o.max_queue + (s->n_slots - s->busy)) {  // waiting beyond the free slots
+        s->n_rejected++;
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    j->refs++;
+    if (s->tail) s->tail->next = j;
+    else s->head = j;
+    s->tail = j;
+    s->queued++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static server_job *queue_pop(server *s) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->head && !atomic_load(&s->stopping)) pthread_cond_wait(&s->cv, &s->mu);
+    server_job *j = s->head;  // when stopping, queued jobs are still taken (they are cancelled: quick)
+    if (j) {
+        s->head = j->next;
+        if (!s->head) s->tail = NULL;
+        s->queued--, s->busy++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return j;
+}
+
+// ---- one choice -----------------------------------------------------------------
+
+typedef struct {
+    server_job *j;
+    session *s;
+    int index;
+    tokenizer_stream *ts;
+    sbuf text;        // the completion text so far (cut at a stop string)
+    size_t sent;      // bytes of text already streamed
+    sbuf mx;          // metrics objects, comma-separated (streaming: not yet sent)
+    int n_mx;
+    sbuf lp[4];       // logprobs; chat: content entries; completions: tokens, token_logprobs, top_logprobs, text_offset
+    int n_lp;
+    sbuf ev;          // the SSE event being built
+    int stop_hit, role_sent, has_lz;
+} choice;
+
+// ---- token texts ------------------------------------------------------------------
+
+// Every id's text as it reads after another token: decode(x, id) less decode(x) for a
+// plain token x, so SentencePiece pieces keep their leading space (decoded alone,
+// " the" would lose it). Built once at startup, read-only after: no per-token decode.
+int server_token_texts(server *s, verr *err) {
+    const tokenizer *t = s->base->tok;
+    int vocab = s->base->m.cfg.vocab_size, *ids = NULL, x;
+    int n = tokenizer_encode(t, "a", 1, 0, &ids, err);
+    if (n <= 0) return free(ids), verr_set(err, "the tokenizer cannot encode \"a\"");
+    x = ids[n - 1];
+    free(ids);
+    s->tok_off = malloc(sizeof(unsigned) * ((size_t)vocab + 1));
+    if (!s->tok_off) return verr_set(err, "out of memory");
+    verr e;
+    char *xs = tokenizer_decode(t, &x, 1, 0, &e);
+    size_t xn = xs ? strlen(xs) : 0;
+    for (int id = 0; id < vocab; id++) {
+        s->tok_off[id] = (unsigned)s->tok_text.len;
+        int pair[2] = { x, id };
+        char *both = xs && id < tokenizer_vocab_size(t) ? tokenizer_decode(t, pair, 2, 0, &e) : NULL;
+        if (both && !strncmp(both, xs, xn)) {
+            sb_puts(&s->tok_text, both + xn);
+        } else if (id < tokenizer_vocab_size(t)) {
+            char *alone = tokenizer_decode(t, &id, 1, 0, &e);
+            if (alone) sb_puts(&s->tok_text, alone);
+            free(alone);
+        }
+        free(both);
+    }
+    s->tok_off[vocab] = (unsigned)s->tok_text.len;
+    free(xs);
+    return s->tok_text.oom || s->tok_text.len > 0xffffffffu ? verr_set(err, "out of memory") : 0;
+}
+
+static const char *decode_one(void *ud, int id, size_t *n) {
+    const server *s = ((choice *)ud)->j->srv;
+    *n = s->tok_off[id + 1] - s->tok_off[id];
+    return s->tok_text.p + s->tok_off[id];
+}
+
+static double log_sum_exp(const float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)x[i] - mx);
+    return mx + log(sum);
+}
+
+// The k largest logits, largest first (ties: lower id); returns how many.
+static int top_ids(const float *x, int n, int k, int *ids) {
+    int m = 0;
+    if (k <= 0) return 0;
+    for (int i = 0; i < n; i++) {
+        if (m == k && x[i] <= x[ids[m - 1]]) continue;
+        int p = m < k ? m++ : k - 1;
+        while (p > 0 && x[ids[p - 1]] < x[i]) ids[p] = ids[p - 1], p--;
+        ids[p] = i;
+    }
+    return m;
+}
+
+static void sep(sbuf *b, int first) {
+    if (!first) sb_put(b, ",", 1);
+}
+
+// Logprobs of the chosen token and the alternatives, from the raw logits of this step
+// (generate calls on_record before the next forward overwrites s->fw.logits).
+static void record_logprobs(choice *c, const gen_record *r, const char *t, size_t tn) {
+    const float *lg = c->s->fw.logits;
+    int vocab = c->s->m.cfg.vocab_size, ids[SERVER_MAX_TOP_LOGPROBS];
+    double lz = c->has_lz ? r->m.log_z : log_sum_exp(lg, vocab), lp = lg[r->token] - lz;
+    double lps[SERVER_MAX_TOP_LOGPROBS];
+    int k = top_ids(lg, vocab, c->j->req.top_logprobs, ids);
+    for (int i = 0; i < k; i++) lps[i] = lg[ids[i]] - lz;
+    int first = c->n_lp++ == 0;
+    if (c->j->req.chat) {
+        sep(&c->lp[0], first);
+        sb_chat_logprob(&c->lp[0], t, tn, lp, ids, lps, k, decode_one, c);
+        return;
+    }
+    for (int i = 0; i < 4; i++) sep(&c->lp[i], first);
+    sb_json_str(&c->lp[0], t, tn);
+    sb_json_num(&c->lp[1], lp);
+    sb_top_map(&c->lp[2], ids, lps, k, decode_one, c);
+    sb_printf(&c->lp[3], "%zu", c->text.len);
+}
+
+static int on_record(void *ud, const gen_record *r) {
+    choice *c = ud;
+    const server_request *q = &c->j->req;
+    if (!q->metrics && !q->logprobs) return 0;
+    double t0 = server_now();
+    size_t tn;
+    const char *t = decode_one(c, r->token, &tn);
+    if (q->metrics) {
+        sep(&c->mx, c->n_mx++ == 0);
+        sb_metrics(&c->mx, r, t, tn);
+    }
+    if (q->logprobs) record_logprobs(c, r, t, tn);
+    c->j->token_s += server_now() - t0;
+    return 0;
+}
+
+// Cuts the text at the earliest stop string that ends in the bytes from `from` on.
+static int find_stop(choice *c, size_t from) {
+    const server_request *q = &c->j->req;
+    size_t best = (size_t)-1;
+    for (int i = 0; i < q->n_stop; i++) {
+        size_t n = strlen(q->stop[i]), start = from >= n ? from - n + 1 : 0;
+        if (c->text.len < n) continue;
+        for (size_t p = start; p + n <= c->text.len && p < best; p++)
+            if (!memcmp(c->text.p + p, q->stop[i], n)) best = p;
+    }
+    if (best == (size_t)-1) return 0;
+    c->text.len = best;
+    return 1;
+}
+
+// Bytes that may be streamed: the text less any tail that could begin a stop string.
+static size_t safe_len(const choice *c) {
+    const server_request *q = &c->j->req;
+    size_t hold = 0;
+    for (int i = 0; i < q->n_stop; i++) {
+        size_t n = strlen(q->stop[i]);
+        for (size_t k = n - 1; k > hold; k--)
+            if (k <= c->text.len && !memcmp(c->text.p + c->text.len - k, q->stop[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    return c->text.len - hold;
+}
+
+static void put_logprobs(sbuf *b, choice *c) {
+    if (!c->j->req.logprobs) return sb_puts(b, "null");
+    if (c->j->req.chat) {
+        sb_puts(b, "{\"content\":[");
+        sb_put(b, c->lp[0].p, c->lp[0].len);
+        sb_puts(b, "]}");
+        return;
+    }
+    static const char *keys[4] = { "tokens", "token_logprobs", "top_logprobs", "text_offset" };
+    for (int i = 0; i < 4; i++) {
+        sb_printf(b, "%s\"%s\":[", i ? "," : "{", keys[i]);
+        sb_put(b, c->lp[i].p, c->lp[i].len);
+        sb_puts(b, "]");
+    }
+    sb_puts(b, "}");
+}
+
+static void put_text(sbuf *b, choice *c, size_t from, size_t to, const char *finish) {
+    if (!c->j->req.chat) {
+        sb_puts(b, "\"text\":");
+        sb_json_str(b, c->text.p + from, to - from);
+    } else if (c->j->req.stream) {
+        sb_puts(b, finish ? "\"delta\":{" : c->role_sent ? "\"delta\":{\"content\":" : "\"delta\":{\"role\":\"assistant\",\"content\":");
+        if (!finish) sb_json_str(b, c->text.p + from, to - from);
+        sb_puts(b, "}");
+        c->role_sent = 1;
+    } else {
+        sb_puts(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+        sb_json_str(b, c->text.p + from, to - from);
+        sb_puts(b, "}");
+    }
+}
+
+// The choice object: text [from, to), logprobs and metrics so far, finish_reason.
+static void put_choice(sbuf *b, choice *c, size_t from, size_t to, const char *finish) {
+    sb_printf(b, "{\"index\":%d,", c->index);
+    put_text(b, c, from, to, finish);
+    sb_puts(b, ",\"logprobs\":");
+    put_logprobs(b, c);
+    if (finish) sb_printf(b, ",\"finish_reason\":\"%s\"", finish);
+    else sb_puts(b, ",\"finish_reason\":null");
+    if (c->j->req.metrics) {
+        sb_puts(b, ",\"metrics\":[");
+        sb_put(b, c->mx.p, c->mx.len);
+        sb_puts(b, "]");
+    }
+    sb_puts(b, "}");
+}
+
+static void put_head(sbuf *b, server_job *j, int chunk) {
+    const char *obj = j->req.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+    sb_printf(b, "{\"id\":\"%s%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->req.chat ? "chatcmpl-" : "cmpl-",
+              j->id, obj, j->created);
+    sb_put(b, j->srv->model_json.p, j->srv->model_json.len);
+}
+
+static void push_out(server_job *j, const char *s, size_t n) {
+    pthread_mutex_lock(&j->mu);
+    sb_put(&j->out, s, n);
+    if (j->waiting) pthread_cond_broadcast(&j->cv);  // no wake-up call while the reader paces
+    pthread_mutex_unlock(&j->mu);
+}
+
+// One SSE event with the text [sent, to) and what is pending; resets the pending parts.
+static void stream_event(choice *c, size_t to, const char *finish) {
+    sbuf *b = &c->ev;
+    sb_reset(b);
+    if (!c->j->chunk_head.len) {  // the same for every chunk of the request: built once
+        sb_puts(&c->j->chunk_head, "data: ");
+        put_head(&c->j->chunk_head, c->j, 1);
+        sb_puts(&c->j->chunk_head, ",\"choices\":[");
+    }
+    sb_put(b, c->j->chunk_head.p, c->j->chunk_head.len);
+    put_choice(b, c, c->sent, to, finish);
+    sb_puts(b, "]}\n\n");
+    push_out(c->j, b->p, b->len);
+    c->sent = to;
+    sb_reset(&c->mx), c->n_mx = 0;
+    for (int i = 0; i < 4; i++) sb_reset(&c->lp[i]);
+    c->n_lp = 0;
+}
+
+static void nap_ms(server_job *j, int ms) {
+    for (; ms > 0 && !atomic_load(&j->cancelled); ms -= 10) {
+        struct timespec ts = { 0, (ms < 10 ? ms : 10) * 1000000L };
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int on_token(void *ud, int id) {
+    choice *c = ud;
+    server_job *j = c->j;
+    const char *piece;
+    verr err;
+    double t0 = server_now();
+    size_t before = c->text.len;
+    int n = tokenizer_stream_push(c->ts, id, &piece, &err);
+    if (n > 0) sb_put(&c->text, piece, (size_t)n);
+    if (j->req.n_stop && find_stop(c, before)) return c->stop_hit = 1;
+    if (j->req.stream) {
+        size_t to = j->req.n_stop ? safe_len(c) : c->text.len;
+        if (to > c->sent) stream_event(c, to, NULL);
+    }
+    j->token_s += server_now() - t0;
+    if (j->srv->o.token_delay_ms > 0) nap_ms(j, j->srv->o.token_delay_ms);
+    return atomic_load(&j->cancelled) || atomic_load(&j->srv->stopping);
+}
+
+static void choice_free(choice *c) {
+    if (c->ts) tokenizer_stream_free(c->ts);
+    sb_free(&c->text), sb_free(&c->mx), sb_free(&c->ev);
+    for (int i = 0; i < 4; i++) sb_free(&c->lp[i]);
+}
+
+// Runs choice `index`; appends its JSON to `choices` (non-streamed) or streams it.
+// Returns the tokens generated, or -1 with err.
+static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, verr *err) {
+    session *s = &sl->s;
+    choice c = { .j = j, .s = s, .index = index, .ts = tokenizer_stream_new(s->tok, 1) };
+    c.has_lz = j->req.metrics || j->sampler == GEN_ENTROPIX;
+    if (!c.ts) return verr_set(err, "out of memory");
+    if (!j->req.chat) {  // a completion continues the prompt: keep its first token's leading space
+        const char *t;
+        verr e;
+        tokenizer_stream_push(c.ts, j->ids[j->n_ids - 1], &t, &e);
+        tokenizer_stream_flush(c.ts, &t);
+    }
+    gen_opts g = { .max_new = j->max_tokens, .seed = j->seed + (uint64_t)index, .sampler = j->sampler, .ex = &j->ex };
+    g.sp = (sampler_params){ (float)j->req.temperature, j->req.top_k, (float)j->req.top_p, (float)j->req.min_p };
+    g.clarifier = j->srv->clarifier, g.want_metrics = j->req.metrics;
+    g.on_token = on_token, g.ud = &c, g.on_record = on_record, g.record_ud = &c;
+    kv_cache_truncate(&s->kv, 0);
+    gen_stats st;
+    int rc = generate(s, j->ids, j->n_ids, &g, &st, err);
+    j->prefill_s += st.prefill_s, j->decode_s += st.decode_s;
+    if (rc == 0) {
+        const char *tail;
+        int k = c.stop_hit ? 0 : tokenizer_stream_flush(c.ts, &tail);
+        size_t before = c.text.len;
+        if (k > 0) sb_put(&c.text, tail, (size_t)k);
+        if (k > 0 && j->req.n_stop) c.stop_hit = find_stop(&c, before);
+        const char *finish = c.stop_hit || st.hit_eos ? "stop" : "length";
+        if (j->req.stream) {
+            if (c.text.len > c.sent || c.n_mx || c.n_lp) stream_event(&c, c.text.len, NULL);
+            stream_event(&c, c.text.len, finish);
+        } else {
+            if (index) sb_puts(choices, ",");
+            put_choice(choices, &c, 0, c.text.len, finish);
+        }
+        if (c.text.oom || c.mx.oom || choices->oom) rc = verr_set(err, "out of memory building the response");
+    }
+    choice_free(&c);
+    return rc ? -1 : st.n_gen;
+}
+
+// ---- one request ----------------------------------------------------------------
+
+static void put_usage(sbuf *b, server_job *j) {
+    int n = j->completion_tokens, d = n - j->req.n;
+    sb_printf(b, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", j->n_ids, n,
+              j->n_ids + n);
+    sb_printf(b, ",\"timings\":{\"queued_s\":%.6f,\"prefill_s\":%.6f,\"decode_s\":%.6f,\"decode_tokens_per_s\":%.3f,"
+                 "\"server_token_s\":%.6f}",
+              j->t_start - j->t_new, j->prefill_s, j->decode_s, d > 0 && j->decode_s > 0 ? d / j->decode_s : 0.0,
+              j->token_s);
+}
+
+static void finish_stream(server_job *j, int failed, const char *msg) {
+    sbuf b = { 0 };
+    if (failed) {
+        sb_puts(&b, "data: ");
+        sb_error(&b, msg, "server_error", NULL, "generation_failed");
+        sb_puts(&b, "\n\n");
+    } else if (j->req.include_usage) {
+        sb_puts(&b, "data: ");
+        put_head(&b, j, 1);
+        sb_puts(&b, ",\"choices\":[]");
+        put_usage(&b, j);
+        sb_puts(&b, "}\n\n");
+    }
+    sb_puts(&b, "data: [DONE]\n\n");
+    push_out(j, b.p, b.len);
+    sb_free(&b);
+}
+
+static void run_job(server_slot *sl, server_job *j) {
+    j->t_start = server_now();
+    sbuf choices = { 0 };
+    verr err = { { 0 } };
+    int failed = 0;
+    for (int i = 0; i < j->req.n && !atomic_load(&j->cancelled); i++) {
+        int n = run_choice(sl, j, i, &choices, &err);
+        if (n < 0) {
+            failed = 1;
+            break;
+        }
+        j->completion_tokens += n;
+    }
+    if (j->req.stream) {
+        if (!atomic_load(&j->cancelled)) finish_stream(j, failed, err.msg);
+    } else if (!failed) {
+        sb_reset(&j->body);
+        put_head(&j->body, j, 0);
+        sb_puts(&j->body, ",\"choices\":[");
+        sb_put(&j->body, choices.p, choices.len);
+        sb_puts(&j->body, "]");
+        put_usage(&j->body, j);
+        sb_puts(&j->body, "}");
+        failed = j->body.oom;
+        if (failed) snprintf(err.msg, sizeof err.msg, "out of memory building the response");
+    }
+    if (failed && !j->req.stream) {
+        sb_free(&j->body);
+        sb_error(&j->body, err.msg, "server_error", NULL, "generation_failed");
+    }
+    sb_free(&choices);
+    if (j->srv->o.verbose)
+        fprintf(stderr, "varent serve: %s: prompt %d tokens, %d generated, prefill %.3f s, decode %.3f s%s%s\n", j->id,
+                j->n_ids, j->completion_tokens, j->prefill_s, j->decode_s, failed ? ", failed: " : "",
+                failed ? err.msg : atomic_load(&j->cancelled) ? ", cancelled" : "");
+    pthread_mutex_lock(&j->mu);
+    j->done = 1, j->failed = failed;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+// ---- slots ----------------------------------------------------------------------
+
+static void *slot_main(void *arg) {
+    server_slot *sl = arg;
+    server *s = sl->srv;
+    cpu_set_threads(s->threads_per_slot);  // OpenMP's thread count is per calling thread
+    for (server_job *j; (j = queue_pop(s));) {
+        run_job(sl, j);
+        pthread_mutex_lock(&s->mu);
+        s->busy--;
+        pthread_mutex_unlock(&s->mu);
+        server_job_release(j);
+    }
+    return NULL;
+}
+
+int server_slots_start(server *s, verr *err) {
+    s->slots = calloc((size_t)s->o.parallel, sizeof *s->slots);
+    if (!s->slots) return verr_set(err, "out of memory");
+    for (int i = 0; i < s->o.parallel; i++) {
+        server_slot *sl = &s->slots[i];
+        sl->srv = s;
+        if (i == 0) sl->s = *s->base;
+        else if (session_open_shared(&sl->s, s->base, 0, err)) return -1;
+        sl->owned = i > 0;
+        s->n_slots = i + 1;
+    }
+    for (int i = 0; i < s->n_slots; i++) {
+        if (pthread_create(&s->slots[i].th, NULL, slot_main, &s->slots[i]) != 0)
+            return verr_set(err, "cannot start slot thread %d", i);
+        s->slots[i].started = 1;
+    }
+    return 0;
+}
+
+void server_slots_stop(server *s) {
+    pthread_mutex_lock(&s->mu);
+    atomic_store(&s->stopping, 1);
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].started) pthread_join(s->slots[i].th, NULL);
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].owned) session_close(&s->slots[i].s);
+    free(s->slots);
+    s->slots = NULL, s->n_slots = 0;
+}

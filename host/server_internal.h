@@ -1,0 +1,89 @@
+// server_internal.h: what the HTTP side (server.c) and the generation side
+// (server_gen.c: queue, slots, per-token output) share. Not a public interface.
+#ifndef VARENT_SERVER_INTERNAL_H
+#define VARENT_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "host/server.h"
+#include "host/server_json.h"
+#include "host/server_request.h"
+#include "tokenizer/chat.h"
+
+typedef struct server_job server_job;
+
+typedef struct {
+    server *srv;
+    session s;      // slot 0 borrows the base session (copied by value, never closed here)
+    int owned;      // s was opened with session_open_shared
+    pthread_t th;
+    int started;
+} server_slot;
+
+// One completion request, shared by its connection thread and the slot that runs it.
+struct server_job {
+    server *srv;
+    server_request req;
+    int *ids, n_ids;          // the prompt's token ids
+    int max_tokens;
+    gen_sampler sampler;
+    entropix_config ex;       // the profile (also classifies quadrants under standard)
+    uint64_t seed;            // choice i uses seed + i
+    char id[48];
+    long created;             // unix time
+    int fd;                   // the client's socket, polled for hangup while waiting
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    sbuf out;                 // streamed: SSE bytes not yet taken by the connection
+    size_t out_off;
+    sbuf body;                // not streamed: the response JSON
+    sbuf chunk_head;          // streamed: "data: {"id":..,"choices":[" of every chunk
+    int done, failed;         // under mu
+    int waiting;              // under mu: the connection waits on cv for output
+    double last_send;         // streamed: when the connection last took output
+    atomic_int cancelled;     // the client went away, or the server is stopping
+    int refs;                 // under srv->mu: the connection and, once queued, the slot
+    double t_new, t_start, prefill_s, decode_s;
+    double token_s;           // time in the server's per-token callbacks (text, metrics, SSE)
+    int completion_tokens;
+    server_job *next;
+};
+
+struct server {
+    server_opts o;
+    session *base;
+    server_slot *slots;
+    int n_slots;
+    struct MHD_Daemon *d;
+    int port;
+    pthread_mutex_t mu;       // queue and counters
+    pthread_cond_t cv;
+    server_job *head, *tail;
+    int queued, busy, inflight;
+    long n_requests, n_cancelled, n_rejected;
+    atomic_int stopping, quiesced;
+    char model_id[256];
+    sbuf model_json;          // model_id as a JSON string
+    int has_chat;             // a chat template was recognised
+    chat_format chat_fmt;
+    chat_opts chat_opt;
+    int clarifier;            // entropix's HELV token
+    sbuf tok_text;            // every id's text in context (server_token_texts), packed
+    unsigned *tok_off;        // [vocab + 1] offsets into tok_text
+    int threads_per_slot;
+    atomic_ulong seed_counter;
+    long created;
+};
+
+// server_gen.c
+int server_slots_start(server *s, verr *err);
+int server_token_texts(server *s, verr *err);
+void server_slots_stop(server *s);
+server_job *server_job_new(server *s);      // refs 1 (the connection), counted in inflight
+int server_job_enqueue(server *s, server_job *j);  // -1 when the queue is full
+void server_job_release(server_job *j);
+void server_job_cancel(server_job *j);
+double server_now(void);
+
+#endif

@@ -12,6 +12,11 @@ int cmd_tokenize(int argc, char **argv);    // host/cli_tokenize.c
 int cmd_detokenize(int argc, char **argv);  // host/cli_tokenize.c
 int cmd_chat(int argc, char **argv);        // host/cli_chat.c: interactive chat
 int cmd_template(int argc, char **argv);    // host/cli_template.c: render a chat template
+int cmd_serve(int argc, char **argv);       // host/cli_serve.c: the OpenAI-compatible server
+int cmd_ppl(int argc, char **argv);         // host/cli_ppl.c: perplexity of a text
+int cmd_compare(int argc, char **argv);     // host/cli_compare.c: samplers side by side
+int cmd_plot(int argc, char **argv);        // host/cli_plot.c: entropy plots of JSONL logs
+int cmd_agents(int argc, char **argv);      // host/cli_agents.c: decoding agents + critic
 
 // Converters, called by cmd_convert with the arguments after the format name.
 int convert_llama2c_main(int argc, char **argv);  // host/convert_llama2c.c

@@ -24,6 +24,11 @@ static const command commands[] = {
     { "tokenize", cmd_tokenize, "text to token ids" },
     { "detokenize", cmd_detokenize, "token ids to text" },
     { "template", cmd_template, "render a chat template" },
+    { "serve", cmd_serve, "OpenAI-compatible HTTP server with a live entropy page" },
+    { "ppl", cmd_ppl, "perplexity of a text file, with its standard error" },
+    { "compare", cmd_compare, "run prompts under several samplers, side by side" },
+    { "plot", cmd_plot, "plot entropy/varentropy of a metrics or agents log (SVG/PNG)" },
+    { "agents", cmd_agents, "decoding agents: lowest-entropy proposal, critic with rollback" },
 };
 
 static void usage(FILE *f) {

@@ -114,8 +114,9 @@ static int st_parse_entry_(st_file *f, cJSON *item, st_tensor *t, const uint8_t 
     }
     cJSON *b = cJSON_GetArrayItem(offs, 0), *e = cJSON_GetArrayItem(offs, 1);
     if (cJSON_GetArraySize(offs) != 2 || !cJSON_IsNumber(b) || !cJSON_IsNumber(e) || b->valuedouble < 0 ||
-        e->valuedouble < b->valuedouble)
-        return verr_set(err, "%s: tensor '%s': data_offsets must be [begin, end] with 0 <= begin <= end", f->path, name);
+        e->valuedouble < b->valuedouble || e->valuedouble > 9.0e15)  // beyond any file; keeps the casts defined
+        return verr_set(err, "%s: tensor '%s': data_offsets must be [begin, end] with 0 <= begin <= end <= the data size",
+                        f->path, name);
     uint64_t begin = (uint64_t)b->valuedouble, end = (uint64_t)e->valuedouble;
     if (end > data_size)
         return verr_set(err, "%s: tensor '%s': data_offsets [%llu, %llu] lie outside the data region (%zu bytes)",

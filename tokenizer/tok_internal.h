@@ -8,6 +8,10 @@
 #include <stdint.h>
 #include "host/err.h"
 
+// Token ids must be below this: the per-id tables are sized by the largest id, so a
+// stray huge id would otherwise reserve gigabytes (the largest real vocabs are ~256K).
+#define TOK_MAX_ID (1 << 24)
+
 // ---- hash maps (tok_hash.c) ----
 // String -> int map. Keys are copied into an arena; lookups by (ptr, len).
 typedef struct {

@@ -148,7 +148,7 @@ static int read_vocab(scan *sc, tok_json_model *m) {
         ws(sc);
         char *e;
         long id = strtol(sc->p, &e, 10);
-        if (e == sc->p || id < 0 || id > 0x7fffffff) return fail(sc, "model.vocab value is not a token id");
+        if (e == sc->p || id < 0 || id >= TOK_MAX_ID) return fail(sc, "model.vocab value is not a token id (0..16777215)");
         sc->p = e;
         if (grow2((void **)&m->voff, (void **)&m->vid, &cap, m->nv) < 0)
             return verr_set(sc->err, "%s: out of memory", sc->path);

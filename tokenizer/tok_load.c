@@ -165,6 +165,8 @@ static int load_model(tokenizer *t, const cJSON *root, tok_json_model *jm, const
     for (int i = 0; i < jm->nv; i++) max = jm->vid[i] > max ? jm->vid[i] : max;
     cJSON_ArrayForEach(e, added) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+        if (cJSON_IsNumber(id) && id->valuedouble >= TOK_MAX_ID)
+            return verr_set(err, "%s: added_tokens id %.0f is too large (max %d)", path, id->valuedouble, TOK_MAX_ID - 1);
         if (cJSON_IsNumber(id) && id->valueint > max) max = id->valueint;
     }
     t->n_vocab = max + 1;

@@ -1,6 +1,8 @@
 // main.c: the varent command line. Dispatches to the subcommands in host/cli_*.c.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "host/cli.h"
 
@@ -48,7 +50,20 @@ static void version(void) {
     printf("\n");
 }
 
+// OpenMP teams spin at every barrier by default. When another process or another of
+// our own threads (server slots, agent replicas) holds a core, a spinning team falls off
+// a cliff: SmolLM2 decode went from 55 to 3.4 tok/s with one busy core of two, against
+// 23.8 tok/s with a passive policy, which costs little on an idle machine (see
+// docs/benchmarks.md). libgomp reads the policy before main runs, so unless the user
+// chose one, re-exec once with OMP_WAIT_POLICY=passive; if exec fails, carry on.
+static void omp_passive_policy(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv) {
+    omp_passive_policy(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -6,13 +6,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VARENT=${VARENT:-./varent}
 PROMPT=${PROMPT:-"Explain what a varentropy measures in two sentences."}
-# The CUDA forward pass is not wired yet (see docs/cuda.md), so the CPU runs it.
-device=cpu
+# The GPU when this build has CUDA and sees a device (DEVICE=cpu forces the CPU).
+device=${DEVICE:-cpu}
+if [ -z "${DEVICE:-}" ] && "$VARENT" --version | grep -Eq '^cuda devices: [1-9]'; then device=cuda; fi
+
+# One chat turn; if the GPU run fails, say so and answer on the CPU instead.
+chat() {  # model
+    echo "== $1 ($device), entropix sampler: $PROMPT" >&2
+    "$VARENT" run -m "$1" --device "$device" --chat -p "$PROMPT" --sampler entropix -n 200 --seed 1 --stats && return 0
+    [ "$device" = cpu ] && return 1
+    echo "run: the $device run failed; answering on the CPU" >&2
+    device=cpu
+    "$VARENT" run -m "$1" --device cpu --chat -p "$PROMPT" --sampler entropix -n 200 --seed 1 --stats
+}
 
 if bash weights/fetch-smollm2.sh; then
-    model=weights/SmolLM2-135M-Instruct
-    echo "== $model ($device), entropix sampler: $PROMPT" >&2
-    exec "$VARENT" run -m "$model" --device "$device" --chat -p "$PROMPT" --sampler entropix -n 200 --seed 1 --stats
+    chat weights/SmolLM2-135M-Instruct
+    exit
 fi
 
 echo "run: could not fetch SmolLM2; using stories260K from tests/data instead" >&2

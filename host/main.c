@@ -50,20 +50,21 @@ static void version(void) {
     printf("\n");
 }
 
-// OpenMP teams spin at every barrier by default. When another process or another of
-// our own threads (server slots, agent replicas) holds a core, a spinning team falls off
-// a cliff: SmolLM2 decode went from 55 to 3.4 tok/s with one busy core of two, against
-// 23.8 tok/s with a passive policy, which costs little on an idle machine (see
-// docs/benchmarks.md). libgomp reads the policy before main runs, so unless the user
-// chose one, re-exec once with OMP_WAIT_POLICY=passive; if exec fails, carry on.
-static void omp_passive_policy(char **argv) {
+// OpenMP teams spin at every barrier (libgomp: 300000 rounds) before sleeping. When
+// another process or another of our own threads (server slots, agent replicas) holds a
+// core, a spinning team can fall off a cliff: SmolLM2 decode on two cores, one of them
+// busy, measured 3 to 27 tok/s by default, about 33 with a 1000-round spin and 43
+// passive; on an idle machine 1000 rounds costs nothing (82 tok/s) where passive costs
+// 17% (see docs/benchmarks.md). libgomp reads its settings before main runs, so unless
+// the user chose a policy, re-exec once with GOMP_SPINCOUNT=1000; if exec fails, go on.
+static void omp_short_spin(char **argv) {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-    if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+    if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
     execv("/proc/self/exe", argv);
 }
 
 int main(int argc, char **argv) {
-    omp_passive_policy(argv);
+    omp_short_spin(argv);
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -65,10 +65,38 @@ void cpu_rope(float *x, const int *pos, int T, int n_heads, int head_dim,
 // scores of the last query, [n_heads, n_keys] with n_keys = n_trunk + n_tail.
 void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s,
                    float *last_scores);
+// Entropix's attention metrics of one query's scaled scores[n_heads, n_keys] (filled
+// keys only), in double, logs base 2: out4 = {attn_entropy, attn_varentropy (population,
+// over heads), agreement, interaction_strength}; zeros when n_keys == 0. ws: scratch of
+// n_keys + 2 * n_heads doubles. Formulas: docs/entropix.md.
+void cpu_attn_stats(double out4[4], const float *scores, int n_heads, int n_keys, double *ws);
 // out[n] = silu(gate[n]) * up[n]   (in-place allowed: out == gate)
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t n);
 // x[n] += y[n]
 void cpu_add(float *x, const float *y, size_t n);
+
+// ---- exact sampling, many configurations from one row of logits ------------------
+// One draw: temperature (<= 0: argmax), then min-p, top-k and top-p truncation (each
+// off at 0, 0 and >= 1), then an exact categorical draw with uniform u in [0, 1).
+// kernels/sample_core.h defines the arithmetic (fixed-point masses) both backends share.
+typedef struct {
+    float temperature;
+    int top_k;
+    float top_p;
+    float min_p;
+    double u;
+} sample_cfg;
+
+typedef struct {
+    int token;       // the drawn id
+    int n_kept;      // candidates left after the truncations
+    float logit;     // raw logits[token]
+    float pad_;
+    double entropy;  // bits, of the kept candidates renormalised (0 for argmax)
+} sample_out;
+
+// out[c] for each cfg[c], all from logits[n] (n <= 2^19). Returns -1 on bad arguments.
+int cpu_sample(sample_out *out, const float *logits, int n, const sample_cfg *cfg, int n_cfg);
 
 // Numeric conversions shared by loaders and kernels.
 static inline float bf16_to_f32(uint16_t h) {

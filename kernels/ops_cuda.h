@@ -115,14 +115,17 @@ int cuda_rope(cuda_ctx *ctx, float *x, const int *pos, int T, int n_heads, int h
 // Causal GQA attention over a bf16 kv_span, as cpu_attention. T == 1 runs the
 // split-KV (flash-decoding) kernel; T > 1 the prefill kernel.
 // last_scores (device [n_heads, n_keys], may be NULL): scaled pre-softmax scores of
-// the last query. head_stats (device [n_heads, 4], may be NULL; requires
-// last_scores): per head {entropy_bits, agreement_h, interaction_h, lse}, see
-// docs/cuda.md; reduce with cuda_attn_stats.
+// the last query (cuda_attn_stats turns them into the entropix metrics).
 int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span kv, int T,
-                   attn_shape s, float *last_scores, float *head_stats);
-// out4 (device float[4]) = {attn_entropy, attn_varentropy, agreement,
-// interaction_strength} from head_stats[n_heads, 4].
-int cuda_attn_stats(cuda_ctx *ctx, float *out4, const float *head_stats, int n_heads);
+                   attn_shape s, float *last_scores);
+// cpu_attn_stats on the device: out4 (device float[4]) = {attn_entropy, attn_varentropy,
+// agreement, interaction_strength} of scores[n_heads, n_keys], summed in double.
+// d_lens == NULL: n_keys = max_keys; otherwise n_keys = d_lens->n_keys, read on the
+// device (graph replay), at most max_keys. Scratch: cuda_attn_stats_scratch_bytes
+// (cuda_attention_scratch_bytes with the same max_keys covers it).
+int cuda_attn_stats(cuda_ctx *ctx, float *out4, const float *scores, int n_heads, int max_keys,
+                    const cuda_kv_lens *d_lens);
+size_t cuda_attn_stats_scratch_bytes(const cuda_ctx *ctx, int n_heads, int max_keys);
 // out[n] = silu(gate[n]) * up[n]   (in-place allowed: out == gate)
 int cuda_swiglu(cuda_ctx *ctx, float *out, const float *gate, const float *up, size_t n);
 // x[n] += y[n]
@@ -138,12 +141,11 @@ int cuda_kv_store_dev(cuda_ctx *ctx, const cuda_kv_layer *d_layer, const float *
 // Decode attention (T == 1) as cuda_attention, with the KV segments and lengths read on
 // the device from d_layer / d_lens. The launch shape depends only on max_keys and s, so
 // one captured graph serves every length 1 <= d_lens->n_keys <= max_keys and any
-// trunk/tail. Scratch: cuda_attention_scratch_bytes(ctx, max_keys, s). last_scores and
-// head_stats as in cuda_attention (last_scores rows are n_keys long, n_keys read on the
-// device).
+// trunk/tail. Scratch: cuda_attention_scratch_bytes(ctx, max_keys, s). last_scores as
+// in cuda_attention (rows are n_keys long, n_keys read on the device).
 int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float *q, const cuda_kv_layer *d_layer,
                               const cuda_kv_lens *d_lens, int max_keys, attn_shape s,
-                              float *last_scores, float *head_stats);
+                              float *last_scores);
 // 0 if the attention kernels support shape s (head_dim even and <= 512, GQA group fits
 // the decode kernel's shared memory); -1 with ctx->err otherwise. For early errors.
 int cuda_attention_validate(cuda_ctx *ctx, attn_shape s);
@@ -152,6 +154,10 @@ int cuda_attention_validate(cuda_ctx *ctx, attn_shape s);
 int cuda_vocab_stats(cuda_ctx *ctx, float *out, const float *logits, int rows, int n);
 // out[rows] = argmax of logits[rows, n] (first index on ties; NaN never wins).
 int cuda_argmax(cuda_ctx *ctx, int *out, const float *logits, int rows, int n);
+// cpu_sample on the device, one block per configuration, in one launch: out and cfg
+// are device arrays [n_cfg], so a caller uploads the configurations (uniforms
+// included) and downloads the results around it. Same tokens as cpu_sample.
+int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg, int n_cfg);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 // attention.c: causal grouped-query attention over a kv_span (trunk + tail).
 // Each (token, head) pair is independent, so they are spread across threads; each
-// thread keeps its own score buffer sized to the number of keys.
+// thread keeps its own score buffer sized to the number of keys. cpu_attn_stats: the
+// entropix statistics of the last query's scores (the twin of cuda_attn_stats).
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -56,4 +57,44 @@ void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s, 
         }
         free(scores);
     }
+}
+
+// ---- entropix attention statistics -------------------------------------------------------
+// Natural-log partition function of x[n] (max-shifted), in double.
+static double log_sum_exp(const float *x, int n) {
+    double mx = x[0], s = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    for (int i = 0; i < n; i++) s += exp((double)x[i] - mx);
+    return mx + log(s);
+}
+
+// ws: mean probability per key [n_keys], then per-head lse and entropy [n_heads] each.
+void cpu_attn_stats(double out4[4], const float *scores, int n_heads, int n_keys, double *ws) {
+    out4[0] = out4[1] = out4[2] = out4[3] = 0;
+    if (n_keys <= 0 || n_heads <= 0) return;
+    double *mean = ws, *lse = mean + n_keys, *ent = lse + n_heads, inter = 0;
+    for (int j = 0; j < n_keys; j++) mean[j] = 0;
+    for (int h = 0; h < n_heads; h++) {
+        const float *s = scores + (size_t)h * n_keys;
+        lse[h] = log_sum_exp(s, n_keys);
+        double e = 0;
+        for (int j = 0; j < n_keys; j++) {
+            double a = exp((double)s[j] - lse[h]);
+            double ac = a < 1e-10 ? 1e-10 : a > 1 ? 1 : a;  // entropix's clip inside the log
+            e -= a * log2(ac);
+            mean[j] += a / n_heads;
+            inter += fabs((double)s[j]);
+        }
+        ent[h] = e;
+    }
+    double em = 0, ev = 0, agree = 0;
+    for (int h = 0; h < n_heads; h++) em += ent[h] / n_heads;
+    for (int h = 0; h < n_heads; h++) ev += (ent[h] - em) * (ent[h] - em) / n_heads;
+    for (int h = 0; h < n_heads; h++) {
+        const float *s = scores + (size_t)h * n_keys;
+        for (int j = 0; j < n_keys; j++) agree += fabs(exp((double)s[j] - lse[h]) - mean[j]);
+    }
+    double cells = (double)n_heads * n_keys;
+    out4[0] = em, out4[1] = ev, out4[2] = agree / cells, out4[3] = inter / cells;
 }

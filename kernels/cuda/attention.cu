@@ -14,10 +14,13 @@
 //   value fixed by the longest length the caller supports.
 // Prefill (T > 1): attn_prefill_kernel grid (T, n_heads), one block per (query, head),
 //   keys in tiles of blockDim with an online softmax. Simple and correct first.
-// Stats (head_stats != NULL), from the last query's scores [n_heads, n_keys]:
-//   attn_lse_kernel -> lse per head; attn_mean_prob_kernel -> abar[j] = mean_h a_h(j);
-//   attn_head_stats_kernel -> per head entropy/agreement/interaction; cuda_attn_stats
-//   reduces the heads to 4 floats. Formulas in docs/cuda.md.
+// Stats (cuda_attn_stats), entropix's four attention metrics from the last query's
+//   captured scores [n_heads, n_keys], the twin of cpu_attn_stats:
+//   attn_stats_head_kernel  grid (n_heads): lse_h, entropy E_h, sum_j |s_h(j)| per head
+//   attn_stats_agree_kernel grid (parts): per key, sum_h |a_h(j) - abar(j)|, summed per block
+//   attn_stats_final_kernel 1 block: mean and variance of E_h, agreement, interaction.
+//   Sums are in double (scratch holds the per-head and per-block doubles), so the
+//   result matches the host's double math to ~1e-6 relative. Formulas in docs/cuda.md.
 #include "kernels/cuda/common.cuh"
 
 #define ATT_THREADS 128
@@ -201,8 +204,8 @@ extern "C" size_t cuda_attention_scratch_bytes(const cuda_ctx *ctx, int max_keys
     // decode_splits grows with n_keys up to its target: bound it at max_keys.
     size_t ns = (size_t)decode_splits(ctx->n_sm, max_keys, s);
     size_t part = (size_t)s.n_heads * ns * (s.head_dim + 2) * sizeof(float);
-    size_t abar = (size_t)max_keys * sizeof(float);  // stats, used after the combine
-    return part > abar ? part : abar;
+    size_t stats = cuda_attn_stats_scratch_bytes(ctx, s.n_heads, max_keys);  // after the combine
+    return part > stats ? part : stats;
 }
 
 // ---- prefill -------------------------------------------------------------------------
@@ -273,109 +276,139 @@ __global__ void attn_prefill_kernel(float *out, float *last_scores, const float 
 
 // ---- statistics of the last query --------------------------------------------------------
 // The stats kernels take n_keys as an argument, or from dN when it is set (graph replay).
-// grid (n_heads), block 256: head_stats[h*4 + 3] = lse_h = log sum_j exp(s_h(j))
-__global__ void attn_lse_kernel(float *head_stats, const float *scores, int n_keys,
-                                const cuda_kv_lens *dN) {
-    __shared__ float sh[32];
-    if (dN) n_keys = dN->n_keys;
-    const float *sr = scores + (size_t)blockIdx.x * n_keys;
-    float m = -INFINITY;
-    for (int j = threadIdx.x; j < n_keys; j += blockDim.x) m = fmaxf(m, sr[j]);
-    m = block_max(m, sh);
-    float l = 0.f;
-    for (int j = threadIdx.x; j < n_keys; j += blockDim.x) l += expf(sr[j] - m);
-    l = block_sum(l, sh);
-    if (threadIdx.x == 0) head_stats[blockIdx.x * 4 + 3] = m + logf(l);
+#define STATS_THREADS 256
+#define STATS_LN_CLIP (-23.025850929940457f)  // ln(1e-10): below it a is clipped inside the log
+#define STATS_LOG2_CLIP (-33.219280948873624) // log2(1e-10)
+#define STATS_LOG2E 1.4426950408889634
+
+// a = exp(s - lse) with the difference taken in double, so the float rounding of ln a is
+// per element (it averages out) rather than a common error of lse.
+__device__ __forceinline__ float attn_prob(float s, double lse, float *ln_a) {
+    float y = (float)((double)s - lse);
+    *ln_a = y;
+    return expf(y);
 }
 
-// grid (cdiv(max n_keys, 256)), block 256: abar[j] = mean_h exp(s_h(j) - lse_h)
-__global__ void attn_mean_prob_kernel(float *abar, const float *scores, const float *head_stats,
-                                      int n_heads, int n_keys, const cuda_kv_lens *dN) {
+// grid (n_heads), block STATS_THREADS. head[3h..3h+2] = {lse_h (nats),
+// E_h = -sum_j a log2(clip(a, 1e-10, 1)) (bits), sum_j |s_h(j)|}.
+__global__ void attn_stats_head_kernel(double *head, const float *scores, int n_keys, const cuda_kv_lens *dN) {
+    __shared__ float shf[32];
+    __shared__ double shd[32];
     if (dN) n_keys = dN->n_keys;
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= n_keys) return;
-    float a = 0.f;
-    for (int h = 0; h < n_heads; h++) a += expf(scores[(size_t)h * n_keys + j] - head_stats[h * 4 + 3]);
-    abar[j] = a / (float)n_heads;
-}
-
-// grid (n_heads), block 256. Per head h, with a = exp(s - lse_h):
-//   [0] entropy_bits = -sum_j a log2(clip(a, 1e-10, 1))
-//   [1] agreement_h  = mean_j |a - abar[j]|
-//   [2] interaction_h = mean_j |s|
-__global__ void attn_head_stats_kernel(float *head_stats, const float *scores, const float *abar,
-                                       int n_keys, const cuda_kv_lens *dN) {
-    __shared__ float sh[32];
-    if (dN) n_keys = dN->n_keys;
+    if (n_keys <= 0) return;  // the final kernel writes zeros
     int h = blockIdx.x;
     const float *sr = scores + (size_t)h * n_keys;
-    float lse = head_stats[h * 4 + 3];
-    float ent = 0.f, dev = 0.f, mag = 0.f;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < n_keys; j += blockDim.x) m = fmaxf(m, sr[j]);
+    m = block_max(m, shf);
+    double z = 0.0;
+    for (int j = threadIdx.x; j < n_keys; j += blockDim.x) z += (double)expf(sr[j] - m);
+    z = block_sum(z, shd);
+    double lse = (double)m + log(z);  // z >= 1 (the max contributes 1): every ln a <= 0
+    double ent = 0.0, mag = 0.0;
     for (int j = threadIdx.x; j < n_keys; j += blockDim.x) {
-        float s = sr[j], a = expf(s - lse);
-        ent -= a * log2f(fminf(fmaxf(a, 1e-10f), 1.f));
-        dev += fabsf(a - abar[j]);
-        mag += fabsf(s);
+        float s = sr[j], y, a = attn_prob(s, lse, &y);
+        ent -= (double)a * (y < STATS_LN_CLIP ? STATS_LOG2_CLIP : (double)y * STATS_LOG2E);
+        mag += (double)fabsf(s);
     }
-    ent = block_sum(ent, sh);
-    dev = block_sum(dev, sh);
-    mag = block_sum(mag, sh);
+    ent = block_sum(ent, shd);
+    mag = block_sum(mag, shd);
     if (threadIdx.x == 0) {
-        head_stats[h * 4 + 0] = ent;
-        head_stats[h * 4 + 1] = dev / (float)n_keys;
-        head_stats[h * 4 + 2] = mag / (float)n_keys;
+        head[3 * h + 0] = lse;
+        head[3 * h + 1] = ent;
+        head[3 * h + 2] = mag;
     }
 }
 
-// grid 1, block 32: out4 = {mean_h H_h, var_h H_h (population), mean_h agreement_h,
-// mean_h interaction_h}
-__global__ void attn_stats_kernel(float *out4, const float *head_stats, int n_heads) {
-    int lane = threadIdx.x;
-    float e = 0.f, ag = 0.f, in = 0.f;
-    for (int h = lane; h < n_heads; h += 32) {
-        e += head_stats[h * 4 + 0];
-        ag += head_stats[h * 4 + 1];
-        in += head_stats[h * 4 + 2];
+// grid (n_parts), block STATS_THREADS, smem n_heads doubles. Keys j = block * blockDim +
+// thread, grid-stride; part[block] = sum over its keys of sum_h |a_h(j) - abar(j)|,
+// abar(j) = mean_h a_h(j). Every block writes its part (0 without keys).
+__global__ void attn_stats_agree_kernel(double *part, const float *scores, const double *head, int n_heads,
+                                        int n_keys, const cuda_kv_lens *dN) {
+    extern __shared__ double lse_s[];
+    __shared__ double shd[32];
+    if (dN) n_keys = dN->n_keys;
+    if (n_keys <= 0) {  // the head kernel wrote nothing; the final kernel writes zeros
+        if (threadIdx.x == 0) part[blockIdx.x] = 0.0;
+        return;
     }
-    float mean = warp_sum(e) / (float)n_heads;
-    float var = 0.f;
-    for (int h = lane; h < n_heads; h += 32) {
-        float d = head_stats[h * 4 + 0] - mean;
+    for (int h = threadIdx.x; h < n_heads; h += blockDim.x) lse_s[h] = head[3 * h];
+    __syncthreads();
+    double dev = 0.0;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n_keys; j += gridDim.x * blockDim.x) {
+        float y, abar = 0.f, d = 0.f;
+        for (int h = 0; h < n_heads; h++) abar += attn_prob(scores[(size_t)h * n_keys + j], lse_s[h], &y);
+        abar /= (float)n_heads;
+        for (int h = 0; h < n_heads; h++) d += fabsf(attn_prob(scores[(size_t)h * n_keys + j], lse_s[h], &y) - abar);
+        dev += (double)d;
+    }
+    dev = block_sum(dev, shd);
+    if (threadIdx.x == 0) part[blockIdx.x] = dev;
+}
+
+// grid 1, block STATS_THREADS: out4 = {mean_h E_h, population variance of E_h,
+// agreement = sum(part) / (H n), interaction = sum_h |s| / (H n)}; zeros without keys.
+__global__ void attn_stats_final_kernel(float *out4, const double *head, const double *part, int n_parts,
+                                        int n_heads, int n_keys, const cuda_kv_lens *dN) {
+    __shared__ double shd[32];
+    if (dN) n_keys = dN->n_keys;
+    if (n_keys <= 0) {
+        if (threadIdx.x < 4) out4[threadIdx.x] = 0.f;
+        return;
+    }
+    double e = 0.0, in = 0.0, ag = 0.0;
+    for (int h = threadIdx.x; h < n_heads; h += blockDim.x) {
+        e += head[3 * h + 1];
+        in += head[3 * h + 2];
+    }
+    for (int b = threadIdx.x; b < n_parts; b += blockDim.x) ag += part[b];
+    e = block_sum(e, shd);
+    in = block_sum(in, shd);
+    ag = block_sum(ag, shd);
+    double mean = e / n_heads, var = 0.0;
+    for (int h = threadIdx.x; h < n_heads; h += blockDim.x) {
+        double d = head[3 * h + 1] - mean;
         var += d * d;
     }
-    var = warp_sum(var) / (float)n_heads;
-    ag = warp_sum(ag) / (float)n_heads;
-    in = warp_sum(in) / (float)n_heads;
-    if (lane == 0) {
-        out4[0] = mean;
-        out4[1] = var;
-        out4[2] = ag;
-        out4[3] = in;
+    var = block_sum(var, shd);
+    if (threadIdx.x == 0) {
+        double cells = (double)n_heads * n_keys;
+        out4[0] = (float)mean;
+        out4[1] = (float)(var / n_heads);
+        out4[2] = (float)(ag / cells);
+        out4[3] = (float)(in / cells);
     }
 }
 
-extern "C" int cuda_attn_stats(cuda_ctx *ctx, float *out4, const float *head_stats, int n_heads) {
-    CUDA_REQUIRE(ctx, n_heads > 0, "cuda_attn_stats: n_heads=%d", n_heads);
-    attn_stats_kernel<<<1, 32, 0, ctx->stream>>>(out4, head_stats, n_heads);
-    CUDA_CHECK_LAUNCH(ctx, "attn_stats_kernel");
-    return 0;
+// Blocks of the agreement kernel: one per STATS_THREADS keys, at most two per SM.
+static int stats_parts(const cuda_ctx *ctx, int max_keys) {
+    int by_len = (int)cdiv_u(max_keys > 0 ? (size_t)max_keys : 1, STATS_THREADS);
+    int cap = 2 * (ctx->n_sm > 0 ? ctx->n_sm : 1);
+    return by_len < cap ? by_len : cap;
 }
 
-// n_keys: the key count, or with dN the largest one (sizes the grid; dN has the count).
-static int head_stats_launch(cuda_ctx *ctx, float *head_stats, const float *scores, int n_heads,
-                             int n_keys, const cuda_kv_lens *dN) {
-    size_t need = (size_t)n_keys * sizeof(float);
+extern "C" size_t cuda_attn_stats_scratch_bytes(const cuda_ctx *ctx, int n_heads, int max_keys) {
+    if (n_heads < 1) return 0;
+    return ((size_t)3 * n_heads + (size_t)stats_parts(ctx, max_keys)) * sizeof(double);
+}
+
+extern "C" int cuda_attn_stats(cuda_ctx *ctx, float *out4, const float *scores, int n_heads, int max_keys,
+                               const cuda_kv_lens *d_lens) {
+    CUDA_REQUIRE(ctx, n_heads > 0 && n_heads <= 4096 && max_keys >= 0,
+                 "cuda_attn_stats: n_heads=%d (1..4096), max_keys=%d", n_heads, max_keys);
+    size_t need = cuda_attn_stats_scratch_bytes(ctx, n_heads, max_keys);
     CUDA_REQUIRE(ctx, ctx->scratch && ctx->scratch_bytes >= need,
-                 "cuda_attention: scratch too small for head stats: need %zu bytes, have %zu",
-                 need, ctx->scratch_bytes);
-    float *abar = (float *)ctx->scratch;
-    attn_lse_kernel<<<n_heads, 256, 0, ctx->stream>>>(head_stats, scores, n_keys, dN);
-    CUDA_CHECK_LAUNCH(ctx, "attn_lse_kernel");
-    attn_mean_prob_kernel<<<cdiv_u(n_keys, 256), 256, 0, ctx->stream>>>(abar, scores, head_stats,
-                                                                        n_heads, n_keys, dN);
-    CUDA_CHECK_LAUNCH(ctx, "attn_mean_prob_kernel");
-    attn_head_stats_kernel<<<n_heads, 256, 0, ctx->stream>>>(head_stats, scores, abar, n_keys, dN);
-    CUDA_CHECK_LAUNCH(ctx, "attn_head_stats_kernel");
+                 "cuda_attn_stats: scratch too small: need %zu bytes, have %zu "
+                 "(reserve cuda_attn_stats_scratch_bytes)", need, ctx->scratch_bytes);
+    int np = stats_parts(ctx, max_keys);
+    double *head = (double *)ctx->scratch, *part = head + 3 * (size_t)n_heads;
+    attn_stats_head_kernel<<<n_heads, STATS_THREADS, 0, ctx->stream>>>(head, scores, max_keys, d_lens);
+    CUDA_CHECK_LAUNCH(ctx, "attn_stats_head_kernel");
+    attn_stats_agree_kernel<<<np, STATS_THREADS, (size_t)n_heads * sizeof(double), ctx->stream>>>(
+        part, scores, head, n_heads, max_keys, d_lens);
+    CUDA_CHECK_LAUNCH(ctx, "attn_stats_agree_kernel");
+    attn_stats_final_kernel<<<1, STATS_THREADS, 0, ctx->stream>>>(out4, head, part, np, n_heads, max_keys, d_lens);
+    CUDA_CHECK_LAUNCH(ctx, "attn_stats_final_kernel");
     return 0;
 }
 
@@ -414,7 +447,7 @@ static int decode_launch(cuda_ctx *ctx, float *out, const float *q, cuda_kv_laye
 }
 
 extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span kv, int T,
-                              attn_shape s, float *last_scores, float *head_stats) {
+                              attn_shape s, float *last_scores) {
     int n_keys = kv.n_trunk + kv.n_tail;
     if (shape_check(ctx, s)) return -1;
     CUDA_REQUIRE(ctx, kv.n_trunk >= 0 && kv.n_tail >= 0 && T >= 1 && T <= n_keys,
@@ -422,7 +455,6 @@ extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span
                  kv.n_trunk, kv.n_tail);
     CUDA_REQUIRE(ctx, kv.n_tail == 0 || (kv.k_tail && kv.v_tail),
                  "cuda_attention: n_tail=%d but tail buffers are NULL", kv.n_tail);
-    CUDA_REQUIRE(ctx, !head_stats || last_scores, "cuda_attention: head_stats needs last_scores");
     CUDA_REQUIRE(ctx, is_aligned(kv.k_trunk, 16) && is_aligned(kv.v_trunk, 16) &&
                           is_aligned(kv.k_tail, 16) && is_aligned(kv.v_tail, 16),
                  "cuda_attention: KV buffers must be 16-byte aligned");
@@ -444,25 +476,20 @@ extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span
             s.head_dim, s.scale);
         CUDA_CHECK_LAUNCH(ctx, "attn_prefill_kernel");
     }
-    if (head_stats) return head_stats_launch(ctx, head_stats, last_scores, s.n_heads, n_keys, NULL);
     return 0;
 }
 
 extern "C" int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float *q,
                                          const cuda_kv_layer *d_layer, const cuda_kv_lens *d_lens,
-                                         int max_keys, attn_shape s, float *last_scores,
-                                         float *head_stats) {
+                                         int max_keys, attn_shape s, float *last_scores) {
     if (shape_check(ctx, s)) return -1;
     CUDA_REQUIRE(ctx, d_layer && d_lens && max_keys >= 1,
                  "cuda_attention_decode_dev: needs device records and max_keys >= 1 (got %d)",
                  max_keys);
-    CUDA_REQUIRE(ctx, !head_stats || last_scores,
-                 "cuda_attention_decode_dev: head_stats needs last_scores");
     cuda_kv_layer L = {NULL, NULL, NULL, NULL, NULL, NULL};
     cuda_kv_lens N = {0, 0};
     if (decode_launch(ctx, out, q, L, N, d_layer, d_lens, decode_splits(ctx->n_sm, max_keys, s), s,
                       last_scores))
         return -1;
-    if (head_stats) return head_stats_launch(ctx, head_stats, last_scores, s.n_heads, max_keys, d_lens);
     return 0;
 }

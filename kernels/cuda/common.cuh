@@ -78,7 +78,42 @@ __device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
 }
 
 // ---- reductions (blockDim.x a multiple of 32, at most 1024) ------------------------
-__device__ __forceinline__ float warp_sum(float v) {
+// (v, i) beats (bv, bi) if v is larger, or equal with a smaller index. NaN never wins.
+__device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+__device__ __forceinline__ void warp_amax(float &bv, int &bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+}
+// First index of the largest of x[n] over the block (NaN never wins; 0 when all are
+// NaN). Every thread gets it; sv/si hold >= 33 entries (the last passes the result).
+__device__ __forceinline__ int block_argmax(const float *x, int n, float *sv, int *si) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) amax_merge(bv, bi, x[i], i);
+    warp_amax(bv, bi);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+        bv = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+        warp_amax(bv, bi);
+        if (lane == 0) si[32] = bi == 0x7fffffff ? 0 : bi;
+    }
+    __syncthreads();
+    int r = si[32];
+    __syncthreads();  // sv/si may be reused right after
+    return r;
+}
+// Sums for float, double and 64-bit integer partials alike.
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -88,14 +123,15 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// Sum over the block; every thread gets the result. `sh` holds >= 32 floats and may
+// Sum over the block; every thread gets the result. `sh` holds >= 32 values and may
 // be reused right after the call returns (a trailing barrier protects it).
-__device__ __forceinline__ float block_sum(float v, float *sh) {
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T *sh) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     v = warp_sum(v);
     if (lane == 0) sh[warp] = v;
     __syncthreads();
-    v = lane < nw ? sh[lane] : 0.f;
+    v = lane < nw ? sh[lane] : T(0);
     v = warp_sum(v);
     __syncthreads();
     return v;

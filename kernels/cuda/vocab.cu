@@ -102,38 +102,12 @@ extern "C" int cuda_vocab_stats(cuda_ctx *ctx, float *out, const float *logits, 
 }
 
 // ---- argmax -------------------------------------------------------------------------------
-// (v, i) beats (bv, bi) if v is larger, or equal with a smaller index. NaN never wins.
-__device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, int i) {
-    if (v > bv || (v == bv && i < bi)) {
-        bv = v;
-        bi = i;
-    }
-}
-
 // grid (rows), block VOCAB_THREADS
 __global__ void argmax_kernel(int *out, const float *logits, int n) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const float *x = logits + (size_t)blockIdx.x * n;
-    float bv = -INFINITY;
-    int bi = INT_MAX;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) amax_merge(bv, bi, x[i], i);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        amax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) {
-        sv[warp] = bv;
-        si[warp] = bi;
-    }
-    __syncthreads();
-    if (warp != 0) return;
-    bv = lane < nw ? sv[lane] : -INFINITY;
-    bi = lane < nw ? si[lane] : INT_MAX;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        amax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    if (lane == 0) out[blockIdx.x] = bi == INT_MAX ? 0 : bi;  // all NaN: 0
+    __shared__ float sv[33];
+    __shared__ int si[33];
+    int best = block_argmax(logits + (size_t)blockIdx.x * n, n, sv, si);
+    if (threadIdx.x == 0) out[blockIdx.x] = best;
 }
 
 extern "C" int cuda_argmax(cuda_ctx *ctx, int *out, const float *logits, int rows, int n) {

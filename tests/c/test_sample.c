@@ -1,0 +1,263 @@
+// test_sample.c: the exact sampler's two implementations against independent ones.
+//  - CPU twin (kernels/cpu/sample.c, fixed-point masses, sorted walk) against
+//    host/sampler.c (double-precision masses, quickselect + sort): same token for the
+//    same uniform, same entropy, on flat, peaked, tied and masked rows.
+//  - Device kernel (kernels/cuda/sample.cu, radix descent, all configurations in one
+//    launch) against the twin, bit for bit, when a GPU is present; SKIP otherwise.
+// Usage: test_sample [--bench]   (--bench times cuda_sample at real vocab sizes)
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include "check.h"
+#include "host/sampler.h"
+#include "kernels/ops.h"
+
+static uint64_t prng = 0x2545f4914f6cdd1dull;
+static double urand(void) {
+    prng ^= prng << 13, prng ^= prng >> 7, prng ^= prng << 17;
+    return (double)(prng >> 11) * 0x1.0p-53;
+}
+
+enum { ROW_FLAT, ROW_PEAKED, ROW_TIED, ROW_MASKED, ROW_KINDS };
+static const char *row_name[] = { "flat", "peaked", "tied", "masked" };
+
+static void make_row(float *x, int n, int kind) {
+    for (int i = 0; i < n; i++) {
+        double v = urand() * 2 - 1;
+        if (kind == ROW_FLAT) x[i] = (float)v;
+        else if (kind == ROW_PEAKED) x[i] = (float)(v * 20 + (i % 97 == 5 ? 25 : 0));
+        else if (kind == ROW_TIED) x[i] = (float)(floor(v * 6) * 0.5);  // many exact ties
+        else x[i] = urand() < 0.3 ? -INFINITY : (float)(v * 8);
+    }
+}
+
+// The agents' default spread plus every truncation alone and together, and greedy.
+static const sampler_params cfgs[] = {
+    { 0.3f, 10, 1, 0 }, { 0.7f, 40, 1, 0 }, { 1.0f, 0, 1, 0 }, { 1.5f, 100, 1, 0 },
+    { 1.0f, 0, 0.9f, 0 }, { 0.8f, 0, 1, 0.05f }, { 0.9f, 9, 0.8f, 0.05f }, { 2.0f, 0, 0.5f, 0 },
+    { 0.666f, 27, 0.9f, 0.03f }, { 0, 0, 1, 0 }, { 1.0f, 1, 1, 0 }, { 1.2f, 0, 0.0f, 0 },
+};
+enum { N_CFG = sizeof cfgs / sizeof cfgs[0] };
+
+static sample_cfg to_cfg(sampler_params p, double u) { return (sample_cfg){ p.temperature, p.top_k, p.top_p, p.min_p, u }; }
+
+// Twin vs host/sampler.c over rows x configurations x draws.
+static void test_twin_vs_sampler(void) {
+    static const int sizes[] = { 7, 513, 50001 };
+    for (int si = 0; si < 3; si++)
+        for (int kind = 0; kind < ROW_KINDS; kind++) {
+            int n = sizes[si], bad_tok = 0, bad_h = 0, bad_kept = 0, draws = 0;
+            float *x = malloc((size_t)n * sizeof *x);
+            sampler s;
+            sampler_init(&s, n);
+            make_row(x, n, kind);
+            float lo = INFINITY, hi = -INFINITY;
+            for (int i = 0; i < n; i++)
+                if (x[i] > -INFINITY) lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]);
+            char detail[160] = "";
+            for (int c = 0; c < N_CFG; c++) {
+                sampler_params p = cfgs[c];
+                double h_ref = sampler_distribution(&s, x, p);
+                int reps = n > 10000 ? 20 : 200;
+                for (int d = 0; d < reps; d++, draws++) {
+                    rng r = { 99, (uint64_t)d }, r2 = r;
+                    double u = rng_uniform(&r2);
+                    int want = p.temperature > 0 ? sampler_draw(&s, &r) : sampler_argmax(x, n);
+                    sample_cfg sc = to_cfg(p, u);
+                    sample_out o;
+                    cpu_sample(&o, x, n, &sc, 1);
+                    if (o.token != want && !bad_tok++)
+                        snprintf(detail, sizeof detail, "cfg %d draw %d: twin %d sampler %d", c, d, o.token, want);
+                    if (!(fabs(o.entropy - h_ref) <= 1e-6 + 1e-6 * h_ref) && !bad_h++)
+                        snprintf(detail, sizeof detail, "cfg %d: entropy twin %.12g sampler %.12g", c, o.entropy, h_ref);
+                    // Without tokens below 2^-44 of the top (and no -inf), both keep the same set.
+                    int all_in = kind != ROW_MASKED && (hi - lo) < 30 * p.temperature;
+                    if (p.temperature > 0 && all_in && o.n_kept != s.n_cand && !bad_kept++)
+                        snprintf(detail, sizeof detail, "cfg %d: kept twin %d sampler %d", c, o.n_kept, s.n_cand);
+                    if (o.logit != x[o.token] && !bad_tok++) snprintf(detail, sizeof detail, "logit of %d", o.token);
+                }
+            }
+            char name[96];
+            snprintf(name, sizeof name, "twin_vs_sampler n=%d %s", n, row_name[kind]);
+            CHECK(!bad_tok && !bad_h && !bad_kept, name, "%d/%d token, %d entropy, %d kept mismatches; first: %s",
+                  bad_tok, draws, bad_h, bad_kept, detail);
+            sampler_free(&s);
+            free(x);
+        }
+}
+
+// Top-p is a share of all the mass after min-p/top-k, including the tail the CPU
+// sampler's prefilter skips: head 1, .9, ..., .1 (sum 5.5) plus 5000 tokens at 2e-4 of
+// the top (sum 1). top_p .75 of 6.5 = 4.875 needs 7 head tokens (4.9); a nucleus taken
+// of the head alone would stop at 6 (4.5).
+static void test_top_p_counts_the_tail(void) {
+    int n = 5010;
+    float *x = malloc((size_t)n * sizeof *x);
+    for (int i = 0; i < 10; i++) x[i] = (float)log(1.0 - 0.1 * i);
+    for (int i = 10; i < n; i++) x[i] = (float)log(2e-4);
+    sampler s;
+    sampler_init(&s, n);
+    sampler_params p = { 1.0f, 0, 0.75f, 0 };
+    sampler_distribution(&s, x, p);
+    CHECK(s.n_cand == 7, "sampler_top_p_counts_the_tail", "kept %d, want 7", s.n_cand);
+    sample_cfg c = to_cfg(p, 0.5);
+    sample_out o;
+    cpu_sample(&o, x, n, &c, 1);
+    CHECK(o.n_kept == 7, "twin_top_p_counts_the_tail", "kept %d, want 7", o.n_kept);
+    sampler_free(&s);
+    free(x);
+}
+
+// Hand-checked draws: two tokens with masses 3:1 at T = 1 (logits ln 3, 0).
+static void test_hand_draws(void) {
+    float x[2] = { (float)log(3.0), 0 };
+    double q0 = floor(1.0 * 17592186044416.0), q1 = floor(exp(-(double)x[0]) * 17592186044416.0);
+    double split = q0 / (q0 + q1);  // first token while u * Q < q0
+    sample_cfg c[4] = { { 1, 0, 1, 0, 0.0 }, { 1, 0, 1, 0, split - 1e-9 }, { 1, 0, 1, 0, split + 1e-9 },
+                        { 1, 0, 1, 0, 0.999999 } };
+    sample_out o[4];
+    int rc = cpu_sample(o, x, 2, c, 4);
+    double h = -(0.75 * log2(0.75) + 0.25 * log2(0.25));
+    CHECK(rc == 0 && o[0].token == 0 && o[1].token == 0 && o[2].token == 1 && o[3].token == 1, "twin_hand_draws",
+          "rc %d tokens %d %d %d %d", rc, o[0].token, o[1].token, o[2].token, o[3].token);
+    CHECK(fabs(o[0].entropy - h) < 1e-7 && o[0].n_kept == 2, "twin_hand_entropy", "H %.12g want %.12g kept %d",
+          o[0].entropy, h, o[0].n_kept);
+    sample_cfg g = { 0, 0, 1, 0, 0.5 };
+    float y[5] = { 1, NAN, 3, 3, -INFINITY };
+    cpu_sample(o, y, 5, &g, 1);
+    CHECK(o[0].token == 2 && o[0].entropy == 0, "twin_greedy_first_max_nan_never_wins", "token %d", o[0].token);
+    CHECK(cpu_sample(o, y, 0, &g, 1) == -1 && cpu_sample(o, y, (1 << 19) + 1, &g, 1) == -1, "twin_bad_shapes",
+          "accepted a bad vocab size");
+}
+
+#ifndef VARENT_CUDA
+static void test_device(int bench) {
+    (void)bench;
+    SKIP("cuda_sample", "built without CUDA");
+}
+#else
+#include "kernels/ops_cuda.h"
+
+static int dev_fail(cuda_ctx *C, const char *what) {
+    CHECK(0, what, "%s", C->err.msg);
+    return -1;
+}
+
+// All configurations x draws of one row in one launch, against the twin.
+static int device_row(cuda_ctx *C, const float *x, int n, const char *label) {
+    enum { DRAWS = 16 };
+    int nc = N_CFG * DRAWS;
+    sample_cfg cfg[N_CFG * DRAWS];
+    sample_out want[N_CFG * DRAWS], got[N_CFG * DRAWS];
+    for (int i = 0; i < nc; i++) cfg[i] = to_cfg(cfgs[i % N_CFG], urand());
+    cpu_sample(want, x, n, cfg, nc);
+    float *dx;
+    sample_cfg *dc;
+    sample_out *dout;
+    verr e;
+    if (cuda_malloc((void **)&dx, (size_t)n * 4, "logits", &e) || cuda_malloc((void **)&dc, sizeof cfg, "cfg", &e) ||
+        cuda_malloc((void **)&dout, sizeof got, "out", &e)) {
+        CHECK(0, "cuda_sample alloc", "%s", e.msg);
+        return -1;
+    }
+    if (cuda_upload(C, dx, x, (size_t)n * 4) || cuda_upload(C, dc, cfg, sizeof cfg) ||
+        cuda_memset(C, dout, 0xFF, sizeof got) || cuda_sample(C, dout, dx, n, dc, nc) ||
+        cuda_download(C, got, dout, sizeof got))
+        return dev_fail(C, "cuda_sample run");
+    int bad = 0, first = -1;
+    for (int i = 0; i < nc; i++) {
+        int ok = got[i].token == want[i].token && got[i].n_kept == want[i].n_kept && got[i].logit == want[i].logit &&
+                 fabs(got[i].entropy - want[i].entropy) <= 1e-9 + 1e-9 * want[i].entropy;
+        if (!ok && !bad++) first = i;
+    }
+    char name[96];
+    snprintf(name, sizeof name, "cuda_sample %s n=%d (%d configs, one launch)", label, n, nc);
+    if (first >= 0)
+        CHECK(0, name, "%d mismatches; first cfg %d: gpu %d/%d/%.12g twin %d/%d/%.12g", bad, first, got[first].token,
+              got[first].n_kept, got[first].entropy, want[first].token, want[first].n_kept, want[first].entropy);
+    else CHECK(1, name, "%s", "");
+    cuda_free(dx), cuda_free(dc), cuda_free(dout);
+    return 0;
+}
+
+static void bench_device(cuda_ctx *C) {
+    static const int vocabs[] = { 49152, 128256, 151936 };
+    for (int v = 0; v < 3; v++) {
+        int n = vocabs[v];
+        float *x = malloc((size_t)n * 4);
+        for (int kind = ROW_FLAT; kind <= ROW_PEAKED; kind++) {
+            make_row(x, n, kind);
+            sample_cfg cfg[8];
+            for (int i = 0; i < 8; i++) cfg[i] = to_cfg(cfgs[i % 4], urand());
+            float *dx;
+            sample_cfg *dc;
+            sample_out *dout;
+            verr e;
+            if (cuda_malloc((void **)&dx, (size_t)n * 4, "logits", &e) || cuda_malloc((void **)&dc, sizeof cfg, "cfg", &e) ||
+                cuda_malloc((void **)&dout, 8 * sizeof(sample_out), "out", &e) || cuda_upload(C, dx, x, (size_t)n * 4) ||
+                cuda_upload(C, dc, cfg, sizeof cfg))
+                return;
+            double t[31];
+            for (int r = 0; r < 31; r++) {
+                cudaEvent_t a, b;
+                cudaEventCreate(&a), cudaEventCreate(&b);
+                cudaEventRecord(a, C->stream);
+                cuda_sample(C, dout, dx, n, dc, 8);
+                cudaEventRecord(b, C->stream);
+                cudaEventSynchronize(b);
+                float ms;
+                cudaEventElapsedTime(&ms, a, b);
+                t[r] = ms * 1e3;
+                cudaEventDestroy(a), cudaEventDestroy(b);
+            }
+            for (int i = 1; i < 31; i++)  // insertion sort for the median
+                for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+                    double s = t[j];
+                    t[j] = t[j - 1], t[j - 1] = s;
+                }
+            printf("bench cuda_sample vocab %d %s rows, 8 configs in one launch: median %.1f us\n", n, row_name[kind],
+                   t[15]);
+            cuda_free(dx), cuda_free(dc), cuda_free(dout);
+        }
+        free(x);
+    }
+}
+
+static void test_device(int bench) {
+    if (cuda_device_count() == 0) {
+        SKIP("cuda_sample", "no CUDA device");
+        return;
+    }
+    cuda_ctx C;
+    verr e;
+    if (cuda_init(&C, 0, &e)) {
+        CHECK(0, "cuda_init", "%s", e.msg);
+        return;
+    }
+    static const int sizes[] = { 7, 513, 50001, 151936 };
+    for (int si = 0; si < 4; si++) {
+        float *x = malloc((size_t)sizes[si] * 4);
+        for (int kind = 0; kind < ROW_KINDS; kind++) {
+            make_row(x, sizes[si], kind);
+            if (device_row(&C, x, sizes[si], row_name[kind])) break;
+        }
+        free(x);
+    }
+    if (bench) bench_device(&C);
+    cuda_destroy(&C);
+}
+#endif
+
+int main(int argc, char **argv) {
+    int bench = argc > 1 && !strcmp(argv[1], "--bench");
+    if (!bench) {
+        test_hand_draws();
+        test_top_p_counts_the_tail();
+        test_twin_vs_sampler();
+    }
+    test_device(bench);
+    CHECK_DONE();
+}

@@ -34,10 +34,13 @@ typedef struct {
     metrics_ws ws;
     branch_set bs;
     int metrics;           // compute metrics at every step
+    sample_cfg *cfg;       // [n_draw] one step's draws
+    sample_out *drawn;     // [n_draw] their results
+    int n_draw;
 } gen_ctx;
 
 static void ctx_free(gen_ctx *c) {
-    free(c->hist), free(c->work), free(c->seen);
+    free(c->hist), free(c->work), free(c->seen), free(c->cfg), free(c->drawn);
     metrics_ws_free(&c->ws);
     branch_free(&c->bs);
 }
@@ -51,7 +54,10 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
     c->hist = malloc(sizeof(int) * ((size_t)n_prompt + o->max_new + o->branch_b + 1));
     c->work = malloc(sizeof(float) * (size_t)vocab);
     c->seen = calloc((size_t)vocab, 1);
-    if (!c->hist || !c->work || !c->seen) return ctx_free(c), verr_set(err, "out of memory");
+    c->n_draw = o->ex && o->ex->n_samples > 1 ? (int)o->ex->n_samples : 1;
+    c->cfg = malloc(sizeof *c->cfg * (size_t)c->n_draw);
+    c->drawn = malloc(sizeof *c->drawn * (size_t)c->n_draw);
+    if (!c->hist || !c->work || !c->seen || !c->cfg || !c->drawn) return ctx_free(c), verr_set(err, "out of memory");
     memcpy(c->hist, prompt, sizeof(int) * (size_t)n_prompt);
     c->n_hist = n_prompt;
     if (branching && branch_init(&c->bs, &s->m.cfg, o->branch_k, o->branch_b, err)) return ctx_free(c), -1;
@@ -74,12 +80,24 @@ static const float *draw_logits(gen_ctx *c) {
     return c->work;
 }
 
-// ADAPTIVE: n draws from one distribution; the best score wins (ties: the first).
+// n draws with p from lg into c->drawn, uniforms from the run's stream (none when
+// greedy): on the session's backend when lg is the forward's own logits (one launch on
+// the device on CUDA), on the host for a penalised copy.
+static int draw_n(gen_ctx *c, const float *lg, sampler_params p, int n, verr *err) {
+    for (int i = 0; i < n; i++)
+        c->cfg[i] = (sample_cfg){ p.temperature, p.top_k, p.top_p, p.min_p,
+                                  p.temperature > 0 ? rng_uniform(&c->r) : 0 };
+    if (lg == c->s->fw.logits) return session_sample(c->s, c->cfg, n, c->drawn, err);
+    sampler_sample_n(&c->s->smp, lg, c->cfg, n, c->drawn);
+    return 0;
+}
+
+// ADAPTIVE: n draws from one distribution; the best score (on the raw logits) wins
+// (ties: the first).
 static int best_of(gen_ctx *c, const entropix_step *st, gen_record *rec) {
-    sampler *smp = &c->s->smp;
     int best = -1;
     for (int i = 0; i < st->n_samples; i++) {
-        int id = sampler_draw(smp, &c->r);
+        int id = c->drawn[i].token;
         double sc = entropix_score(c->o->ex, &rec->m, c->s->fw.logits[id]);
         if (best < 0 || sc > rec->score) best = id, rec->score = sc;
     }
@@ -102,9 +120,7 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
     memset(one, 0, sizeof *one);
     one->pos = s->kv.len, one->q = Q_STANDARD;
     if (c->metrics) {
-        if (metrics_logits(&c->ws, s->fw.logits, mc->vocab_size, &one->m) ||
-            metrics_attention(&c->ws, s->fw.attn_scores, mc->n_heads, s->fw.attn_keys, &one->m))
-            return verr_set(err, "out of memory computing metrics");
+        if (session_metrics(s, &c->ws, &one->m)) return verr_set(err, "out of memory computing metrics");
         one->q = entropix_classify(o->ex, &one->m);
     }
     const float *lg = draw_logits(c);
@@ -112,7 +128,8 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
     if (o->sampler != GEN_ENTROPIX) {
         one->sp = o->sp;
         if (o->sp.temperature <= 0) one->sp = (sampler_params){ 0, 1, 1, 0 };
-        *one_tok = sampler_sample(&s->smp, lg, o->sp, &c->r);
+        if (draw_n(c, lg, o->sp, 1, err)) return -1;
+        *one_tok = c->drawn[0].token;
         return 1;
     }
     entropix_step st = entropix_decide(o->ex, &one->m, c->hist[c->n_hist - 1], o->clarifier);
@@ -120,9 +137,9 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
     if (st.greedy) *one_tok = sampler_argmax(lg, mc->vocab_size);
     else if (st.clarify) *one_tok = o->clarifier;
     else {
-        sampler_distribution(&s->smp, lg, st.sp);
         int b = st.q == Q_LEHV && c->bs.k > 0 ? branch_steps(c, n_gen) : 0;
-        if (b > 0) {
+        if (b > 0) {  // the forks are drawn on the host from this distribution
+            sampler_distribution(&s->smp, lg, st.sp);
             sampler_params base = { (float)o->ex->temp, (int)o->ex->top_k, (float)o->ex->top_p, (float)o->ex->min_p };
             branch_penalty pen = { c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->work, c->seen };
             int w = branch_run(&c->bs, s, one, base, b, &c->ws, &c->r, &pen, err);
@@ -130,7 +147,8 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
             *toks = c->bs.tok + (size_t)w * (c->bs.b + 1), *recs = c->bs.rec + (size_t)w * (c->bs.b + 1);
             return c->bs.len[w];
         }
-        *one_tok = st.n_samples > 1 ? best_of(c, &st, one) : sampler_draw(&s->smp, &c->r);
+        if (draw_n(c, lg, st.sp, st.n_samples, err)) return -1;
+        *one_tok = st.n_samples > 1 ? best_of(c, &st, one) : c->drawn[0].token;
     }
     one->token = *one_tok;
     return 1;

@@ -1,10 +1,13 @@
 // metrics.c: see metrics.h. Log-probabilities are stored once so that the varentropy
 // is the centred second moment sum p (log2 p + H)^2, not E[x^2] - H^2 (which cancels
-// when the distribution is nearly uniform).
+// when the distribution is nearly uniform). The attention metrics are cpu_attn_stats
+// (kernels/cpu/attention.c), the twin of the CUDA forward's cuda_attn_stats.
 #include "host/metrics.h"
 
 #include <math.h>
 #include <stdlib.h>
+
+#include "kernels/ops.h"
 
 static double *ws_get(metrics_ws *w, long n) {
     if (n > w->cap) {
@@ -18,16 +21,6 @@ static double *ws_get(metrics_ws *w, long n) {
 void metrics_ws_free(metrics_ws *w) {
     free(w->buf);
     w->buf = NULL, w->cap = 0;
-}
-
-// Natural-log partition function of x[n] (max-shifted).
-static double log_sum_exp(const float *x, int n, double *mx_out) {
-    double mx = x[0], s = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > mx) mx = x[i];
-    for (int i = 0; i < n; i++) s += exp((double)x[i] - mx);
-    *mx_out = mx;
-    return mx + log(s);
 }
 
 // Entropy and varentropy (bits) of softmax(x); ws is scratch [2n]: one exp per logit.
@@ -57,37 +50,13 @@ int metrics_logits(metrics_ws *w, const float *logits, int n, token_metrics *m) 
 }
 
 int metrics_attention(metrics_ws *w, const float *scores, int n_heads, int n_keys, token_metrics *m) {
-    m->attn_entropy = m->attn_varentropy = m->agreement = m->interaction_strength = 0;
-    if (n_keys <= 0 || n_heads <= 0) return 0;
-    // scratch: mean probability per key [n_keys], then per-head lse and entropy
-    double *mean = ws_get(w, (long)n_keys + 2L * n_heads);
-    if (!mean) return -1;
-    double *lse = mean + n_keys, *ent = lse + n_heads, inter = 0;
-    for (int j = 0; j < n_keys; j++) mean[j] = 0;
-    for (int h = 0; h < n_heads; h++) {
-        const float *s = scores + (size_t)h * n_keys;
-        double mx;
-        lse[h] = log_sum_exp(s, n_keys, &mx);
-        double e = 0;
-        for (int j = 0; j < n_keys; j++) {
-            double a = exp((double)s[j] - lse[h]);
-            double ac = a < 1e-10 ? 1e-10 : a > 1 ? 1 : a;  // entropix's clip inside the log
-            e -= a * log2(ac);
-            mean[j] += a / n_heads;
-            inter += fabs((double)s[j]);
-        }
-        ent[h] = e;
+    double out[4] = { 0, 0, 0, 0 };
+    if (n_keys > 0 && n_heads > 0) {
+        double *ws = ws_get(w, (long)n_keys + 2L * n_heads);
+        if (!ws) return -1;
+        cpu_attn_stats(out, scores, n_heads, n_keys, ws);
     }
-    double em = 0, ev = 0, agree = 0;
-    for (int h = 0; h < n_heads; h++) em += ent[h] / n_heads;
-    for (int h = 0; h < n_heads; h++) ev += (ent[h] - em) * (ent[h] - em) / n_heads;
-    for (int h = 0; h < n_heads; h++) {
-        const float *s = scores + (size_t)h * n_keys;
-        for (int j = 0; j < n_keys; j++) agree += fabs(exp((double)s[j] - lse[h]) - mean[j]);
-    }
-    double cells = (double)n_heads * n_keys;
-    m->attn_entropy = em, m->attn_varentropy = ev;
-    m->agreement = agree / cells, m->interaction_strength = inter / cells;
+    m->attn_entropy = out[0], m->attn_varentropy = out[1], m->agreement = out[2], m->interaction_strength = out[3];
     return 0;
 }
 

@@ -24,7 +24,8 @@ void metrics_ws_free(metrics_ws *w);
 double metrics_log_prob(const float *logits, int n, int id);
 // H, V and log_z from logits[n]. Returns -1 only when out of memory.
 int metrics_logits(metrics_ws *w, const float *logits, int n, token_metrics *m);
-// The four attention metrics from scores[n_heads, n_keys]. n_keys == 0 gives zeros.
+// The four attention metrics from scores[n_heads, n_keys] (cpu_attn_stats, the CPU twin
+// of the CUDA forward's cuda_attn_stats). n_keys == 0 gives zeros.
 int metrics_attention(metrics_ws *w, const float *scores, int n_heads, int n_keys, token_metrics *m);
 
 #endif

@@ -97,9 +97,12 @@ double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
         c[i] = (sampler_cand){ exp(((double)logits[i] - mx) * inv_t), i };
         total += c[i].p;
     }
-    if (p.min_p > 0) n = keep_at_least(c, n, p.min_p * 1.0);  // p_max is exp(0) = 1 here
+    if (p.min_p > 0) n = keep_at_least(c, n, fmin(p.min_p, 1.0));  // p_max is exp(0) = 1: the top always stays
+    // The nucleus is a share of the mass left after min-p and top-k; the prefilter
+    // only shortens the sort, so the total is taken before it.
+    double kept = -1;
     if (p.top_p < 1 && !(p.top_k > 0 && p.top_k < n)) {
-        double kept = 0;
+        kept = 0;
         for (int i = 0; i < n; i++) kept += c[i].p;
         n = nucleus_prefilter(c, n, kept, p.top_p);
     }
@@ -107,6 +110,7 @@ double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
     qsort(c, (size_t)n, sizeof *c, cand_cmp);
     total = 0;
     for (int i = 0; i < n; i++) total += c[i].p;
+    if (kept >= 0) total = kept;
     if (p.top_p < 1) {  // smallest prefix whose mass reaches top_p
         double cum = 0;
         int m = 0;
@@ -124,8 +128,10 @@ double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
     return h;
 }
 
-int sampler_draw(const sampler *s, rng *r) {
-    double u = rng_uniform(r), cum = 0;
+int sampler_draw(const sampler *s, rng *r) { return sampler_draw_u(s, rng_uniform(r)); }
+
+int sampler_draw_u(const sampler *s, double u) {
+    double cum = 0;
     for (int i = 0; i < s->n_cand; i++) {
         cum += s->cand[i].p;
         if (u < cum) return s->cand[i].id;
@@ -176,6 +182,30 @@ void sampler_penalize(float *logits, int n, const int *hist, int n_hist, int no_
         int match = 1;
         for (int j = 0; j < N - 1 && match; j++) match = hist[i + j] == prefix[j];
         if (match && hist[i + N - 1] >= 0 && hist[i + N - 1] < n) logits[hist[i + N - 1]] = -INFINITY;
+    }
+}
+
+static int same_truncation(const sample_cfg *a, const sample_cfg *b) {
+    return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p && a->min_p == b->min_p;
+}
+
+void sampler_sample_n(sampler *s, const float *logits, const sample_cfg *cfg, int n, sample_out *out) {
+    int built = -1;
+    double h = 0;
+    for (int i = 0; i < n; i++) {
+        const sample_cfg *c = &cfg[i];
+        int id;
+        if (c->temperature <= 0) {
+            id = sampler_argmax(logits, s->n);
+            out[i] = (sample_out){ id, 1, logits[id], 0, 0 };
+            continue;
+        }
+        if (built < 0 || !same_truncation(c, &cfg[built])) {
+            h = sampler_distribution(s, logits, (sampler_params){ c->temperature, c->top_k, c->top_p, c->min_p });
+            built = i;
+        }
+        id = sampler_draw_u(s, c->u);
+        out[i] = (sample_out){ id, s->n_cand, logits[id], 0, h };
     }
 }
 

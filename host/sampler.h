@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "kernels/ops.h"
+
 typedef struct {
     float temperature;  // 0: greedy argmax
     int top_k;          // 0: off
@@ -38,6 +40,8 @@ int sampler_argmax(const float *logits, int n);
 double sampler_distribution(sampler *s, const float *logits, sampler_params p);
 // Draws from the distribution last built by sampler_distribution.
 int sampler_draw(const sampler *s, rng *r);
+// The same with the uniform u in [0, 1) given (one rng_uniform of the caller's stream).
+int sampler_draw_u(const sampler *s, double u);
 // Draws up to k distinct ids without replacement from that distribution (each draw
 // renormalised over what is left); returns how many (fewer when fewer candidates).
 int sampler_draw_distinct(const sampler *s, rng *r, int k, int *out);
@@ -49,5 +53,9 @@ void sampler_penalize(float *logits, int n, const int *hist, int n_hist, int no_
                       unsigned char *seen);
 // sampler_distribution + sampler_draw.
 int sampler_sample(sampler *s, const float *logits, sampler_params p, rng *r);
+// n draws from logits[s->n], each with its own truncation and uniform (cfg[i].u, read
+// when temperature > 0); consecutive draws with the same truncation share one
+// distribution. The host twin of the device's cuda_sample (kernels/ops.h).
+void sampler_sample_n(sampler *s, const float *logits, const sample_cfg *cfg, int n, sample_out *out);
 
 #endif

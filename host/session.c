@@ -109,6 +109,21 @@ int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *o
     return 0;
 }
 
+int session_metrics(const session *s, metrics_ws *ws, token_metrics *m) {
+    const forward_state *fw = &s->fw;
+    const model_config *c = &s->m.cfg;
+    if (fw->dev_stats) {  // CUDA: a few floats the forward copied back
+        m->entropy = fw->logit_stats[2], m->varentropy = fw->logit_stats[3], m->log_z = fw->logit_stats[1];
+        m->attn_entropy = fw->attn_stats[0], m->attn_varentropy = fw->attn_stats[1];
+        m->agreement = fw->attn_stats[2], m->interaction_strength = fw->attn_stats[3];
+        return 0;
+    }
+    // The CPU forward (and a CUDA step without a capture layer, whose scores never came back)
+    int keys = fw->attn_layer >= 0 && !s->cu ? fw->attn_keys : 0;
+    if (metrics_logits(ws, fw->logits, c->vocab_size, m)) return -1;
+    return metrics_attention(ws, fw->attn_scores, c->n_heads, keys, m);
+}
+
 int session_add_stop(session *s, int id) {
     if (session_is_stop(s, id)) return 0;
     if (s->n_stop == (int)(sizeof s->stop / sizeof *s->stop)) return -1;

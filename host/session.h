@@ -5,6 +5,7 @@
 #define VARENT_SESSION_H
 
 #include "host/kv_cache.h"
+#include "host/metrics.h"
 #include "host/sampler.h"
 #include "model/forward.h"
 #include "tokenizer/tokenizer.h"
@@ -44,6 +45,36 @@ int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err);
 // session_forward that also writes every new position's logits to out [T, vocab], host
 // memory (perplexity, scoring). The CUDA backend feeds one token at a time for now.
 int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *out, verr *err);
+// n draws from the last forward's logits, each with its own temperature/top-k/top-p/
+// min-p and uniform (cfg[i].u, read only when temperature > 0): on CUDA all in one
+// launch on the device, only the results crossing the bus; on the CPU host/sampler.c.
+// Both give the same tokens (kernels/sample_core.h). out[i].entropy is the bits of
+// draw i's truncated distribution (0 for argmax). host/session_sample.c.
+int session_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, verr *err);
+// The entropix metrics of the last session_forward's step (logits, and the attention
+// capture at s->fw.attn_layer; attention metrics are 0 without one). CPU: computed from
+// s->fw.logits and s->fw.attn_scores. CUDA: the statistics the device computed in the
+// forward (log_z = its lse); only the logit metrics fall back to s->fw.logits when the
+// step had no capture layer. -1 only when out of memory.
+int session_metrics(const session *s, metrics_ws *ws, token_metrics *m);
+// Scratch of session_forward_batch for the rows' attention captures (CPU, with metrics),
+// owned by the caller: zero-initialise, it grows on demand; batch_ws_free releases it.
+typedef struct {
+    float *scores;  // [rows, n_heads, ctx]
+    int *keys;      // [rows]
+    long cap;       // floats in scores
+    int rows;       // entries in keys
+} batch_ws;
+void batch_ws_free(batch_ws *w);
+// B sequences decode one token each in one forward (branches, lookahead agents): row b
+// appends ids[b] to views[b] (each row its own tail) and gets its logits in
+// logits + b * vocab (host memory); with m (then bw too) also its entropix metrics m[b],
+// which need a capture layer (s->fw.attn_layer) for the attention ones. CPU: one
+// forward_batch per max_T rows (weights read once per step). CUDA: one session_forward
+// per row for now; the device batch goes here. s->fw.logits is left undefined.
+// host/session_batch.c.
+int session_forward_batch(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
+                          metrics_ws *ws, batch_ws *bw, verr *err);
 // Ids that end generation: config eos ids plus the tokenizer's eos.
 int session_is_stop(const session *s, int id);
 // Adds an id that ends generation; -1 when the table is full.

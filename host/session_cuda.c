@@ -66,3 +66,8 @@ int session_cuda_bench_info(session *s, char *buf, size_t n, double *copy_gbs, s
     return verr_set(err, "built without CUDA");
 #endif
 }
+
+int session_cuda_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, verr *err) {
+    if (!s->cu) return verr_set(err, "not a CUDA session");
+    return cuda_forward_sample(s->cu, cfg, n, out, err);
+}

@@ -15,6 +15,9 @@ int session_cuda_parse(const char *dev, int *index, verr *err);
 int session_cuda_open(session *s, int device, const session *base, verr *err);
 // Frees s->kv and s->cu (no-op on a CPU session). Before forward_free(&s->fw).
 void session_cuda_close(session *s);
+// session_sample on the device: the configurations up, one cuda_sample launch on the
+// last logits, the results down.
+int session_cuda_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, verr *err);
 // For `varent bench` on a CUDA session: "cuda:0 (NAME, N SMs, X GiB)" into buf, the
 // device-to-device copy bandwidth (GB/s, read + write) and the bytes of the weights as
 // uploaded (bf16 where the checkpoint was f32). -1 with err on a CPU session.

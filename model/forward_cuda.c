@@ -9,6 +9,9 @@
 // Per-step values (ids, positions, cache rows, KV segment pointers and lengths) live in
 // one device block filled from a pinned host twin by the step's first copy: a captured
 // T == 1 graph replays with new values and no re-capture.
+// With a capture layer, the step ends with the entropix statistics on the device
+// (cuda_vocab_stats on the logits, cuda_attn_stats on the captured scores): 8 floats
+// come back with the logits; the scores themselves only with fw->copy_scores.
 #include "model/forward_cuda.h"
 
 #include <math.h>
@@ -34,6 +37,10 @@ size_t cuda_forward_weight_bytes(const cuda_forward *f) { return (void)f, 0; }
 void cuda_forward_set_graphs(cuda_forward *f, int on) { (void)f, (void)on; }
 int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err) {
     (void)f, (void)fw, (void)kv, (void)ids, (void)T;
+    return verr_set(err, NO_CUDA);
+}
+int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err) {
+    (void)f, (void)cfg, (void)n, (void)out;
     return verr_set(err, NO_CUDA);
 }
 
@@ -98,6 +105,8 @@ struct cuda_forward {
     float *hb;                 // [max_T, 2*hidden]
     float *logits;             // [vocab]
     float *scores;             // [n_heads, max_ctx] attention capture
+    float *stats;              // [8]: vocab stats of logits {max, lse, H, V}, then attention stats
+    float *h_stats;            // pinned [8], their host copy
     void *d_par, *h_par;       // step block: device, pinned host
     size_t par_bytes;
     int par_pending;           // a copy from h_par may still be queued
@@ -106,6 +115,9 @@ struct cuda_forward {
     int graph_cap;             // its capture layer (-1: none)
     void *graph_scratch;       // ctx.scratch it was captured with
     int use_graph;
+    sample_cfg *d_cfg;         // [smp_cap] cuda_forward_sample's configurations
+    sample_out *d_out;         // [smp_cap] and results
+    int smp_cap;
 };
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
@@ -287,13 +299,13 @@ static int alloc_activations(cuda_forward *f, verr *err) {
     const model_config *c = &f->m->cfg;
     size_t T = (size_t)f->max_T, q_dim = (size_t)c->n_heads * c->head_dim;
     size_t qkv_dim = q_dim + 2 * (size_t)c->n_kv_heads * c->head_dim;
-    size_t sizes[9] = { T * c->dim, T * c->dim, T * c->dim, T * qkv_dim, T * q_dim, T * 2 * c->hidden_dim,
-                        (size_t)c->vocab_size, (size_t)c->n_heads * f->max_ctx, 0 };
+    size_t sizes[10] = { T * c->dim, T * c->dim, T * c->dim, T * qkv_dim, T * q_dim, T * 2 * c->hidden_dim,
+                         (size_t)c->vocab_size, (size_t)c->n_heads * f->max_ctx, 8, 0 };
     f->par_bytes = par_size(c->n_layers, f->max_T);
-    size_t off[9], total = 0;
-    for (int i = 0; i < 9; i++) {
+    size_t off[10], total = 0;
+    for (int i = 0; i < 10; i++) {
         off[i] = total;
-        total = align256(total + (i < 8 ? sizes[i] * sizeof(float) : f->par_bytes));
+        total = align256(total + (i < 9 ? sizes[i] * sizeof(float) : f->par_bytes));
     }
     if (cuda_malloc(&f->act, total, "activations", err)) {
         char msg[sizeof err->msg];
@@ -303,9 +315,13 @@ static int alloc_activations(cuda_forward *f, verr *err) {
     char *a = f->act;
     f->x = (float *)(a + off[0]), f->xb = (float *)(a + off[1]), f->y = (float *)(a + off[2]);
     f->qkv = (float *)(a + off[3]), f->att = (float *)(a + off[4]), f->hb = (float *)(a + off[5]);
-    f->logits = (float *)(a + off[6]), f->scores = (float *)(a + off[7]), f->d_par = a + off[8];
+    f->logits = (float *)(a + off[6]), f->scores = (float *)(a + off[7]), f->stats = (float *)(a + off[8]);
+    f->d_par = a + off[9];
     CK(cudaHostAlloc(&f->h_par, f->par_bytes, cudaHostAllocDefault));
     memset(f->h_par, 0, f->par_bytes);
+    void *hs = NULL;
+    CK(cudaHostAlloc(&hs, 8 * sizeof(float), cudaHostAllocDefault));
+    f->h_stats = hs;
 
     // Scratch: bf16 activations of a prefill GEMM, or the decode attention's partials.
     size_t max_in = (size_t)c->dim;
@@ -385,6 +401,9 @@ void cuda_forward_close(cuda_forward *f) {
         cudaFreeHost(f->pin_scores);
     }
     if (f->h_par) cudaFreeHost(f->h_par);
+    if (f->h_stats) cudaFreeHost(f->h_stats);
+    cuda_free(f->d_cfg);
+    cuda_free(f->d_out);
     cuda_free(f->act);
     cuda_free(f->own.arena);
     free(f->own.layers);
@@ -470,12 +489,12 @@ static int enqueue_chunk(cuda_forward *f, int T, int cap, verr *err) {
         OP(cuda_kv_store_dev(x, &dp.layers[l], k, v, dp.rows, T, kv_dim));
         float *sc = l == cap ? f->scores : NULL;
         if (T == 1) {
-            OP(cuda_attention_decode_dev(x, f->att, q, &dp.layers[l], dp.lens, f->max_ctx, sh, sc, NULL));
+            OP(cuda_attention_decode_dev(x, f->att, q, &dp.layers[l], dp.lens, f->max_ctx, sh, sc));
         } else {
             const cuda_kv_layer *hl = &hp.layers[l];
             kv_span span = { hl->k_trunk, hl->v_trunk, hp.lens->n_trunk, hl->k_tail, hl->v_tail,
                              hp.lens->n_keys - hp.lens->n_trunk };
-            OP(cuda_attention(x, f->att, q, span, T, sh, sc, NULL));
+            OP(cuda_attention(x, f->att, q, span, T, sh, sc));
         }
         OP(cuda_matmul(x, f->y, f->att, L->wo, T, q_dim, dim));
         OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, L->ffn_norm, T, dim, eps));
@@ -492,6 +511,10 @@ static int enqueue_chunk(cuda_forward *f, int T, int cap, verr *err) {
         OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, next, T, dim, eps));
     }
     OP(cuda_matvec(x, f->logits, f->xb + (size_t)(T - 1) * dim, w->lm_head, dim, c->vocab_size));
+    if (cap >= 0) {  // the metrics of this step; the key count is read from the step block
+        OP(cuda_vocab_stats(x, f->stats, f->logits, 1, c->vocab_size));
+        OP(cuda_attn_stats(x, f->stats + 4, f->scores, nh, f->max_ctx, dp.lens));
+    }
     return 0;
 }
 
@@ -567,6 +590,7 @@ int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int 
     if (check_view(f, kv, err)) return -1;
     if (cuda_activate(&f->ctx)) return verr_set(err, "%s", f->ctx.err.msg);
     int cap = fw->attn_layer >= 0 && fw->attn_layer < c->n_layers ? fw->attn_layer : -1;
+    fw->dev_stats = 0;
     kv_cache *dst = kv->tail ? kv->tail : kv->trunk;
     int len0 = dst->len, n_trunk0 = kv->n_trunk, rc = 0;
     for (int done = 0; rc == 0 && done < T; done += f->max_T) {
@@ -577,9 +601,11 @@ int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int 
         cudaStream_t st = f->ctx.stream;
         cudaError_t e = cudaMemcpyAsync(fw->logits, f->logits, (size_t)c->vocab_size * sizeof(float),
                                         cudaMemcpyDeviceToHost, st);
-        if (e == cudaSuccess && cap >= 0)
+        if (e == cudaSuccess && cap >= 0 && fw->copy_scores)
             e = cudaMemcpyAsync(fw->attn_scores, f->scores, (size_t)c->n_heads * f->last_keys * sizeof(float),
                                 cudaMemcpyDeviceToHost, st);
+        if (e == cudaSuccess && cap >= 0)
+            e = cudaMemcpyAsync(f->h_stats, f->stats, 8 * sizeof(float), cudaMemcpyDeviceToHost, st);
         if (e == cudaSuccess) e = cudaStreamSynchronize(st);  // kernel faults surface here
         if (e != cudaSuccess)
             rc = verr_set(err, "CUDA forward pass failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
@@ -589,7 +615,31 @@ int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int 
         dst->len = len0, kv->n_trunk = n_trunk0;
         return -1;
     }
-    if (cap >= 0) fw->attn_keys = f->last_keys;
+    if (cap >= 0) {
+        fw->attn_keys = f->last_keys;
+        memcpy(fw->logit_stats, f->h_stats, sizeof fw->logit_stats);
+        memcpy(fw->attn_stats, f->h_stats + 4, sizeof fw->attn_stats);
+        fw->dev_stats = 1;
+    }
+    return 0;
+}
+
+// ---- sampling on the device ----------------------------------------------------------------
+
+int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err) {
+    if (n <= 0) return 0;
+    OP(cuda_activate(&f->ctx));
+    if (n > f->smp_cap) {
+        cuda_free(f->d_cfg), cuda_free(f->d_out);
+        f->d_cfg = NULL, f->d_out = NULL, f->smp_cap = 0;
+        if (cuda_malloc((void **)&f->d_cfg, sizeof *cfg * (size_t)n, "sampling configurations", err) ||
+            cuda_malloc((void **)&f->d_out, sizeof *out * (size_t)n, "sampling results", err))
+            return -1;
+        f->smp_cap = n;
+    }
+    OP(cuda_upload(&f->ctx, f->d_cfg, cfg, sizeof *cfg * (size_t)n));
+    OP(cuda_sample(&f->ctx, f->d_out, f->logits, f->m->cfg.vocab_size, f->d_cfg, n));
+    OP(cuda_download(&f->ctx, out, f->d_out, sizeof *out * (size_t)n));
     return 0;
 }
 

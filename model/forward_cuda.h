@@ -2,9 +2,11 @@
 // model/forward.c. Weights are uploaded once (bf16/f16 as stored, f32 matrices rounded
 // to bf16, norms and biases widened to f32); activations stay on the GPU; the KV cache
 // is a device kv_cache (bf16, kv_cache_init_cuda) with the same trunk/tail kv_view
-// semantics as the CPU. Only the last token's logits (and the attention capture) come
-// back, into the host forward_state the session already has. T == 1 steps are captured
-// once in a CUDA graph and replayed.
+// semantics as the CPU. Only the last token's logits come back, into the host
+// forward_state the session already has, plus, with a capture layer, 8 floats of
+// entropix statistics computed on the device (fw->logit_stats, fw->attn_stats); the
+// captured scores only with fw->copy_scores. T == 1 steps are captured once in a CUDA
+// graph and replayed.
 // Only functional in builds with VARENT_CUDA; otherwise every call reports that.
 #ifndef VARENT_FORWARD_CUDA_H
 #define VARENT_FORWARD_CUDA_H
@@ -33,9 +35,13 @@ size_t cuda_forward_weight_bytes(const cuda_forward *f);
 // CUDA graphs for T == 1 steps: on by default. Off: the same kernels launched one by one.
 void cuda_forward_set_graphs(cuda_forward *f, int on);
 // As forward(): appends T tokens to the sequence in kv (device caches of this forward's
-// device) and leaves the last token's logits in fw->logits, and the attention capture
-// in fw->attn_scores / fw->attn_keys when fw->attn_layer is a layer. Fails without
-// touching kv on bad ids or a full context.
+// device) and leaves the last token's logits in fw->logits. When fw->attn_layer is a
+// layer: fw->attn_keys, the device statistics in fw->logit_stats / fw->attn_stats with
+// fw->dev_stats = 1, and with fw->copy_scores the capture in fw->attn_scores. Fails
+// without touching kv on bad ids or a full context.
 int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err);
+// n draws from the last forward's logits in one cuda_sample launch (kernels/ops.h):
+// the configurations go up, the results come back; the logits stay on the device.
+int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err);
 
 #endif

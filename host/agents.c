@@ -3,7 +3,6 @@
 #include "host/agents.h"
 
 #include <omp.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -123,6 +122,10 @@ typedef struct {
 typedef struct {
     float *root;       // [vocab] the step's shared logits (forwards of branches overwrite fw.logits)
     topset top;        // of root
+    // lookahead: one batch of branch rows (session_forward_batch)
+    float *logits;     // [rows, vocab] each row's logits
+    kv_view views[AGENTS_MAX];
+    int ids[AGENTS_MAX], row[AGENTS_MAX];
     int rc;
     verr err;
 } replica;
@@ -141,9 +144,7 @@ typedef struct {
     int roll_to;           // rollback target length
     char *text;            // critic input
     critic_verdict verdict;
-    pthread_mutex_t mu;    // --max-parallel slots (lookahead)
-    pthread_cond_t cv;
-    int slots;
+    int rows;              // lookahead: branch rows per batch (--max-parallel)
     int *rb_at;            // [ctx + 1] rollbacks at each text length
     int step_cap;          // of res->step_s
 } run;
@@ -168,22 +169,6 @@ static void job_prefill(void *ud, int d) {
     if (r->n > 1 && session_forward(s, &kv, r->ids, r->n - 1, &r->rp[d].err)) job_fail(r, d);
 }
 
-static void slot_take(run *r) {
-    pthread_mutex_lock(&r->mu);
-    while (r->slots == 0) pthread_cond_wait(&r->cv, &r->mu);
-    r->slots--;
-    pthread_mutex_unlock(&r->mu);
-}
-
-static void slot_give(run *r) {
-    pthread_mutex_lock(&r->mu);
-    r->slots++;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
-// Agent a's branch on replica d: its first token from the shared logits, then w - 1
-// more on its tail. The last token is never fed (the winner's is fed next step).
 // Agent a's proposal from the shared logits: its entropy; its token in g->tok[0].
 static double propose(run *r, int d, int a) {
     agent *g = &r->ag[a];
@@ -201,21 +186,58 @@ static double propose(run *r, int d, int a) {
     return h;
 }
 
-static int branch(run *r, int d, int a) {
+// Agents ag[0..n) of replica d extend their branches together: each one's first token
+// from the shared logits, then up to w - 1 more on its tail (the last token is never
+// fed: the winner's is fed next step), step j of every live branch in one session_forward_batch
+// (the weights are read once per step, not once per branch). Every agent draws from its
+// own stream, so which rows share a batch never changes a draw.
+static int branch_group(run *r, int d, const int *ag, int n) {
     session *s = &r->reps[d];
-    agent *g = &r->ag[a];
-    sampler_params sp = r->o->agents[a];
-    double sum = propose(r, d, a);
-    g->n_tok = 1;
-    g->tail.len = 0;
-    kv_view kv = { &s->kv, s->kv.len, &g->tail };
-    while (g->n_tok < r->w && !session_is_stop(s, g->tok[g->n_tok - 1])) {
-        if (session_forward(s, &kv, &g->tok[g->n_tok - 1], 1, &r->rp[d].err)) return job_fail(r, d);
-        sum += sampler_distribution(&g->smp, s->fw.logits, sp);
-        g->tok[g->n_tok++] = sampler_draw(&g->smp, &g->r);
+    replica *rp = &r->rp[d];
+    size_t V = (size_t)s->m.cfg.vocab_size;
+    double sum[AGENTS_MAX];
+    for (int i = 0; i < n; i++) {
+        sum[i] = propose(r, d, ag[i]);
+        r->ag[ag[i]].n_tok = 1, r->ag[ag[i]].tail.len = 0;
     }
-    g->entropy = sum / g->n_tok;
+    for (int step = 1; step < r->w; step++) {
+        int rows = 0;
+        for (int i = 0; i < n; i++) {
+            agent *g = &r->ag[ag[i]];
+            if (g->n_tok != step || session_is_stop(s, g->tok[step - 1])) continue;  // stopped
+            rp->row[rows] = i, rp->ids[rows] = g->tok[step - 1];
+            rp->views[rows++] = (kv_view){ &s->kv, s->kv.len, &g->tail };
+        }
+        if (rows == 0) break;
+        if (session_forward_batch(s, rp->views, rp->ids, rows, rp->logits, NULL, NULL, NULL, &rp->err))
+            return job_fail(r, d);
+        for (int q = 0; q < rows; q++) {
+            int i = rp->row[q];
+            agent *g = &r->ag[ag[i]];
+            sum[i] += sampler_distribution(&g->smp, rp->logits + q * V, r->o->agents[ag[i]]);
+            g->tok[g->n_tok++] = sampler_draw(&g->smp, &g->r);
+        }
+    }
+    for (int i = 0; i < n; i++) r->ag[ag[i]].entropy = sum[i] / r->ag[ag[i]].n_tok;
     return 0;
+}
+
+// Every agent's proposal in one launch on the device (CUDA replicas): the draws
+// propose() makes on the host (one uniform per agent from its own stream), the entropy
+// of each agent's truncated distribution with them; only ids and entropies come back.
+static void propose_on_device(run *r, int d) {
+    sample_cfg cfg[AGENTS_MAX] = { { 0 } };
+    sample_out out[AGENTS_MAX];
+    int n = r->o->n_agents;
+    for (int a = 0; a < n; a++) {
+        sampler_params sp = r->o->agents[a];
+        cfg[a] = (sample_cfg){ sp.temperature, sp.top_k, sp.top_p, sp.min_p, rng_uniform(&r->ag[a].r) };
+    }
+    if (session_sample(&r->reps[d], cfg, n, out, &r->rp[d].err)) {
+        job_fail(r, d);
+        return;
+    }
+    for (int a = 0; a < n; a++) r->ag[a].tok[0] = out[a].token, r->ag[a].entropy = out[a].entropy, r->ag[a].n_tok = 1;
 }
 
 // One step on replica d: the shared forward of the pending id, then its agents.
@@ -225,8 +247,12 @@ static void job_round(void *ud, int d) {
     if (r->pending && feed_trunk(r, d, &r->ids[r->n - 1], 1)) return;
     int V = s->m.cfg.vocab_size;
     memcpy(r->rp[d].root, s->fw.logits, sizeof(float) * (size_t)V);
-    topset_build(&r->rp[d].top, r->rp[d].root, V);
     const agents_opts *o = r->o;
+    if (r->W <= 1 && s->cu) {
+        propose_on_device(r, d);
+        return;
+    }
+    topset_build(&r->rp[d].top, r->rp[d].root, V);
     if (r->W <= 1) {  // every agent samples the same logits: bounded by --max-parallel threads
         int par = o->max_parallel > 0 && o->max_parallel < o->n_agents ? o->max_parallel : o->n_agents, full = 0;
         for (int a = 0; a < o->n_agents; a++) full += !(o->agents[a].top_k > 0 && o->agents[a].top_k < r->rp[d].top.k);
@@ -239,12 +265,13 @@ static void job_round(void *ud, int d) {
         }
         return;
     }
+    int grp[AGENTS_MAX], n = 0;  // this replica's agents, r->rows per batch
     for (int a = d; a < o->n_agents; a += r->D) {
-        slot_take(r);
-        int rc = branch(r, d, a);
-        slot_give(r);
-        if (rc) return;
+        grp[n++] = a;
+        if (n == r->rows && branch_group(r, d, grp, n)) return;
+        if (n == r->rows) n = 0;
     }
+    if (n) branch_group(r, d, grp, n);
 }
 
 // The winner's fed tokens into every trunk: its own replica copies the tail, the
@@ -306,21 +333,18 @@ static void run_free(run *r) {
         free(r->ag[a].tok);
     }
     free(r->ag);
-    for (int d = 0; d < DEVICES_MAX; d++) free(r->rp[d].root), free(r->rp[d].top.ids), free(r->rp[d].top.logits);
+    for (int d = 0; d < DEVICES_MAX; d++) free(r->rp[d].root), free(r->rp[d].top.ids), free(r->rp[d].top.logits), free(r->rp[d].logits);
     free(r->rb_at), free(r->text);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
 }
 
 static int run_init(run *r, session *reps, dev_pool *pool, const agents_opts *o, verr *err) {
     memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
     r->reps = reps, r->pool = pool, r->o = o;
     r->W = o->lookahead > 1 ? o->lookahead : 1;
     r->D = r->W > 1 ? dev_pool_size(pool) : 1;
     r->active = (1u << r->D) - 1;
-    r->slots = o->max_parallel > 0 ? o->max_parallel : o->n_agents;
+    int per_rep = (o->n_agents + r->D - 1) / r->D;
+    r->rows = o->max_parallel > 0 && o->max_parallel < per_rep ? o->max_parallel : per_rep;
     const model_config *c = &reps[0].m.cfg;
     r->ag = calloc((size_t)o->n_agents, sizeof *r->ag);
     r->rb_at = calloc((size_t)reps[0].ctx + 1, sizeof *r->rb_at);
@@ -335,7 +359,9 @@ static int run_init(run *r, session *reps, dev_pool *pool, const agents_opts *o,
         t->ids = malloc(sizeof(int) * (size_t)kmax);
         t->logits = malloc(sizeof(float) * (size_t)kmax);
         r->rp[d].root = malloc(sizeof(float) * (size_t)c->vocab_size);
-        if (!r->rp[d].root || !t->ids || !t->logits) return verr_set(err, "out of memory");
+        r->rp[d].logits = r->W > 1 ? malloc(sizeof(float) * (size_t)c->vocab_size * r->rows) : NULL;
+        if (!r->rp[d].root || !t->ids || !t->logits || (r->W > 1 && !r->rp[d].logits))
+            return verr_set(err, "out of memory");
     }
     for (int a = 0; a < o->n_agents; a++) {
         agent *g = &r->ag[a];

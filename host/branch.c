@@ -1,5 +1,5 @@
-// branch.c: see branch.h. The forward's logits and attention capture are overwritten
-// by every branch step, so each step's metrics are taken before the next forward.
+// branch.c: see branch.h. Each step's logits and metrics come back per row from
+// session_forward_batch and are consumed before the next step's batch.
 #include "host/branch.h"
 
 #include <stdlib.h>
@@ -8,13 +8,20 @@
 int branch_init(branch_set *bs, const model_config *c, int k, int b, verr *err) {
     memset(bs, 0, sizeof *bs);
     bs->k = k, bs->b = b;
-    size_t cells = (size_t)k * (b + 1);
-    bs->tails = calloc((size_t)k, sizeof *bs->tails);
+    size_t cells = (size_t)k * (b + 1), K = (size_t)k;
+    bs->tails = calloc(K, sizeof *bs->tails);
     bs->tok = malloc(cells * sizeof *bs->tok);
     bs->rec = malloc(cells * sizeof *bs->rec);
-    bs->len = malloc((size_t)k * sizeof *bs->len);
-    bs->mean_h = malloc((size_t)k * sizeof *bs->mean_h);
-    if (!bs->tails || !bs->tok || !bs->rec || !bs->len || !bs->mean_h) {
+    bs->len = malloc(K * sizeof *bs->len);
+    bs->mean_h = malloc(K * sizeof *bs->mean_h);
+    bs->row = malloc(K * sizeof *bs->row);
+    bs->views = malloc(K * sizeof *bs->views);
+    bs->ids = malloc(K * sizeof *bs->ids);
+    bs->logits = malloc(K * (size_t)c->vocab_size * sizeof *bs->logits);
+    bs->m = malloc(K * sizeof *bs->m);
+    bs->live = malloc(K);
+    if (!bs->tails || !bs->tok || !bs->rec || !bs->len || !bs->mean_h || !bs->row || !bs->views || !bs->ids ||
+        !bs->logits || !bs->m || !bs->live) {
         branch_free(bs);
         return verr_set(err, "out of memory allocating %d branches", k);
     }
@@ -29,47 +36,59 @@ int branch_init(branch_set *bs, const model_config *c, int k, int b, verr *err) 
 void branch_free(branch_set *bs) {
     for (int i = 0; bs->tails && i < bs->k; i++) kv_cache_free(&bs->tails[i]);
     free(bs->tails), free(bs->tok), free(bs->rec), free(bs->len), free(bs->mean_h);
+    free(bs->row), free(bs->views), free(bs->ids), free(bs->logits), free(bs->m), free(bs->live);
+    batch_ws_free(&bs->bw);
     memset(bs, 0, sizeof *bs);
 }
 
-// The logits a branch draw sees: raw, or penalised by the history plus the branch's
-// first j tokens.
-static const float *branch_logits(session *s, const branch_penalty *pen, const int *tok, int j) {
-    if (!pen || (pen->no_repeat_ngram <= 0 && !(pen->repeat_penalty > 0 && pen->repeat_penalty != 1)))
-        return s->fw.logits;
-    int vocab = s->m.cfg.vocab_size;
+// The logits a branch draw sees: its row's raw logits, or those penalised by the
+// history plus the branch's first j tokens.
+static const float *branch_logits(const float *logits, int vocab, const branch_penalty *pen, const int *tok, int j) {
+    if (!pen || (pen->no_repeat_ngram <= 0 && !(pen->repeat_penalty > 0 && pen->repeat_penalty != 1))) return logits;
     memcpy(pen->hist + pen->n_hist, tok, sizeof(int) * (size_t)j);
-    memcpy(pen->work, s->fw.logits, sizeof(float) * (size_t)vocab);
+    memcpy(pen->work, logits, sizeof(float) * (size_t)vocab);
     sampler_penalize(pen->work, vocab, pen->hist, pen->n_hist + j, pen->no_repeat_ngram, pen->repeat_penalty, pen->seen);
     return pen->work;
 }
 
-// Extends branch i from its candidate: feed, measure, draw with the base sampler.
-static int extend(branch_set *bs, int i, session *s, sampler_params base, int steps, metrics_ws *ws, rng *r,
-                  const branch_penalty *pen, verr *err) {
-    int *tok = bs->tok + (size_t)i * (bs->b + 1);
-    gen_record *rec = bs->rec + (size_t)i * (bs->b + 1);
-    kv_cache *tail = &bs->tails[i];
-    tail->len = 0;
-    kv_view kv = { &s->kv, s->kv.len, tail };
-    const model_config *c = &s->m.cfg;
-    double sum_h = 0;
-    int n = 1;
-    for (int j = 1; j <= steps; j++) {
-        if (session_forward(s, &kv, &tok[j - 1], 1, err)) return -1;
-        gen_record *g = &rec[j];
-        memset(g, 0, sizeof *g);
-        if (metrics_logits(ws, s->fw.logits, c->vocab_size, &g->m) ||
-            metrics_attention(ws, s->fw.attn_scores, c->n_heads, s->fw.attn_keys, &g->m))
-            return verr_set(err, "out of memory computing metrics");
-        sum_h += g->m.entropy;
-        g->q = Q_BRANCH, g->sp = base, g->pos = rec[0].pos + j;
-        g->token = tok[j] = sampler_sample(&s->smp, branch_logits(s, pen, tok, j), base, r);
-        n = j + 1;
-        if (session_is_stop(s, tok[j])) break;
+// The live branches' rows of step j: each feeds its token j-1 on its own tail.
+static int gather_rows(branch_set *bs, int k, session *s, int j) {
+    int n = 0;
+    for (int i = 0; i < k; i++) {
+        if (!bs->live[i]) continue;
+        bs->row[n] = i;
+        bs->views[n] = (kv_view){ &s->kv, s->kv.len, &bs->tails[i] };
+        bs->ids[n] = bs->tok[(size_t)i * (bs->b + 1) + j - 1];
+        n++;
     }
-    bs->len[i] = n;
-    bs->mean_h[i] = n > 1 ? sum_h / (n - 1) : 0;
+    return n;
+}
+
+// Extends branches 0..k-1 from their candidates, step-major: step j of every live
+// branch is one batch, then each row in branch order records its metrics and draws with
+// the base sampler. A branch that draws a stop id drops out.
+static int extend_all(branch_set *bs, int k, session *s, sampler_params base, int steps, metrics_ws *ws, rng *r,
+                      const branch_penalty *pen, verr *err) {
+    int vocab = s->m.cfg.vocab_size;
+    for (int i = 0; i < k; i++) bs->tails[i].len = 0, bs->len[i] = 1, bs->mean_h[i] = 0, bs->live[i] = 1;
+    for (int j = 1; j <= steps; j++) {
+        int n = gather_rows(bs, k, s, j);
+        if (n == 0) break;
+        if (session_forward_batch(s, bs->views, bs->ids, n, bs->logits, bs->m, ws, &bs->bw, err)) return -1;
+        for (int q = 0; q < n; q++) {
+            int i = bs->row[q], *tok = bs->tok + (size_t)i * (bs->b + 1);
+            gen_record *g = &bs->rec[(size_t)i * (bs->b + 1) + j];
+            memset(g, 0, sizeof *g);
+            g->m = bs->m[q];
+            bs->mean_h[i] += g->m.entropy;  // the sum until the end
+            g->q = Q_BRANCH, g->sp = base, g->pos = bs->rec[(size_t)i * (bs->b + 1)].pos + j;
+            const float *lg = branch_logits(bs->logits + (size_t)q * vocab, vocab, pen, tok, j);
+            g->token = tok[j] = sampler_sample(&s->smp, lg, base, r);
+            bs->len[i] = j + 1;
+            if (session_is_stop(s, tok[j])) bs->live[i] = 0;
+        }
+    }
+    for (int i = 0; i < k; i++) bs->mean_h[i] = bs->len[i] > 1 ? bs->mean_h[i] / (bs->len[i] - 1) : 0;
     return 0;
 }
 
@@ -92,14 +111,15 @@ int branch_run(branch_set *bs, session *s, const gen_record *root, sampler_param
     int cand[64], k = bs->k < 64 ? bs->k : 64;
     // All candidates first: the branches' own draws reuse the sampler's buffer.
     k = sampler_draw_distinct(&s->smp, r, k, cand);
-    int best = 0;
     for (int i = 0; i < k; i++) {
         gen_record *rec = bs->rec + (size_t)i * (bs->b + 1);
         rec[0] = *root;
         rec[0].q = Q_BRANCH, rec[0].token = bs->tok[(size_t)i * (bs->b + 1)] = cand[i];
-        if (extend(bs, i, s, base, steps, ws, r, pen, err)) return -1;
-        if (bs->mean_h[i] < bs->mean_h[best]) best = i;  // ties: the earlier (likelier) draw
     }
+    if (extend_all(bs, k, s, base, steps, ws, r, pen, err)) return -1;
+    int best = 0;
+    for (int i = 1; i < k; i++)
+        if (bs->mean_h[i] < bs->mean_h[best]) best = i;  // ties: the earlier (likelier) draw
     if (kv_cache_commit(&s->kv, &bs->tails[best], bs->len[best] - 1, err)) return -1;
     return best;
 }

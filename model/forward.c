@@ -38,16 +38,39 @@ void forward_free(forward_state *s) {
     memset(s, 0, sizeof *s);
 }
 
-// Where the new keys/values of this chunk go: the tail if the view has one.
+// Where the new keys/values of a sequence go: the tail if the view has one.
 static kv_cache *write_target(kv_view *kv) { return kv->tail ? kv->tail : kv->trunk; }
 
-static void attention_block(forward_state *s, const layer_weights *w, int l, kv_view *kv, int T) {
+// One forward's rows: T consecutive tokens of one sequence (n_seq == 1: prefill, decode),
+// or one token of each of n_seq == T sequences (forward_batch: rows share the weights,
+// each has its own view, position and attention).
+typedef struct {
+    kv_view *views;  // [n_seq]
+    int n_seq;
+    float *scores;   // capture of sequence i at scores + i * n_heads * ctx; NULL: none
+    int *keys;       // [n_seq] keys in each capture
+    float *out;      // NULL: the last row's logits to s->logits; else every row's, [T, vocab]
+} chunk;
+
+// The keys and values a view sees at layer l once its n new positions are stored.
+static kv_span span_of(const kv_view *kv, int l, int n) {
+    const kv_cache *tr = kv->trunk, *tl = kv->tail;
+    return (kv_span){
+        .k_trunk = kv_cache_k(tr, l), .v_trunk = kv_cache_v(tr, l),
+        .n_trunk = tl ? kv->n_trunk : tr->len + n,
+        .k_tail = tl ? kv_cache_k(tl, l) : NULL, .v_tail = tl ? kv_cache_v(tl, l) : NULL,
+        .n_tail = tl ? tl->len + n : 0,
+    };
+}
+
+static void attention_block(forward_state *s, const layer_weights *w, int l, const chunk *ch, int T) {
     const model_config *c = &s->m->cfg;
-    int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
-    kv_cache *dst = write_target(kv);
-    // New keys and values are written straight into the cache rows they belong to.
-    float *kdst = kv_cache_k(dst, l) + (size_t)dst->len * kv_dim;
-    float *vdst = kv_cache_v(dst, l) + (size_t)dst->len * kv_dim;
+    int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim, batch = ch->n_seq > 1;
+    // One sequence's new keys and values are written straight into the cache rows they
+    // belong to; a batch's go to scratch first, then each row to its own sequence.
+    kv_cache *dst = write_target(&ch->views[0]);
+    float *kdst = batch ? s->k : kv_cache_k(dst, l) + (size_t)dst->len * kv_dim;
+    float *vdst = batch ? s->v : kv_cache_v(dst, l) + (size_t)dst->len * kv_dim;
 
     cpu_rmsnorm(s->xb, s->x, w->attn_norm, T, c->dim, c->norm_eps);
     cpu_matmul(s->q, s->xb, w->wq, T, c->dim, q_dim);
@@ -64,17 +87,22 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, kv_
     }
     cpu_rope(s->q, s->pos, T, c->n_heads, c->head_dim, s->m->inv_freq, 0);
     cpu_rope(kdst, s->pos, T, c->n_kv_heads, c->head_dim, s->m->inv_freq, 0);
+    for (int b = 0; batch && b < T; b++) {
+        kv_cache *d = write_target(&ch->views[b]);
+        size_t at = (size_t)d->len * kv_dim, row = (size_t)b * kv_dim;
+        memcpy(kv_cache_k(d, l) + at, s->k + row, sizeof(float) * (size_t)kv_dim);
+        memcpy(kv_cache_v(d, l) + at, s->v + row, sizeof(float) * (size_t)kv_dim);
+    }
 
-    kv_span span = {
-        .k_trunk = kv_cache_k(kv->trunk, l), .v_trunk = kv_cache_v(kv->trunk, l),
-        .n_trunk = kv->tail ? kv->n_trunk : kv->trunk->len + T,
-        .k_tail = kv->tail ? kv_cache_k(kv->tail, l) : NULL, .v_tail = kv->tail ? kv_cache_v(kv->tail, l) : NULL,
-        .n_tail = kv->tail ? kv->tail->len + T : 0,
-    };
     attn_shape shape = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
-    int capture = l == s->attn_layer;
-    cpu_attention(s->att, s->q, span, T, shape, capture ? s->attn_scores : NULL);
-    if (capture) s->attn_keys = span.n_trunk + span.n_tail;
+    int n = T / ch->n_seq;  // rows per sequence
+    for (int i = 0; i < ch->n_seq; i++) {
+        kv_span span = span_of(&ch->views[i], l, n);
+        float *cap = l == s->attn_layer && ch->scores ? ch->scores + (size_t)i * c->n_heads * s->ctx : NULL;
+        size_t off = (size_t)i * n * q_dim;
+        cpu_attention(s->att + off, s->q + off, span, n, shape, cap);
+        if (cap) ch->keys[i] = span.n_trunk + span.n_tail;
+    }
     cpu_matmul(s->xb, s->att, w->wo, T, q_dim, c->dim);
     cpu_add(s->x, s->xb, (size_t)T * c->dim);
 }
@@ -89,24 +117,26 @@ static void mlp_block(forward_state *s, const layer_weights *w, int T) {
     cpu_add(s->x, s->xb, (size_t)T * c->dim);
 }
 
-// One chunk of at most max_T tokens; the caller has validated ids and room.
-// all: NULL, or [T, vocab] for every position's logits (the last one also goes to s->logits).
-static void forward_chunk(forward_state *s, kv_view *kv, const int *ids, int T, float *all) {
+// One chunk of at most max_T rows; the caller has validated ids and room.
+static void forward_chunk(forward_state *s, const chunk *ch, const int *ids, int T) {
     const model *m = s->m;
     const model_config *c = &m->cfg;
-    int pos0 = kv_view_len(kv);
-    for (int t = 0; t < T; t++) s->pos[t] = pos0 + t;
+    int n = T / ch->n_seq;
+    for (int t = 0; t < T; t++) s->pos[t] = kv_view_len(&ch->views[t / n]) + t % n;
     cpu_embed(s->x, m->embed, ids, T, c->dim);
     for (int l = 0; l < c->n_layers; l++) {
-        attention_block(s, &m->layers[l], l, kv, T);
+        attention_block(s, &m->layers[l], l, ch, T);
         mlp_block(s, &m->layers[l], T);
     }
-    write_target(kv)->len += T;
-    if (!kv->tail) kv->n_trunk = kv->trunk->len;
-    if (all) {  // scoring: every position
+    for (int i = 0; i < ch->n_seq; i++) {
+        kv_view *kv = &ch->views[i];
+        write_target(kv)->len += n;
+        if (!kv->tail) kv->n_trunk = kv->trunk->len;
+    }
+    if (ch->out) {  // scoring and batches: every row
         cpu_rmsnorm(s->x, s->x, m->final_norm, T, c->dim, c->norm_eps);
-        cpu_matmul(all, s->x, m->lm_head, T, c->dim, c->vocab_size);
-        memcpy(s->logits, all + (size_t)(T - 1) * c->vocab_size, sizeof(float) * (size_t)c->vocab_size);
+        cpu_matmul(ch->out, s->x, m->lm_head, T, c->dim, c->vocab_size);
+        memcpy(s->logits, ch->out + (size_t)(T - 1) * c->vocab_size, sizeof(float) * (size_t)c->vocab_size);
         return;
     }
     // Generation needs only the last token's logits.
@@ -115,18 +145,24 @@ static void forward_chunk(forward_state *s, kv_view *kv, const int *ids, int T, 
     cpu_matmul(s->logits, last, m->lm_head, 1, c->dim, c->vocab_size);
 }
 
+static int check_id(const forward_state *s, int id, int at, verr *err) {
+    int vocab = s->m->cfg.vocab_size;
+    if (id >= 0 && id < vocab) return 0;
+    return verr_set(err, "token id %d at index %d is out of range (vocab_size %d)", id, at, vocab);
+}
+
 static int forward_run(forward_state *s, kv_view *kv, const int *ids, int T, float *all, verr *err) {
     const model_config *c = &s->m->cfg;
     if (T <= 0) return verr_set(err, "forward: no tokens to process");
     for (int t = 0; t < T; t++)
-        if (ids[t] < 0 || ids[t] >= c->vocab_size)
-            return verr_set(err, "token id %d at index %d is out of range (vocab_size %d)", ids[t], t, c->vocab_size);
+        if (check_id(s, ids[t], t, err)) return -1;
     if (T > kv_view_room(kv) || kv_view_len(kv) + T > s->ctx)
         return verr_set(err, "%d tokens do not fit: %d of the %d-token context are used (raise --ctx)", T,
                         kv_view_len(kv), s->ctx);
     for (int done = 0; done < T; done += s->max_T) {
         int n = T - done < s->max_T ? T - done : s->max_T;
-        forward_chunk(s, kv, ids + done, n, all ? all + (size_t)done * c->vocab_size : NULL);
+        chunk ch = { kv, 1, s->attn_scores, &s->attn_keys, all ? all + (size_t)done * c->vocab_size : NULL };
+        forward_chunk(s, &ch, ids + done, n);
     }
     return 0;
 }
@@ -137,4 +173,24 @@ int forward(forward_state *s, kv_view *kv, const int *ids, int T, verr *err) {
 
 int forward_all(forward_state *s, kv_view *kv, const int *ids, int T, float *out, verr *err) {
     return forward_run(s, kv, ids, T, out, err);
+}
+
+int forward_batch(forward_state *s, kv_view *views, const int *ids, int B, float *logits, float *scores, int *keys,
+                  verr *err) {
+    if (B <= 0 || B > s->max_T)
+        return verr_set(err, "forward_batch: %d rows, want 1..%d (the forward's max batch)", B, s->max_T);
+    for (int b = 0; b < B; b++) {
+        if (check_id(s, ids[b], b, err)) return -1;
+        int len = kv_view_len(&views[b]);
+        if (kv_view_room(&views[b]) < 1 || len + 1 > s->ctx)
+            return verr_set(err, "forward_batch: row %d does not fit: %d of the %d-token context are used, %d free in "
+                            "its cache", b, len, s->ctx, kv_view_room(&views[b]));
+        for (int a = 0; a < b; a++)
+            if (write_target(&views[a]) == write_target(&views[b]))
+                return verr_set(err, "forward_batch: rows %d and %d write to the same KV cache (give each its own tail)",
+                                a, b);
+    }
+    chunk ch = { views, B, scores, keys, logits };
+    forward_chunk(s, &ch, ids, B);
+    return 0;
 }

@@ -15,10 +15,19 @@ typedef struct {
     int *pos;               // [max_T]
     float *logits;          // [vocab] logits of the last token
     // Attention capture for the uncertainty metrics: the last query's scaled
-    // pre-softmax scores at layer attn_layer, [n_heads, attn_keys].
+    // pre-softmax scores at layer attn_layer, [n_heads, attn_keys] (on CUDA only with
+    // copy_scores; attn_keys is always set).
     int attn_layer;         // -1: no capture
     float *attn_scores;     // [n_heads, ctx]
     int attn_keys;          // keys in the last capture (filled positions)
+    // Entropix statistics computed on the device (CUDA forward, steps with a capture
+    // layer; the CPU forward leaves dev_stats 0 and session_metrics computes them on
+    // the host from logits and attn_scores):
+    int dev_stats;          // 1: the two arrays below belong to the last step
+    float logit_stats[4];   // {max, lse (nats), entropy (bits), varentropy (bits^2)} of logits
+    float attn_stats[4];    // {attn_entropy, attn_varentropy, agreement, interaction_strength}
+    int copy_scores;        // CUDA: also copy the capture into attn_scores (off by default,
+                            // so only the logits and these 8 floats cross per step)
 } forward_state;
 
 int forward_init(forward_state *s, const model *m, int max_T, int ctx, verr *err);
@@ -28,5 +37,17 @@ void forward_free(forward_state *s);
 int forward(forward_state *s, kv_view *kv, const int *ids, int T, verr *err);
 // forward() that also writes every new position's logits to out [T, vocab] (scoring).
 int forward_all(forward_state *s, kv_view *kv, const int *ids, int T, float *out, verr *err);
+// B sequences decode one token each in one pass, so every weight is read once per step
+// (branches, lookahead agents): row b appends ids[b] to views[b] at its own position
+// kv_view_len(&views[b]) (rows may share a trunk; each writes its own tail or cache).
+// logits [B, vocab] receives every row's (s->logits the last row's). With a capture
+// layer and scores != NULL, row b's capture goes to scores + b * n_heads * s->ctx
+// ([n_heads, keys[b]], as s->attn_scores); s->attn_scores is left alone. Rows use the
+// multi-row matmul, which sums each of up to 8 rows exactly as forward() T=1 does (bit
+// for bit, every weight type; larger batches: within ~1e-6 for bf16). Fails, touching nothing,
+// on B outside 1..max_T, an id outside the vocab, a full view, or two rows writing to
+// the same cache.
+int forward_batch(forward_state *s, kv_view *views, const int *ids, int B, float *logits, float *scores, int *keys,
+                  verr *err);
 
 #endif

@@ -4,6 +4,8 @@
 // across threads; each weight row is read once and dotted with all T inputs.
 #include <omp.h>
 
+#include <stdlib.h>
+
 #include "kernels/ops.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -127,18 +129,28 @@ static void dot4_bf16_eo(float *out, const uint16_t *w, size_t r, const float *x
     for (int k = 0; k < 4; k++) out[k] = s[k];
 }
 
-// Decode-time bf16 matvec with the even/odd split of x.
-static void matvec_bf16_eo(float *out, const float *x, const uint16_t *w, int n_in, int n_out) {
-    float xe[n_in / 2 + 1], xo[n_in / 2 + 1];
-    for (int i = 0; i + 1 < n_in; i += 2) xe[i / 2] = x[i], xo[i / 2] = x[i + 1];
+// Decode-time bf16 matvec with the even/odd split of x, for T <= MATMUL_EO_MAX_T
+// tokens: each token's row is computed exactly as alone (a batch of branches gives the
+// logits of one-at-a-time decoding, bit for bit), while a block's four weight rows are
+// read from memory once and from cache for the other tokens. split: [T, 2, n_in/2+1].
+#define MATMUL_EO_MAX_T 8
+static void matvec_bf16_eo(float *out, const float *x, const uint16_t *w, int T, int n_in, int n_out, float *split) {
+    size_t h = (size_t)n_in / 2 + 1;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i + 1 < n_in; i += 2)
+            split[2 * t * h + i / 2] = x[(size_t)t * n_in + i], split[(2 * t + 1) * h + i / 2] = x[(size_t)t * n_in + i + 1];
     int blocks = n_out / MATMUL_ROWS;
-#pragma omp parallel for schedule(static) if ((long)n_out * n_in > 32768)
-    for (int b = 0; b < blocks; b++) dot4_bf16_eo(out + (size_t)b * MATMUL_ROWS, w, (size_t)b * MATMUL_ROWS, x, xe, xo, n_in);
-    for (int r = blocks * MATMUL_ROWS; r < n_out; r++) {
-        float s = 0;
-        for (int i = 0; i < n_in; i++) s += bf16_to_f32(w[(size_t)r * n_in + i]) * x[i];
-        out[r] = s;
-    }
+#pragma omp parallel for schedule(static) if ((long)n_out * n_in * T > 32768)
+    for (int b = 0; b < blocks; b++)
+        for (int t = 0; t < T; t++)
+            dot4_bf16_eo(out + (size_t)t * n_out + (size_t)b * MATMUL_ROWS, w, (size_t)b * MATMUL_ROWS,
+                         x + (size_t)t * n_in, split + 2 * t * h, split + (2 * t + 1) * h, n_in);
+    for (int r = blocks * MATMUL_ROWS; r < n_out; r++)
+        for (int t = 0; t < T; t++) {
+            float s = 0;
+            for (int i = 0; i < n_in; i++) s += bf16_to_f32(w[(size_t)r * n_in + i]) * x[(size_t)t * n_in + i];
+            out[(size_t)t * n_out + r] = s;
+        }
 }
 
 static void dot_rows(float *out, wref w, size_t r, const float *x, int n) {
@@ -224,8 +236,17 @@ void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out) 
     long work = (long)n_out * n_in * T;
 #ifdef MATMUL_ROWS
     if (T == 1 && w.type == WT_BF16 && n_in <= 65536) {
-        matvec_bf16_eo(out, x, w.data, n_in, n_out);
+        float split[n_in + 2];
+        matvec_bf16_eo(out, x, w.data, 1, n_in, n_out, split);
         return;
+    }
+    if (T <= MATMUL_EO_MAX_T && w.type == WT_BF16) {  // a batch of decode rows
+        float *split = malloc(sizeof(float) * (size_t)T * (n_in + 2));
+        if (split) {
+            matvec_bf16_eo(out, x, w.data, T, n_in, n_out, split);
+            free(split);
+            return;
+        }
     }
     int blocks = n_out / MATMUL_ROWS;
 #pragma omp parallel for schedule(static) if (work > 32768)

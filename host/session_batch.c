@@ -1,0 +1,73 @@
+// session_batch.c: session_forward_batch (see session.h). On the CPU the B rows go
+// through forward_batch together, max_T at a time: decode is memory-bound, so one pass
+// over the weights serves every row. On CUDA each row is one session_forward for now;
+// a device batch (one launch per op over B rows, per-row spans in the attention
+// kernel) belongs in forward_on_device below.
+#include "host/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void batch_ws_free(batch_ws *w) {
+    free(w->scores), free(w->keys);
+    memset(w, 0, sizeof *w);
+}
+
+static int batch_ws_fit(batch_ws *w, int rows, long floats, verr *err) {
+    if (floats > w->cap) {
+        float *p = realloc(w->scores, sizeof(float) * (size_t)floats);
+        if (!p) return verr_set(err, "out of memory for %d rows' attention captures", rows);
+        w->scores = p, w->cap = floats;
+    }
+    if (rows > w->rows) {
+        int *k = realloc(w->keys, sizeof(int) * (size_t)rows);
+        if (!k) return verr_set(err, "out of memory for %d rows' attention captures", rows);
+        w->keys = k, w->rows = rows;
+    }
+    return 0;
+}
+
+// Rows [0, B) on the CPU, all at once (B <= max_T).
+static int forward_on_cpu(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
+                          metrics_ws *ws, batch_ws *bw, verr *err) {
+    const model_config *c = &s->m.cfg;
+    size_t per_row = (size_t)c->n_heads * s->fw.ctx;
+    int capture = m && s->fw.attn_layer >= 0;
+    if (m && !bw) return verr_set(err, "session_forward_batch: metrics need a batch_ws");
+    if (capture && batch_ws_fit(bw, B, (long)(per_row * B), err)) return -1;
+    if (forward_batch(&s->fw, views, ids, B, logits, capture ? bw->scores : NULL, capture ? bw->keys : NULL, err))
+        return -1;
+    for (int b = 0; m && b < B; b++) {
+        const float *row = logits + (size_t)b * c->vocab_size;
+        int keys = capture ? bw->keys[b] : 0;
+        if (metrics_logits(ws, row, c->vocab_size, &m[b]) ||
+            metrics_attention(ws, capture ? bw->scores + per_row * b : NULL, c->n_heads, keys, &m[b]))
+            return verr_set(err, "out of memory computing metrics");
+    }
+    return 0;
+}
+
+// Rows one by one through the session's backend (CUDA): the place for a device batch.
+static int forward_on_device(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
+                             metrics_ws *ws, verr *err) {
+    size_t vocab = (size_t)s->m.cfg.vocab_size;
+    for (int b = 0; b < B; b++) {
+        if (session_forward(s, &views[b], &ids[b], 1, err)) return -1;
+        memcpy(logits + b * vocab, s->fw.logits, vocab * sizeof(float));
+        if (m && session_metrics(s, ws, &m[b])) return verr_set(err, "out of memory computing metrics");
+    }
+    return 0;
+}
+
+int session_forward_batch(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
+                          metrics_ws *ws, batch_ws *bw, verr *err) {
+    if (B <= 0) return verr_set(err, "session_forward_batch: no rows");
+    if (s->cu) return forward_on_device(s, views, ids, B, logits, m, ws, err);
+    size_t vocab = (size_t)s->m.cfg.vocab_size;
+    for (int done = 0; done < B; done += s->fw.max_T) {
+        int n = B - done < s->fw.max_T ? B - done : s->fw.max_T;
+        if (forward_on_cpu(s, views + done, ids + done, n, logits + done * vocab, m ? m + done : NULL, ws, bw, err))
+            return -1;
+    }
+    return 0;
+}

@@ -48,9 +48,11 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# -MMD -MP: nvcc writes x.cu.d next to x.cu.o, included at the end with the C .d files,
+# so a header change (kernels/cuda/common.cuh, kernels/ops_cuda.h) rebuilds the kernels.
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
 # The server's web page (host/web/index.html), built into the binary.
 $(BUILD)/gen/web_index.c: host/web/index.html tools/embed.py

@@ -2,8 +2,9 @@
 //                [--sampler standard,entropix] [--profile seed]`.
 // Reports medians over runs: prefill tok/s, decode tok/s and ms/token, and the
 // achieved bandwidth (weight + KV bytes per token / time) against a measured copy
-// bandwidth of the same memory. Then the full decode loop (generate()) under each
-// named sampler, side by side, with its overhead over the first one.
+// bandwidth of the same memory: host memcpy on the CPU, device-to-device copy on a CUDA
+// session. Then the full decode loop (generate()) under each named sampler, side by
+// side, with its overhead over the first one.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "host/cli.h"
 #include "host/cli_common.h"
 #include "host/generate.h"
+#include "host/session_cuda.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -38,6 +40,34 @@ static double copy_gbs(void) {
     }
     free(a), free(b);
     return best;
+}
+
+// The memory decode streams from, and its yardstick.
+typedef struct {
+    char device[320];     // "cpu (N threads)" or "cuda:0 (NAME, N SMs, X GiB)"
+    const char *copy;     // what copy_gbs measured
+    double copy_gbs;      // measured copy bandwidth, read + write
+    double weight_bytes;  // weight bytes read per decoded token
+    double kv_elem;       // bytes per cached K or V element
+} bench_mem;
+
+static int bench_mem_of(session *s, bench_mem *b, verr *err) {
+    if (!s->cu) {
+        snprintf(b->device, sizeof b->device, "cpu (%d threads)", cpu_set_threads(0));
+        b->copy = "memcpy", b->copy_gbs = copy_gbs();
+        b->weight_bytes = (double)s->m.weight_bytes, b->kv_elem = sizeof(float);
+        return 0;
+    }
+    size_t up = 0;
+    if (session_cuda_bench_info(s, b->device, sizeof b->device, &b->copy_gbs, &up, err)) return -1;
+    // The upload (16-bit matrices, f32 vectors) holds the whole embedding table; decode
+    // reads one row of it unless it is also the lm_head.
+    const model_config *c = &s->m.cfg;
+    double table = (double)c->vocab_size * c->dim * 2;
+    b->copy = "device copy";
+    b->weight_bytes = (double)up - (s->m.lm_head.data != s->m.embed.data ? table : 0);
+    b->kv_elem = 2;  // bf16 cache
+    return 0;
 }
 
 // One run: prefill prompt_len ids, then decode n tokens greedily.
@@ -121,18 +151,21 @@ int cmd_bench(int argc, char **argv) {
     uint64_t x = 12345;
     for (int i = 0; rc == 0 && i < plen; i++) x = x * 6364136223846793005ull + 1, prompt[i] = (int)((x >> 33) % (uint64_t)s.m.cfg.vocab_size);
     for (int r = 0; rc == 0 && r < runs; r++) rc = bench_once(&s, prompt, plen, n, &pf[r], &dc[r], &err);
+    bench_mem mem;
+    if (rc == 0) rc = bench_mem_of(&s, &mem, &err);
     if (rc == 0) {
         const model_config *c = &s.m.cfg;
         double p = median(pf, runs), d = median(dc, runs), tps = n / d;
         // Mean KV bytes read per decoded token: positions plen .. plen+n.
-        double kv_bytes = (plen + n / 2.0) * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
-        double gbs = (s.m.weight_bytes + kv_bytes) * tps / 1e9, copy = copy_gbs();
+        double kv_bytes = (plen + n / 2.0) * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * mem.kv_elem;
+        double gbs = (mem.weight_bytes + kv_bytes) * tps / 1e9, copy = mem.copy_gbs;
         printf("model       %s (%s, %s weights, %.1f M params)\n", so.model_dir, c->arch_name, wtype_name(s.m.embed.type),
                s.m.n_params / 1e6);
-        printf("device      cpu (%d threads)\n", cpu_set_threads(0));
+        printf("device      %s\n", mem.device);
         printf("prefill     %d tokens: %.1f tok/s (median of %d)\n", plen, plen / p, runs);
         printf("decode      %d tokens: %.1f tok/s, %.3f ms/token (median of %d)\n", n, tps, 1e3 / tps, runs);
-        printf("bandwidth   %.1f GB/s achieved; memcpy %.1f GB/s (read+write); ratio %.2f\n", gbs, copy, copy > 0 ? gbs / copy : 0);
+        printf("bandwidth   %.1f GB/s achieved; %s %.1f GB/s (read+write); ratio %.2f\n", gbs, mem.copy, copy,
+               copy > 0 ? gbs / copy : 0);
         fflush(stdout);
         if (strcmp(samplers, "none") != 0) rc = bench_samplers(&s, samplers, profile, prompt, plen, n, runs, &err);
     }

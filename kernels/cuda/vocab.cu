@@ -51,35 +51,33 @@ __device__ __forceinline__ vstate vstate_add(vstate st, float x) {
     return st;
 }
 
+// Merge the states of a warp's 32 lanes; every lane gets the result.
+__device__ __forceinline__ vstate warp_vmerge(vstate st) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        vstate b;
+        b.m = __shfl_xor_sync(0xffffffffu, st.m, o);
+        b.s0 = __shfl_xor_sync(0xffffffffu, st.s0, o);
+        b.s1 = __shfl_xor_sync(0xffffffffu, st.s1, o);
+        b.s2 = __shfl_xor_sync(0xffffffffu, st.s2, o);
+        st = vstate_merge(st, b);
+    }
+    return st;
+}
+
 // grid (rows), block VOCAB_THREADS; out[row*4 + {0,1,2,3}] = {max, lse, H bits, V bits^2}
 __global__ void vocab_stats_kernel(float *out, const float *logits, int n) {
     __shared__ vstate sh[32];
     const float *x = logits + (size_t)blockIdx.x * n;
     vstate st = {-INFINITY, 0.f, 0.f, 0.f};
     for (int i = threadIdx.x; i < n; i += blockDim.x) st = vstate_add(st, x[i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        vstate b;
-        b.m = __shfl_xor_sync(0xffffffffu, st.m, o);
-        b.s0 = __shfl_xor_sync(0xffffffffu, st.s0, o);
-        b.s1 = __shfl_xor_sync(0xffffffffu, st.s1, o);
-        b.s2 = __shfl_xor_sync(0xffffffffu, st.s2, o);
-        st = vstate_merge(st, b);
-    }
+    st = warp_vmerge(st);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     if (lane == 0) sh[warp] = st;
     __syncthreads();
     if (warp != 0) return;
     st = lane < nw ? sh[lane] : vstate{-INFINITY, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        vstate b;
-        b.m = __shfl_xor_sync(0xffffffffu, st.m, o);
-        b.s0 = __shfl_xor_sync(0xffffffffu, st.s0, o);
-        b.s1 = __shfl_xor_sync(0xffffffffu, st.s1, o);
-        b.s2 = __shfl_xor_sync(0xffffffffu, st.s2, o);
-        st = vstate_merge(st, b);
-    }
+    st = warp_vmerge(st);
     if (lane == 0) {
         const float LN2 = 0.69314718055994531f;
         float mean_y = st.s1 / st.s0;

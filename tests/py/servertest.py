@@ -112,18 +112,23 @@ def raw_request(port, data, read=True, timeout=10):
         s.sendall(data)
         if not read:
             return b""
-        out = b""
-        while True:
-            try:
-                chunk = s.recv(65536)
-            except (ConnectionResetError, socket.timeout):
-                break
-            if not chunk:
-                break
-            out += chunk
-        return out
+        return recv_all(s)
     finally:
         s.close()
+
+
+def recv_all(s, limit=None):
+    """Bytes from socket s until the peer closes, resets or times out (or limit)."""
+    out = b""
+    while limit is None or len(out) < limit:
+        try:
+            chunk = s.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
 
 
 def completion_text(resp):

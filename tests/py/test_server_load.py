@@ -23,7 +23,7 @@ import time
 
 import vtest
 from vtest import check
-from servertest import Server
+from servertest import Server, recv_all
 
 SECONDS = float(os.environ.get("VARENT_LOAD_SECONDS", "20"))
 CONNECTIONS = int(os.environ.get("VARENT_LOAD_CONNECTIONS", "16"))
@@ -51,15 +51,7 @@ def send_raw(port, head, body, pieces=1, delay=0.0, read_limit=None, timeout=30)
             s.sendall(body[i:i + step])
             if delay:
                 time.sleep(delay)
-        data = b""
-        while read_limit is None or len(data) < read_limit:
-            try:
-                chunk = s.recv(65536)
-            except (ConnectionResetError, socket.timeout):
-                break
-            if not chunk:
-                break
-            data += chunk
+        data = recv_all(s, read_limit)
         status = int(data[9:12]) if data.startswith(b"HTTP/1.") and len(data) >= 12 else None
         return status, data
     finally:

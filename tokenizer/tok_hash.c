@@ -36,7 +36,7 @@ int strmap_init(strmap *m, uint32_t expect) {
 void strmap_free(strmap *m) {
     free(m->slots);
     free(m->ent);
-    free(m->arena);
+    free(m->arena.p);
     memset(m, 0, sizeof *m);
 }
 
@@ -47,7 +47,7 @@ static uint32_t strmap_slot(const strmap *m, const char *k, size_t len, uint64_t
         uint64_t sl = m->slots[i];
         if (!sl) return i;
         uint32_t e = (uint32_t)sl - 1;
-        if ((uint32_t)(sl >> 32) == tag && m->ent[e].len == len && memcmp(m->arena + m->ent[e].off, k, len) == 0) return i;
+        if ((uint32_t)(sl >> 32) == tag && m->ent[e].len == len && memcmp(m->arena.p + m->ent[e].off, k, len) == 0) return i;
         i = (i + 1) & (m->cap - 1);
     }
 }
@@ -60,7 +60,7 @@ static int strmap_grow(strmap *m) {
     m->slots = slots;
     m->cap = cap;
     for (uint32_t e = 0; e < m->n; e++) {
-        const char *k = m->arena + m->ent[e].off;
+        const char *k = m->arena.p + m->ent[e].off;
         uint64_t h = tok_hash_bytes(k, m->ent[e].len);
         m->slots[strmap_slot(m, k, m->ent[e].len, h)] = (h >> 32 << 32) | (e + 1);
     }
@@ -87,18 +87,9 @@ int strmap_put(strmap *m, const char *k, size_t len, int val) {
         m->ent = e;
         m->ncap = nc;
     }
-    if (m->arena_len + len + 1 > m->arena_cap) {
-        size_t nc = m->arena_cap ? m->arena_cap * 2 : 4096;
-        while (nc < m->arena_len + len + 1) nc *= 2;
-        char *a = realloc(m->arena, nc);
-        if (!a) return -1;
-        m->arena = a;
-        m->arena_cap = nc;
-    }
-    memcpy(m->arena + m->arena_len, k, len);
-    m->arena[m->arena_len + len] = 0;
-    m->ent[m->n] = (struct strmap_ent){(uint32_t)m->arena_len, (uint32_t)len, val};
-    m->arena_len += len + 1;
+    uint32_t off = (uint32_t)m->arena.n;
+    if (tbuf_put(&m->arena, k, len) < 0 || tbuf_put(&m->arena, "", 1) < 0) return -1;  // key + NUL
+    m->ent[m->n] = (struct strmap_ent){off, (uint32_t)len, val};
     m->slots[i] = (h >> 32 << 32) | ++m->n;
     if (m->n * 2 > m->cap) return strmap_grow(m);
     return 0;

@@ -13,14 +13,21 @@
 #define TOK_MAX_ID (1 << 24)
 
 // ---- hash maps (tok_hash.c) ----
+// ---- growable byte buffer ----
+typedef struct {
+    char *p;
+    size_t n, cap;
+} tbuf;
+int tbuf_put(tbuf *b, const void *s, size_t n);
+int tbuf_reserve(tbuf *b, size_t extra);
+
 // String -> int map. Keys are copied into an arena; lookups by (ptr, len).
 typedef struct {
     uint64_t *slots;  // [cap] hash tag << 32 | entry index + 1, 0 = empty
     uint32_t cap;     // power of two
     struct strmap_ent { uint32_t off, len; int val; } *ent;  // [n] key offset/length in arena, value
     uint32_t n, ncap;
-    char *arena;
-    size_t arena_len, arena_cap;
+    tbuf arena;  // the keys, each NUL-terminated
 } strmap;
 
 int strmap_init(strmap *m, uint32_t expect);
@@ -54,14 +61,6 @@ static inline int pairmap_find(const pairmap *m, int a, int b) {
     }
     return -1;
 }
-
-// ---- growable byte buffer ----
-typedef struct {
-    char *p;
-    size_t n, cap;
-} tbuf;
-int tbuf_put(tbuf *b, const void *s, size_t n);
-int tbuf_reserve(tbuf *b, size_t extra);
 
 // ---- normalizers (tok_normalize.c) ----
 typedef enum { NORM_NFC, NORM_PREPEND, NORM_REPLACE, NORM_SEQUENCE } norm_kind;

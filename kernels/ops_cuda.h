@@ -72,6 +72,8 @@ int cuda_copy_gbs(cuda_ctx *ctx, double *gbs);
 // Scratch each op family needs at its largest shapes.
 size_t cuda_matmul_scratch_bytes(int max_T, int max_n_in);
 size_t cuda_attention_scratch_bytes(const cuda_ctx *ctx, int max_keys, attn_shape s);
+// cuda_attention_decode_rows over B rows needs B times the decode partials.
+size_t cuda_attention_rows_scratch_bytes(const cuda_ctx *ctx, int max_keys, attn_shape s, int B);
 
 // ---- device-resident KV descriptions (for CUDA graph replay) ---------------------------
 // A captured decode step must not bake per-token values into kernel arguments, so the
@@ -106,6 +108,17 @@ int cuda_rmsnorm_residual(cuda_ctx *ctx, float *out, float *x, const float *y, w
 int cuda_matmul(cuda_ctx *ctx, float *out, const float *x, wref w, int T, int n_in, int n_out);
 // Batch-1 matvec only: out[n_out] = w[n_out, n_in] @ x[n_in]
 int cuda_matvec(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out);
+// The matvec for B sequences of one token each (batched decode): row r of x [B, n_in]
+// times w, every weight read once per 8 rows. Each row is summed exactly as cuda_matvec
+// sums it (same kernel shape for the same n_out and n_in), so a row's result does not
+// depend on B or on the other rows. The output is planar by segment: columns [0, s1),
+// [s1, s2) and [s2, n_out) of all rows are three row-major blocks one after the other,
+// [B, s1] then [B, s2 - s1] then [B, n_out - s2], so the q|k|v or gate|up parts of a
+// fused matrix come out as separate arrays (the prefill layout). s1 = s2 = n_out gives
+// plain [B, n_out]; with B == 1 every split is the plain layout.
+#define CUDA_MATVEC_ROWS 8  // rows one launch of cuda_matvec_rows serves (more: passes)
+int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out, int B, int s1,
+                     int s2);
 // x[T, n] += b[n]
 int cuda_add_bias(cuda_ctx *ctx, float *x, wref b, int T, int n);
 // Rotary embedding in place on x[T, n_heads, head_dim]; pos: device int[T];
@@ -138,6 +151,10 @@ int cuda_kv_store(cuda_ctx *ctx, void *k_cache, void *v_cache, const float *k, c
 // (device record) and rows[t] (device int[T]) relative to them.
 int cuda_kv_store_dev(cuda_ctx *ctx, const cuda_kv_layer *d_layer, const float *k, const float *v,
                       const int *rows, int T, int kv_dim);
+// cuda_kv_store_dev for B sequences: row t's k[t], v[t] go to its own record
+// d_layers[t] (B consecutive records), at rows[t].
+int cuda_kv_store_rows(cuda_ctx *ctx, const cuda_kv_layer *d_layers, const float *k, const float *v,
+                       const int *rows, int B, int kv_dim);
 // Decode attention (T == 1) as cuda_attention, with the KV segments and lengths read on
 // the device from d_layer / d_lens. The launch shape depends only on max_keys and s, so
 // one captured graph serves every length 1 <= d_lens->n_keys <= max_keys and any
@@ -146,6 +163,14 @@ int cuda_kv_store_dev(cuda_ctx *ctx, const cuda_kv_layer *d_layer, const float *
 int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float *q, const cuda_kv_layer *d_layer,
                               const cuda_kv_lens *d_lens, int max_keys, attn_shape s,
                               float *last_scores);
+// cuda_attention_decode_dev for B sequences in one launch: row b's query q[b] (q, out:
+// [B, n_heads * head_dim]) attends over its own segments d_layers[b] and lengths
+// d_lens[b] (B consecutive records each). Row b's result equals a B == 1 call on its
+// records. last_scores (optional): row b's capture at last_scores + b * n_heads *
+// max_keys, laid out [n_heads, n_keys_b]. Scratch: cuda_attention_rows_scratch_bytes.
+int cuda_attention_decode_rows(cuda_ctx *ctx, float *out, const float *q, const cuda_kv_layer *d_layers,
+                               const cuda_kv_lens *d_lens, int B, int max_keys, attn_shape s,
+                               float *last_scores);
 // 0 if the attention kernels support shape s (head_dim even and <= 512, GQA group fits
 // the decode kernel's shared memory); -1 with ctx->err otherwise. For early errors.
 int cuda_attention_validate(cuda_ctx *ctx, attn_shape s);

@@ -1,13 +1,13 @@
 // attention.cu: causal GQA attention over a bf16 KV cache split in trunk + tail
 // segments (kv_span), and the attention statistics of the newest query.
 //
-// Decode (T == 1), flash-decoding style:
-//   attn_decode_split_kernel  grid (n_splits, n_kv_heads): one block takes an equal share
+// Decode (T == 1), flash-decoding style, for B sequences at once (grid z / y = row):
+//   attn_decode_split_kernel  grid (n_splits, n_kv_heads, B): one block takes an equal share
 //       of the keys for the G = n_heads/n_kv_heads query heads sharing a KV head, in
 //       tiles of S keys with an online softmax, then writes the split's max m, sum
 //       l = sum exp(s - m) and unnormalized output o = sum exp(s-m) v to scratch
 //       part[n_heads, n_splits, head_dim + 2] (o..., m, l). Empty splits write l = 0.
-//   attn_decode_combine_kernel grid (n_heads): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M)
+//   attn_decode_combine_kernel grid (n_heads, B): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M)
 //       over the splits with l_s > 0.
 //   The segments and lengths come either from kernel arguments (cuda_attention) or from
 //   device records (cuda_attention_decode_dev, graph replay); the split count is a host
@@ -55,15 +55,21 @@ __device__ __forceinline__ float dot_q_k(const float *q, const uint16_t *k, int 
 // ---- decode -------------------------------------------------------------------------
 // smem: q_s[G*hd] | o_s[G*hd] | sc[G*S] | m_s[G] | l_s[G] | c_s[G]. Each thread owns fixed
 // o_s entries (same idx stride every tile), so o_s needs no barrier of its own.
-// L/N are used as given unless dL/dN (device records) are set.
+// L/N are used as given unless dL/dN (device records) are set. grid z = batch row b:
+// its records dL[b], dN[b], query q[b], partials and scores (score_stride floats apart).
 __global__ void attn_decode_split_kernel(float *part, float *last_scores, const float *q,
                                          cuda_kv_layer L, cuda_kv_lens N,
                                          const cuda_kv_layer *dL, const cuda_kv_lens *dN,
-                                         int n_heads, int n_kv, int hd, float scale, int S) {
+                                         int n_heads, int n_kv, int hd, float scale, int S,
+                                         size_t score_stride) {
     extern __shared__ float smem[];
-    if (dL) L = *dL;
-    if (dN) N = *dN;
+    int b = blockIdx.z;
+    if (dL) L = dL[b];
+    if (dN) N = dN[b];
     int split = blockIdx.x, kvh = blockIdx.y, n_splits = gridDim.x;
+    q += (size_t)b * n_heads * hd;
+    part += (size_t)b * n_heads * n_splits * (hd + 2);
+    if (last_scores) last_scores += b * score_stride;
     int G = n_heads / n_kv, kv_dim = n_kv * hd, n_keys = N.n_keys, n_trunk = N.n_trunk;
     int per = (n_keys + n_splits - 1) / n_splits;  // keys per split
     int j0 = split * per, j1 = min(n_keys, j0 + per);
@@ -150,11 +156,11 @@ __global__ void attn_decode_split_kernel(float *part, float *last_scores, const 
     }
 }
 
-// grid (n_heads), block ATT_THREADS. Splits with l == 0 (no keys) are skipped; split 0
+// grid (n_heads, B), block ATT_THREADS. Splits with l == 0 (no keys) are skipped; split 0
 // always has keys, so M is finite.
 __global__ void attn_decode_combine_kernel(float *out, const float *part, int n_splits, int hd) {
-    int h = blockIdx.x;
-    const float *ph = part + (size_t)h * n_splits * (hd + 2);
+    int h = blockIdx.x, hb = blockIdx.y * gridDim.x + h;  // head h of row blockIdx.y
+    const float *ph = part + (size_t)hb * n_splits * (hd + 2);
     float M = -INFINITY;
     for (int s = 0; s < n_splits; s++) {
         const float *ps = ph + (size_t)s * (hd + 2);
@@ -172,7 +178,7 @@ __global__ void attn_decode_combine_kernel(float *out, const float *part, int n_
             const float *ps = ph + (size_t)s * (hd + 2);
             if (ps[hd + 1] > 0.f) o = fmaf(ps[d], expf(ps[hd] - M), o);
         }
-        out[(size_t)h * hd + d] = o * inv;
+        out[(size_t)hb * hd + d] = o * inv;
     }
 }
 
@@ -199,13 +205,17 @@ static size_t decode_smem(attn_shape s, int S) {
     return ((size_t)2 * G * s.head_dim + (size_t)G * S + 3 * (size_t)G) * sizeof(float);
 }
 
-extern "C" size_t cuda_attention_scratch_bytes(const cuda_ctx *ctx, int max_keys, attn_shape s) {
-    if (max_keys < 1 || s.n_kv_heads < 1 || s.n_heads < s.n_kv_heads) return 0;
+extern "C" size_t cuda_attention_rows_scratch_bytes(const cuda_ctx *ctx, int max_keys, attn_shape s, int B) {
+    if (max_keys < 1 || B < 1 || s.n_kv_heads < 1 || s.n_heads < s.n_kv_heads) return 0;
     // decode_splits grows with n_keys up to its target: bound it at max_keys.
     size_t ns = (size_t)decode_splits(ctx->n_sm, max_keys, s);
-    size_t part = (size_t)s.n_heads * ns * (s.head_dim + 2) * sizeof(float);
+    size_t part = (size_t)B * s.n_heads * ns * (s.head_dim + 2) * sizeof(float);
     size_t stats = cuda_attn_stats_scratch_bytes(ctx, s.n_heads, max_keys);  // after the combine
     return part > stats ? part : stats;
+}
+
+extern "C" size_t cuda_attention_scratch_bytes(const cuda_ctx *ctx, int max_keys, attn_shape s) {
+    return cuda_attention_rows_scratch_bytes(ctx, max_keys, s, 1);
 }
 
 // ---- prefill -------------------------------------------------------------------------
@@ -427,21 +437,24 @@ static int shape_check(cuda_ctx *ctx, attn_shape s) {
 
 extern "C" int cuda_attention_validate(cuda_ctx *ctx, attn_shape s) { return shape_check(ctx, s); }
 
-// Split + combine on ctx->scratch; L/N by value, or dL/dN on the device.
+// Split + combine on ctx->scratch; L/N by value (B == 1), or B rows of dL/dN on the
+// device, row b's scores score_stride floats after row b-1's.
 static int decode_launch(cuda_ctx *ctx, float *out, const float *q, cuda_kv_layer L, cuda_kv_lens N,
-                         const cuda_kv_layer *dL, const cuda_kv_lens *dN, int ns, attn_shape s,
-                         float *last_scores) {
-    size_t need = (size_t)s.n_heads * ns * (s.head_dim + 2) * sizeof(float);
+                         const cuda_kv_layer *dL, const cuda_kv_lens *dN, int B, int ns, attn_shape s,
+                         float *last_scores, size_t score_stride) {
+    CUDA_REQUIRE(ctx, B >= 1 && B <= 65535 && (B == 1 || (dL && dN)),
+                 "cuda_attention: %d rows need device records (1..65535 rows)", B);
+    size_t need = (size_t)B * s.n_heads * ns * (s.head_dim + 2) * sizeof(float);
     CUDA_REQUIRE(ctx, ctx->scratch && ctx->scratch_bytes >= need,
                  "cuda_attention: scratch too small: need %zu bytes, have %zu "
                  "(reserve cuda_attention_scratch_bytes)", need, ctx->scratch_bytes);
     int S = decode_tile(s);
     float *part = (float *)ctx->scratch;
-    dim3 grid(ns, s.n_kv_heads);
+    dim3 grid(ns, s.n_kv_heads, B), cgrid(s.n_heads, B);
     attn_decode_split_kernel<<<grid, ATT_THREADS, decode_smem(s, S), ctx->stream>>>(
-        part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S);
+        part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride);
     CUDA_CHECK_LAUNCH(ctx, "attn_decode_split_kernel");
-    attn_decode_combine_kernel<<<s.n_heads, ATT_THREADS, 0, ctx->stream>>>(out, part, ns, s.head_dim);
+    attn_decode_combine_kernel<<<cgrid, ATT_THREADS, 0, ctx->stream>>>(out, part, ns, s.head_dim);
     CUDA_CHECK_LAUNCH(ctx, "attn_decode_combine_kernel");
     return 0;
 }
@@ -465,8 +478,8 @@ extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span
     if (T == 1) {
         cuda_kv_layer L = {kv.k_trunk, kv.v_trunk, kv.k_tail, kv.v_tail, NULL, NULL};
         cuda_kv_lens N = {kv.n_trunk, n_keys};
-        if (decode_launch(ctx, out, q, L, N, NULL, NULL, decode_splits(ctx->n_sm, n_keys, s), s,
-                          last_scores))
+        if (decode_launch(ctx, out, q, L, N, NULL, NULL, 1, decode_splits(ctx->n_sm, n_keys, s), s,
+                          last_scores, 0))
             return -1;
     } else {
         dim3 grid(T, s.n_heads);
@@ -479,17 +492,21 @@ extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span
     return 0;
 }
 
-extern "C" int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float *q,
-                                         const cuda_kv_layer *d_layer, const cuda_kv_lens *d_lens,
-                                         int max_keys, attn_shape s, float *last_scores) {
+extern "C" int cuda_attention_decode_rows(cuda_ctx *ctx, float *out, const float *q,
+                                          const cuda_kv_layer *d_layers, const cuda_kv_lens *d_lens, int B,
+                                          int max_keys, attn_shape s, float *last_scores) {
     if (shape_check(ctx, s)) return -1;
-    CUDA_REQUIRE(ctx, d_layer && d_lens && max_keys >= 1,
-                 "cuda_attention_decode_dev: needs device records and max_keys >= 1 (got %d)",
+    CUDA_REQUIRE(ctx, d_layers && d_lens && max_keys >= 1,
+                 "cuda_attention_decode_rows: needs device records and max_keys >= 1 (got %d)",
                  max_keys);
     cuda_kv_layer L = {NULL, NULL, NULL, NULL, NULL, NULL};
     cuda_kv_lens N = {0, 0};
-    if (decode_launch(ctx, out, q, L, N, d_layer, d_lens, decode_splits(ctx->n_sm, max_keys, s), s,
-                      last_scores))
-        return -1;
-    return 0;
+    return decode_launch(ctx, out, q, L, N, d_layers, d_lens, B, decode_splits(ctx->n_sm, max_keys, s), s,
+                         last_scores, (size_t)s.n_heads * max_keys);
+}
+
+extern "C" int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float *q,
+                                         const cuda_kv_layer *d_layer, const cuda_kv_lens *d_lens,
+                                         int max_keys, attn_shape s, float *last_scores) {
+    return cuda_attention_decode_rows(ctx, out, q, d_layer, d_lens, 1, max_keys, s, last_scores);
 }

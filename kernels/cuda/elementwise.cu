@@ -101,14 +101,15 @@ extern "C" int cuda_rope(cuda_ctx *ctx, float *x, const int *pos, int T, int n_h
 }
 
 // ---- kv_store: bf16 cache rows pos[t] <- fp32 k[t], v[t] ------------------------------
-// grid (cdiv(kv_dim, 256), T). With L set, the cache buffers come from the device record.
-__global__ void kv_store_kernel(uint16_t *kc, uint16_t *vc, const cuda_kv_layer *L, const float *k,
+// grid (cdiv(kv_dim, 256), T). With L set, the cache buffers come from the device record
+// L[t * L_step] (L_step 0: one record for every token; 1: one per row, batched decode).
+__global__ void kv_store_kernel(uint16_t *kc, uint16_t *vc, const cuda_kv_layer *L, int L_step, const float *k,
                                 const float *v, const int *pos, int kv_dim) {
-    if (L) {
-        kc = (uint16_t *)L->k_dst;
-        vc = (uint16_t *)L->v_dst;
-    }
     int t = blockIdx.y;
+    if (L) {
+        kc = (uint16_t *)L[t * L_step].k_dst;
+        vc = (uint16_t *)L[t * L_step].v_dst;
+    }
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= kv_dim) return;
     size_t dst = (size_t)pos[t] * kv_dim + i, src = (size_t)t * kv_dim + i;
@@ -116,13 +117,13 @@ __global__ void kv_store_kernel(uint16_t *kc, uint16_t *vc, const cuda_kv_layer 
     vc[dst] = f32_to_bf16_bits(v[src]);
 }
 
-static int kv_store_launch(cuda_ctx *ctx, void *k_cache, void *v_cache, const cuda_kv_layer *L,
+static int kv_store_launch(cuda_ctx *ctx, void *k_cache, void *v_cache, const cuda_kv_layer *L, int L_step,
                            const float *k, const float *v, const int *pos, int T, int kv_dim) {
     CUDA_REQUIRE(ctx, T >= 0 && T <= 65535 && kv_dim > 0, "cuda_kv_store: bad shape T=%d kv_dim=%d",
                  T, kv_dim);
     if (T == 0) return 0;
     dim3 grid(cdiv_u(kv_dim, 256), T);
-    kv_store_kernel<<<grid, 256, 0, ctx->stream>>>((uint16_t *)k_cache, (uint16_t *)v_cache, L, k, v,
+    kv_store_kernel<<<grid, 256, 0, ctx->stream>>>((uint16_t *)k_cache, (uint16_t *)v_cache, L, L_step, k, v,
                                                    pos, kv_dim);
     CUDA_CHECK_LAUNCH(ctx, "kv_store_kernel");
     return 0;
@@ -130,11 +131,17 @@ static int kv_store_launch(cuda_ctx *ctx, void *k_cache, void *v_cache, const cu
 
 extern "C" int cuda_kv_store(cuda_ctx *ctx, void *k_cache, void *v_cache, const float *k,
                              const float *v, const int *pos, int T, int kv_dim) {
-    return kv_store_launch(ctx, k_cache, v_cache, NULL, k, v, pos, T, kv_dim);
+    return kv_store_launch(ctx, k_cache, v_cache, NULL, 0, k, v, pos, T, kv_dim);
 }
 
 extern "C" int cuda_kv_store_dev(cuda_ctx *ctx, const cuda_kv_layer *d_layer, const float *k,
                                  const float *v, const int *rows, int T, int kv_dim) {
     CUDA_REQUIRE(ctx, d_layer != NULL, "cuda_kv_store_dev: no device record");
-    return kv_store_launch(ctx, NULL, NULL, d_layer, k, v, rows, T, kv_dim);
+    return kv_store_launch(ctx, NULL, NULL, d_layer, 0, k, v, rows, T, kv_dim);
+}
+
+extern "C" int cuda_kv_store_rows(cuda_ctx *ctx, const cuda_kv_layer *d_layers, const float *k, const float *v,
+                                  const int *rows, int B, int kv_dim) {
+    CUDA_REQUIRE(ctx, d_layers != NULL, "cuda_kv_store_rows: no device records");
+    return kv_store_launch(ctx, NULL, NULL, d_layers, 1, k, v, rows, B, kv_dim);
 }

@@ -2,7 +2,8 @@
 // T == 1 (decode): hand-written matvec, one warp per output row (four rows per warp
 // for tall matrices), 16-byte weight loads (8 bf16/f16 or 2x4 f32), fp32
 // accumulation, warp-shuffle reduction. The weight matrix is streamed once, so this
-// is bound by memory bandwidth.
+// is bound by memory bandwidth. cuda_matvec_rows runs the same kernels for up to 8
+// sequences at once (batched decode), each weight load serving every row.
 // T > 1 (prefill): cuBLAS GEMM. Activations are rounded to the weight's 16-bit type
 // into scratch (cublasGemmEx needs matching A/B types), fp32 compute, fp32 output.
 #include <cublas_v2.h>
@@ -31,117 +32,178 @@ __device__ __forceinline__ float dot8(const float f[8], float4 a, float4 b) {
     return s;
 }
 
-// Vector path: n_in % 8 == 0, w and x 16-byte aligned.
+// Rows of one launch (batched decode): x points at row r0 of the batch, nr <= R rows are
+// valid (rows past nr re-read row nr-1, which is valid memory, and are not written). Row
+// r's output o goes to the planar-by-segment layout of ops_cuda.h (B rows in all).
+struct mv_rows {
+    float *out;
+    const float *x;
+    int r0, nr, B, s1, s2;
+};
+
+__device__ __forceinline__ const float *mv_x(const mv_rows &p, int r, int n_in) {
+    return p.x + (size_t)min(r, p.nr - 1) * n_in;
+}
+
+__device__ __forceinline__ void mv_store(const mv_rows &p, int r, int o, int n_out, float v) {
+    if (r >= p.nr) return;
+    int b = p.r0 + r;
+    float *d;
+    if (o < p.s1) d = p.out + (size_t)b * p.s1 + o;
+    else if (o < p.s2) d = p.out + (size_t)p.B * p.s1 + (size_t)b * (p.s2 - p.s1) + (o - p.s1);
+    else d = p.out + (size_t)p.B * p.s2 + (size_t)b * (n_out - p.s2) + (o - p.s2);
+    *d = v;
+}
+
+// Vector path: n_in % 8 == 0, w and x 16-byte aligned. R rows share each weight load;
+// every row's sums are in the order of the R == 1 kernel, so results do not depend on R.
 // grid (cdiv(n_out, MV_WARPS)), block 32*MV_WARPS
-template <int WT>
-__global__ void matvec_vec_kernel(float *out, const float *x, const void *w, int n_in, int n_out) {
+template <int WT, int R>
+__global__ void matvec_vec_kernel(mv_rows p, const void *w, int n_in, int n_out) {
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     if (row >= n_out) return;  // whole warp exits together
     int nv = n_in / 8;         // 8-element chunks per row
     size_t rbase = (size_t)row * nv;
-    const float4 *x4 = (const float4 *)x;
-    float acc0 = 0.f, acc1 = 0.f;
+    const float4 *x4[R];
+    float acc0[R], acc1[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) x4[r] = (const float4 *)mv_x(p, r, n_in), acc0[r] = 0.f, acc1[r] = 0.f;
     int i = lane;
     // Two chunks in flight per lane per iteration for memory-level parallelism.
     for (; i + 32 < nv; i += 64) {
         float f0[8], f1[8];
         load_w8<WT>(w, rbase + i, f0);
         load_w8<WT>(w, rbase + i + 32, f1);
-        acc0 += dot8(f0, __ldg(x4 + 2 * i), __ldg(x4 + 2 * i + 1));
-        acc1 += dot8(f1, __ldg(x4 + 2 * (i + 32)), __ldg(x4 + 2 * (i + 32) + 1));
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            acc0[r] += dot8(f0, __ldg(x4[r] + 2 * i), __ldg(x4[r] + 2 * i + 1));
+            acc1[r] += dot8(f1, __ldg(x4[r] + 2 * (i + 32)), __ldg(x4[r] + 2 * (i + 32) + 1));
+        }
     }
     if (i < nv) {
         float f0[8];
         load_w8<WT>(w, rbase + i, f0);
-        acc0 += dot8(f0, __ldg(x4 + 2 * i), __ldg(x4 + 2 * i + 1));
+#pragma unroll
+        for (int r = 0; r < R; r++) acc0[r] += dot8(f0, __ldg(x4[r] + 2 * i), __ldg(x4[r] + 2 * i + 1));
     }
-    float acc = warp_sum(acc0 + acc1);
-    if (lane == 0) out[row] = acc;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float acc = warp_sum(acc0[r] + acc1[r]);
+        if (lane == 0) mv_store(p, r, row, n_out, acc);
+    }
 }
 
-// Four rows per warp for tall matrices (gate/up, lm_head): each lane's x chunk is
+// Four weight rows per warp for tall matrices (gate/up, lm_head): each lane's x chunk is
 // loaded once for four weight chunks, and four 16-byte weight loads are in flight.
-// Rows past n_out read row n_out-1 (valid memory) and are not written.
+// Weight rows past n_out read row n_out-1 (valid memory) and are not written.
 // grid (cdiv(n_out, 4*MV_WARPS)), block 32*MV_WARPS
-template <int WT>
-__global__ void matvec_vec4_kernel(float *out, const float *x, const void *w, int n_in, int n_out) {
+template <int WT, int R>
+__global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out) {
     int lane = threadIdx.x & 31;
     int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * 4;
     if (row0 >= n_out) return;  // whole warp exits together
     int nv = n_in / 8;
     size_t rb[4];
 #pragma unroll
-    for (int r = 0; r < 4; r++) rb[r] = (size_t)min(row0 + r, n_out - 1) * nv;
-    const float4 *x4 = (const float4 *)x;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int q = 0; q < 4; q++) rb[q] = (size_t)min(row0 + q, n_out - 1) * nv;
+    const float4 *x4[R];
+    float acc[4][R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        x4[r] = (const float4 *)mv_x(p, r, n_in);
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[q][r] = 0.f;
+    }
     for (int i = lane; i < nv; i += 32) {
         float f[4][8];
 #pragma unroll
-        for (int r = 0; r < 4; r++) load_w8<WT>(w, rb[r] + i, f[r]);
-        float4 xa = __ldg(x4 + 2 * i), xb = __ldg(x4 + 2 * i + 1);
+        for (int q = 0; q < 4; q++) load_w8<WT>(w, rb[q] + i, f[q]);
 #pragma unroll
-        for (int r = 0; r < 4; r++) acc[r] += dot8(f[r], xa, xb);
+        for (int r = 0; r < R; r++) {
+            float4 xa = __ldg(x4[r] + 2 * i), xb = __ldg(x4[r] + 2 * i + 1);
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[q][r] += dot8(f[q], xa, xb);
+        }
     }
 #pragma unroll
-    for (int r = 0; r < 4; r++) {
-        float a = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < n_out) out[row0 + r] = a;
-    }
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float a = warp_sum(acc[q][r]);
+            if (lane == 0 && row0 + q < n_out) mv_store(p, r, row0 + q, n_out, a);
+        }
 }
 
 // Generic path: any n_in / alignment, one element per lane per step.
-__global__ void matvec_scalar_kernel(float *out, const float *x, const void *w, int wt, int n_in,
-                                     int n_out) {
+template <int R>
+__global__ void matvec_scalar_kernel(mv_rows p, const void *w, int wt, int n_in, int n_out) {
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
     if (row >= n_out) return;
     size_t rbase = (size_t)row * n_in;
-    float acc = 0.f;
-    for (int i = lane; i < n_in; i += 32) acc = fmaf(load_w(w, wt, rbase + i), x[i], acc);
-    acc = warp_sum(acc);
-    if (lane == 0) out[row] = acc;
+    const float *xr[R];
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) xr[r] = mv_x(p, r, n_in), acc[r] = 0.f;
+    for (int i = lane; i < n_in; i += 32) {
+        float wv = load_w(w, wt, rbase + i);
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = fmaf(wv, xr[r][i], acc[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float a = warp_sum(acc[r]);
+        if (lane == 0) mv_store(p, r, row, n_out, a);
+    }
+}
+
+// Which kernel a matrix gets depends only on its shape, the same for every B.
+enum { MV_SCALAR, MV_VEC, MV_VEC4 };
+
+template <int R>
+static void mv_launch(cuda_ctx *ctx, int kind, const mv_rows &p, wref w, int n_in, int n_out) {
+    unsigned block = 32 * MV_WARPS, grid = cdiv_u(n_out, MV_WARPS), grid4 = cdiv_u(n_out, 4 * MV_WARPS);
+    cudaStream_t st = ctx->stream;
+    if (kind == MV_SCALAR) {
+        matvec_scalar_kernel<R><<<grid, block, 0, st>>>(p, w.data, (int)w.type, n_in, n_out);
+    } else if (kind == MV_VEC4) {
+        if (w.type == WT_BF16) matvec_vec4_kernel<WT_BF16, R><<<grid4, block, 0, st>>>(p, w.data, n_in, n_out);
+        else if (w.type == WT_F16) matvec_vec4_kernel<WT_F16, R><<<grid4, block, 0, st>>>(p, w.data, n_in, n_out);
+        else matvec_vec4_kernel<WT_F32, R><<<grid4, block, 0, st>>>(p, w.data, n_in, n_out);
+    } else {
+        if (w.type == WT_BF16) matvec_vec_kernel<WT_BF16, R><<<grid, block, 0, st>>>(p, w.data, n_in, n_out);
+        else if (w.type == WT_F16) matvec_vec_kernel<WT_F16, R><<<grid, block, 0, st>>>(p, w.data, n_in, n_out);
+        else matvec_vec_kernel<WT_F32, R><<<grid, block, 0, st>>>(p, w.data, n_in, n_out);
+    }
+}
+
+extern "C" int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out, int B,
+                                int s1, int s2) {
+    CUDA_REQUIRE(ctx, n_in > 0 && n_out > 0 && B >= 1 && 0 <= s1 && s1 <= s2 && s2 <= n_out,
+                 "cuda_matvec_rows: bad shape n_in=%d n_out=%d B=%d s1=%d s2=%d", n_in, n_out, B, s1, s2);
+    CUDA_REQUIRE(ctx, w.type == WT_F32 || w.type == WT_F16 || w.type == WT_BF16,
+                 "cuda_matvec_rows: unsupported weight type %d", (int)w.type);
+    // Rows start n_in floats apart: with n_in % 8 == 0 every row keeps x's 16-byte alignment.
+    int kind = n_in % 8 == 0 && is_aligned(w.data, 16) && is_aligned(x, 16) ? MV_VEC : MV_SCALAR;
+    // Four weight rows per warp only when that still leaves >= 2 blocks per SM.
+    if (kind == MV_VEC && (long)n_out >= 4L * MV_WARPS * 2 * (ctx->n_sm > 0 ? ctx->n_sm : 1)) kind = MV_VEC4;
+    static_assert(CUDA_MATVEC_ROWS == 8, "mv_launch instantiates R = 1, 2, 4, 8");
+    for (int r0 = 0; r0 < B; r0 += CUDA_MATVEC_ROWS) {
+        int nr = B - r0 < CUDA_MATVEC_ROWS ? B - r0 : CUDA_MATVEC_ROWS;
+        mv_rows p = { out, x + (size_t)r0 * n_in, r0, nr, B, s1, s2 };
+        if (nr == 1) mv_launch<1>(ctx, kind, p, w, n_in, n_out);
+        else if (nr == 2) mv_launch<2>(ctx, kind, p, w, n_in, n_out);
+        else if (nr <= 4) mv_launch<4>(ctx, kind, p, w, n_in, n_out);
+        else mv_launch<8>(ctx, kind, p, w, n_in, n_out);
+        CUDA_CHECK_LAUNCH(ctx, kind == MV_SCALAR ? "matvec_scalar_kernel"
+                               : kind == MV_VEC4 ? "matvec_vec4_kernel" : "matvec_vec_kernel");
+    }
+    return 0;
 }
 
 extern "C" int cuda_matvec(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out) {
-    CUDA_REQUIRE(ctx, n_in > 0 && n_out > 0, "cuda_matvec: bad shape n_in=%d n_out=%d", n_in, n_out);
-    unsigned grid = cdiv_u(n_out, MV_WARPS), block = 32 * MV_WARPS;
-    int vec = n_in % 8 == 0 && is_aligned(w.data, 16) && is_aligned(x, 16);
-    if (!vec) {
-        matvec_scalar_kernel<<<grid, block, 0, ctx->stream>>>(out, x, w.data, (int)w.type, n_in, n_out);
-        CUDA_CHECK_LAUNCH(ctx, "matvec_scalar_kernel");
-        return 0;
-    }
-    // Four rows per warp only when that still leaves >= 2 blocks per SM.
-    if ((long)n_out >= 4L * MV_WARPS * 2 * (ctx->n_sm > 0 ? ctx->n_sm : 1)) {
-        unsigned grid4 = cdiv_u(n_out, 4 * MV_WARPS);
-        switch (w.type) {
-        case WT_BF16:
-            matvec_vec4_kernel<WT_BF16><<<grid4, block, 0, ctx->stream>>>(out, x, w.data, n_in, n_out);
-            break;
-        case WT_F16:
-            matvec_vec4_kernel<WT_F16><<<grid4, block, 0, ctx->stream>>>(out, x, w.data, n_in, n_out);
-            break;
-        default:
-            matvec_vec4_kernel<WT_F32><<<grid4, block, 0, ctx->stream>>>(out, x, w.data, n_in, n_out);
-            break;
-        }
-        CUDA_CHECK_LAUNCH(ctx, "matvec_vec4_kernel");
-        return 0;
-    }
-    switch (w.type) {
-    case WT_BF16:
-        matvec_vec_kernel<WT_BF16><<<grid, block, 0, ctx->stream>>>(out, x, w.data, n_in, n_out);
-        break;
-    case WT_F16:
-        matvec_vec_kernel<WT_F16><<<grid, block, 0, ctx->stream>>>(out, x, w.data, n_in, n_out);
-        break;
-    default:
-        matvec_vec_kernel<WT_F32><<<grid, block, 0, ctx->stream>>>(out, x, w.data, n_in, n_out);
-        break;
-    }
-    CUDA_CHECK_LAUNCH(ctx, "matvec_vec_kernel");
-    return 0;
+    return cuda_matvec_rows(ctx, out, x, w, n_in, n_out, 1, n_out, n_out);
 }
 
 // ---- prefill GEMM ----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 // reference for the statistics), in the spirit of llm.c dev/cuda and ggml's
 // test-backend-ops: fixed-seed random inputs, outputs poisoned with NaN first, odd
 // sizes, |gpu - ref| <= tol + |ref| * eps.
+// The batched-decode ops (cuda_*_rows) are checked in test_cuda_batch.c.
 // Usage: test_cuda_kernels            run the checks (SKIP without a device)
 //        test_cuda_kernels --bench    time the bf16 matvec at Llama-3.2-1B shapes etc.
 #include <stdint.h>
@@ -543,6 +544,28 @@ static void bench(void) {
     }
     printf("BENCH llama-3.2-1b matvecs per token: 16 layers x %.1f us + lm_head %.1f us = %.1f us\n",
            layer_us, head_us, 16 * layer_us + head_us);
+    {  // batched decode: B rows per weight pass (gate/up shape); weight bytes once per 8 rows
+        int n_in = 2048, n_out = 8192, Bs[] = {1, 2, 4, 8};
+        size_t nw = (size_t)n_in * n_out;
+        void *raw = wmake(WT_BF16, nw, 0.02f), *dw = dup_up(raw, nw * 2);
+        float *x = fvec((size_t)8 * n_in, 1.f), *dx = dup_up(x, (size_t)8 * n_in * 4);
+        float *dout = dalloc((size_t)8 * n_out * 4);
+        wref w = {dw, WT_BF16};
+        for (int bi = 0; bi < 4; bi++) {
+            int B = Bs[bi], iters = 200;
+            for (int it = 0; it < 10; it++) OK(cuda_matvec_rows(&C, dout, dx, w, n_in, n_out, B, n_out, n_out));
+            CK(cudaEventRecord(e0, C.stream));
+            for (int it = 0; it < iters; it++) OK(cuda_matvec_rows(&C, dout, dx, w, n_in, n_out, B, n_out, n_out));
+            CK(cudaEventRecord(e1, C.stream));
+            OK(cuda_sync(&C));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            double us = ms * 1000.0 / iters, passes = (B + 7) / 8;
+            printf("BENCH matvec_rows bf16 8192x2048 B=%d %8.2f us  %7.1f GB/s weights  %6.2f us/row\n", B, us,
+                   passes * nw * 2.0 / us / 1e3, us / B);
+        }
+        free(raw); free(x); cuda_free(dw); cuda_free(dx); cuda_free(dout);
+    }
     // decode attention at Llama-3.2-1B geometry and vocab stats at 128256
     int lens[] = {1024, 8192, 32768};
     attn_shape s = {32, 8, 64, 0.125f};

@@ -1,0 +1,322 @@
+// test_cuda_batch.c: the batched-decode CUDA ops (B sequences of one token each) against
+// their CPU twins, and each row against the B == 1 op on that row alone, bit for bit:
+// cuda_matvec_rows (planar-by-segment output), cuda_kv_store_rows and
+// cuda_attention_decode_rows. Same conventions as test_cuda_kernels.c: fixed-seed
+// random inputs, outputs poisoned with NaN first, |gpu - ref| <= tol + |ref| * eps.
+// Usage: test_cuda_batch    (SKIP without a device)
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include "check.h"
+#include "kernels/ops.h"
+
+#ifndef VARENT_CUDA
+int main(void) {
+    (void)check_failures;
+    SKIP("cuda_batch", "built without CUDA");
+    return 0;
+}
+#else
+#include <cuda_runtime_api.h>
+#include "kernels/ops_cuda.h"
+
+static cuda_ctx C;
+
+// ---- helpers (as in test_cuda_kernels.c) -----------------------------------------------
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static float frand(void) {  // uniform in [-1, 1)
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.f - 1.f;
+}
+static int irand(int n) { return (int)((frand() * 0.5f + 0.5f) * n) % n; }
+
+static void die_ctx(const char *what) {
+    printf("FAIL %s: %s\n", what, C.err.msg);
+    exit(1);
+}
+#define OK(call) do { if ((call) != 0) die_ctx(#call); } while (0)
+
+static void *dalloc(size_t bytes) {
+    void *p;
+    verr e;
+    if (cuda_malloc(&p, bytes, "test buffer", &e)) { printf("FAIL cuda_malloc: %s\n", e.msg); exit(1); }
+    OK(cuda_memset(&C, p, 0xFF, bytes));  // NaN poison
+    return p;
+}
+static void *dup_up(const void *h, size_t bytes) {
+    void *p = dalloc(bytes);
+    OK(cuda_upload(&C, p, h, bytes));
+    return p;
+}
+static float *fvec(size_t n, float scale) {
+    float *v = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = frand() * scale;
+    return v;
+}
+static float *fdown(const void *d, size_t n) {
+    float *h = malloc(n * sizeof(float));
+    OK(cuda_download(&C, h, d, n * sizeof(float)));
+    return h;
+}
+static void *wmake(wtype t, size_t n, float scale) {
+    void *raw = malloc(n * wtype_size(t));
+    for (size_t i = 0; i < n; i++) {
+        float f = frand() * scale;
+        if (t == WT_F32) ((float *)raw)[i] = f;
+        else if (t == WT_BF16) ((uint16_t *)raw)[i] = f32_to_bf16(f);
+        else ((uint16_t *)raw)[i] = f32_to_f16(f);
+    }
+    return raw;
+}
+static void cmp(const char *name, const float *got, const float *ref, long n, float tol, float eps) {
+    long bad = check_close(got, ref, n, tol, eps);
+    double maxerr = 0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (d > maxerr || d != d) maxerr = d;
+    }
+    CHECK(bad < 0, name, "at %ld of %ld: gpu %.8g cpu %.8g (max err %.3g)", bad, n,
+          bad < 0 ? 0 : got[bad], bad < 0 ? 0 : ref[bad], maxerr);
+}
+
+static const wtype TYPES[3] = {WT_F32, WT_F16, WT_BF16};
+static char nm[256];
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+
+// ---- cuda_matvec_rows --------------------------------------------------------------------
+enum { MV_MAX_B = 11 };  // > 8: more than one pass over the weights
+
+// Index of row r, column o in the planar layout: [B, s1] | [B, s2 - s1] | [B, n_out - s2].
+static size_t planar_at(int B, int n_out, int s1, int s2, int r, int o) {
+    if (o < s1) return (size_t)r * s1 + o;
+    if (o < s2) return (size_t)B * s1 + (size_t)r * (s2 - s1) + (o - s1);
+    return (size_t)B * s2 + (size_t)r * (n_out - s2) + (o - s2);
+}
+
+// One weight: rows of every B against cpu_matmul and against cuda_matvec on the row alone.
+static void matvec_rows_case(wtype t, int n_in, int n_out, int s1, int s2) {
+    static const int Bs[] = {1, 2, 3, 5, 8, MV_MAX_B};
+    size_t nw = (size_t)n_out * n_in, nx = (size_t)MV_MAX_B * n_in, ny = (size_t)MV_MAX_B * n_out;
+    void *raw = wmake(t, nw, 1.f / sqrtf((float)n_in));
+    float *x = fvec(nx, 1.f), *ref = malloc(ny * 4), *single = malloc(ny * 4), *plain = malloc(ny * 4);
+    void *dw = dup_up(raw, nw * wtype_size(t));
+    float *dx = dup_up(x, nx * 4), *dout = dalloc(ny * 4);
+    wref w = {dw, t};
+    cpu_matmul(ref, x, (wref){raw, t}, MV_MAX_B, n_in, n_out);
+    for (int r = 0; r < MV_MAX_B; r++) {  // the B == 1 op on each row alone
+        OK(cuda_memset(&C, dout, 0xFF, (size_t)n_out * 4));
+        OK(cuda_matvec(&C, dout, dx + (size_t)r * n_in, w, n_in, n_out));
+        OK(cuda_download(&C, single + (size_t)r * n_out, dout, (size_t)n_out * 4));
+    }
+    for (int bi = 0; bi < 6; bi++) {
+        int B = Bs[bi];
+        OK(cuda_memset(&C, dout, 0xFF, ny * 4));
+        OK(cuda_matvec_rows(&C, dout, dx, w, n_in, n_out, B, s1, s2));
+        float *got = fdown(dout, (size_t)B * n_out);
+        for (int r = 0; r < B; r++)  // back to [B, n_out]; an unwritten slot stays NaN
+            for (int o = 0; o < n_out; o++) plain[(size_t)r * n_out + o] = got[planar_at(B, n_out, s1, s2, r, o)];
+        char tag[128];
+        snprintf(tag, sizeof tag, "%s B=%d n_in=%d n_out=%d split=%d/%d", wtype_name(t), B, n_in, n_out, s1, s2);
+        cmp(NAME("cuda_matvec_rows vs cpu %s", tag), plain, ref, (long)B * n_out, 1e-4f, 1e-3f);
+        int bad_row = -1;
+        for (int r = 0; r < B && bad_row < 0; r++)
+            if (memcmp(plain + (size_t)r * n_out, single + (size_t)r * n_out, (size_t)n_out * 4)) bad_row = r;
+        CHECK(bad_row < 0, NAME("cuda_matvec_rows bit-identical to B=1 %s", tag), "row %d differs", bad_row);
+        free(got);
+    }
+    free(raw); free(x); free(ref); free(single); free(plain);
+    cuda_free(dw); cuda_free(dx); cuda_free(dout);
+}
+
+static void test_matvec_rows(void) {
+    // tall: enough rows for the four-rows-per-warp kernel (4 rows x 4 warps x 2 blocks per SM)
+    int tall = 4 * 4 * 2 * (C.n_sm > 0 ? C.n_sm : 1) + 13, hid = tall / 2 + 1;
+    int shapes[][4] = {  // n_in, n_out, s1, s2
+        {256, 67, 67, 67},                    // plain, one row per warp
+        {37, 67, 67, 67},                     // n_in % 8 != 0: scalar path
+        {128, 160, 96, 128},                  // q|k|v = 96|32|32
+        {100, 160, 96, 128},                  // q|k|v, scalar
+        {256, 67, 0, 30},                     // empty first segment
+        {512, tall, tall, tall},              // tall plain: four rows per warp
+        {512, 2 * hid, hid, 2 * hid},         // tall gate|up
+        {64, tall, tall - 128, tall - 64},    // tall q|k|v
+        {100, tall, hid, tall}};              // tall, scalar
+    for (int k = 0; k < 3; k++)
+        for (int si = 0; si < 9; si++)
+            matvec_rows_case(TYPES[k], shapes[si][0], shapes[si][1], shapes[si][2], shapes[si][3]);
+    float *d = dalloc(64 * 4);
+    wref w = {d, WT_F32};
+    CHECK(cuda_matvec_rows(&C, d, d, w, 4, 4, 0, 4, 4) != 0 && strstr(C.err.msg, "cuda_matvec_rows"),
+          "cuda_matvec_rows refuses B=0", "%s", C.err.msg);
+    CHECK(cuda_matvec_rows(&C, d, d, w, 4, 4, 1, 3, 2) != 0 && strstr(C.err.msg, "cuda_matvec_rows"),
+          "cuda_matvec_rows refuses s1 > s2", "%s", C.err.msg);
+    CHECK(cuda_matvec_rows(&C, d, d, w, 4, 4, 1, 2, 5) != 0 && strstr(C.err.msg, "cuda_matvec_rows"),
+          "cuda_matvec_rows refuses s2 > n_out", "%s", C.err.msg);
+    cuda_free(d);
+}
+
+// ---- cuda_kv_store_rows ---------------------------------------------------------------------
+// Row b goes to its own cache (record b) at rows[b]; every other cache row stays 0xFFFF.
+static void kv_store_rows_case(int B, int kv_dim) {
+    enum { N_POS = 11, MAX_B = 8 };
+    size_t n = (size_t)B * kv_dim, nc = (size_t)N_POS * kv_dim;
+    int rows[MAX_B];
+    for (int b = 0; b < B; b++) rows[b] = irand(N_POS);
+    rows[B - 1] = N_POS - 1;
+    float *k = fvec(n, 3.f), *v = fvec(n, 3.f);
+    float *dk = dup_up(k, n * 4), *dv = dup_up(v, n * 4);
+    int *drows = dup_up(rows, B * sizeof(int));
+    cuda_kv_layer L[MAX_B];
+    for (int b = 0; b < B; b++) L[b] = (cuda_kv_layer){NULL, NULL, NULL, NULL, dalloc(nc * 2), dalloc(nc * 2)};
+    cuda_kv_layer *dL = dup_up(L, B * sizeof *L);
+    OK(cuda_kv_store_rows(&C, dL, dk, dv, drows, B, kv_dim));
+    uint16_t *hk = malloc(nc * 2), *hv = malloc(nc * 2);
+    long bad = -1;
+    int bad_b = -1;
+    for (int b = 0; b < B && bad < 0; b++) {
+        OK(cuda_download(&C, hk, L[b].k_dst, nc * 2));
+        OK(cuda_download(&C, hv, L[b].v_dst, nc * 2));
+        for (size_t i = 0; i < nc && bad < 0; i++) {
+            int p = (int)(i / kv_dim), c = (int)(i % kv_dim);
+            uint16_t ek = p != rows[b] ? 0xFFFF : f32_to_bf16(k[(size_t)b * kv_dim + c]);
+            uint16_t ev = p != rows[b] ? 0xFFFF : f32_to_bf16(v[(size_t)b * kv_dim + c]);
+            if (hk[i] != ek || hv[i] != ev) { bad = (long)i; bad_b = b; }
+        }
+    }
+    CHECK(bad < 0, NAME("cuda_kv_store_rows bf16 B=%d kv_dim=%d", B, kv_dim),
+          "cache %d: mismatch at element %ld (row %ld, stored row %d)", bad_b, bad, bad / kv_dim,
+          bad_b < 0 ? -1 : rows[bad_b]);
+    for (int b = 0; b < B; b++) { cuda_free(L[b].k_dst); cuda_free(L[b].v_dst); }
+    free(k); free(v); free(hk); free(hv);
+    cuda_free(dk); cuda_free(dv); cuda_free(drows); cuda_free(dL);
+}
+
+static void test_kv_store_rows(void) {
+    int Bs[] = {1, 3, 8}, dims[] = {520, 64, 36};
+    for (int bi = 0; bi < 3; bi++)
+        for (int di = 0; di < 3; di++) kv_store_rows_case(Bs[bi], dims[di]);
+    CHECK(cuda_kv_store_rows(&C, NULL, NULL, NULL, NULL, 1, 8) != 0 && strstr(C.err.msg, "cuda_kv_store_rows"),
+          "cuda_kv_store_rows refuses missing records", "%s", C.err.msg);
+}
+
+// ---- cuda_attention_decode_rows ------------------------------------------------------------
+enum { AR_MAX_B = 8 };
+
+// B rows over one shared trunk (row b reads its first trunk[b] keys) and a tail of its own
+// (tail[b] keys; 0: no tail segment). Each row vs cpu_attention on its own kv_span and vs
+// cuda_attention_decode_dev (B == 1) on its own records, bit for bit.
+static void attn_rows_case(int hd, int nkv, int G, int B, const int *trunk, const int *tail, float qscale) {
+    int nh = nkv * G, kv_dim = nkv * hd, max_trunk = 0, max_nk = 0;
+    for (int b = 0; b < B; b++) {
+        if (trunk[b] > max_trunk) max_trunk = trunk[b];
+        if (trunk[b] + tail[b] > max_nk) max_nk = trunk[b] + tail[b];
+    }
+    attn_shape s = {nh, nkv, hd, 1.f / sqrtf((float)hd)};
+    int max_keys = 3 * max_nk + 100;  // most splits see few or no keys
+    size_t nq1 = (size_t)nh * hd, nsc = (size_t)nh * max_keys;
+    // Host copies are the bf16-rounded values the CPU twin reads; the device gets the bf16.
+    float *kf[AR_MAX_B + 1], *vf[AR_MAX_B + 1];
+    void *dk[AR_MAX_B + 1], *dv[AR_MAX_B + 1];
+    for (int i = 0; i <= B; i++) {  // i == B: the shared trunk
+        size_t nel = (size_t)(i == B ? max_trunk : tail[i]) * kv_dim;
+        kf[i] = fvec(nel, 1.f); vf[i] = fvec(nel, 1.f);
+        uint16_t *kb = malloc(nel * 2 + 2), *vb = malloc(nel * 2 + 2);
+        for (size_t j = 0; j < nel; j++) {
+            kb[j] = f32_to_bf16(kf[i][j]); kf[i][j] = bf16_to_f32(kb[j]);
+            vb[j] = f32_to_bf16(vf[i][j]); vf[i][j] = bf16_to_f32(vb[j]);
+        }
+        dk[i] = dv[i] = NULL;
+        if (nel || i == B) {  // a trunk buffer even when empty: records point somewhere valid
+            dk[i] = dalloc(nel * 2 + 16); dv[i] = dalloc(nel * 2 + 16);
+            OK(cuda_upload(&C, dk[i], kb, nel * 2));
+            OK(cuda_upload(&C, dv[i], vb, nel * 2));
+        }
+        free(kb); free(vb);
+    }
+    cuda_kv_layer L[AR_MAX_B];
+    cuda_kv_lens N[AR_MAX_B];
+    for (int b = 0; b < B; b++) {
+        L[b] = (cuda_kv_layer){dk[B], dv[B], dk[b], dv[b], NULL, NULL};
+        N[b] = (cuda_kv_lens){trunk[b], trunk[b] + tail[b]};
+    }
+    cuda_kv_layer *dL = dup_up(L, B * sizeof *L);
+    cuda_kv_lens *dN = dup_up(N, B * sizeof *N);
+    float *q = fvec((size_t)B * nq1, qscale), *dq = dup_up(q, (size_t)B * nq1 * 4);
+    float *dout = dalloc((size_t)B * nq1 * 4), *dsc = dalloc((size_t)B * nsc * 4);
+    float *dout1 = dalloc(nq1 * 4), *dsc1 = dalloc(nsc * 4);
+    size_t sb = cuda_attention_rows_scratch_bytes(&C, max_keys, s, B), s1b = cuda_attention_scratch_bytes(&C, max_keys, s);
+    OK(cuda_reserve_scratch(&C, sb > s1b ? sb : s1b));
+    OK(cuda_attention_decode_rows(&C, dout, dq, dL, dN, B, max_keys, s, dsc));
+    float *got = fdown(dout, (size_t)B * nq1), *gsc = fdown(dsc, (size_t)B * nsc);
+    OK(cuda_memset(&C, dout, 0xFF, (size_t)B * nq1 * 4));
+    OK(cuda_attention_decode_rows(&C, dout, dq, dL, dN, B, max_keys, s, NULL));
+    float *got_ns = fdown(dout, (size_t)B * nq1);
+    float *ref = malloc(nq1 * 4), *rsc = malloc(nsc * 4);
+    for (int b = 0; b < B; b++) {
+        int nk = trunk[b] + tail[b];
+        kv_span hs = {kf[B], vf[B], trunk[b], tail[b] ? kf[b] : NULL, tail[b] ? vf[b] : NULL, tail[b]};
+        cpu_attention(ref, q + (size_t)b * nq1, hs, 1, s, rsc);
+        char tag[160];
+        snprintf(tag, sizeof tag, "hd=%d kv=%d G=%d B=%d row=%d trunk=%d tail=%d", hd, nkv, G, B, b, trunk[b],
+                 tail[b]);
+        const float *gb = got + (size_t)b * nq1, *sb_ = gsc + (size_t)b * nsc;
+        cmp(NAME("cuda_attention_decode_rows out %s", tag), gb, ref, (long)nq1, 2e-5f, 1e-3f);
+        cmp(NAME("cuda_attention_decode_rows scores %s", tag), sb_, rsc, (long)nh * nk, 1e-5f, 1e-4f);
+        CHECK(!memcmp(gb, got_ns + (size_t)b * nq1, nq1 * 4),
+              NAME("cuda_attention_decode_rows out without last_scores %s", tag), "differs");
+        OK(cuda_memset(&C, dout1, 0xFF, nq1 * 4));
+        OK(cuda_memset(&C, dsc1, 0xFF, nsc * 4));
+        OK(cuda_attention_decode_dev(&C, dout1, dq + (size_t)b * nq1, dL + b, dN + b, max_keys, s, dsc1));
+        float *g1 = fdown(dout1, nq1), *s1 = fdown(dsc1, (size_t)nh * nk);
+        CHECK(!memcmp(gb, g1, nq1 * 4) && !memcmp(sb_, s1, (size_t)nh * nk * 4),
+              NAME("cuda_attention_decode_rows bit-identical to decode_dev %s", tag), "out %s, scores %s",
+              memcmp(gb, g1, nq1 * 4) ? "differ" : "equal", memcmp(sb_, s1, (size_t)nh * nk * 4) ? "differ" : "equal");
+        free(g1); free(s1);
+    }
+    for (int i = 0; i <= B; i++) { free(kf[i]); free(vf[i]); cuda_free(dk[i]); cuda_free(dv[i]); }
+    free(q); free(got); free(gsc); free(got_ns); free(ref); free(rsc);
+    cuda_free(dL); cuda_free(dN); cuda_free(dq); cuda_free(dout); cuda_free(dsc); cuda_free(dout1); cuda_free(dsc1);
+}
+
+static void test_attention_rows(void) {
+    static const int t1[] = {37}, l1[] = {0};                               // one row
+    static const int t3[] = {300, 300, 300}, l3[] = {13, 0, 1};             // one trunk, tails differ
+    static const int t5[] = {1000, 1000, 250, 0, 1}, l5[] = {40, 0, 7, 70, 0};  // all-tail, one-key rows
+    static const int t8[] = {0, 1, 2, 3, 64, 65, 0, 129}, l8[] = {1, 0, 5, 0, 0, 3, 64, 2};
+    int hds[] = {8, 64, 128}, Gs[] = {1, 2, 8};
+    for (int hi = 0; hi < 3; hi++)
+        for (int gi = 0; gi < 3; gi++) {
+            int hd = hds[hi], G = Gs[gi], nkv = G == 8 ? 2 : 3;
+            attn_rows_case(hd, nkv, G, 1, t1, l1, 3.f);
+            attn_rows_case(hd, nkv, G, 3, t3, l3, 3.f);
+            attn_rows_case(hd, nkv, G, 5, t5, l5, 3.f);
+            attn_rows_case(hd, nkv, G, 8, t8, l8, 3.f);
+        }
+    static const int tl[] = {5000, 5000, 5000, 4000}, ll[] = {777, 0, 1, 20};
+    attn_rows_case(64, 8, 4, 4, tl, ll, 4.f);    // Llama-3.2-1B geometry, many splits
+    static const int tg[] = {600, 600, 0}, lg[] = {0, 9, 5};
+    attn_rows_case(128, 1, 32, 3, tg, lg, 3.f);  // GQA group of 32: 96-key tiles
+    static const int th[] = {300, 300, 1}, lh[] = {20, 0, 0};
+    attn_rows_case(28, 2, 2, 3, th, lh, 3.f);    // head_dim 28: scalar K loads
+}
+
+int main(void) {
+    if (cuda_device_count() == 0) {
+        SKIP("cuda_batch", "no CUDA device");
+        return 0;
+    }
+    verr e;
+    if (cuda_init(&C, 0, &e)) {
+        printf("FAIL cuda_init: %s\n", e.msg);
+        return 1;
+    }
+    test_matvec_rows();
+    test_kv_store_rows();
+    test_attention_rows();
+    cuda_destroy(&C);
+    CHECK_DONE();
+}
+#endif

@@ -70,20 +70,24 @@ static int bench_mem_of(session *s, bench_mem *b, verr *err) {
     return 0;
 }
 
-// One run: prefill prompt_len ids, then decode n tokens greedily.
+// One run: prefill prompt_len ids, then decode n tokens greedily, as `varent run --temp 0`
+// does: the argmax through session_sample (on the device on CUDA, where the logits then
+// stay: lazy_logits).
 static int bench_once(session *s, const int *prompt, int prompt_len, int n, double *prefill_s, double *decode_s, verr *err) {
     s->kv.len = 0;
     kv_view kv = kv_view_of(&s->kv);
+    sample_cfg greedy = { 0 };
+    sample_out next;
+    s->fw.lazy_logits = 1;
     double t0 = gen_now();
-    if (session_forward(s, &kv, prompt, prompt_len, err)) return -1;
+    int rc = session_forward(s, &kv, prompt, prompt_len, err);
     *prefill_s = gen_now() - t0;
     t0 = gen_now();
-    for (int i = 0; i < n; i++) {
-        int next = sampler_argmax(s->fw.logits, s->m.cfg.vocab_size);
-        if (session_forward(s, &kv, &next, 1, err)) return -1;
-    }
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = session_sample(s, &greedy, 1, &next, err) || session_forward(s, &kv, &next.token, 1, err) ? -1 : 0;
     *decode_s = gen_now() - t0;
-    return 0;
+    s->fw.lazy_logits = 0;
+    return rc;
 }
 
 // Decode seconds of one generate() run of n tokens under the named sampler.

@@ -37,6 +37,7 @@ typedef struct {
     sample_cfg *cfg;       // [n_draw] one step's draws
     sample_out *drawn;     // [n_draw] their results
     int n_draw;
+    int lazy;              // CUDA: steps leave their logits on the device (lazy_logits)
 } gen_ctx;
 
 static void ctx_free(gen_ctx *c) {
@@ -50,6 +51,10 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
     c->s = s, c->o = o, c->r = (rng){ o->seed, 0 };
     int vocab = s->m.cfg.vocab_size, branching = o->sampler == GEN_ENTROPIX && o->branch_k > 0 && o->branch_b > 0;
     c->metrics = o->ex && (o->sampler == GEN_ENTROPIX || o->want_metrics);
+    // The loop reads logits only through session_sample, the device statistics and
+    // session_logits, so on CUDA they need not cross the bus every token, unless an
+    // on_record callback reads s->fw.logits itself.
+    c->lazy = s->cu && !o->need_logits;
     if (o->sampler == GEN_ENTROPIX && !o->ex) return verr_set(err, "the entropix sampler needs a profile");
     c->hist = malloc(sizeof(int) * ((size_t)n_prompt + o->max_new + o->branch_b + 1));
     c->work = malloc(sizeof(float) * (size_t)vocab);
@@ -70,12 +75,15 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
     return 0;
 }
 
-// The logits the draw sees: the raw ones, or a penalised copy.
-static const float *draw_logits(gen_ctx *c) {
+// The logits the draw sees: the forward's own (s->fw.logits, which on CUDA may still be
+// on the device: draw_n samples them there), or a penalised host copy. NULL on error.
+static const float *draw_logits(gen_ctx *c, verr *err) {
     const gen_opts *o = c->o;
     int vocab = c->s->m.cfg.vocab_size;
     if (o->no_repeat_ngram <= 0 && !(o->repeat_penalty > 0 && o->repeat_penalty != 1)) return c->s->fw.logits;
-    memcpy(c->work, c->s->fw.logits, sizeof(float) * (size_t)vocab);
+    const float *raw = session_logits(c->s, err);
+    if (!raw) return NULL;
+    memcpy(c->work, raw, sizeof(float) * (size_t)vocab);
     sampler_penalize(c->work, vocab, c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->seen);
     return c->work;
 }
@@ -98,7 +106,7 @@ static int best_of(gen_ctx *c, const entropix_step *st, gen_record *rec) {
     int best = -1;
     for (int i = 0; i < st->n_samples; i++) {
         int id = c->drawn[i].token;
-        double sc = entropix_score(c->o->ex, &rec->m, c->s->fw.logits[id]);
+        double sc = entropix_score(c->o->ex, &rec->m, c->drawn[i].logit);  // the raw logit of the draw
         if (best < 0 || sc > rec->score) best = id, rec->score = sc;
     }
     return best;
@@ -116,14 +124,14 @@ static int branch_steps(gen_ctx *c, int n_gen) {
 static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record *one, int *one_tok, verr *err) {
     session *s = c->s;
     const gen_opts *o = c->o;
-    const model_config *mc = &s->m.cfg;
     memset(one, 0, sizeof *one);
     one->pos = s->kv.len, one->q = Q_STANDARD;
     if (c->metrics) {
         if (session_metrics(s, &c->ws, &one->m)) return verr_set(err, "out of memory computing metrics");
         one->q = entropix_classify(o->ex, &one->m);
     }
-    const float *lg = draw_logits(c);
+    const float *lg = draw_logits(c, err);
+    if (!lg) return -1;
     *toks = one_tok, *recs = one;
     if (o->sampler != GEN_ENTROPIX) {
         one->sp = o->sp;
@@ -134,11 +142,14 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
     }
     entropix_step st = entropix_decide(o->ex, &one->m, c->hist[c->n_hist - 1], o->clarifier);
     one->q = st.q, one->sp = st.sp;
-    if (st.greedy) *one_tok = sampler_argmax(lg, mc->vocab_size);
-    else if (st.clarify) *one_tok = o->clarifier;
+    if (st.greedy) {  // argmax, on the device when the logits are there
+        if (draw_n(c, lg, (sampler_params){ 0, 1, 1, 0 }, 1, err)) return -1;
+        *one_tok = c->drawn[0].token;
+    } else if (st.clarify) *one_tok = o->clarifier;
     else {
         int b = st.q == Q_LEHV && c->bs.k > 0 ? branch_steps(c, n_gen) : 0;
         if (b > 0) {  // the forks are drawn on the host from this distribution
+            if (lg == s->fw.logits && !(lg = session_logits(s, err))) return -1;
             sampler_distribution(&s->smp, lg, st.sp);
             sampler_params base = { (float)o->ex->temp, (int)o->ex->top_k, (float)o->ex->top_p, (float)o->ex->min_p };
             branch_penalty pen = { c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->work, c->seen };
@@ -188,6 +199,7 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
     if (ctx_init(&c, s, o, prompt, n_prompt, err)) return -1;
     kv_view kv = kv_view_of(&s->kv);
     double t0 = gen_now();
+    s->fw.lazy_logits = c.lazy;
     int rc = session_forward(s, &kv, prompt, n_prompt, err);
     st->prefill_s = gen_now() - t0;
     t0 = gen_now();
@@ -211,6 +223,7 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
         rc = session_forward(s, &kv, &toks[n - 1], 1, err);
     }
     st->decode_s = gen_now() - t0;
+    s->fw.lazy_logits = 0;
     ctx_free(&c);
     return rc;
 }

@@ -38,6 +38,8 @@ typedef struct {
     int want_metrics;           // compute metrics under the standard sampler too
     int ignore_eos;             // keep going past stop ids (benchmarks)
     int (*on_record)(void *ud, const gen_record *r);  // per token, before on_token
+    int need_logits;            // on_record reads s->fw.logits (otherwise on CUDA they may
+                                // stay on the device: session_logits fetches them)
     void *record_ud;
     const volatile sig_atomic_t *interrupt;  // set (e.g. by Ctrl-C): stop before the next token
 } gen_opts;

@@ -68,3 +68,9 @@ double metrics_log_prob(const float *logits, int n, int id) {
     for (int i = 0; i < n; i++) z += exp((double)logits[i] - mx);
     return (double)logits[id] - mx - log(z);
 }
+
+void metrics_from_stats(token_metrics *m, const float logit[4], const float attn[4]) {
+    m->entropy = logit[2], m->varentropy = logit[3], m->log_z = logit[1];
+    m->attn_entropy = attn[0], m->attn_varentropy = attn[1];
+    m->agreement = attn[2], m->interaction_strength = attn[3];
+}

@@ -27,5 +27,9 @@ int metrics_logits(metrics_ws *w, const float *logits, int n, token_metrics *m);
 // The four attention metrics from scores[n_heads, n_keys] (cpu_attn_stats, the CPU twin
 // of the CUDA forward's cuda_attn_stats). n_keys == 0 gives zeros.
 int metrics_attention(metrics_ws *w, const float *scores, int n_heads, int n_keys, token_metrics *m);
+// The metrics from statistics a CUDA forward computed on the device:
+// logit[4] = {max, lse, entropy, varentropy}, attn[4] = {attn_entropy, attn_varentropy,
+// agreement, interaction_strength} (log_z = lse).
+void metrics_from_stats(token_metrics *m, const float logit[4], const float attn[4]);
 
 #endif

@@ -361,6 +361,7 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
     g.sp = (sampler_params){ (float)j->req.temperature, j->req.top_k, (float)j->req.top_p, (float)j->req.min_p };
     g.clarifier = j->srv->clarifier, g.want_metrics = j->req.metrics;
     g.on_token = on_token, g.ud = &c, g.on_record = on_record, g.record_ud = &c;
+    g.need_logits = c.j->req.logprobs;  // record_logprobs reads s->fw.logits
     kv_cache_truncate(&s->kv, 0);
     gen_stats st;
     int rc = generate(s, j->ids, j->n_ids, &g, &st, err);

@@ -109,13 +109,16 @@ int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *o
     return 0;
 }
 
+const float *session_logits(session *s, verr *err) {
+    if (s->cu && cuda_forward_logits(s->cu, &s->fw, err)) return NULL;
+    return s->fw.logits;
+}
+
 int session_metrics(const session *s, metrics_ws *ws, token_metrics *m) {
     const forward_state *fw = &s->fw;
     const model_config *c = &s->m.cfg;
     if (fw->dev_stats) {  // CUDA: a few floats the forward copied back
-        m->entropy = fw->logit_stats[2], m->varentropy = fw->logit_stats[3], m->log_z = fw->logit_stats[1];
-        m->attn_entropy = fw->attn_stats[0], m->attn_varentropy = fw->attn_stats[1];
-        m->agreement = fw->attn_stats[2], m->interaction_strength = fw->attn_stats[3];
+        metrics_from_stats(m, fw->logit_stats, fw->attn_stats);
         return 0;
     }
     // The CPU forward (and a CUDA step without a capture layer, whose scores never came back)

@@ -51,6 +51,10 @@ int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *o
 // Both give the same tokens (kernels/sample_core.h). out[i].entropy is the bits of
 // draw i's truncated distribution (0 for argmax). host/session_sample.c.
 int session_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, verr *err);
+// The last session_forward's logits in host memory (s->fw.logits): on CUDA after a
+// step run with s->fw.lazy_logits they are copied now (once); NULL only when that copy
+// fails (err set).
+const float *session_logits(session *s, verr *err);
 // The entropix metrics of the last session_forward's step (logits, and the attention
 // capture at s->fw.attn_layer; attention metrics are 0 without one). CPU: computed from
 // s->fw.logits and s->fw.attn_scores. CUDA: the statistics the device computed in the
@@ -70,8 +74,9 @@ void batch_ws_free(batch_ws *w);
 // appends ids[b] to views[b] (each row its own tail) and gets its logits in
 // logits + b * vocab (host memory); with m (then bw too) also its entropix metrics m[b],
 // which need a capture layer (s->fw.attn_layer) for the attention ones. CPU: one
-// forward_batch per max_T rows (weights read once per step). CUDA: one session_forward
-// per row for now; the device batch goes here. s->fw.logits is left undefined.
+// forward_batch per max_T rows (weights read once per step). CUDA: cuda_forward_batch
+// (passes of 8 rows, each weight read once per pass; metrics from the device's
+// statistics). s->fw.logits is left undefined.
 // host/session_batch.c.
 int session_forward_batch(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
                           metrics_ws *ws, batch_ws *bw, verr *err);

@@ -1,9 +1,9 @@
-// session_batch.c: session_forward_batch (see session.h). On the CPU the B rows go
-// through forward_batch together, max_T at a time: decode is memory-bound, so one pass
-// over the weights serves every row. On CUDA each row is one session_forward for now;
-// a device batch (one launch per op over B rows, per-row spans in the attention
-// kernel) belongs in forward_on_device below.
+// session_batch.c: session_forward_batch (see session.h). Decode is memory-bound, so
+// one pass over the weights serves every row: on the CPU the B rows go through
+// forward_batch together, max_T at a time; on CUDA through cuda_forward_batch, whose
+// kernels take 8 rows per pass and each row's own KV segments.
 #include "host/session.h"
+#include "model/forward_cuda.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -47,14 +47,25 @@ static int forward_on_cpu(session *s, kv_view *views, const int *ids, int B, flo
     return 0;
 }
 
-// Rows one by one through the session's backend (CUDA): the place for a device batch.
+// All rows in one device batch (cuda_forward_batch: passes of 8 rows, weights read once
+// per pass); the metrics come from the device's statistics, 8 floats per row.
 static int forward_on_device(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
-                             metrics_ws *ws, verr *err) {
-    size_t vocab = (size_t)s->m.cfg.vocab_size;
-    for (int b = 0; b < B; b++) {
-        if (session_forward(s, &views[b], &ids[b], 1, err)) return -1;
-        memcpy(logits + b * vocab, s->fw.logits, vocab * sizeof(float));
-        if (m && session_metrics(s, ws, &m[b])) return verr_set(err, "out of memory computing metrics");
+                             metrics_ws *ws, batch_ws *bw, verr *err) {
+    const model_config *c = &s->m.cfg;
+    int capture = m && s->fw.attn_layer >= 0 && s->fw.attn_layer < c->n_layers;
+    if (m && !bw) return verr_set(err, "session_forward_batch: metrics need a batch_ws");
+    if (capture && batch_ws_fit(bw, B, 8L * B, err)) return -1;
+    float *stats = capture ? bw->scores : NULL;  // [B, 8]
+    if (cuda_forward_batch(s->cu, &s->fw, views, ids, B, logits, stats, err)) return -1;
+    for (int b = 0; m && b < B; b++) {
+        if (capture) {
+            metrics_from_stats(&m[b], stats + 8 * b, stats + 8 * b + 4);
+            continue;
+        }
+        // no capture layer: the logit metrics on the host, attention metrics 0 (as on the CPU)
+        if (metrics_logits(ws, logits + (size_t)b * c->vocab_size, c->vocab_size, &m[b]) ||
+            metrics_attention(ws, NULL, c->n_heads, 0, &m[b]))
+            return verr_set(err, "out of memory computing metrics");
     }
     return 0;
 }
@@ -62,7 +73,7 @@ static int forward_on_device(session *s, kv_view *views, const int *ids, int B, 
 int session_forward_batch(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
                           metrics_ws *ws, batch_ws *bw, verr *err) {
     if (B <= 0) return verr_set(err, "session_forward_batch: no rows");
-    if (s->cu) return forward_on_device(s, views, ids, B, logits, m, ws, err);
+    if (s->cu) return forward_on_device(s, views, ids, B, logits, m, ws, bw, err);
     size_t vocab = (size_t)s->m.cfg.vocab_size;
     for (int done = 0; done < B; done += s->fw.max_T) {
         int n = B - done < s->fw.max_T ? B - done : s->fw.max_T;

@@ -26,6 +26,9 @@ typedef struct {
     int dev_stats;          // 1: the two arrays below belong to the last step
     float logit_stats[4];   // {max, lse (nats), entropy (bits), varentropy (bits^2)} of logits
     float attn_stats[4];    // {attn_entropy, attn_varentropy, agreement, interaction_strength}
+    int lazy_logits;        // CUDA: leave this step's logits on the device until
+                            // session_logits() asks (the caller draws with session_sample
+                            // and reads metrics from the device statistics)
     int copy_scores;        // CUDA: also copy the capture into attn_scores (off by default,
                             // so only the logits and these 8 floats cross per step)
 } forward_state;

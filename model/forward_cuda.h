@@ -6,7 +6,7 @@
 // forward_state the session already has, plus, with a capture layer, 8 floats of
 // entropix statistics computed on the device (fw->logit_stats, fw->attn_stats); the
 // captured scores only with fw->copy_scores. T == 1 steps are captured once in a CUDA
-// graph and replayed.
+// graph and replayed; so is a batch of B rows (cuda_forward_batch), one graph per B.
 // Only functional in builds with VARENT_CUDA; otherwise every call reports that.
 #ifndef VARENT_FORWARD_CUDA_H
 #define VARENT_FORWARD_CUDA_H
@@ -40,7 +40,23 @@ void cuda_forward_set_graphs(cuda_forward *f, int on);
 // fw->dev_stats = 1, and with fw->copy_scores the capture in fw->attn_scores. Fails
 // without touching kv on bad ids or a full context.
 int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err);
-// n draws from the last forward's logits in one cuda_sample launch (kernels/ops.h):
+// Copies the logits of the last step into fw->logits when that step left them on the
+// device (fw->lazy_logits); nothing otherwise.
+int cuda_forward_logits(cuda_forward *f, forward_state *fw, verr *err);
+// B sequences decode one token each in one pass, the device twin of forward_batch: row
+// b appends ids[b] to views[b] (each row writing its own cache: a tail, or its own
+// trunk); logits [B, vocab] (host) receives every row's. The matvecs read each weight
+// once per 8 rows (more rows run in passes of 8), and each row's logits equal those of a
+// one-token cuda_forward_run on its view (the same kernels sum every row alike). With a
+// capture layer and stats != NULL, stats [B, 8] (host) receives each row's device
+// statistics {max, lse, entropy, varentropy, attn_entropy, attn_varentropy, agreement,
+// interaction_strength}; the captures stay on the device. fw->logits (and, with a
+// capture layer, fw's device statistics) become the last row's. Fails without touching
+// any view on a bad id, a full view, a host or foreign cache, or two rows sharing a cache.
+int cuda_forward_batch(cuda_forward *f, forward_state *fw, kv_view *views, const int *ids, int B, float *logits,
+                       float *stats, verr *err);
+// n draws from the last forward's logits (after a batch: its last row's) in one
+// cuda_sample launch (kernels/ops.h):
 // the configurations go up, the results come back; the logits stay on the device.
 int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err);
 

@@ -1,0 +1,102 @@
+// forward_cuda_internal.h: the state shared by model/forward_cuda.c (the steps) and
+// model/forward_cuda_upload.c (weights and buffers). Only for builds with VARENT_CUDA.
+#ifndef VARENT_FORWARD_CUDA_INTERNAL_H
+#define VARENT_FORWARD_CUDA_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/ops_cuda.h"
+#include "model/forward_cuda.h"
+
+// A failed CUDA runtime call: name it, with file and line.
+#define CK(call)                                                                                 \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess)                                                                   \
+            return verr_set(err, "%s failed: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, \
+                            __LINE__);                                                           \
+    } while (0)
+// A failed op: its message (call, file, line) is in f->ctx.err.
+#define OP(call)                                                                                 \
+    do {                                                                                         \
+        if ((call) != 0) return verr_set(err, "%s", f->ctx.err.msg);                             \
+    } while (0)
+
+// Device copies of one layer's weights (wref.data are device pointers).
+typedef struct {
+    wref attn_norm, ffn_norm;  // f32 [dim]
+    wref wqkv;                 // [q_dim + 2*kv_dim, dim]: wq rows, then wk, then wv
+    wref bqkv;                 // f32 [q_dim + 2*kv_dim]; data NULL without biases
+    wref q_norm, k_norm;       // f32 [head_dim]; data NULL unless Qwen3
+    wref wo;                   // [dim, q_dim]
+    wref w_gu;                 // [2*hidden, dim]: gate rows, then up
+    wref w_down;               // [dim, hidden]
+} dev_layer;
+
+typedef struct {
+    void *arena;               // one cudaMalloc holding every tensor below
+    size_t bytes;
+    wref embed, final_norm, lm_head;  // lm_head == embed when tied
+    const float *inv_freq;     // [head_dim/2]
+    dev_layer *layers;         // host array [n_layers] of device refs
+} dev_weights;
+
+// The per-step block, same layout on the device and in its pinned host twin. A prefill
+// chunk uses record 0; a batch of B decode rows records 0..B-1 (one token per row).
+typedef struct {
+    cuda_kv_lens *lens;        // [rows]
+    cuda_kv_layer *layers;     // [n_layers][rows]: the records of one layer are adjacent
+    int *ids, *pos, *rows;     // [max_T] each: the chunk's tokens, or one per decode row
+} step_params;
+
+// A captured decode step of B rows, per capture layer and scratch buffer.
+typedef struct {
+    cudaGraphExec_t exec;
+    int cap;                   // capture layer it was captured with (-1: none)
+    void *scratch;             // ctx.scratch it was captured with
+} graph_slot;
+
+#define CUDA_ROWS CUDA_MATVEC_ROWS  // decode rows per pass (the batched matvec's widest launch)
+
+struct cuda_forward {
+    cuda_ctx ctx;              // device, stream, cuBLAS handle, scratch
+    const model *m;
+    dev_weights own;           // uploaded here (arena NULL when borrowed)
+    const dev_weights *w;      // &own, or the sharing forward's
+    forward_state *fw;         // its logits / attn_scores point at the pinned buffers below
+    float *fw_logits, *fw_scores;    // fw's own buffers, put back on close
+    float *pin_logits, *pin_scores;  // page-locked [vocab], [n_heads, max_ctx]
+    int max_T, max_ctx;
+    int rows;                  // decode rows per pass: min(CUDA_ROWS, max_T)
+    void *act;                 // activation arena
+    float *x, *xb, *y;         // [max_T, dim]
+    float *qkv;                // [max_T, q_dim + 2*kv_dim]
+    float *att;                // [max_T, q_dim]
+    float *hb;                 // [max_T, 2*hidden]
+    float *logits;             // [rows, vocab]
+    float *scores;             // [rows, n_heads, max_ctx] attention captures
+    float *stats;              // [8 * rows]: vocab stats [rows, 4] {max, lse, H, V}, then attention [rows, 4]
+    float *h_stats;            // pinned [8 * rows], their host copy
+    void *d_par, *h_par;       // step block: device, pinned host
+    size_t par_bytes;
+    int par_pending;           // a copy from h_par may still be queued
+    int last_keys;             // n_keys of the last row of the last step
+    int sample_row;            // the logits row cuda_forward_sample draws from
+    int logits_stale;          // the last step's logits are on the device only (lazy_logits)
+    int logits_valid;          // f->logits hold the last successful step's (0 after a failure)
+    graph_slot graphs[CUDA_ROWS + 1];  // [B]: the decode step of B rows
+    int use_graph;
+    sample_cfg *d_cfg, *h_cfg; // [smp_cap] cuda_forward_sample's configurations (device, pinned)
+    sample_out *d_out, *h_out; // [smp_cap] and results
+    int smp_cap;
+};
+
+step_params cuda_forward_params(void *base, int n_layers, int max_T, int rows);
+// Uploads f->m's weights into f->own (one arena, progress bar on a terminal).
+int cuda_forward_upload(cuda_forward *f, verr *err);
+// Activations, step block, statistics and scratch for f's shapes.
+int cuda_forward_alloc(cuda_forward *f, verr *err);
+// Page-locked fw->logits / fw->attn_scores (optional: skipped when pinning fails).
+void cuda_forward_pin_host(cuda_forward *f);
+
+#endif

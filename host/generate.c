@@ -100,13 +100,15 @@ static int draw_n(gen_ctx *c, const float *lg, sampler_params p, int n, verr *er
     return 0;
 }
 
-// ADAPTIVE: n draws from one distribution; the best score (on the raw logits) wins
-// (ties: the first).
-static int best_of(gen_ctx *c, const entropix_step *st, gen_record *rec) {
+// ADAPTIVE: n draws from one distribution (lg); the best score, on the raw logits, wins
+// (ties: the first). A draw's own logit is raw unless lg is a penalised copy, and then
+// the raw logits are on the host.
+static int best_of(gen_ctx *c, const float *lg, const entropix_step *st, gen_record *rec) {
     int best = -1;
     for (int i = 0; i < st->n_samples; i++) {
         int id = c->drawn[i].token;
-        double sc = entropix_score(c->o->ex, &rec->m, c->drawn[i].logit);  // the raw logit of the draw
+        float raw = lg == c->s->fw.logits ? c->drawn[i].logit : c->s->fw.logits[id];
+        double sc = entropix_score(c->o->ex, &rec->m, raw);
         if (best < 0 || sc > rec->score) best = id, rec->score = sc;
     }
     return best;
@@ -159,7 +161,7 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
             return c->bs.len[w];
         }
         if (draw_n(c, lg, st.sp, st.n_samples, err)) return -1;
-        *one_tok = st.n_samples > 1 ? best_of(c, &st, one) : c->drawn[0].token;
+        *one_tok = st.n_samples > 1 ? best_of(c, lg, &st, one) : c->drawn[0].token;
     }
     one->token = *one_tok;
     return 1;

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "check.h"
+#include "test_models.h"
 #include "host/session.h"
 #include "model/forward_cuda.h"
 #ifdef VARENT_CUDA
@@ -37,19 +38,10 @@ static char nm[256];
 
 enum { R = 11, P_LEN = 12, CTX = 64 };
 
-static const char *env_or(const char *name, const char *dflt) {
-    const char *v = getenv(name);
-    return v && *v ? v : dflt;
-}
-
 static char workdir[512];
 
 static int gen_model(const char *preset, const char *dtype, char *dir, size_t n) {
-    snprintf(dir, n, "%s/%s-%s", workdir, preset, dtype);
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s tools/gen_random_checkpoint.py --preset %s '%s' --seed 5 --dtype %s >/dev/null",
-             env_or("PYTHON", "python3"), preset, dir, dtype);
-    return system(cmd) == 0 ? 0 : -1;
+    return gen_random_model(workdir, preset, dtype, 5, dir, n);
 }
 
 // One backend's state: a session, its trunk holding the prompt, R views (row 0 on the

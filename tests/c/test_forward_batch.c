@@ -20,16 +20,12 @@
 #include <sys/stat.h>
 
 #include "check.h"
+#include "test_models.h"
 #include "host/branch.h"
 #include "host/session.h"
 
 static char nm[256];
 #define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
-
-static const char *env_or(const char *name, const char *dflt) {
-    const char *v = getenv(name);
-    return v && *v ? v : dflt;
-}
 
 static int exists(const char *path) {
     struct stat st;
@@ -42,11 +38,7 @@ static int exists(const char *path) {
 static char workdir[512];
 
 static int gen_model(const char *preset, const char *dtype, char *dir, size_t n) {
-    snprintf(dir, n, "%s/%s-%s", workdir, preset, dtype);
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s tools/gen_random_checkpoint.py --preset %s '%s' --seed 11 --dtype %s >/dev/null",
-             env_or("PYTHON", "python3"), preset, dir, dtype);
-    return system(cmd) == 0 ? 0 : -1;
+    return gen_random_model(workdir, preset, dtype, 11, dir, n);
 }
 
 // stories260K converted to f32 safetensors; NULL when not possible.

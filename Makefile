@@ -24,7 +24,11 @@ ifneq ($(NVCC),)
   CU_SRC    := $(wildcard kernels/cuda/*.cu)
 endif
 
-LIB_SRC  := $(wildcard kernels/cpu/*.c model/*.c tokenizer/*.c) $(filter-out host/main.c,$(wildcard host/*.c))
+# host/ by role (docs/architecture.md); every .c of these folders is in the library
+# except the CLI's main.
+HOST_DIRS := util formats report runtime decode agents serve cli
+LIB_SRC  := $(wildcard kernels/cpu/*.c model/*.c tokenizer/*.c) \
+            $(filter-out host/cli/main.c,$(foreach d,$(HOST_DIRS),$(wildcard host/$(d)/*.c)))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/gen/web_index.o
 TEST_SRC := $(wildcard tests/c/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
@@ -41,7 +45,7 @@ all: deps $(BIN)
 deps:
 	@bash tools/install-deps.sh
 
-$(BIN): $(BUILD)/host/main.o $(LIB_OBJ)
+$(BIN): $(BUILD)/host/cli/main.o $(LIB_OBJ)
 	$(CC) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/%.o: %.c
@@ -54,8 +58,8 @@ $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
-# The server's web page (host/web/index.html), built into the binary.
-$(BUILD)/gen/web_index.c: host/web/index.html tools/embed.py
+# The server's web page (host/serve/web/index.html), built into the binary.
+$(BUILD)/gen/web_index.c: host/serve/web/index.html tools/embed.py
 	@mkdir -p $(dir $@)
 	$(PYTHON) tools/embed.py $< web_index_html $@
 $(BUILD)/gen/web_index.o: $(BUILD)/gen/web_index.c
@@ -99,8 +103,8 @@ FUZZ_TARGETS ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_CFLAGS  := -std=gnu11 -O1 -g -I. -fno-omit-frame-pointer -Wall -Wno-unknown-pragmas \
                 -DVARENT_VERSION=\"$(VERSION)\" -fsanitize=address,undefined -fno-sanitize-recover=undefined
 # The parsers and what they call; an archive, so each target links only what it uses.
-FUZZ_LIB_SRC := host/safetensors.c host/gguf.c host/dequant.c host/fileio.c host/args.c host/st_write.c \
-                host/convert_gguf.c host/server_request.c host/entropix_profiles.c host/entropix.c model/config.c \
+FUZZ_LIB_SRC := host/formats/safetensors.c host/formats/gguf.c host/formats/dequant.c host/util/fileio.c host/cli/args.c host/formats/st_write.c \
+                host/formats/convert_gguf.c host/serve/request.c host/decode/profiles.c host/decode/entropix.c model/config.c \
                 $(wildcard tokenizer/*.c)
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
 

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
-#include "host/err.h"
+#include "host/util/err.h"
 #include "kernels/ops.h"
 
 #ifdef __cplusplus

@@ -2,7 +2,7 @@
 // file and the field, because a wrong config silently produces garbage logits.
 #include "model/config.h"
 
-#include "host/fileio.h"
+#include "host/util/fileio.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -3,7 +3,7 @@
 #ifndef VARENT_CONFIG_H
 #define VARENT_CONFIG_H
 
-#include "host/err.h"
+#include "host/util/err.h"
 
 typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3 } model_arch;
 

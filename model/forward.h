@@ -3,7 +3,7 @@
 #ifndef VARENT_FORWARD_H
 #define VARENT_FORWARD_H
 
-#include "host/kv_cache.h"
+#include "model/kv_cache.h"
 #include "model/model.h"
 
 typedef struct {

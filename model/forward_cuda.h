@@ -11,7 +11,7 @@
 #ifndef VARENT_FORWARD_CUDA_H
 #define VARENT_FORWARD_CUDA_H
 
-#include "host/kv_cache.h"
+#include "model/kv_cache.h"
 #include "model/forward.h"
 #include "model/model.h"
 

@@ -12,7 +12,7 @@ typedef int forward_cuda_upload_unused;  // nothing to build without CUDA
 #include <string.h>
 #include <unistd.h>
 
-#include "host/progress.h"
+#include "host/util/progress.h"
 #include "model/forward_cuda_internal.h"
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }

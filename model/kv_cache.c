@@ -1,5 +1,5 @@
 // kv_cache.c: see kv_cache.h.
-#include "host/kv_cache.h"
+#include "model/kv_cache.h"
 
 #include <stdlib.h>
 #include <string.h>

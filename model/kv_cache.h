@@ -6,7 +6,7 @@
 #define VARENT_KV_CACHE_H
 
 #include <stddef.h>
-#include "host/err.h"
+#include "host/util/err.h"
 
 struct cuda_ctx;
 

@@ -3,7 +3,7 @@
 #ifndef VARENT_MODEL_H
 #define VARENT_MODEL_H
 
-#include "host/safetensors.h"
+#include "host/formats/safetensors.h"
 #include "kernels/ops.h"
 #include "model/config.h"
 

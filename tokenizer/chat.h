@@ -6,7 +6,7 @@
 #ifndef VARENT_CHAT_H
 #define VARENT_CHAT_H
 
-#include "host/err.h"
+#include "host/util/err.h"
 
 typedef enum {
     CHAT_UNKNOWN = 0,

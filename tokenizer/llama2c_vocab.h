@@ -3,7 +3,7 @@
 #ifndef VARENT_LLAMA2C_VOCAB_H
 #define VARENT_LLAMA2C_VOCAB_H
 
-#include "host/err.h"
+#include "host/util/err.h"
 
 // tok_bin_path: int32 max_token_length, then per token float score, int32 len,
 // bytes. Writes out_dir/tokenizer.json and out_dir/tokenizer_config.json

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "host/err.h"
+#include "host/util/err.h"
 
 // Token ids must be below this: the per-id tables are sized by the largest id, so a
 // stray huge id would otherwise reserve gigabytes (the largest real vocabs are ~256K).

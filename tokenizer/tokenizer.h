@@ -6,7 +6,7 @@
 #define VARENT_TOKENIZER_H
 
 #include <stddef.h>
-#include "host/err.h"
+#include "host/util/err.h"
 
 typedef struct tokenizer tokenizer;
 typedef struct tokenizer_stream tokenizer_stream;

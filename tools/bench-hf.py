@@ -151,7 +151,7 @@ def load_model(torch, transformers, model_dir, device, dtype, attn):
 
 
 def bench_prompt(n, vocab):
-    """The prompt of `varent bench` (host/cli_bench.c): the same 64-bit LCG."""
+    """The prompt of `varent bench` (host/cli/bench.c): the same 64-bit LCG."""
     x, ids = 12345, []
     for _ in range(n):
         x = (x * 6364136223846793005 + 1) & (2 ** 64 - 1)

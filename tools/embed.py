@@ -5,7 +5,7 @@
 
 Defines `const char SYMBOL[]` (the bytes plus a trailing NUL) and
 `const unsigned long SYMBOL_len` (the byte count). Used to build the web page into the
-varent binary (host/web/index.html -> $(BUILD)/gen/web_index.c). Writes OUTPUT
+varent binary (host/serve/web/index.html -> $(BUILD)/gen/web_index.c). Writes OUTPUT
 atomically so an interrupted build leaves no partial file.
 """
 import os

@@ -1,6 +1,6 @@
 // critic.c: see critic.h.
-#include "host/critic.h"
-#include "host/metrics.h"
+#include "host/agents/critic.h"
+#include "host/runtime/metrics.h"
 
 #include <math.h>
 #include <stdlib.h>

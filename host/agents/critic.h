@@ -9,7 +9,7 @@
 #ifndef VARENT_CRITIC_H
 #define VARENT_CRITIC_H
 
-#include "host/session.h"
+#include "host/runtime/session.h"
 #include "tokenizer/chat.h"
 
 #define CRITIC_QUESTION "\nQuestion: Is this text coherent and not nonsense?\nReply GOOD or BAD.\nAnswer:"

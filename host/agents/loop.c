@@ -1,13 +1,13 @@
-// agents.c: see agents.h. The caller's thread decides (winner, critic, rollback);
+// loop.c: see loop.h. The caller's thread decides (winner, critic, rollback);
 // each replica's thread only runs forwards and samplings on its own session.
-#include "host/agents.h"
+#include "host/agents/loop.h"
 
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "host/generate.h"
+#include "host/decode/generate.h"
 
 int agents_default(sampler_params *out, sampler_params base) {
     for (int i = 0; i < 8; i++) {

@@ -1,8 +1,8 @@
-// agents.h: parallel entropy-minimised decoding. N agents, each a sampler
+// loop.h: parallel entropy-minimised decoding. N agents, each a sampler
 // configuration (temperature, top-k, top-p, min-p), propose the next token from the
 // same logits; the proposal whose own truncated, renormalised distribution has the
 // lowest entropy (bits) wins, ties to the lower agent index. One forward per step
-// serves every agent. Every check_every steps a critic (host/critic.h) judges the
+// serves every agent. Every check_every steps a critic (host/agents/critic.h) judges the
 // text; BAD truncates the KV cache by `rollback` tokens (never into the prompt), and
 // after 3 rollbacks at one position the text is accepted.
 //
@@ -20,9 +20,9 @@
 
 #include <stdint.h>
 
-#include "host/critic.h"
-#include "host/devices.h"
-#include "host/session.h"
+#include "host/agents/critic.h"
+#include "host/runtime/devices.h"
+#include "host/runtime/session.h"
 
 #define AGENTS_MAX 64
 #define AGENTS_ROLLBACK_GUARD 3  // rollbacks at one position before BAD is accepted

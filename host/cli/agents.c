@@ -1,6 +1,6 @@
-// cli_agents.c: `varent agents`: parallel entropy-minimised generation with decoding
+// loop.c: `varent agents`: parallel entropy-minimised generation with decoding
 // agents, a critic with rollback, lookahead branches and device replicas
-// (host/agents.h, docs/agents.md). Logs: JSONL (--log) and the seed's text form
+// (host/agents/loop.h, docs/agents.md). Logs: JSONL (--log) and the seed's text form
 // (--log-text), each record flushed as written.
 #include <errno.h>
 #include <stdio.h>
@@ -9,13 +9,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "host/agents.h"
-#include "host/args.h"
-#include "host/chat_prompt.h"
-#include "host/cli.h"
-#include "host/generate.h"
-#include "host/interrupt.h"
-#include "host/json_out.h"
+#include "host/agents/loop.h"
+#include "host/cli/args.h"
+#include "host/decode/chat_prompt.h"
+#include "host/cli/commands.h"
+#include "host/decode/generate.h"
+#include "host/util/interrupt.h"
+#include "host/util/json_out.h"
 
 static const char *usage =
     "usage: varent agents -m DIR (-p TEXT | --ids 1,2,3) [--chat] [options]\n"

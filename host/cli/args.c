@@ -1,6 +1,6 @@
 // args.c: see args.h. Options are consumed when a command asks for them, so
 // positional arguments must be read after every option has been queried.
-#include "host/args.h"
+#include "host/cli/args.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-// cli_bench.c: `varent bench -m DIR [-n 256] [--prompt-len 512] [--runs 3]
+// bench.c: `varent bench -m DIR [-n 256] [--prompt-len 512] [--runs 3]
 //                [--sampler standard,entropix] [--profile seed]`.
 // Reports medians over runs: prefill tok/s, decode tok/s and ms/token, and the
 // achieved bandwidth (weight + KV bytes per token / time) against a measured copy
@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/args.h"
-#include "host/cli.h"
-#include "host/cli_common.h"
-#include "host/generate.h"
-#include "host/session_cuda.h"
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
+#include "host/cli/common.h"
+#include "host/decode/generate.h"
+#include "host/runtime/session_cuda.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

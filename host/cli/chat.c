@@ -1,4 +1,4 @@
-// cli_chat.c: `varent chat -m DIR`, an interactive multi-turn chat on stdin.
+// chat.c: `varent chat -m DIR`, an interactive multi-turn chat on stdin.
 // Each turn re-renders the conversation, keeps the KV cache for the longest common
 // token prefix with what is already cached, and prefills only the rest.
 // Commands: /reset clears the conversation, /quit (or end of input) leaves.
@@ -8,11 +8,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "host/args.h"
-#include "host/chat_prompt.h"
-#include "host/cli.h"
-#include "host/cli_common.h"
-#include "host/generate.h"
+#include "host/cli/args.h"
+#include "host/decode/chat_prompt.h"
+#include "host/cli/commands.h"
+#include "host/cli/common.h"
+#include "host/decode/generate.h"
 
 typedef struct {
     tokenizer_stream *ts;

@@ -1,25 +1,25 @@
-// cli.h: the varent subcommands. Each takes the arguments after its name and returns
+// commands.h: the varent subcommands. Each takes the arguments after its name and returns
 // the process exit status. Only CLI code prints to the user and decides exit codes.
 #ifndef VARENT_CLI_H
 #define VARENT_CLI_H
 
-int cmd_run(int argc, char **argv);         // host/cli_run.c
-int cmd_logits(int argc, char **argv);      // host/cli_run.c
-int cmd_info(int argc, char **argv);        // host/cli_info.c
-int cmd_bench(int argc, char **argv);       // host/cli_bench.c
-int cmd_convert(int argc, char **argv);     // host/cli_convert.c: dispatches to the converters
-int cmd_tokenize(int argc, char **argv);    // host/cli_tokenize.c
-int cmd_detokenize(int argc, char **argv);  // host/cli_tokenize.c
-int cmd_chat(int argc, char **argv);        // host/cli_chat.c: interactive chat
-int cmd_template(int argc, char **argv);    // host/cli_template.c: render a chat template
-int cmd_serve(int argc, char **argv);       // host/cli_serve.c: the OpenAI-compatible server
-int cmd_ppl(int argc, char **argv);         // host/cli_ppl.c: perplexity of a text
-int cmd_compare(int argc, char **argv);     // host/cli_compare.c: samplers side by side
-int cmd_plot(int argc, char **argv);        // host/cli_plot.c: entropy plots of JSONL logs
-int cmd_agents(int argc, char **argv);      // host/cli_agents.c: decoding agents + critic
+int cmd_run(int argc, char **argv);         // host/cli/run.c
+int cmd_logits(int argc, char **argv);      // host/cli/run.c
+int cmd_info(int argc, char **argv);        // host/cli/info.c
+int cmd_bench(int argc, char **argv);       // host/cli/bench.c
+int cmd_convert(int argc, char **argv);     // host/cli/convert.c: dispatches to the converters
+int cmd_tokenize(int argc, char **argv);    // host/cli/tokenize.c
+int cmd_detokenize(int argc, char **argv);  // host/cli/tokenize.c
+int cmd_chat(int argc, char **argv);        // host/cli/chat.c: interactive chat
+int cmd_template(int argc, char **argv);    // host/cli/template.c: render a chat template
+int cmd_serve(int argc, char **argv);       // host/cli/serve.c: the OpenAI-compatible server
+int cmd_ppl(int argc, char **argv);         // host/cli/ppl.c: perplexity of a text
+int cmd_compare(int argc, char **argv);     // host/cli/compare.c: samplers side by side
+int cmd_plot(int argc, char **argv);        // host/cli/plot.c: entropy plots of JSONL logs
+int cmd_agents(int argc, char **argv);      // host/cli/agents.c: decoding agents + critic
 
 // Converters, called by cmd_convert with the arguments after the format name.
-int convert_llama2c_main(int argc, char **argv);  // host/convert_llama2c.c
-int convert_gguf_main(int argc, char **argv);     // host/convert_gguf.c
+int convert_llama2c_main(int argc, char **argv);  // host/formats/convert_llama2c.c
+int convert_gguf_main(int argc, char **argv);     // host/formats/convert_gguf.c
 
 #endif

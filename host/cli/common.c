@@ -1,5 +1,5 @@
-// cli_common.c: see cli_common.h.
-#include "host/cli_common.h"
+// common.c: see common.h.
+#include "host/cli/common.h"
 
 #include <stdio.h>
 #include <time.h>

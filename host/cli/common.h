@@ -1,9 +1,9 @@
-// cli_common.h: options shared by the commands that load a model and sample from it.
+// common.h: options shared by the commands that load a model and sample from it.
 #ifndef VARENT_CLI_COMMON_H
 #define VARENT_CLI_COMMON_H
 
-#include "host/args.h"
-#include "host/generate.h"
+#include "host/cli/args.h"
+#include "host/decode/generate.h"
 
 // -m, --ctx, -t/--threads, --device, --batch.
 void cli_session_opts(args *a, session_opts *o);

@@ -1,4 +1,4 @@
-// cli_compare.c: `varent compare -m DIR --prompts FILE [--samplers LIST]`: every prompt
+// compare.c: `varent compare -m DIR --prompts FILE [--samplers LIST]`: every prompt
 // under every sampler with the same seed, side by side. Per run: the text, decode
 // tokens/s, mean entropy, quadrant counts, distinct-n and the mean log-probability of
 // the generated tokens under the model (teacher-forced, raw logits: what the model
@@ -8,15 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/args.h"
-#include "host/batch.h"
-#include "host/cli.h"
-#include "host/cli_common.h"
-#include "host/interrupt.h"
-#include "host/outfile.h"
-#include "host/perplexity.h"
-#include "host/progress.h"
-#include "host/prompts.h"
+#include "host/cli/args.h"
+#include "host/decode/batch.h"
+#include "host/cli/commands.h"
+#include "host/cli/common.h"
+#include "host/util/interrupt.h"
+#include "host/util/outfile.h"
+#include "host/decode/perplexity.h"
+#include "host/util/progress.h"
+#include "host/cli/prompts.h"
 
 #define MAX_SAMPLERS 16
 #define MAX_DISTINCT 3

@@ -1,8 +1,8 @@
-// cli_convert.c: `varent convert FORMAT ...` picks the converter.
+// convert.c: `varent convert FORMAT ...` picks the converter.
 #include <stdio.h>
 #include <string.h>
 
-#include "host/cli.h"
+#include "host/cli/commands.h"
 
 int cmd_convert(int argc, char **argv) {
     if (argc >= 1 && !strcmp(argv[0], "llama2c")) return convert_llama2c_main(argc - 1, argv + 1);

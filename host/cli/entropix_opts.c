@@ -1,11 +1,11 @@
-// entropix_cli.c: see entropix_cli.h.
-#include "host/entropix_cli.h"
+// entropix_opts.c: see entropix_opts.h.
+#include "host/cli/entropix_opts.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/json_out.h"
+#include "host/util/json_out.h"
 
 static int read_branch(const char *v, gen_opts *g, verr *err) {
     char *end;

@@ -1,4 +1,4 @@
-// entropix_cli.h: the sampler options `varent run` shares with other commands:
+// entropix_opts.h: the sampler options `varent run` shares with other commands:
 //   --sampler standard|entropix  --profile NAME  --sampler-config FILE.json
 //   --set KEY=VALUE (repeatable)  --attn-layer N  --clarifier-token ID
 //   --no-repeat-ngram N  --repeat-penalty R  --branch K:B  --metrics-out FILE.jsonl
@@ -8,8 +8,8 @@
 
 #include <stdio.h>
 
-#include "host/args.h"
-#include "host/generate.h"
+#include "host/cli/args.h"
+#include "host/decode/generate.h"
 
 typedef struct {
     entropix_config ex;

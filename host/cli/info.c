@@ -1,9 +1,9 @@
-// cli_info.c: `varent info -m DIR` prints the parsed config, the parameter count and
+// info.c: `varent info -m DIR` prints the parsed config, the parameter count and
 // the bytes streamed per decoded token.
 #include <stdio.h>
 
-#include "host/args.h"
-#include "host/cli.h"
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
 #include "model/model.h"
 
 int cmd_info(int argc, char **argv) {

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "host/cli.h"
+#include "host/cli/commands.h"
 
 #ifdef VARENT_CUDA
 int cuda_device_count(void);

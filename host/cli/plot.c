@@ -1,4 +1,4 @@
-// cli_plot.c: `varent plot FILE.jsonl -o OUT.svg|OUT.png [--profile NAME] [--set K=V]
+// plot.c: `varent plot FILE.jsonl -o OUT.svg|OUT.png [--profile NAME] [--set K=V]
 // [--title TEXT]`: entropy and varentropy per token (points coloured by quadrant,
 // rollbacks and critic checks as markers) and an entropy x varentropy scatter with the
 // profile's quadrant boxes. SVG is written directly; PNG goes through rsvg-convert.
@@ -17,12 +17,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "host/args.h"
-#include "host/cli.h"
-#include "host/entropix.h"
-#include "host/outfile.h"
-#include "host/plot_log.h"
-#include "host/svg.h"
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
+#include "host/decode/entropix.h"
+#include "host/util/outfile.h"
+#include "host/report/plot_log.h"
+#include "host/report/svg.h"
 
 extern char **environ;
 

@@ -1,16 +1,16 @@
-// cli_ppl.c: `varent ppl -m DIR -f TEXT [--ctx N] [--stride S] [--json]`: perplexity of a
-// text file with its standard error (host/perplexity.h documents which tokens are
+// ppl.c: `varent ppl -m DIR -f TEXT [--ctx N] [--stride S] [--json]`: perplexity of a
+// text file with its standard error (host/decode/perplexity.h documents which tokens are
 // scored with which context).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/args.h"
-#include "host/cli.h"
-#include "host/cli_common.h"
-#include "host/fileio.h"
-#include "host/perplexity.h"
-#include "host/progress.h"
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
+#include "host/cli/common.h"
+#include "host/util/fileio.h"
+#include "host/decode/perplexity.h"
+#include "host/util/progress.h"
 
 static int fail(const char *msg) {
     fprintf(stderr, "varent ppl: %s\n", msg);

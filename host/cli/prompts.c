@@ -1,13 +1,13 @@
 // prompts.c: see prompts.h.
-#include "host/prompts.h"
+#include "host/cli/prompts.h"
 
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
-#include "host/chat_prompt.h"
-#include "host/fileio.h"
+#include "host/decode/chat_prompt.h"
+#include "host/util/fileio.h"
 
 void prompts_free(prompt_list *l) {
     for (int i = 0; i < l->n; i++) free(l->text[i]);

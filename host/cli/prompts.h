@@ -10,8 +10,8 @@
 #ifndef VARENT_PROMPTS_H
 #define VARENT_PROMPTS_H
 
-#include "host/args.h"
-#include "host/session.h"
+#include "host/cli/args.h"
+#include "host/runtime/session.h"
 
 typedef struct {
     char **text;  // [n], malloc'd NUL-terminated prompts

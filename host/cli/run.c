@@ -1,4 +1,4 @@
-// cli_run.c: `varent run` (generate text, for one prompt or a batch from a file) and
+// run.c: `varent run` (generate text, for one prompt or a batch from a file) and
 // `varent logits` (dump logits).
 #include <errno.h>
 #include <stdio.h>
@@ -8,16 +8,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/args.h"
-#include "host/cli.h"
-#include "host/cli_common.h"
-#include "host/batch.h"
-#include "host/entropix_cli.h"
-#include "host/generate.h"
-#include "host/interrupt.h"
-#include "host/outfile.h"
-#include "host/progress.h"
-#include "host/prompts.h"
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
+#include "host/cli/common.h"
+#include "host/decode/batch.h"
+#include "host/cli/entropix_opts.h"
+#include "host/decode/generate.h"
+#include "host/util/interrupt.h"
+#include "host/util/outfile.h"
+#include "host/util/progress.h"
+#include "host/cli/prompts.h"
 
 static int fail(const char *cmd, const char *msg) {
     fprintf(stderr, "varent %s: %s\n", cmd, msg);
@@ -81,7 +81,7 @@ static int prompt_ids(session *s, const char *ids_arg, const char *text, int **i
 
 // Batch runs: --prompts FILE (one per line) or --prompt-csv FILE (a "prompt" column).
 // Each prompt is generated exactly as a single `varent run -p PROMPT` with the same
-// options and seed would be, and gives one JSONL line (host/batch.h).
+// options and seed would be, and gives one JSONL line (host/decode/batch.h).
 typedef struct {
     const char *lines_path, *csv_path, *out_path;
     int quiet, stats;
@@ -190,7 +190,7 @@ int cmd_run(int argc, char **argv) {
     cli_sampling_opts(&a, &g, 256, 1.0f, 1.0f);
     int stats = args_flag(&a, "--stats");
     verr xerr = { { 0 } };
-    entropix_cli ex;  // --sampler, --profile, --metrics-out, ... (host/entropix_cli.h)
+    entropix_cli ex;  // --sampler, --profile, --metrics-out, ... (host/cli/entropix_opts.h)
     int ex_rc = entropix_cli_read(&a, &g, &ex, &xerr);
     prompt_style chat;
     prompt_style_read(&a, &chat);

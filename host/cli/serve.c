@@ -1,4 +1,4 @@
-// cli_serve.c: `varent serve`: load the model, start the server (host/server.h),
+// serve.c: `varent serve`: load the model, start the server (host/serve/server.h),
 // and on SIGINT/SIGTERM stop accepting, let in-flight requests finish, exit 0.
 // A second signal (or --drain-timeout) cancels what is still running.
 #include <pthread.h>
@@ -8,10 +8,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "host/args.h"
-#include "host/cli.h"
-#include "host/cli_common.h"
-#include "host/server.h"
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
+#include "host/cli/common.h"
+#include "host/serve/server.h"
 
 static int fail(const char *msg) {
     fprintf(stderr, "varent serve: %s\n", msg);

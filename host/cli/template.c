@@ -1,4 +1,4 @@
-// cli_template.c: `varent template` renders a conversation with a model's chat
+// template.c: `varent template` renders a conversation with a model's chat
 // template and prints the exact prompt text (no trailing newline), to check what the
 // model will see.
 #include <cjson/cJSON.h>
@@ -8,10 +8,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "host/args.h"
-#include "host/cli.h"
-#include "host/fileio.h"
-#include "host/err.h"
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
+#include "host/util/fileio.h"
+#include "host/util/err.h"
 #include "tokenizer/chat.h"
 
 static const char *template_usage =

@@ -1,6 +1,6 @@
-// cli_tokenize.c: `varent tokenize` and `varent detokenize`.
-#include "host/args.h"
-#include "host/cli.h"
+// tokenize.c: `varent tokenize` and `varent detokenize`.
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>

@@ -1,5 +1,5 @@
 // batch.c: see batch.h.
-#include "host/batch.h"
+#include "host/decode/batch.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,14 +1,14 @@
 // batch.h: one generation with everything a batch run or a comparison reports about
 // it: the generated ids, their text (decoded as `varent run` prints it), the timing
-// and the per-token entropix metrics summed (host/metrics.h), plus the JSONL helpers
+// and the per-token entropix metrics summed (host/runtime/metrics.h), plus the JSONL helpers
 // those commands share.
 #ifndef VARENT_BATCH_H
 #define VARENT_BATCH_H
 
 #include <stdio.h>
 
-#include "host/generate.h"
-#include "host/json_out.h"
+#include "host/decode/generate.h"
+#include "host/util/json_out.h"
 
 typedef struct {
     int *ids, n, cap;        // [n] generated ids (stop ids excluded)

@@ -1,6 +1,6 @@
 // branch.c: see branch.h. Each step's logits and metrics come back per row from
 // session_forward_batch and are consumed before the next step's batch.
-#include "host/branch.h"
+#include "host/decode/branch.h"
 
 #include <stdlib.h>
 #include <string.h>

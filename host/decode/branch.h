@@ -7,7 +7,7 @@
 #ifndef VARENT_BRANCH_H
 #define VARENT_BRANCH_H
 
-#include "host/generate.h"
+#include "host/decode/generate.h"
 
 typedef struct {
     int k, b;           // capacity: K branches of B steps

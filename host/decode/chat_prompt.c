@@ -1,5 +1,5 @@
 // chat_prompt.c: see chat_prompt.h.
-#include "host/chat_prompt.h"
+#include "host/decode/chat_prompt.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@
 #ifndef VARENT_CHAT_PROMPT_H
 #define VARENT_CHAT_PROMPT_H
 
-#include "host/session.h"
+#include "host/runtime/session.h"
 #include "tokenizer/chat.h"
 
 typedef struct {

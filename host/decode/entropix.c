@@ -1,6 +1,6 @@
 // entropix.c: see entropix.h. The formulas follow the entropix reference sampler; the
 // constants live in the profile so none is hidden here.
-#include "host/entropix.h"
+#include "host/decode/entropix.h"
 
 #include <math.h>
 

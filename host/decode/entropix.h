@@ -1,14 +1,14 @@
 // entropix.h: the entropix sampler's decision. From one step's metrics it picks a
 // quadrant (LELV, HELV, LEHV, HEHV, or ADAPTIVE when none matches) and the sampling
 // parameters that quadrant uses. Quadrants are boxes over the six metrics, checked in
-// the profile's order; profiles are rows of a table (host/entropix_profiles.c) and
+// the profile's order; profiles are rows of a table (host/decode/profiles.c) and
 // every constant can be overridden by name (--set KEY=VALUE or a JSON file).
 #ifndef VARENT_ENTROPIX_H
 #define VARENT_ENTROPIX_H
 
-#include "host/err.h"
-#include "host/metrics.h"
-#include "host/sampler.h"
+#include "host/util/err.h"
+#include "host/runtime/metrics.h"
+#include "host/runtime/sampler.h"
 
 typedef enum { Q_LELV, Q_HELV, Q_LEHV, Q_HEHV, Q_ADAPTIVE, Q_BRANCH, Q_STANDARD, Q_COUNT } entropix_quadrant;
 #define ENTROPIX_N_BOXES 4  // LELV..HEHV have boxes; the rest are outcomes

@@ -1,12 +1,12 @@
 // generate.c: see generate.h. Each step turns the forward's logits into one token
 // (or, for a committed LEHV branch, several), emits them in order and feeds the last.
-#include "host/generate.h"
+#include "host/decode/generate.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "host/branch.h"
+#include "host/decode/branch.h"
 
 double gen_now(void) {
     struct timespec ts;

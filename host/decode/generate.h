@@ -1,14 +1,14 @@
 // generate.h: the decode loop: prefill the prompt as one batch, then sample and
 // feed back one token at a time until EOS, max_new tokens or a full context.
-// The sampler is either the stock one (sp) or entropix (host/entropix.h), which picks
-// its parameters per token from the uncertainty metrics (host/metrics.h).
+// The sampler is either the stock one (sp) or entropix (host/decode/entropix.h), which picks
+// its parameters per token from the uncertainty metrics (host/runtime/metrics.h).
 #ifndef VARENT_GENERATE_H
 #define VARENT_GENERATE_H
 
 #include <signal.h>
 
-#include "host/entropix.h"
-#include "host/session.h"
+#include "host/decode/entropix.h"
+#include "host/runtime/session.h"
 
 typedef enum { GEN_STANDARD = 0, GEN_ENTROPIX = 1 } gen_sampler;
 

@@ -1,6 +1,6 @@
 // perplexity.c: see perplexity.h.
-#include "host/perplexity.h"
-#include "host/metrics.h"
+#include "host/decode/perplexity.h"
+#include "host/runtime/metrics.h"
 
 #include <math.h>
 #include <stdlib.h>

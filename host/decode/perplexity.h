@@ -14,7 +14,7 @@
 #ifndef VARENT_PERPLEXITY_H
 #define VARENT_PERPLEXITY_H
 
-#include "host/session.h"
+#include "host/runtime/session.h"
 
 typedef struct {
     int n_tokens, n_scored, n_windows;

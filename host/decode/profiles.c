@@ -1,4 +1,4 @@
-// entropix_profiles.c: the profile table and overriding constants by name.
+// profiles.c: the profile table and overriding constants by name.
 // Profiles are data: shared coefficients come from one base row, thresholds from a
 // small per-profile description of each quadrant's box.
 #include <cjson/cJSON.h>
@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/entropix.h"
-#include "host/fileio.h"
+#include "host/decode/entropix.h"
+#include "host/util/fileio.h"
 
 static const char *METRIC_KEYS[M_COUNT] = { "entropy", "varentropy", "attn_entropy", "attn_varentropy", "agreement",
                                             "interaction_strength" };

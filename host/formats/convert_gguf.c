@@ -12,11 +12,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/args.h"
-#include "host/cli.h"
-#include "host/dequant.h"
-#include "host/gguf.h"
-#include "host/st_write.h"
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
+#include "host/formats/dequant.h"
+#include "host/formats/gguf.h"
+#include "host/formats/st_write.h"
 #include "kernels/ops.h"
 
 typedef struct {

@@ -9,9 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/args.h"
-#include "host/cli.h"
-#include "host/st_write.h"
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
+#include "host/formats/st_write.h"
 #include "kernels/ops.h"
 #include "tokenizer/llama2c_vocab.h"
 

@@ -2,7 +2,7 @@
 // Products are rounded before the add (no FMA contraction) so the result is
 // bit-identical to a straightforward float32 reference.
 #pragma GCC optimize("fp-contract=off")
-#include "host/dequant.h"
+#include "host/formats/dequant.h"
 
 #include <string.h>
 

@@ -1,6 +1,6 @@
 // gguf.c: see gguf.h. Parsing goes through a bounds-checked cursor; every error names
 // the file, the byte offset and the key or tensor being read.
-#include "host/gguf.h"
+#include "host/formats/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/dequant.h"
+#include "host/formats/dequant.h"
 
 #define GGUF_MAX_NEST 8  // nested arrays deeper than this are rejected
 

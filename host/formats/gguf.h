@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "host/err.h"
+#include "host/util/err.h"
 
 // Metadata value types.
 enum {
@@ -40,7 +40,7 @@ typedef struct {
     char *name;
     uint32_t n_dims;
     uint64_t ne[GGUF_MAX_DIMS];  // ne[0] is the fastest-varying dim (columns); unused = 1
-    uint32_t type;               // ggml type id (see host/dequant.h)
+    uint32_t type;               // ggml type id (see host/formats/dequant.h)
     uint64_t offset;             // relative to the data section
     const uint8_t *data;         // NULL when the type's block size is unknown
     uint64_t nbytes;             // 0 when the type's block size is unknown

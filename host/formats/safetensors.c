@@ -1,2 +1,2 @@
 #define SAFETENSORS_IMPLEMENTATION
-#include "host/safetensors.h"
+#include "host/formats/safetensors.h"

@@ -11,7 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "host/err.h"
+#include "host/util/err.h"
 
 typedef enum { ST_F32, ST_F16, ST_BF16, ST_I8, ST_U8, ST_I32, ST_NDTYPES } st_dtype;
 

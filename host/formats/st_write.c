@@ -1,6 +1,6 @@
 // st_write.c: see st_write.h. The header is JSON built with cJSON, padded with
 // spaces to a multiple of 8 so tensor data stays aligned when mmapped.
-#include "host/st_write.h"
+#include "host/formats/st_write.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "host/err.h"
+#include "host/util/err.h"
 
 typedef struct st_writer st_writer;
 

@@ -1,13 +1,13 @@
 // plot_log.c: see plot_log.h.
-#include "host/plot_log.h"
+#include "host/report/plot_log.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/entropix.h"
-#include "host/fileio.h"
+#include "host/decode/entropix.h"
+#include "host/util/fileio.h"
 
 void plot_log_free(plot_log *l) {
     for (int i = 0; i < l->n; i++) free(l->tok[i].text);

@@ -9,7 +9,7 @@
 #ifndef VARENT_PLOT_LOG_H
 #define VARENT_PLOT_LOG_H
 
-#include "host/err.h"
+#include "host/util/err.h"
 
 typedef struct {
     int pos, token;

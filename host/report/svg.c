@@ -1,5 +1,5 @@
 // svg.c: see svg.h.
-#include "host/svg.h"
+#include "host/report/svg.h"
 
 #include <math.h>
 #include <stdarg.h>

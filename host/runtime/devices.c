@@ -1,7 +1,7 @@
 // devices.c: see devices.h. The pool is a generation counter under one mutex: the
 // caller publishes a job and bumps the generation, each selected thread runs it once
 // and counts itself done; the caller waits for the count.
-#include "host/devices.h"
+#include "host/runtime/devices.h"
 
 #include <ctype.h>
 #include <pthread.h>

@@ -6,8 +6,8 @@
 #ifndef VARENT_DEVICES_H
 #define VARENT_DEVICES_H
 
-#include "host/err.h"
-#include "host/session.h"
+#include "host/util/err.h"
+#include "host/runtime/session.h"
 
 #define DEVICES_MAX 16
 

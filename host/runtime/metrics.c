@@ -2,7 +2,7 @@
 // is the centred second moment sum p (log2 p + H)^2, not E[x^2] - H^2 (which cancels
 // when the distribution is nearly uniform). The attention metrics are cpu_attn_stats
 // (kernels/cpu/attention.c), the twin of the CUDA forward's cuda_attn_stats.
-#include "host/metrics.h"
+#include "host/runtime/metrics.h"
 
 #include <math.h>
 #include <stdlib.h>

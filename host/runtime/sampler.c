@@ -1,6 +1,6 @@
 // sampler.c: see sampler.h. Probabilities are computed in double so truncation
 // thresholds and the inverse CDF are exact to the last bit that matters.
-#include "host/sampler.h"
+#include "host/runtime/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>

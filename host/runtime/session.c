@@ -1,5 +1,5 @@
 // session.c: see session.h.
-#include "host/session.h"
+#include "host/runtime/session.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "host/session_cuda.h"
+#include "host/runtime/session_cuda.h"
 #include "model/forward_cuda.h"
 
 static double now_s(void) {

@@ -4,9 +4,9 @@
 #ifndef VARENT_SESSION_H
 #define VARENT_SESSION_H
 
-#include "host/kv_cache.h"
-#include "host/metrics.h"
-#include "host/sampler.h"
+#include "model/kv_cache.h"
+#include "host/runtime/metrics.h"
+#include "host/runtime/sampler.h"
 #include "model/forward.h"
 #include "tokenizer/tokenizer.h"
 
@@ -29,7 +29,7 @@ typedef struct {
     int stop[16];     // extra stop ids (chat end-of-turn tokens)
     int n_stop;
     int borrowed;     // model and tokenizer belong to another session (session_open_shared)
-    struct cuda_forward *cu;  // CUDA backend state (host/session_cuda.c); NULL on the CPU
+    struct cuda_forward *cu;  // CUDA backend state (host/runtime/session_cuda.c); NULL on the CPU
 } session;
 
 int session_open(session *s, const session_opts *o, verr *err);
@@ -47,9 +47,9 @@ int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err);
 int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *out, verr *err);
 // n draws from the last forward's logits, each with its own temperature/top-k/top-p/
 // min-p and uniform (cfg[i].u, read only when temperature > 0): on CUDA all in one
-// launch on the device, only the results crossing the bus; on the CPU host/sampler.c.
+// launch on the device, only the results crossing the bus; on the CPU host/runtime/sampler.c.
 // Both give the same tokens (kernels/sample_core.h). out[i].entropy is the bits of
-// draw i's truncated distribution (0 for argmax). host/session_sample.c.
+// draw i's truncated distribution (0 for argmax). host/runtime/session_sample.c.
 int session_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, verr *err);
 // The last session_forward's logits in host memory (s->fw.logits): on CUDA after a
 // step run with s->fw.lazy_logits they are copied now (once); NULL only when that copy
@@ -77,7 +77,7 @@ void batch_ws_free(batch_ws *w);
 // forward_batch per max_T rows (weights read once per step). CUDA: cuda_forward_batch
 // (passes of 8 rows, each weight read once per pass; metrics from the device's
 // statistics). s->fw.logits is left undefined.
-// host/session_batch.c.
+// host/runtime/session_batch.c.
 int session_forward_batch(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
                           metrics_ws *ws, batch_ws *bw, verr *err);
 // Ids that end generation: config eos ids plus the tokenizer's eos.

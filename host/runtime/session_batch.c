@@ -2,7 +2,7 @@
 // one pass over the weights serves every row: on the CPU the B rows go through
 // forward_batch together, max_T at a time; on CUDA through cuda_forward_batch, whose
 // kernels take 8 rows per pass and each row's own KV segments.
-#include "host/session.h"
+#include "host/runtime/session.h"
 #include "model/forward_cuda.h"
 
 #include <stdlib.h>

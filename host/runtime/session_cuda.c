@@ -1,5 +1,5 @@
 // session_cuda.c: see session_cuda.h.
-#include "host/session_cuda.h"
+#include "host/runtime/session_cuda.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -1,10 +1,10 @@
-// session_cuda.h: the CUDA side of a session, called from host/session.c: parsing
+// session_cuda.h: the CUDA side of a session, called from host/runtime/session.c: parsing
 // --device cuda[:N], opening the device forward (weights uploaded once; a shared
 // session borrows its base's) with a device KV cache, and closing them.
 #ifndef VARENT_SESSION_CUDA_H
 #define VARENT_SESSION_CUDA_H
 
-#include "host/session.h"
+#include "host/runtime/session.h"
 
 // "cuda" -> 0, "cuda:N" -> N, checked against the devices present. Without VARENT_CUDA,
 // or without a GPU, a clear error.

@@ -1,6 +1,6 @@
 // session_sample.c: see session_sample in session.h.
-#include "host/session.h"
-#include "host/session_cuda.h"
+#include "host/runtime/session.h"
+#include "host/runtime/session_cuda.h"
 
 int session_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, verr *err) {
     if (n <= 0) return 0;

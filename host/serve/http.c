@@ -1,11 +1,11 @@
-// server.c: the HTTP side of the server: libmicrohttpd with one thread per
+// http.c: the HTTP side of the server: libmicrohttpd with one thread per
 // connection, routes, request bodies and limits, error bodies, and handing completion
-// requests to the queue (server_gen.c). A connection thread may block: a
+// requests to the queue (jobs.c). A connection thread may block: a
 // non-streamed request waits for its job; a streamed one's content reader waits for
 // the next SSE bytes. Both poll the client's socket for hangup while they wait, so a
 // client that goes away cancels its request and frees the slot.
 #define _GNU_SOURCE  // POLLRDHUP
-#include "host/server.h"
+#include "host/serve/server.h"
 
 #include <errno.h>
 #include <microhttpd.h>
@@ -16,8 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "host/chat_prompt.h"
-#include "host/server_internal.h"
+#include "host/decode/chat_prompt.h"
+#include "host/serve/internal.h"
 #include "kernels/ops.h"
 
 extern const char web_index_html[];

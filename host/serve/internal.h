@@ -1,14 +1,14 @@
-// server_internal.h: what the HTTP side (server.c) and the generation side
-// (server_gen.c: queue, slots, per-token output) share. Not a public interface.
+// internal.h: what the HTTP side (http.c) and the generation side
+// (jobs.c: queue, slots, per-token output) share. Not a public interface.
 #ifndef VARENT_SERVER_INTERNAL_H
 #define VARENT_SERVER_INTERNAL_H
 
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "host/server.h"
-#include "host/server_json.h"
-#include "host/server_request.h"
+#include "host/serve/server.h"
+#include "host/serve/response.h"
+#include "host/serve/request.h"
 #include "tokenizer/chat.h"
 
 typedef struct server_job server_job;
@@ -76,7 +76,7 @@ struct server {
     long created;
 };
 
-// server_gen.c
+// jobs.c
 int server_slots_start(server *s, verr *err);
 int server_token_texts(server *s, verr *err);
 void server_slots_stop(server *s);

@@ -1,4 +1,4 @@
-// server_gen.c: the request queue, the slots that serve it and the per-token output
+// jobs.c: the request queue, the slots that serve it and the per-token output
 // (text with stop strings, logprobs, metrics; SSE chunks or one JSON body).
 // Each slot is a thread with its own session context; requests are taken in arrival
 // order (FIFO), one request's choices run one after another on the same slot.
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "host/server_internal.h"
+#include "host/serve/internal.h"
 #include "kernels/ops.h"
 
 double server_now(void) { return gen_now(); }

@@ -1,14 +1,14 @@
-// server_request.c: see server_request.h. Unknown fields are ignored (clients send
+// request.c: see request.h. Unknown fields are ignored (clients send
 // extras such as "user"); known ones are type- and range-checked.
-#include "host/server_request.h"
+#include "host/serve/request.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "host/entropix.h"
-#include "host/generate.h"
+#include "host/decode/entropix.h"
+#include "host/decode/generate.h"
 
 // Records the failing field and kind, and the message.
 static int bad(server_request *r, verr *err, server_err_kind kind, const char *param, const char *fmt, const char *a) {

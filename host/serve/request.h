@@ -1,4 +1,4 @@
-// server_request.h: the JSON body of POST /v1/completions and /v1/chat/completions,
+// request.h: the JSON body of POST /v1/completions and /v1/chat/completions,
 // parsed and validated into plain fields. Pure: no model, no I/O, no globals, so the
 // fuzz target can call it on arbitrary bytes. What needs the model (tokens, context,
 // vocab, max_tokens limit, model name) is checked by the server afterwards.
@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "host/err.h"
+#include "host/util/err.h"
 
 #define SERVER_MAX_STOP 4          // stop strings per request (OpenAI's limit)
 #define SERVER_MAX_STOP_LEN 256    // bytes per stop string

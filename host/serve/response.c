@@ -1,5 +1,5 @@
-// server_json.c: see server_json.h.
-#include "host/server_json.h"
+// response.c: see response.h.
+#include "host/serve/response.h"
 
 #include <math.h>
 #include <stdarg.h>

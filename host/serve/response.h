@@ -1,4 +1,4 @@
-// server_json.h: the server's response text. A growable byte buffer and the JSON
+// response.h: the server's response text. A growable byte buffer and the JSON
 // pieces the OpenAI shapes are made of (strings, error bodies, per-token metrics and
 // logprobs, the model and profile lists). Written by hand rather than through cJSON
 // trees: one chunk per token, built without allocations once the buffer has grown.
@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "host/generate.h"
+#include "host/decode/generate.h"
 
 typedef struct {
     char *p;

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "host/generate.h"
+#include "host/decode/generate.h"
 
 typedef struct {
     const char *host;           // bind address (default 127.0.0.1)

@@ -1,5 +1,5 @@
 // fileio.c: see fileio.h.
-#include "host/fileio.h"
+#include "host/util/fileio.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
 #ifndef VARENT_FILEIO_H
 #define VARENT_FILEIO_H
 
-#include "host/err.h"
+#include "host/util/err.h"
 
 // The whole file (stdin for "-") as a malloc'd NUL-terminated string, or NULL with
 // err naming the path. Reads until EOF, so pipes work too.

@@ -1,6 +1,6 @@
 // interrupt.c: see interrupt.h. The flag is the one piece of process-wide state a
 // signal handler can safely touch, so it lives here at the CLI level.
-#include "host/interrupt.h"
+#include "host/util/interrupt.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 // json_out.c: see json_out.h.
-#include "host/json_out.h"
+#include "host/util/json_out.h"
 
 #include <math.h>
 

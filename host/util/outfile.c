@@ -1,5 +1,5 @@
 // outfile.c: see outfile.h.
-#include "host/outfile.h"
+#include "host/util/outfile.h"
 
 #include <errno.h>
 #include <string.h>

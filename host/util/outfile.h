@@ -6,7 +6,7 @@
 
 #include <stdio.h>
 
-#include "host/err.h"
+#include "host/util/err.h"
 
 typedef struct {
     FILE *f;

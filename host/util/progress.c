@@ -1,5 +1,5 @@
 // progress.c: see progress.h.
-#include "host/progress.h"
+#include "host/util/progress.h"
 
 #include <stdarg.h>
 #include <string.h>

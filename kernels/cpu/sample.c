@@ -1,7 +1,7 @@
 // sample.c: the CPU twin of the device sampler (kernels/cuda/sample.cu). Same arithmetic
 // (kernels/sample_core.h), a different route to it: this one sorts the candidates and
 // walks them in order, the device narrows them by radix digits. Equal results check the
-// device's search; host/sampler.c (floating point, no fixed-point masses) checks both.
+// device's search; host/runtime/sampler.c (floating point, no fixed-point masses) checks both.
 #include <stdlib.h>
 
 #include "kernels/ops.h"

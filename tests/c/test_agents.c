@@ -5,8 +5,8 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "host/agents.h"
-#include "host/devices.h"
+#include "host/agents/loop.h"
+#include "host/runtime/devices.h"
 #include "tests/c/check.h"
 
 static void test_devices_parse(void) {

@@ -23,9 +23,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "host/entropix.h"
-#include "host/session.h"
-#include "host/st_write.h"
+#include "host/decode/entropix.h"
+#include "host/runtime/session.h"
+#include "host/formats/st_write.h"
 #include "model/forward_cuda.h"
 #ifdef VARENT_CUDA
 #include "kernels/ops_cuda.h"

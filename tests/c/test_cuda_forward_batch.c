@@ -20,7 +20,7 @@
 
 #include "check.h"
 #include "test_models.h"
-#include "host/session.h"
+#include "host/runtime/session.h"
 #include "model/forward_cuda.h"
 #ifdef VARENT_CUDA
 #include "kernels/ops_cuda.h"

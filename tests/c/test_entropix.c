@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "host/entropix.h"
-#include "host/metrics.h"
-#include "host/sampler.h"
+#include "host/decode/entropix.h"
+#include "host/runtime/metrics.h"
+#include "host/runtime/sampler.h"
 #include "tests/c/check.h"
 
 static int near(double a, double b, double tol) { return fabs(a - b) <= tol * (1 + fabs(b)); }

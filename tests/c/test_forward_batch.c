@@ -21,8 +21,8 @@
 
 #include "check.h"
 #include "test_models.h"
-#include "host/branch.h"
-#include "host/session.h"
+#include "host/decode/branch.h"
+#include "host/runtime/session.h"
 
 static char nm[256];
 #define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)

@@ -1,6 +1,6 @@
 // test_sample.c: the exact sampler's two implementations against independent ones.
 //  - CPU twin (kernels/cpu/sample.c, fixed-point masses, sorted walk) against
-//    host/sampler.c (double-precision masses, quickselect + sort): same token for the
+//    host/runtime/sampler.c (double-precision masses, quickselect + sort): same token for the
 //    same uniform, same entropy, on flat, peaked, tied and masked rows.
 //  - Device kernel (kernels/cuda/sample.cu, radix descent, all configurations in one
 //    launch) against the twin, bit for bit, when a GPU is present; SKIP otherwise.
@@ -12,7 +12,7 @@
 #include <math.h>
 
 #include "check.h"
-#include "host/sampler.h"
+#include "host/runtime/sampler.h"
 #include "kernels/ops.h"
 
 static uint64_t prng = 0x2545f4914f6cdd1dull;
@@ -44,7 +44,7 @@ enum { N_CFG = sizeof cfgs / sizeof cfgs[0] };
 
 static sample_cfg to_cfg(sampler_params p, double u) { return (sample_cfg){ p.temperature, p.top_k, p.top_p, p.min_p, u }; }
 
-// Twin vs host/sampler.c over rows x configurations x draws.
+// Twin vs host/runtime/sampler.c over rows x configurations x draws.
 static void test_twin_vs_sampler(void) {
     static const int sizes[] = { 7, 513, 50001 };
     for (int si = 0; si < 3; si++)

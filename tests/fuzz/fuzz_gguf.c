@@ -1,11 +1,11 @@
-// fuzz_gguf: the GGUF reader (host/gguf.c) and, for files it accepts, the whole
-// `varent convert gguf` path (host/convert_gguf.c: hyper-parameters, the tokenizer
+// fuzz_gguf: the GGUF reader (host/formats/gguf.c) and, for files it accepts, the whole
+// `varent convert gguf` path (host/formats/convert_gguf.c: hyper-parameters, the tokenizer
 // built from metadata, dequantization, the safetensors writer). Every accessor must
 // stay inside the mapping: values are checked against the file bounds.
 #include "tests/fuzz/fuzz_util.h"
 
-#include "host/cli.h"
-#include "host/gguf.h"
+#include "host/cli/commands.h"
+#include "host/formats/gguf.h"
 
 static void check_file(const gguf_file *g) {
     const uint8_t *lo = g->map, *hi = g->map + g->size;

@@ -1,10 +1,10 @@
-// fuzz_safetensors: the safetensors header parser (host/safetensors.h). An input
+// fuzz_safetensors: the safetensors header parser (host/formats/safetensors.h). An input
 // starting with '{' is a model.safetensors.index.json next to a valid shard; any
 // other input is a model.safetensors. Every tensor handed out must lie inside the
 // data region of its file.
 #include "tests/fuzz/fuzz_util.h"
 
-#include "host/safetensors.h"
+#include "host/formats/safetensors.h"
 
 // A valid one-tensor shard the index inputs can name ("shard.safetensors").
 static void write_shard(void) {

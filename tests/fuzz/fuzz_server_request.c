@@ -1,10 +1,10 @@
-// fuzz_server_request: the server's request JSON (host/server_request.c). Byte 0
+// fuzz_server_request: the server's request JSON (host/serve/request.c). Byte 0
 // picks the endpoint (bit 0: chat); the rest is the HTTP body, deliberately not
 // NUL-terminated. A request that parses must satisfy the documented limits; one that
 // fails must name the kind and leave nothing allocated after server_request_free.
 #include "tests/fuzz/fuzz_util.h"
 
-#include "host/server_request.h"
+#include "host/serve/request.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;

@@ -1,5 +1,5 @@
 """ref_ppl: perplexity of a token sequence with the numpy reference forward (ref_model),
-written independently of host/perplexity.c, as the Hugging Face guide "Perplexity of
+written independently of host/decode/perplexity.c, as the Hugging Face guide "Perplexity of
 fixed-length models" computes it:
 
     for begin in range(0, n, stride):

@@ -38,7 +38,7 @@ model=$("$PY" -c 'import sys; sys.path.insert(0, "tests/py"); import vtest; prin
 memcheck() {  # name, varent args...
     local name=$1; shift
     local log=$TMP/valgrind-$name.log
-    # OMP_WAIT_POLICY set: varent would otherwise re-exec itself (host/main.c), outside valgrind.
+    # OMP_WAIT_POLICY set: varent would otherwise re-exec itself (host/cli/main.c), outside valgrind.
     OMP_WAIT_POLICY=passive OMP_NUM_THREADS=2 valgrind --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite \
         --error-exitcode=99 --log-file="$log" "$vb/varent" "$@" >"$TMP/valgrind-$name.out" 2>&1
     local rc=$?

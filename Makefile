@@ -45,6 +45,9 @@ all: deps $(BIN)
 deps:
 	@bash tools/install-deps.sh
 
+# Order-only: under make -j the compilers wait for install-deps (the headers it installs).
+$(BUILD)/host/cli/main.o $(LIB_OBJ) $(TEST_BIN): | deps
+
 $(BIN): $(BUILD)/host/cli/main.o $(LIB_OBJ)
 	$(CC) -o $@ $^ $(LDLIBS)
 
@@ -103,8 +106,8 @@ FUZZ_TARGETS ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_CFLAGS  := -std=gnu11 -O1 -g -I. -fno-omit-frame-pointer -Wall -Wno-unknown-pragmas \
                 -DVARENT_VERSION=\"$(VERSION)\" -fsanitize=address,undefined -fno-sanitize-recover=undefined
 # The parsers and what they call; an archive, so each target links only what it uses.
-FUZZ_LIB_SRC := host/formats/safetensors.c host/formats/gguf.c host/formats/dequant.c host/util/fileio.c host/cli/args.c host/formats/st_write.c \
-                host/formats/convert_gguf.c host/serve/request.c host/decode/profiles.c host/decode/entropix.c model/config.c \
+FUZZ_LIB_SRC := $(wildcard host/formats/*.c) host/util/fileio.c \
+                host/serve/request.c host/decode/profiles.c host/decode/entropix.c model/config.c \
                 $(wildcard tokenizer/*.c)
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
 

@@ -18,8 +18,4 @@ int cmd_compare(int argc, char **argv);     // host/cli/compare.c: samplers side
 int cmd_plot(int argc, char **argv);        // host/cli/plot.c: entropy plots of JSONL logs
 int cmd_agents(int argc, char **argv);      // host/cli/agents.c: decoding agents + critic
 
-// Converters, called by cmd_convert with the arguments after the format name.
-int convert_llama2c_main(int argc, char **argv);  // host/formats/convert_llama2c.c
-int convert_gguf_main(int argc, char **argv);     // host/formats/convert_gguf.c
-
 #endif

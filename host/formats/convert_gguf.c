@@ -1,4 +1,4 @@
-// convert_gguf.c: `varent convert gguf FILE.gguf OUT_DIR [--dtype bf16|f32]`.
+// convert_gguf.c: convert_gguf (host/formats/convert.h), behind `varent convert gguf`.
 // Turns a llama.cpp GGUF (llama, qwen2, qwen3) into a Hugging Face style directory:
 // model.safetensors, config.json, generation_config.json, tokenizer.json,
 // tokenizer_config.json. Everything is built in memory first and written as
@@ -12,8 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/cli/args.h"
-#include "host/cli/commands.h"
+#include "host/formats/convert.h"
 #include "host/formats/dequant.h"
 #include "host/formats/gguf.h"
 #include "host/formats/st_write.h"
@@ -705,13 +704,8 @@ static int write_outputs(const char *dir, cJSON *const json[OUT_N], st_writer *w
     return rc;
 }
 
-typedef struct {
-    const char *in, *out;
-    int f32;
-} conv_opts;
-
-static int convert(const conv_opts *o, verr *err) {
-    gguf_file *g = gguf_open(o->in, err);
+int convert_gguf(const char *in, const char *out, int f32, convert_summary *sum, verr *err) {
+    gguf_file *g = gguf_open(in, err);
     if (!g) return -1;
     gguf_hparams hp = {0};
     tok_ids ti;
@@ -728,46 +722,23 @@ static int convert(const conv_opts *o, verr *err) {
         goto done;
     }
     if (load_hparams(g, &hp, err) || load_tok_ids(g, &ti, err)) goto done;
-    if (!(json[OUT_CONFIG] = build_config(g, &hp, &ti, o->f32, err))) goto done;
+    if (!(json[OUT_CONFIG] = build_config(g, &hp, &ti, f32, err))) goto done;
     if (!(json[OUT_GEN] = build_gen_config(&ti))) { verr_set(err, "out of memory"); goto done; }
     if (build_tokenizer(g, &ti, hp.n_ctx, &json[OUT_TOK], &json[OUT_TOKCFG], err)) goto done;
-    if (!json[OUT_TOK]) fprintf(stderr, "warning: %s: no byte-level BPE (gpt2) vocabulary; tokenizer files not written\n", o->in);
     if (!(w = st_writer_new())) { verr_set(err, "out of memory"); goto done; }
-    if (convert_tensors(g, &hp, o->f32, w, &n_tensors, err)) goto done;
-    if (mkdir(o->out, 0755) == 0) created = 1;
-    else if (errno != EEXIST) { verr_set(err, "%s: cannot create directory: %s", o->out, strerror(errno)); goto done; }
-    if (write_outputs(o->out, json, w, err)) goto done;
-    printf("converted %d tensors of %s (%s, %lld layers) to %s/ as %s\n", n_tensors, o->in, arch_class(hp.arch),
-           (long long)hp.n_layer, o->out, o->f32 ? "f32" : "bf16");
+    if (convert_tensors(g, &hp, f32, w, &n_tensors, err)) goto done;
+    if (mkdir(out, 0755) == 0) created = 1;
+    else if (errno != EEXIST) { verr_set(err, "%s: cannot create directory: %s", out, strerror(errno)); goto done; }
+    if (write_outputs(out, json, w, err)) goto done;
+    sum->n_tensors = n_tensors;
+    sum->n_layers = (long long)hp.n_layer;
+    sum->arch_class = arch_class(hp.arch);
+    sum->has_tokenizer = json[OUT_TOK] != NULL;
     rc = 0;
 done:
-    if (rc && created) rmdir(o->out);
+    if (rc && created) rmdir(out);
     for (int i = 0; i < OUT_N; i++) cJSON_Delete(json[i]);
     st_writer_free(w);
     gguf_close(g);
     return rc;
-}
-
-int convert_gguf_main(int argc, char **argv) {
-    args a;
-    args_init(&a, argc, argv);
-    const char *dtype = args_str(&a, "--dtype", "bf16");
-    int help = args_flag(&a, "-h|--help");
-    conv_opts o = {args_pos(&a, 0), args_pos(&a, 1), 0};
-    if (help || args_finish(&a, 2) || !o.in || !o.out) {
-        if (!help && a.err[0]) fprintf(stderr, "error: %s\n", a.err);
-        fprintf(stderr, "usage: varent convert gguf FILE.gguf OUT_DIR [--dtype bf16|f32]\n");
-        return help ? 0 : 2;
-    }
-    if (strcmp(dtype, "bf16") != 0 && strcmp(dtype, "f32") != 0) {
-        fprintf(stderr, "error: --dtype must be bf16 or f32, not '%s'\n", dtype);
-        return 2;
-    }
-    o.f32 = strcmp(dtype, "f32") == 0;
-    verr err = {{0}};
-    if (convert(&o, &err)) {
-        fprintf(stderr, "error: %s\n", err.msg);
-        return 1;
-    }
-    return 0;
 }

@@ -1,4 +1,4 @@
-// convert_llama2c.c: `varent convert llama2c CHECKPOINT.bin TOKENIZER.bin OUT_DIR`.
+// convert_llama2c.c: convert_llama2c (host/formats/convert.h), behind `varent convert llama2c`.
 // Reads Karpathy's llama2.c legacy (v0) fp32 checkpoint and writes a normal HF Llama
 // directory. llama2.c rotates adjacent pairs (2i, 2i+1); HF rotates halves (i,
 // i + hd/2), so the rows of q_proj and k_proj are permuted within each head.
@@ -9,8 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/cli/args.h"
-#include "host/cli/commands.h"
+#include "host/formats/convert.h"
 #include "host/formats/st_write.h"
 #include "kernels/ops.h"
 #include "tokenizer/llama2c_vocab.h"
@@ -153,7 +152,7 @@ static void remove_outputs(const char *dir) {
     rmdir(dir);  // only succeeds if we left it empty
 }
 
-static int convert(const char *ckpt, const char *tok, const char *out, int bf16, verr *err) {
+int convert_llama2c(const char *ckpt, const char *tok, const char *out, int bf16, verr *err) {
     l2c_reader r = { .path = ckpt, .bf16 = bf16, .err = err };
     r.f = fopen(ckpt, "rb");
     if (!r.f) return verr_set(err, "%s: cannot open: %s", ckpt, strerror(errno));
@@ -173,26 +172,4 @@ static int convert(const char *ckpt, const char *tok, const char *out, int bf16,
     if (r.w) st_writer_free(r.w);
     if (rc) remove_outputs(out);
     return rc;
-}
-
-int convert_llama2c_main(int argc, char **argv) {
-    args a;
-    args_init(&a, argc, argv);
-    const char *dtype = args_str(&a, "--dtype", "f32");
-    const char *ckpt = args_pos(&a, 0), *tok = args_pos(&a, 1), *out = args_pos(&a, 2);
-    if (args_finish(&a, 3) || !out) {
-        fprintf(stderr, "varent convert llama2c: %s\nusage: varent convert llama2c CHECKPOINT.bin TOKENIZER.bin OUT_DIR [--dtype f32|bf16]\n",
-                a.err[0] ? a.err : "missing arguments");
-        return 1;
-    }
-    if (strcmp(dtype, "f32") && strcmp(dtype, "bf16")) {
-        fprintf(stderr, "varent convert llama2c: --dtype must be f32 or bf16, not '%s'\n", dtype);
-        return 1;
-    }
-    verr err = { { 0 } };
-    if (convert(ckpt, tok, out, !strcmp(dtype, "bf16"), &err)) {
-        fprintf(stderr, "varent convert llama2c: %s\n", err.msg);
-        return 1;
-    }
-    return 0;
 }

@@ -4,7 +4,7 @@
 // stay inside the mapping: values are checked against the file bounds.
 #include "tests/fuzz/fuzz_util.h"
 
-#include "host/cli/commands.h"
+#include "host/formats/convert.h"
 #include "host/formats/gguf.h"
 
 static void check_file(const gguf_file *g) {
@@ -49,8 +49,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     gguf_close(g);
     char out[512];
     snprintf(out, sizeof out, "%s/out", fuzz_dir());
-    char *argv[] = {(char *)path, out, "--dtype", "f32", NULL};
-    (void)convert_gguf_main(4, argv);
+    convert_summary sum;
+    verr cerr = {{0}};
+    (void)convert_gguf(path, out, 1, &sum, &cerr);
     static const char *outs[] = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                                  "model.safetensors"};
     for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) {

@@ -1,0 +1,22 @@
+// convert.h: converters from other checkpoint formats to a Hugging Face model directory
+// (config.json, generation_config.json, model.safetensors, tokenizer files). Library
+// code: no argument parsing and no messages; `varent convert` (host/cli/convert.c)
+// parses the command line and reports.
+#ifndef VARENT_CONVERT_H
+#define VARENT_CONVERT_H
+
+#include "host/util/err.h"
+
+typedef struct {
+    int n_tensors;
+    long long n_layers;
+    const char *arch_class;  // "LlamaForCausalLM", ... (static)
+    int has_tokenizer;       // 0: the GGUF has no byte-level BPE vocabulary; no tokenizer files written
+} convert_summary;
+
+// A llama.cpp GGUF (llama, qwen2, qwen3) to out_dir, weights as f32 or bf16.
+int convert_gguf(const char *gguf_path, const char *out_dir, int f32, convert_summary *sum, verr *err);
+// A llama2.c legacy (v0) checkpoint and its tokenizer.bin to out_dir, as f32 or bf16.
+int convert_llama2c(const char *ckpt, const char *tok, const char *out_dir, int bf16, verr *err);
+
+#endif

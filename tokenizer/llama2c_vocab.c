@@ -4,6 +4,8 @@
 // token's score descending gives the same result under rank-based BPE.
 #include "tokenizer/llama2c_vocab.h"
 
+#include "host/util/outfile.h"
+
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -196,42 +198,36 @@ static cJSON *build_json(const l2c_vocab *v, const l2c_merge *m, int nm) {
     return root;
 }
 
-// Writes text to dir/name via a temporary file and rename, so readers never see a
-// half-written file.
-static int write_atomic(const char *dir, const char *name, const char *text, verr *err) {
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return verr_set(err, "%s: cannot create", tmp);
-    size_t n = strlen(text);
-    int ok = fwrite(text, 1, n, f) == n;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        remove(tmp);
-        return verr_set(err, "%s: write failed", path);
-    }
-    return 0;
-}
-
 static const char config_json[] =
     "{\n  \"add_bos_token\": true,\n  \"add_eos_token\": false,\n  \"bos_token\": \"<s>\",\n"
     "  \"eos_token\": \"</s>\",\n  \"unk_token\": \"<unk>\",\n  \"tokenizer_class\": \"LlamaTokenizer\"\n}\n";
 
-int llama2c_vocab_to_tokenizer_json(const char *tok_bin_path, int vocab_size, const char *out_dir, verr *err) {
+const char *llama2c_vocab_config_json(void) { return config_json; }
+
+int llama2c_vocab_build_json(const char *tok_bin_path, int vocab_size, char **json, verr *err) {
+    *json = NULL;
     if (vocab_size < 3) return verr_set(err, "%s: vocab_size %d is too small", tok_bin_path, vocab_size);
     l2c_vocab v = {0};
     l2c_merge *m = NULL;
     int nm = 0, rc = read_vocab(tok_bin_path, vocab_size, &v, err);
     if (rc == 0 && derive_merges(&v, &m, &nm) < 0) rc = verr_set(err, "%s: out of memory", tok_bin_path);
     cJSON *root = rc == 0 ? build_json(&v, m, nm) : NULL;
-    char *text = root ? cJSON_Print(root) : NULL;
-    if (rc == 0 && !text) rc = verr_set(err, "%s: out of memory building tokenizer.json", tok_bin_path);
-    if (rc == 0) rc = write_atomic(out_dir, "tokenizer.json", text, err);
-    if (rc == 0) rc = write_atomic(out_dir, "tokenizer_config.json", config_json, err);
-    free(text);
+    if (rc == 0 && !(*json = root ? cJSON_Print(root) : NULL))
+        rc = verr_set(err, "%s: out of memory building tokenizer.json", tok_bin_path);
     cJSON_Delete(root);
     free(m);
     vocab_free(&v);
+    return rc;
+}
+
+int llama2c_vocab_to_tokenizer_json(const char *tok_bin_path, int vocab_size, const char *out_dir, verr *err) {
+    char *text;
+    if (llama2c_vocab_build_json(tok_bin_path, vocab_size, &text, err)) return -1;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", out_dir);
+    int rc = outfile_write_all(path, text, strlen(text), err);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", out_dir);
+    if (rc == 0) rc = outfile_write_all(path, config_json, strlen(config_json), err);
+    free(text);
     return rc;
 }

@@ -10,5 +10,9 @@
 // atomically (tmp + rename). Merges are derived so that rank-ordered BPE
 // reproduces llama2.c's score-greedy merging. Returns 0, or -1 with err.
 int llama2c_vocab_to_tokenizer_json(const char *tok_bin_path, int vocab_size, const char *out_dir, verr *err);
+// The same tokenizer.json as text (malloc'd into *json), written nowhere.
+int llama2c_vocab_build_json(const char *tok_bin_path, int vocab_size, char **json, verr *err);
+// The tokenizer_config.json that goes with it (static text).
+const char *llama2c_vocab_config_json(void);
 
 #endif

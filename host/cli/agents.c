@@ -16,6 +16,7 @@
 #include "host/decode/generate.h"
 #include "host/util/interrupt.h"
 #include "host/util/json_out.h"
+#include "host/util/outfile.h"
 
 static const char *usage =
     "usage: varent agents -m DIR (-p TEXT | --ids 1,2,3) [--chat] [options]\n"
@@ -30,19 +31,21 @@ static const char *usage =
     "  --devices LIST       cpu, cpu,cpu, cuda:0, 0,1 ... (default cpu)\n"
     "  --seed S             (default: time)\n"
     "  --log FILE.jsonl --log-text FILE --dump-logits FILE.f32 --stats\n"
+    "  --force              replace existing log files (kept as they are otherwise)\n"
     "  --ctx N -t THREADS --batch N --system TEXT --chat-template NAME\n";
 
 typedef struct {
     session_opts so;
     const char *ids_arg, *text, *system, *chat_template, *agents_spec, *devices, *critic_model;
     const char *log_path, *text_path, *dump_path;
-    int chat, stats, lookahead, max_parallel, check_every, rollback, max_new;
+    int chat, stats, lookahead, max_parallel, check_every, rollback, max_new, force;
     uint64_t seed;
     sampler_params base;
 } agents_args;
 
 typedef struct {
-    FILE *log, *text, *dump;
+    outfile out[3];           // --log, --log-text, --dump-logits (records; host/util/outfile.h)
+    FILE *log, *text, *dump;  // their streams while open, else NULL
     const agents_args *a;
     const session *s;  // tokenizer for texts
     int write_failed, interrupted;
@@ -78,6 +81,7 @@ static void read_args(args *a, agents_args *g) {
     g->text_path = args_str(a, "--log-text", NULL);
     g->dump_path = args_str(a, "--dump-logits", NULL);
     g->stats = args_flag(a, "--stats");
+    g->force = args_flag(a, "--force");
 }
 
 // Range checks; 0, or -1 with msg naming the option.
@@ -217,30 +221,38 @@ static void log_done(agents_logs *L, const char *text, const agents_result *r) {
     flush_all(L);
 }
 
-// Creates the log files before anything runs; on failure none is left behind.
+// Creates the log files before anything runs. An existing regular file is an error
+// unless --force; a device node or FIFO is written in place (host/util/outfile.h).
 static int open_logs(agents_logs *L, const agents_args *a, char *msg, size_t n) {
     const char *paths[3] = { a->log_path, a->text_path, a->dump_path };
     const char *names[3] = { "--log", "--log-text", "--dump-logits" };
     FILE **fs[3] = { &L->log, &L->text, &L->dump };
     for (int i = 0; i < 3; i++) {
         if (!paths[i]) continue;
-        *fs[i] = fopen(paths[i], i == 2 ? "wb" : "w");
-        if (!*fs[i]) {
-            snprintf(msg, n, "%s %s: cannot create: %s", names[i], paths[i], strerror(errno));
+        outfile_opts oo = { .records = 1, .force = a->force, .flag = names[i] };
+        verr err = { { 0 } };
+        if (outfile_open(&L->out[i], paths[i], &oo, &err)) {
+            snprintf(msg, n, "%s", err.msg);
             return -1;
         }
+        *fs[i] = L->out[i].f;
     }
     return 0;
 }
 
-static void close_logs(agents_logs *L, const agents_args *a, int remove) {
-    const char *paths[3] = { a->log_path, a->text_path, a->dump_path };
+// keep: the run generated (or was interrupted): the logs are committed. Otherwise
+// only what this run created is removed. -1 with msg when a commit failed.
+static int close_logs(agents_logs *L, int keep, char *msg, size_t n) {
     FILE **fs[3] = { &L->log, &L->text, &L->dump };
+    int rc = 0;
     for (int i = 0; i < 3; i++) {
         if (!*fs[i]) continue;
-        fclose(*fs[i]), *fs[i] = NULL;
-        if (remove) unlink(paths[i]);
+        *fs[i] = NULL;
+        verr err = { { 0 } };
+        if (!keep) outfile_abort(&L->out[i]);
+        else if (outfile_commit(&L->out[i], &err) && rc == 0) rc = (snprintf(msg, n, "%s", err.msg), -1);
     }
+    return rc;
 }
 
 // ---- prompt ----
@@ -432,9 +444,9 @@ int cmd_agents(int argc, char **argv) {
     agents_rig rig = { .a = &g };
     if ((rig.n_dev = devices_parse(g.devices, rig.dev, &err)) < 0) return fail(err.msg);
     agents_logs L = { .a = &g };
-    if (open_logs(&L, &g, msg, sizeof msg)) return close_logs(&L, &g, 1), fail(msg);
+    if (open_logs(&L, &g, msg, sizeof msg)) return close_logs(&L, 0, msg, 0), fail(msg);
     int rc = rig_open(&rig, &err) ? fail(err.msg) : generate_and_print(&rig, &L, ag, n_ag);
     rig_close(&rig);
-    close_logs(&L, &g, rc == 1);
+    if (close_logs(&L, rc == 0 || rc == INTERRUPT_EXIT, msg, sizeof msg) && rc == 0) rc = fail(msg);
     return rc;
 }

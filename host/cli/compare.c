@@ -239,6 +239,7 @@ static void write_markdown(FILE *f, const row *rows, int n_rows, const prompt_li
 typedef struct {
     const char *prompts, *csv, *samplers, *profile, *out, *format;
     int width, quiet;
+    int force;  // -o: replace an existing file
 } compare_args;
 
 static int run_all(session *s, const compare_args *c, const prompt_style *ps, const gen_opts *g, const prompt_list *pl,
@@ -258,7 +259,7 @@ static int run_all(session *s, const compare_args *c, const prompt_style *ps, co
             if (rows[k].r.st.interrupted) {
                 free(ids);
                 progress_finish(&pg, "interrupted");
-                verr_set(err, "interrupted after %d of %d runs%s", k, pl->n * n_sp, c->out ? "; not written: " : "");
+                verr_set(err, "interrupted after %d of %d runs%s", k, pl->n * n_sp, c->out ? "; finished rows are in " : "");
                 return 1;
             }
             if (jsonl) write_row(jsonl, &rows[k], pl, &sp[j], g->seed);
@@ -276,7 +277,8 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
                    const prompt_list *pl, const sampler_spec *sp, int n_sp) {
     verr err = { { 0 } };
     outfile out = { 0 };
-    if (c->out && outfile_open(&out, c->out, &err)) return fail(err.msg);
+    outfile_opts oo = { .records = 1, .force = c->force, .flag = "-o" };
+    if (c->out && outfile_open(&out, c->out, &oo, &err)) return fail(err.msg);
     row *rows = calloc((size_t)pl->n * n_sp, sizeof *rows);
     int rc = rows ? 0 : verr_set(&err, "out of memory");
     progress pg;
@@ -286,14 +288,20 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
         progress_finish(&pg, NULL);
         gen_opts base = *g;
         base.clarifier = gen_find_clarifier(&s);
-        interrupt_install();  // Ctrl-C: stop after the current token; -o then writes nothing
+        interrupt_install();  // Ctrl-C: stop after the current token; -o keeps the finished rows
         base.interrupt = interrupt_flag();
         int stdout_jsonl = !strcmp(c->format, "jsonl");
         rc = run_all(&s, c, ps, &base, pl, sp, n_sp, rows, out.f ? out.f : stdout_jsonl ? stdout : NULL, &err);
         if (rc == 0 && !stdout_jsonl) write_markdown(stdout, rows, pl->n * n_sp, pl, sp, n_sp, &base, c->width);
         session_close(&s);
     }
-    if (rc == 0 && out.f) rc = outfile_commit(&out, &err);
+    if (rc >= 0 && out.f) {  // finished rows are kept after Ctrl-C too
+        verr cerr = { { 0 } };
+        if (outfile_commit(&out, &cerr)) {
+            err = cerr;
+            rc = -1;
+        }
+    }
     outfile_abort(&out);
     for (int i = 0; rows && i < pl->n * n_sp; i++) batch_result_free(&rows[i].r);
     free(rows);
@@ -316,7 +324,7 @@ int cmd_compare(int argc, char **argv) {
     compare_args c = { args_str(&a, "--prompts", NULL), args_str(&a, "--prompt-csv", NULL),
                        args_str(&a, "--samplers", "standard,greedy,entropix:seed,entropix:jax"),
                        args_str(&a, "--profile", "seed"), args_str(&a, "-o|--out", NULL), args_str(&a, "--format", "md"),
-                       (int)args_int(&a, "--text-width", 60), args_flag(&a, "-q|--quiet") };
+                       (int)args_int(&a, "--text-width", 60), args_flag(&a, "-q|--quiet"), args_flag(&a, "--force") };
     if (args_finish(&a, 0)) return fail(a.err);
     if (!so.model_dir || (!c.prompts == !c.csv))
         return fail("usage: varent compare -m DIR (--prompts FILE | --prompt-csv FILE) [--samplers LIST] [-n N] "

@@ -51,10 +51,11 @@ int entropix_cli_read(args *a, gen_opts *g, entropix_cli *c, verr *err) {
     return 0;
 }
 
-int entropix_cli_open(entropix_cli *c, verr *err) {
+int entropix_cli_open(entropix_cli *c, int force, verr *err) {
     if (!c->metrics_path) return 0;
-    c->log = fopen(c->metrics_path, "w");
-    if (!c->log) return verr_set(err, "--metrics-out %s: cannot create: %s", c->metrics_path, strerror(errno));
+    outfile_opts oo = { .records = 1, .force = force, .flag = "--metrics-out" };
+    if (outfile_open(&c->out, c->metrics_path, &oo, err)) return -1;
+    c->log = c->out.f;
     return 0;
 }
 
@@ -67,9 +68,12 @@ int entropix_cli_start(entropix_cli *c, const session *s, gen_opts *g, verr *err
     return 0;
 }
 
-void entropix_cli_close(entropix_cli *c) {
-    if (c->log) fclose(c->log);
+int entropix_cli_close(entropix_cli *c, int keep, verr *err) {
+    if (!c->log) return 0;
     c->log = NULL;
+    if (keep) return outfile_commit(&c->out, err);
+    outfile_abort(&c->out);
+    return 0;
 }
 
 

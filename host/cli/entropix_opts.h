@@ -10,24 +10,29 @@
 
 #include "host/cli/args.h"
 #include "host/decode/generate.h"
+#include "host/util/outfile.h"
 
 typedef struct {
     entropix_config ex;
     const char *metrics_path, *sampler_name;
     int clarifier;   // -1: from the tokenizer
-    FILE *log;
+    outfile out;     // --metrics-out (records; host/util/outfile.h)
+    FILE *log;       // out.f while open, else NULL
     const session *s;
 } entropix_cli;
 
 // Reads the options into c and g (call before args_finish). -1 with err on a bad value.
 int entropix_cli_read(args *a, gen_opts *g, entropix_cli *c, verr *err);
-// Opens the metrics file, before the model loads, so a bad path fails early.
-int entropix_cli_open(entropix_cli *c, verr *err);
+// Opens the metrics file, before the model loads, so a bad path fails early. An
+// existing regular file is an error unless force (then it is replaced on close).
+int entropix_cli_open(entropix_cli *c, int force, verr *err);
 // After the session opens: the clarifier token and the metrics callback.
 int entropix_cli_start(entropix_cli *c, const session *s, gen_opts *g, verr *err);
 // --stats: tokens per quadrant and the mean entropy, on stderr.
 void entropix_cli_report(const entropix_cli *c, const gen_stats *st);
-void entropix_cli_close(entropix_cli *c);
+// Closes the metrics file: keep commits it (-1 with err when that fails), otherwise
+// only what this run created is removed.
+int entropix_cli_close(entropix_cli *c, int keep, verr *err);
 // gen_opts.on_record writing one JSONL line; ud is the entropix_cli.
 int entropix_cli_record(void *ud, const gen_record *r);
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "host/cli/commands.h"
+#include "host/util/interrupt.h"
 
 #ifdef VARENT_CUDA
 int cuda_device_count(void);
@@ -65,6 +66,7 @@ static void omp_short_spin(char **argv) {
 
 int main(int argc, char **argv) {
     omp_short_spin(argv);
+    interrupt_cleanup_install();  // a signal removes the temporary output files first
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

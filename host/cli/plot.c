@@ -20,6 +20,7 @@
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
 #include "host/decode/entropix.h"
+#include "host/util/interrupt.h"
 #include "host/util/outfile.h"
 #include "host/report/plot_log.h"
 #include "host/report/svg.h"
@@ -269,33 +270,43 @@ static int in_path(const char *prog) {
 
 static int write_svg(const svg *s, const char *path, verr *err) {
     if (s->oom) return verr_set(err, "out of memory building the SVG");
-    outfile o = { 0 };
-    if (outfile_open(&o, path, err)) return -1;
-    fwrite(s->buf, 1, s->len, o.f);
-    return outfile_commit(&o, err);
+    return outfile_write_all(path, s->buf, s->len, err);
 }
 
-// SVG to a temporary file next to out, rsvg-convert to a temporary PNG, rename.
+// The SVG to a temporary file under $TMPDIR; rsvg-convert writes the PNG straight into
+// the output file (host/util/outfile.h: a temporary file renamed on success, or a
+// device node or FIFO in place).
 static int write_png(const svg *s, const char *out, verr *err) {
-    char tsvg[4200], tpng[4200];
-    snprintf(tsvg, sizeof tsvg, "%s.tmp.%ld.svg", out, (long)getpid());
-    snprintf(tpng, sizeof tpng, "%s.tmp.%ld.png", out, (long)getpid());
-    if (write_svg(s, tsvg, err)) return verr_set(err, "%s: cannot create: %s", out, strerror(errno));
-    char *argv[] = { "rsvg-convert", "-f", "png", "-o", tpng, tsvg, NULL };
-    pid_t pid;
-    int st = 0, rc = posix_spawnp(&pid, "rsvg-convert", NULL, NULL, argv, environ);
-    if (rc == 0 && waitpid(pid, &st, 0) < 0) rc = errno;
+    if (s->oom) return verr_set(err, "out of memory building the SVG");
+    const char *dir = getenv("TMPDIR");
+    char tsvg[4200];
+    snprintf(tsvg, sizeof tsvg, "%s/varent-plot-XXXXXX.svg", dir && *dir ? dir : "/tmp");
+    int fd = mkstemps(tsvg, 4);
+    if (fd < 0) return verr_set(err, "%s: cannot create a temporary file: %s", tsvg, strerror(errno));
+    int slot = interrupt_track(tsvg);
+    int ok = write(fd, s->buf, s->len) == (ssize_t)s->len;
+    ok = close(fd) == 0 && ok;
+    outfile o;
+    int rc = ok ? outfile_open(&o, out, NULL, err) : verr_set(err, "%s: write failed", tsvg);
+    if (rc == 0) {
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, fileno(o.f), 1);
+        char *argv[] = { "rsvg-convert", "-f", "png", tsvg, NULL };
+        pid_t pid;
+        int st = 0, e = posix_spawnp(&pid, "rsvg-convert", &fa, NULL, argv, environ);
+        if (e == 0 && waitpid(pid, &st, 0) < 0) e = errno;
+        posix_spawn_file_actions_destroy(&fa);
+        if (e || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            outfile_abort(&o);
+            rc = verr_set(err, "%s: rsvg-convert failed (%s)", out, e ? strerror(e) : "see its message above");
+        } else {
+            rc = outfile_commit(&o, err);
+        }
+    }
     unlink(tsvg);
-    if (rc || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        unlink(tpng);
-        return verr_set(err, "%s: rsvg-convert failed (%s)", out, rc ? strerror(rc) : "see its message above");
-    }
-    if (rename(tpng, out) != 0) {
-        int e = errno;
-        unlink(tpng);
-        return verr_set(err, "%s: cannot write: %s", out, strerror(e));
-    }
-    return 0;
+    interrupt_untrack(slot);
+    return rc;
 }
 
 // --profile NAME and --set KEY=VALUE (any number).

@@ -1,5 +1,6 @@
 // run.c: `varent run` (generate text, for one prompt or a batch from a file) and
 // `varent logits` (dump logits).
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,12 +60,11 @@ static int run_finish(entropix_cli *ex, const gen_stats *st) {
     return 0;
 }
 
-// Closes the --metrics-out log; on failure a regular file is removed (no partial output).
-static void run_close_log(entropix_cli *ex, int keep) {
-    struct stat sb;
-    int regular = ex->log && fstat(fileno(ex->log), &sb) == 0 && S_ISREG(sb.st_mode);
-    entropix_cli_close(ex);
-    if (!keep && regular) unlink(ex->metrics_path);
+// Closes the --metrics-out log: kept after a run that generated (or was interrupted);
+// after a failure only a file this run created is removed (host/util/outfile.h).
+static int run_close_log(entropix_cli *ex, int keep) {
+    verr err = { { 0 } };
+    return entropix_cli_close(ex, keep, &err) ? fail("run", err.msg) : 0;
 }
 
 // The prompt: --ids, -p TEXT, or BOS alone.
@@ -85,6 +85,7 @@ static int prompt_ids(session *s, const char *ids_arg, const char *text, int **i
 typedef struct {
     const char *lines_path, *csv_path, *out_path;
     int quiet, stats;
+    int force, resume;  // -o: replace an existing file / continue it
 } batch_args;
 
 static void write_result(FILE *f, int i, const prompt_list *pl, const batch_result *r, uint64_t seed) {
@@ -118,10 +119,11 @@ static int encode_all(session *s, const prompt_style *ps, const prompt_list *pl,
 
 // 0, -1 with err, or 1 when Ctrl-C stopped it (*done prompts were written).
 static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, int **ids, const int *n, FILE *f,
-                        int quiet, long *n_tok, int *done, verr *err) {
+                        const unsigned char *skip, int quiet, long *n_tok, int *done, verr *err) {
     progress pg;
     progress_start(&pg, "run", pl->n, quiet);
     for (int i = 0; i < pl->n; i++) {
+        if (skip && skip[i]) continue;  // --resume: already in the output
         batch_result r;
         if (batch_generate(s, ids[i], n[i], g, &r, err)) return -1;
         if (r.st.interrupted) {
@@ -130,16 +132,61 @@ static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, in
             return 1;
         }
         write_result(f, i, pl, &r, g->seed);
-        *done = i + 1;
+        *done += 1;
         *n_tok += r.st.n_gen;
         char detail[64];
         snprintf(detail, sizeof detail, "%d tokens, %.1f tok/s", r.st.n_gen, batch_tok_s(&r));
         batch_result_free(&r);
         progress_update(&pg, i + 1, detail);
-        if (ferror(f)) return verr_set(err, "writing the results failed");
+        if (ferror(f)) return verr_set(err, "writing the results failed: %s", strerror(errno));
     }
     progress_finish(&pg, NULL);
     return 0;
+}
+
+// --resume: marks skip[i] for every index already recorded in path, after checking
+// that each record belongs to this prompt list. 0, or -1 with err naming the line.
+static int read_done(const char *path, const prompt_list *pl, unsigned char *skip, int *n_done, verr *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return errno == ENOENT ? 0 : verr_set(err, "%s: cannot read to resume: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    for (int no = 1; rc == 0 && getline(&line, &cap, f) > 0; no++) {
+        if (!strchr(line, '\n')) break;  // a partial last record: dropped when the file is opened
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *idx = cJSON_GetObjectItemCaseSensitive(j, "index");
+        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+        if (!cJSON_IsNumber(idx) || idx->valuedouble < 0 || idx->valuedouble >= pl->n || !cJSON_IsString(prompt))
+            rc = verr_set(err, "%s:%d: not a record of this batch (no index below %d with a prompt); not resuming",
+                          path, no, pl->n);
+        else if (strcmp(prompt->valuestring, pl->text[idx->valueint]) != 0)
+            rc = verr_set(err, "%s:%d: record %d has another prompt than the prompt file; not resuming", path, no,
+                          idx->valueint);
+        else if (!skip[idx->valueint]) {
+            skip[idx->valueint] = 1;
+            *n_done += 1;
+        }
+        cJSON_Delete(j);
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+// -o: records appended and flushed one by one, so Ctrl-C or a signal keeps the
+// finished ones; --resume continues such a file, --force replaces it.
+static int open_batch_out(const batch_args *b, const prompt_list *pl, outfile *out, unsigned char **skip,
+                          int *n_done, verr *err) {
+    if (!b->out_path) return 0;
+    if (b->resume && b->force) return verr_set(err, "give either --resume or --force, not both");
+    if (b->resume) {
+        *skip = calloc((size_t)pl->n, 1);
+        if (!*skip) return verr_set(err, "out of memory");
+        if (read_done(b->out_path, pl, *skip, n_done, err)) return -1;
+    }
+    outfile_opts oo = { .records = 1, .force = b->force, .resume = b->resume, .can_resume = 1, .flag = "-o" };
+    return outfile_open(out, b->out_path, &oo, err);
 }
 
 static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, entropix_cli *ex,
@@ -148,8 +195,11 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     verr err = { { 0 } };
     prompt_list pl;
     if ((b->lines_path ? prompts_read_lines : prompts_read_csv)(&pl, path, &err)) return fail("run", err.msg);
+    if (!b->out_path && (b->resume || b->force)) return prompts_free(&pl), fail("run", "--resume and --force are for -o FILE");
     outfile out = { 0 };
-    if (b->out_path && outfile_open(&out, b->out_path, &err)) return prompts_free(&pl), fail("run", err.msg);
+    unsigned char *skip = NULL;
+    int n_before = 0;
+    if (open_batch_out(b, &pl, &out, &skip, &n_before, &err)) return free(skip), prompts_free(&pl), fail("run", err.msg);
     progress pg;
     progress_start(&pg, "load", 1, b->quiet);
     session s;
@@ -157,25 +207,33 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     long n_tok = 0;
     int done = 0;
     double t0 = gen_now();
-    interrupt_install();  // Ctrl-C: stop after the current token; -o then writes nothing
+    interrupt_install();  // Ctrl-C: stop after the current token; -o keeps the finished records
     g->interrupt = interrupt_flag();
     if (!ids || !n) verr_set(&err, "out of memory");
     else if (session_open(&s, so, &err) == 0) {
         progress_finish(&pg, NULL);
         rc = encode_all(&s, ps, &pl, path, ids, n, &err);
         if (rc == 0) rc = entropix_cli_start(ex, &s, g, &err);
-        if (rc == 0) rc = generate_all(&s, g, &pl, ids, n, out.f ? out.f : stdout, b->quiet, &n_tok, &done, &err);
+        if (rc == 0)
+            rc = generate_all(&s, g, &pl, ids, n, out.f ? out.f : stdout, skip, b->quiet, &n_tok, &done, &err);
         session_close(&s);
     }
     if (rc == 1)
-        verr_set(&err, "interrupted after %d of %d prompts%s%s", done, pl.n, out.f ? "; not written: " : "",
-                 out.f ? b->out_path : "");
-    if (rc == 0 && out.f) rc = outfile_commit(&out, &err);
+        verr_set(&err, "interrupted after %d of %d prompts%s%s%s", n_before + done, pl.n,
+                 out.f ? "; finished records are in " : "", out.f ? b->out_path : "", out.f ? " (--resume continues)" : "");
+    // what was written is kept (a failure after some records too: --resume continues it)
+    if (out.f && (rc == 0 || done > 0)) {
+        verr cerr = { { 0 } };
+        if (outfile_commit(&out, &cerr) && rc != -1) {
+            err = cerr;
+            rc = -1;
+        }
+    }
     outfile_abort(&out);
     if (rc == 0 && b->stats)
         fprintf(stderr, "batch: %d prompts, %ld tokens in %.2f s\n", pl.n, n_tok, gen_now() - t0);
     for (int i = 0; ids && i < pl.n; i++) free(ids[i]);
-    free(ids), free(n);
+    free(ids), free(n), free(skip);
     prompts_free(&pl);
     return rc == 1 ? (fail("run", err.msg), INTERRUPT_EXIT) : rc ? fail("run", err.msg) : 0;
 }
@@ -195,7 +253,7 @@ int cmd_run(int argc, char **argv) {
     prompt_style chat;
     prompt_style_read(&a, &chat);
     batch_args b = { args_str(&a, "--prompts", NULL), args_str(&a, "--prompt-csv", NULL), args_str(&a, "-o|--out", NULL),
-                     args_flag(&a, "-q|--quiet"), stats };
+                     args_flag(&a, "-q|--quiet"), stats, args_flag(&a, "--force"), args_flag(&a, "--resume") };
     if (args_finish(&a, 0)) return fail("run", a.err);
     if (!so.model_dir) return fail("run", "missing -m MODEL_DIR");
     if (ids_arg && text) return fail("run", "give either --ids or -p, not both");
@@ -209,11 +267,12 @@ int cmd_run(int argc, char **argv) {
         return run_batch(&b, &so, &g, &ex, &chat);
     }
     if (b.out_path) return fail("run", "-o/--out is for batch runs (--prompts, --prompt-csv); a single run prints to stdout");
+    if (b.resume) return fail("run", "--resume is for batch runs with -o (--prompts, --prompt-csv)");
     if (b.quiet) return fail("run", "-q/--quiet is for batch runs (--prompts, --prompt-csv)");
 
     verr err = { { 0 } };
     session s;
-    if (ex_rc || entropix_cli_open(&ex, &xerr)) return fail("run", xerr.msg);
+    if (ex_rc || entropix_cli_open(&ex, b.force, &xerr)) return fail("run", xerr.msg);
     interrupt_install();  // Ctrl-C: stop generating, flush, exit 130
     g.interrupt = interrupt_flag();
     if (session_open(&s, &so, &err)) return run_close_log(&ex, 0), fail("run", err.msg);
@@ -240,24 +299,9 @@ int cmd_run(int argc, char **argv) {
     }
     if (out.ts) tokenizer_stream_free(out.ts);
     free(ids);
-    run_close_log(&ex, rc == 0 || rc == INTERRUPT_EXIT);
+    if (run_close_log(&ex, rc == 0 || rc == INTERRUPT_EXIT) && rc == 0) rc = 1;
     session_close(&s);
     return rc;
-}
-
-// Writes n floats to path atomically (tmp + rename): no partial file on failure.
-static int write_floats(const char *path, const float *x, int n, verr *err) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return verr_set(err, "%s: cannot create: %s", tmp, strerror(errno));
-    int ok = fwrite(x, sizeof(float), (size_t)n, f) == (size_t)n;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return verr_set(err, "%s: write failed: %s", path, strerror(errno));
-    }
-    return 0;
 }
 
 int cmd_logits(int argc, char **argv) {
@@ -284,7 +328,7 @@ int cmd_logits(int argc, char **argv) {
     if (n > s.ctx) rc = verr_set(&err, "%d ids do not fit the %d-token context (raise --ctx)", n, s.ctx);
     for (int i = 0; rc == 0 && i < n; i += step)
         rc = session_forward(&s, &kv, ids + i, n - i < step ? n - i : step, &err);
-    if (rc == 0) rc = write_floats(out, s.fw.logits, s.m.cfg.vocab_size, &err);
+    if (rc == 0) rc = outfile_write_all(out, s.fw.logits, sizeof(float) * (size_t)s.m.cfg.vocab_size, &err);
     free(ids);
     session_close(&s);
     return rc ? fail("logits", err.msg) : 0;

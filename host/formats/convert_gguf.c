@@ -1,8 +1,8 @@
 // convert_gguf.c: convert_gguf (host/formats/convert.h), behind `varent convert gguf`.
 // Turns a llama.cpp GGUF (llama, qwen2, qwen3) into a Hugging Face style directory:
 // model.safetensors, config.json, generation_config.json, tokenizer.json,
-// tokenizer_config.json. Everything is built in memory first and written as
-// NAME.tmp then renamed, so a failure leaves no output files behind.
+// tokenizer_config.json. Everything is built in memory first and written by
+// model_dir_write, so a failure leaves OUT_DIR as it was.
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -15,6 +15,7 @@
 #include "host/formats/convert.h"
 #include "host/formats/dequant.h"
 #include "host/formats/gguf.h"
+#include "host/formats/model_dir.h"
 #include "host/formats/st_write.h"
 #include "kernels/ops.h"
 
@@ -660,47 +661,24 @@ enum { OUT_CONFIG, OUT_GEN, OUT_TOK, OUT_TOKCFG, OUT_N };
 static const char *out_names[OUT_N] = {"config.json", "generation_config.json", "tokenizer.json",
                                        "tokenizer_config.json"};
 
-static int write_file(const char *path, const char *text, verr *err) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return verr_set(err, "%s: cannot create: %s", path, strerror(errno));
-    size_t n = strlen(text);
-    int bad = fwrite(text, 1, n, f) != n || fputc('\n', f) == EOF;
-    if (fclose(f) != 0 || bad) {
-        unlink(path);
-        return verr_set(err, "%s: write failed: %s", path, strerror(errno));
-    }
-    return 0;
-}
-
-// Writes NAME.tmp for each JSON, then model.safetensors, then renames the JSONs.
-// On any failure every file this call created is removed.
+// The JSON files as text (pretty, tokenizer.json compact), each with a final newline,
+// then everything through model_dir_write: nothing is written unless all is ready.
 static int write_outputs(const char *dir, cJSON *const json[OUT_N], st_writer *w, verr *err) {
-    char tmp[OUT_N][4096], fin[OUT_N][4096], st[4096];
-    int made[OUT_N] = {0}, renamed[OUT_N] = {0}, st_done = 0, rc = 0;
-    snprintf(st, sizeof st, "%s/model.safetensors", dir);
-    for (int i = 0; i < OUT_N && !rc; i++) {
+    model_dir_file files[OUT_N] = {{0}};
+    char *text[OUT_N] = {0};
+    int rc = 0;
+    for (int i = 0; i < OUT_N && rc == 0; i++) {
         if (!json[i]) continue;
-        snprintf(fin[i], sizeof fin[i], "%s/%s", dir, out_names[i]);
-        snprintf(tmp[i], sizeof tmp[i], "%s.tmp", fin[i]);
-        char *text = i == OUT_TOK ? cJSON_PrintUnformatted(json[i]) : cJSON_Print(json[i]);
-        if (!text) { rc = verr_set(err, "out of memory printing %s", out_names[i]); break; }
-        rc = write_file(tmp[i], text, err);
-        cJSON_free(text);
-        made[i] = rc == 0;
+        char *s = i == OUT_TOK ? cJSON_PrintUnformatted(json[i]) : cJSON_Print(json[i]);
+        size_t n = s ? strlen(s) : 0;
+        text[i] = s ? malloc(n + 2) : NULL;
+        if (!text[i]) rc = verr_set(err, "out of memory printing %s", out_names[i]);
+        else memcpy(text[i], s, n), memcpy(text[i] + n, "\n", 2);
+        cJSON_free(s);
+        files[i] = (model_dir_file){ out_names[i], text[i] };
     }
-    if (!rc) st_done = (rc = st_writer_save(w, st, err)) == 0;
-    for (int i = 0; i < OUT_N && !rc; i++) {
-        if (!made[i]) continue;
-        if (rename(tmp[i], fin[i]) != 0) rc = verr_set(err, "%s: rename failed: %s", fin[i], strerror(errno));
-        else renamed[i] = 1;
-    }
-    if (rc) {
-        for (int i = 0; i < OUT_N; i++) {
-            if (renamed[i]) unlink(fin[i]);
-            else if (made[i]) unlink(tmp[i]);
-        }
-        if (st_done) unlink(st);
-    }
+    if (rc == 0) rc = model_dir_write(dir, files, OUT_N, w, err);
+    for (int i = 0; i < OUT_N; i++) free(text[i]);
     return rc;
 }
 
@@ -711,7 +689,7 @@ int convert_gguf(const char *in, const char *out, int f32, convert_summary *sum,
     tok_ids ti;
     cJSON *json[OUT_N] = {0};
     st_writer *w = NULL;
-    int rc = -1, n_tensors = 0, created = 0;
+    int rc = -1, n_tensors = 0;
     int r = gguf_get_str(g, "general.architecture", &hp.arch, err);
     if (r <= 0) {
         if (r == 0) verr_set(err, "%s: missing metadata key 'general.architecture'", g->path);
@@ -727,8 +705,6 @@ int convert_gguf(const char *in, const char *out, int f32, convert_summary *sum,
     if (build_tokenizer(g, &ti, hp.n_ctx, &json[OUT_TOK], &json[OUT_TOKCFG], err)) goto done;
     if (!(w = st_writer_new())) { verr_set(err, "out of memory"); goto done; }
     if (convert_tensors(g, &hp, f32, w, &n_tensors, err)) goto done;
-    if (mkdir(out, 0755) == 0) created = 1;
-    else if (errno != EEXIST) { verr_set(err, "%s: cannot create directory: %s", out, strerror(errno)); goto done; }
     if (write_outputs(out, json, w, err)) goto done;
     sum->n_tensors = n_tensors;
     sum->n_layers = (long long)hp.n_layer;
@@ -736,7 +712,6 @@ int convert_gguf(const char *in, const char *out, int f32, convert_summary *sum,
     sum->has_tokenizer = json[OUT_TOK] != NULL;
     rc = 0;
 done:
-    if (rc && created) rmdir(out);
     for (int i = 0; i < OUT_N; i++) cJSON_Delete(json[i]);
     st_writer_free(w);
     gguf_close(g);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "host/formats/convert.h"
+#include "host/formats/model_dir.h"
 #include "host/formats/st_write.h"
 #include "kernels/ops.h"
 #include "tokenizer/llama2c_vocab.h"
@@ -96,24 +97,9 @@ static int read_weights(l2c_reader *r, const l2c_config *c, int shared) {
     return 0;
 }
 
-static int write_text(const char *dir, const char *name, const char *text, verr *err) {
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return verr_set(err, "%s: cannot create: %s", tmp, strerror(errno));
-    int ok = fputs(text, f) >= 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return verr_set(err, "%s: write failed", path);
-    }
-    return 0;
-}
-
-static int write_configs(const char *dir, const l2c_config *c, int shared, int bf16, verr *err) {
-    char buf[2048];
-    snprintf(buf, sizeof buf,
+// config.json into buf (2 KiB is plenty).
+static void config_text(const l2c_config *c, int shared, int bf16, char *buf, size_t cap) {
+    snprintf(buf, cap,
              "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n"
              "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
              "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"vocab_size\": %d,\n"
@@ -122,16 +108,18 @@ static int write_configs(const char *dir, const l2c_config *c, int shared, int b
              "  \"attention_bias\": false,\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n  \"torch_dtype\": \"%s\"\n}\n",
              c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len,
              shared ? "true" : "false", bf16 ? "bfloat16" : "float32");
-    // llama2.c's stories end with BOS, which its run.c treats as the stop token.
-    const char *gen = "{\n  \"bos_token_id\": 1,\n  \"eos_token_id\": [2, 1]\n}\n";
-    return write_text(dir, "config.json", buf, err) || write_text(dir, "generation_config.json", gen, err) ? -1 : 0;
 }
+
+// llama2.c's stories end with BOS, which its run.c treats as the stop token.
+static const char gen_config[] = "{\n  \"bos_token_id\": 1,\n  \"eos_token_id\": [2, 1]\n}\n";
 
 static int read_header(l2c_reader *r, l2c_config *c, int *shared) {
     int h[7];
     if (fread(h, sizeof(int), 7, r->f) != 7) return verr_set(r->err, "%s: too short for a llama2.c header (28 bytes)", r->path);
     r->offset = 28;
-    *c = (l2c_config){ h[0], h[1], h[2], h[3], h[4], h[5] < 0 ? -h[5] : h[5], h[6] };
+    // a negative vocab_size marks unshared weights; INT_MIN has no positive twin
+    long long vocab = h[5] < 0 ? -(long long)h[5] : h[5];
+    *c = (l2c_config){ h[0], h[1], h[2], h[3], h[4], vocab > 10000000 ? 0 : (int)vocab, h[6] };
     *shared = h[5] > 0;
     if (c->dim <= 0 || c->hidden_dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
         c->vocab_size <= 0 || c->seq_len <= 0 || c->dim % c->n_heads || c->n_heads % c->n_kv_heads ||
@@ -141,35 +129,28 @@ static int read_header(l2c_reader *r, l2c_config *c, int *shared) {
     return 0;
 }
 
-static void remove_outputs(const char *dir) {
-    const char *names[] = { "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                            "tokenizer_config.json" };
-    char path[4096];
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        unlink(path);
-    }
-    rmdir(dir);  // only succeeds if we left it empty
-}
-
+// Everything is read and built in memory first; only then is anything written
+// (host/formats/model_dir.h), so a bad checkpoint or tokenizer leaves OUT as it was.
 int convert_llama2c(const char *ckpt, const char *tok, const char *out, int bf16, verr *err) {
     l2c_reader r = { .path = ckpt, .bf16 = bf16, .err = err };
     r.f = fopen(ckpt, "rb");
     if (!r.f) return verr_set(err, "%s: cannot open: %s", ckpt, strerror(errno));
-    l2c_config c;
+    l2c_config c = { 0 };
     int shared = 0, rc = read_header(&r, &c, &shared);
     r.w = rc ? NULL : st_writer_new();
     if (rc == 0 && !r.w) rc = verr_set(err, "out of memory");
     if (rc == 0) rc = read_weights(&r, &c, shared);
     fclose(r.f);
-    if (rc == 0 && mkdir(out, 0755) != 0 && errno != EEXIST) rc = verr_set(err, "%s: cannot create directory: %s", out, strerror(errno));
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors", out);
     if (rc == 0) rc = st_writer_meta(r.w, "format", "pt", err);
-    if (rc == 0) rc = st_writer_save(r.w, path, err);
-    if (rc == 0) rc = write_configs(out, &c, shared, bf16, err);
-    if (rc == 0) rc = llama2c_vocab_to_tokenizer_json(tok, c.vocab_size, out, err);
+    char *tok_json = NULL, cfg[2048];
+    if (rc == 0) rc = llama2c_vocab_build_json(tok, c.vocab_size, &tok_json, err);
+    if (rc == 0) {
+        config_text(&c, shared, bf16, cfg, sizeof cfg);
+        model_dir_file files[] = { { "config.json", cfg }, { "generation_config.json", gen_config },
+                                   { "tokenizer.json", tok_json }, { "tokenizer_config.json", llama2c_vocab_config_json() } };
+        rc = model_dir_write(out, files, 4, r.w, err);
+    }
+    free(tok_json);
     if (r.w) st_writer_free(r.w);
-    if (rc) remove_outputs(out);
     return rc;
 }

@@ -2,6 +2,8 @@
 // spaces to a multiple of 8 so tensor data stays aligned when mmapped.
 #include "host/formats/st_write.h"
 
+#include "host/util/outfile.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
@@ -84,30 +86,27 @@ static char *build_header(st_writer *w) {
     return s;
 }
 
-int st_writer_save(st_writer *w, const char *path, verr *err) {
+int st_writer_write(st_writer *w, FILE *f, const char *what, verr *err) {
     char *hdr = build_header(w);
-    if (!hdr) return verr_set(err, "%s: out of memory building header", path);
+    if (!hdr) return verr_set(err, "%s: out of memory building header", what);
     size_t len = strlen(hdr), padded = (len + 7) / 8 * 8;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        free(hdr);
-        return verr_set(err, "%s: cannot create: %s", tmp, strerror(errno));
-    }
     uint64_t n = padded;
     int ok = fwrite(&n, 8, 1, f) == 1 && fwrite(hdr, 1, len, f) == len;
     for (size_t i = len; ok && i < padded; i++) ok = fputc(' ', f) != EOF;
     for (int i = 0; ok && i < w->n; i++)
         ok = fwrite(w->items[i].data, 1, w->items[i].nbytes, f) == w->items[i].nbytes;
     free(hdr);
-    if (fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return verr_set(err, "%s: write failed: %s", path, strerror(e));
+    return ok ? 0 : verr_set(err, "%s: write failed: %s", what, strerror(errno));
+}
+
+int st_writer_save(st_writer *w, const char *path, verr *err) {
+    outfile o;
+    if (outfile_open(&o, path, NULL, err)) return -1;
+    if (st_writer_write(w, o.f, path, err)) {
+        outfile_abort(&o);
+        return -1;
     }
-    return 0;
+    return outfile_commit(&o, err);
 }
 
 void st_writer_free(st_writer *w) {

@@ -1,26 +1,77 @@
-// interrupt.c: see interrupt.h. The flag is the one piece of process-wide state a
-// signal handler can safely touch, so it lives here at the CLI level.
+// interrupt.c: see interrupt.h. The flag and the table of temporary files are the
+// process-wide state a signal handler may touch, so they live here, used by the CLI
+// only (library code never installs handlers).
 #include "host/util/interrupt.h"
 
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static volatile sig_atomic_t interrupted;
 
+// A slot is written (path, then used = 1) only by the thread that owns the file; the
+// handler reads only slots whose used flag is set.
+static char tracked[INTERRUPT_MAX_TRACKED][4200];
+static volatile sig_atomic_t used[INTERRUPT_MAX_TRACKED];
+
+static const int cleanup_signals[] = { SIGTERM, SIGHUP, SIGQUIT, SIGPIPE };
+
+// Removes the tracked files, then dies of sig as if nothing had caught it.
+static void cleanup_and_die(int sig) {
+    for (int i = 0; i < INTERRUPT_MAX_TRACKED; i++)
+        if (used[i]) unlink(tracked[i]);
+    signal(sig, SIG_DFL);
+    sigset_t set;  // the handler runs with sig blocked: let the re-raised one through
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);
+    _exit(128 + sig);  // not reached
+}
+
 static void on_sigint(int sig) {
-    (void)sig;
+    if (interrupted) cleanup_and_die(sig);  // the second Ctrl-C
     interrupted = 1;
 }
 
-void interrupt_install(void) {
-    struct sigaction sa;
+// keep_ignored: a signal the process was started ignoring (nohup, a background job)
+// stays ignored.
+static void install(int sig, void (*fn)(int), int flags, int keep_ignored) {
+    struct sigaction old, sa;
+    if (keep_ignored && sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_IGN) return;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
+    sa.sa_handler = fn;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND | SA_RESTART;  // one-shot; writes in progress are not cut short
+    sa.sa_flags = flags;
+    sigaction(sig, &sa, NULL);
+}
+
+void interrupt_install(void) {
     interrupted = 0;
-    sigaction(SIGINT, &sa, NULL);
+    install(SIGINT, on_sigint, SA_RESTART, 0);  // writes in progress are not cut short
 }
 
 const volatile sig_atomic_t *interrupt_flag(void) { return &interrupted; }
 
 int interrupt_requested(void) { return interrupted != 0; }
+
+void interrupt_cleanup_install(void) {
+    for (size_t i = 0; i < sizeof cleanup_signals / sizeof *cleanup_signals; i++)
+        install(cleanup_signals[i], cleanup_and_die, 0, 1);
+    install(SIGINT, cleanup_and_die, 0, 1);
+}
+
+int interrupt_track(const char *path) {
+    if (strlen(path) >= sizeof tracked[0]) return -1;
+    for (int i = 0; i < INTERRUPT_MAX_TRACKED; i++) {
+        if (used[i]) continue;
+        snprintf(tracked[i], sizeof tracked[i], "%s", path);
+        used[i] = 1;
+        return i;
+    }
+    return -1;
+}
+
+void interrupt_untrack(int slot) {
+    if (slot >= 0 && slot < INTERRUPT_MAX_TRACKED) used[slot] = 0;
+}

@@ -162,4 +162,8 @@ expect_fail("convert_truncated_checkpoint", ["convert", "llama2c", cut, tok, out
 check(not os.path.exists(out), "convert_leaves_no_output", str(os.listdir(out)) if os.path.exists(out) else "")
 open(cut, "wb").write(b"\x00" * 10)
 expect_fail("convert_tiny_file", ["convert", "llama2c", cut, tok, out], "cut.bin")
+# vocab_size INT_MIN: negating it overflowed (UBSan), and -O3 dropped the <= 0 check
+import struct  # noqa: E402
+open(cut, "wb").write(struct.pack("<7i", 64, 128, 2, 4, 4, -2**31, 256) + b"\x00" * 4096)
+expect_fail("convert_header_vocab_int_min", ["convert", "llama2c", cut, tok, out], "cut.bin", "implausible llama2.c header")
 done()

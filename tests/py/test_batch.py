@@ -32,7 +32,7 @@ model = stories_dir("f32")
 
 def single(prompt, *extra):
     metrics = os.path.join(work, "single.jsonl")
-    r = varent("run", "-m", model, "-p", prompt, "-n", N, "--seed", SEED, "--metrics-out", metrics, *extra)
+    r = varent("run", "-m", model, "-p", prompt, "-n", N, "--seed", SEED, "--metrics-out", metrics, "--force", *extra)
     assert r.returncode == 0, r.stderr
     return r.stdout[:-1], [json.loads(ln) for ln in open(metrics)]
 
@@ -133,7 +133,9 @@ bad("batch_both_sources", ["--prompts", lines_path, "--prompt-csv", csv_path], "
 bad("batch_metrics_out", ["--prompts", lines_path, "--metrics-out", os.path.join(work, "bad-m.jsonl")], "--metrics-out")
 rr = varent("run", "-m", model, "--prompts", lines_path, "-o", os.path.join(work, "no", "dir", "x.jsonl"))
 check(rr.returncode == 1 and "cannot create" in rr.stderr and not rr.stdout, "batch_unwritable_out", rr.stderr)
-# Ctrl-C during a batch with -o: exit 130, nothing written, no temporary file left.
+# Ctrl-C during a batch with -o: exit 130, the finished records kept whole (each one
+# flushed as it finished), no temporary file left (tests/py/test_nothing_lost.py has
+# SIGTERM, --resume and --force).
 many = write("many.txt", "Once upon a time\n" * 400)
 dest = os.path.join(work, "interrupted.jsonl")
 p = subprocess.Popen([vtest.VARENT, "run", "-m", model, "--prompts", many, "-n", "400", "--seed", "1", "-o", dest],
@@ -142,9 +144,11 @@ first = p.stderr.readline()  # "load: done ..." once the model is in
 time.sleep(0.3)
 p.send_signal(signal.SIGINT)
 _, err = p.communicate(timeout=60)
-check(p.returncode == 130 and "interrupted after" in err and not os.path.exists(dest)
-      and not [f for f in os.listdir(work) if f.startswith("interrupted")], "batch_interrupt_writes_nothing",
-      f"rc {p.returncode} {first!r} {err[-200:]!r}")
+kept = [json.loads(ln) for ln in open(dest)] if os.path.exists(dest) else []
+check(p.returncode == 130 and "interrupted after" in err and f"after {len(kept)} of 400" in err
+      and [x["index"] for x in kept] == list(range(len(kept)))
+      and not [f for f in os.listdir(work) if f.startswith("interrupted") and ".tmp" in f],
+      "batch_interrupt_keeps_finished_records", f"rc {p.returncode} {first!r} {err[-200:]!r}")
 rr = varent("run", "-m", model, "-p", "hi", "-o", os.path.join(work, "bad-single.jsonl"))
 check(rr.returncode == 1 and "batch" in rr.stderr, "run_out_needs_batch", rr.stderr)
 

@@ -53,7 +53,8 @@ check(all(ln.count(" | ") == 13 for ln in table_rows[:len(SAMPLERS)]), "compare_
 
 
 def single_run(prompt, sampler, metrics):
-    rr = varent("run", "-m", model, "-p", prompt, "-n", N, "--seed", SEED, "--metrics-out", metrics, *RUN_ARGS[sampler])
+    rr = varent("run", "-m", model, "-p", prompt, "-n", N, "--seed", SEED, "--metrics-out", metrics, "--force",
+                *RUN_ARGS[sampler])
     assert rr.returncode == 0, rr.stderr
     return rr.stdout[:-1] if rr.stdout.endswith("\n") else rr.stdout, [json.loads(ln) for ln in open(metrics)]
 

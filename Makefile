@@ -39,7 +39,7 @@ SAN      ?=
 CFLAGS   += $(SAN)
 LDLIBS   += $(SAN)
 
-.PHONY: all deps test tests run bench bench-cpu clean test-asan fuzz fuzz-build fuzz-seeds
+.PHONY: all deps test tests run bench bench-cpu clean test-asan fuzz fuzz-build fuzz-seeds emu test-emu
 all: deps $(BIN)
 
 deps:
@@ -87,6 +87,61 @@ bench-cpu: all
 $(BUILD)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay_main.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< tests/fuzz/replay_main.c $(LIB_OBJ) $(LDLIBS)
+
+# ---- the emulated CUDA device (tests/cudaemu/, docs/cuda.md "The emulated device") ----
+# The same kernel sources and CUDA host code, compiled as host C/C++ against the
+# emulator's headers: build/emu/varent (its --device cuda is the emulated device) and
+# every CUDA test program, built always and run by make test (make test-emu: only them).
+EMU_BUILD   ?= $(BUILD)/emu
+comma       := ,
+CXX         ?= c++
+EMU_CFLAGS  := $(filter-out -DVARENT_CUDA -I$(CUDA_HOME)/include,$(CFLAGS)) -DVARENT_CUDA -Itests/cudaemu/include
+EMU_CXXFLAGS := -std=c++17 $(OPT) $(ARCH) -g -Wall -Wno-unknown-pragmas -Wno-unused-parameter -Wno-unused-function \
+                -fopenmp -I. -Itests/cudaemu/include -MMD -MP $(SAN)
+EMU_CU      := $(wildcard kernels/cuda/*.cu)
+EMU_RT_SRC  := $(wildcard tests/cudaemu/*.cpp)
+EMU_OBJ     := $(EMU_BUILD)/host/cli/main.o $(LIB_SRC:%.c=$(EMU_BUILD)/%.o) $(EMU_CU:%.cu=$(EMU_BUILD)/%.cu.o) \
+               $(EMU_RT_SRC:%.cpp=$(EMU_BUILD)/%.o) $(BUILD)/gen/web_index.o
+EMU_LIB_OBJ := $(filter-out $(EMU_BUILD)/host/cli/main.o,$(EMU_OBJ))
+EMU_TESTS   := $(patsubst tests/c/%.c,$(EMU_BUILD)/tests/%,$(wildcard tests/c/test_cuda_*.c) tests/c/test_sample.c) \
+               $(EMU_BUILD)/tests/test_cudaemu_checks
+EMU_LDLIBS  := $(filter-out -lcublas -lcudart -L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64,$(LDLIBS)) -lstdc++
+
+$(EMU_BUILD)/%.o: %.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(EMU_CFLAGS) -c $< -o $@
+$(EMU_BUILD)/gen/%.cu.cpp: %.cu tests/cudaemu/rewrite.py
+	@mkdir -p $(dir $@)
+	$(PYTHON) tests/cudaemu/rewrite.py $< $@
+$(EMU_BUILD)/%.cu.o: $(EMU_BUILD)/gen/%.cu.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(EMU_BUILD)/tests/cudaemu/%.o: tests/cudaemu/%.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(EMU_BUILD)/varent: $(EMU_OBJ)
+	$(CC) -o $@ $^ $(EMU_LDLIBS)
+$(EMU_BUILD)/tests/%: tests/c/%.c $(EMU_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(EMU_CFLAGS) -o $@ $(filter %.c %.o,$^) $(EMU_LDLIBS)
+
+# The emulator's own checks: planted bugs it must catch (tests/cudaemu/test_cudaemu_checks.cu).
+$(EMU_BUILD)/gen/tests/cudaemu/%.cu.cpp: tests/cudaemu/%.cu tests/cudaemu/rewrite.py
+	@mkdir -p $(dir $@)
+	$(PYTHON) tests/cudaemu/rewrite.py $< $@
+$(EMU_BUILD)/tests/test_cudaemu_checks: $(EMU_BUILD)/gen/tests/cudaemu/test_cudaemu_checks.cu.cpp \
+                                        $(EMU_RT_SRC:%.cpp=$(EMU_BUILD)/%.o)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -o $@ $^ -lpthread
+
+# The generated C++ is kept (make would delete it as an intermediate): messages and
+# debuggers point into it through its #line directives.
+.PRECIOUS: $(EMU_BUILD)/gen/%.cu.cpp
+
+emu: deps $(EMU_BUILD)/varent $(EMU_TESTS)
+test: $(EMU_BUILD)/varent $(EMU_TESTS)
+test-emu: emu
+	@PYTHON=$(PYTHON) BUILD=$(BUILD) EMU_BUILD=$(EMU_BUILD) VARENT=$(abspath $(BIN)) bash tests/run.sh --emu-only $(T)
 
 # The whole CPU suite under AddressSanitizer + UBSan, in its own build dir. Any report
 # aborts the process, which the tests see as a crash (docs/robustness.md).

@@ -3,7 +3,9 @@
 # Protocol: each program prints "PASS name", "FAIL name: why" or "SKIP name: why" lines.
 # A program that exits non-zero without printing a FAIL line counts as one failure.
 # Programs: build/tests/test_* (C), tests/py/test_*.py, tests/sh/test_*.sh.
-# Usage: tests/run.sh [filter]   (only programs whose name contains filter)
+# The CUDA programs also run on the emulated device ($EMU_BUILD/tests, docs/cuda.md)
+# under a forward and a seeded random schedule (EMU_SEED, default 1); none may skip.
+# Usage: tests/run.sh [--emu-only] [filter]   (only programs whose name contains filter)
 set -u
 cd "$(dirname "$0")/.."
 export ROOT=$PWD
@@ -13,6 +15,9 @@ export VARENT=${VARENT:-$ROOT/varent}
 export TESTDATA=$ROOT/tests/data
 export TESTTMP=$ROOT/tests/tmp
 mkdir -p "$TESTTMP"
+emu_only=0
+if [ "${1:-}" = "--emu-only" ]; then emu_only=1; shift; fi
+export EMU_BUILD=${EMU_BUILD:-$BUILD/emu}
 filter=${1:-}
 pass=0; fail=0; skip=0; failed=()
 
@@ -34,6 +39,20 @@ run_one() {  # name, command...
     fi
     grep -E '^SKIP ' "$log" | head -5 | sed 's/^/    /'
 }
+
+run_emu() {  # name, schedule, program: a skip on the emulated device is a failure
+    local name=$1 sched=$2; shift 2
+    VARENT_EMU_SCHEDULE=$sched "$@" | sed 's/^SKIP \(.*\)$/FAIL \1 (skipped on the emulated device)/'
+    return "${PIPESTATUS[0]}"
+}
+for t in "$EMU_BUILD"/tests/test_*; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t"); [[ -z "$filter" || "$n" == *"$filter"* ]] || continue
+    for sched in forward "random:${EMU_SEED:-1}"; do
+        run_one "emu-${sched%%:*}.$n" run_emu "$n" "$sched" "$t"
+    done
+done
+[ "$emu_only" = 1 ] && { echo; echo "$pass passed, $fail failed, $skip skipped"; [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]; exit; }
 
 for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] || continue

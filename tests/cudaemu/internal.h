@@ -1,0 +1,66 @@
+// internal.h (emulated device): what the runtime (runtime.cpp), the executor
+// (exec.cpp) and the cuBLAS stand-in (cublas.cpp) share. Not seen by kernel code.
+#ifndef VARENT_EMU_INTERNAL_H
+#define VARENT_EMU_INTERNAL_H
+
+#include <stdint.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "include/cuda_runtime.h"
+
+namespace emu {
+
+enum schedule_kind { SCHED_FORWARD, SCHED_REVERSE, SCHED_RANDOM };
+
+// VARENT_EMU_SCHEDULE=forward|reverse|random[:SEED], VARENT_EMU_DEVICES=N (default 2),
+// VARENT_EMU_THREADS=N (OS threads running blocks; default: the cores, at most 4).
+struct config {
+    schedule_kind schedule;
+    uint64_t seed;
+    int devices;
+    int threads;
+};
+const config &cfg(void);
+
+// One kernel launch: the closure the launch site built and its configuration.
+struct launch_rec {
+    std::string name;
+    const void *func;
+    dim3 grid, block;
+    size_t smem;
+    std::shared_ptr<void> closure;
+    const closure_ops *ops;
+    int device;
+};
+
+// Runs every block of L now, on the worker threads; returns when all are done. A
+// synchronisation or warp error ends the process with a message naming the kernel.
+void exec_launch(const launch_rec &L);
+// The kernel this OS thread is running ("" when none): for the memcheck report.
+const char *exec_running_kernel(void);
+// The dynamic shared memory limit set with cudaFuncSetAttribute (0: default 48 KiB).
+int func_max_dynamic_smem(const void *func);
+
+// A queued piece of device work (a kernel, a copy, a GEMM, an event).
+struct op {
+    std::string what;  // "kernel NAME", "memcpy", "cublasGemmEx", ...
+    int is_kernel;
+    std::function<void()> run;
+};
+// Enqueues o on s (the current device's legacy stream when s is NULL), or records it
+// when s is capturing. Error: bad stream.
+cudaError_t stream_enqueue(cudaStream_t s, op o);
+void set_last_error(cudaError_t e);
+
+// Prints "cudaemu: " + the message on stderr and aborts (the emulator's checks).
+[[noreturn]] void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// Which allocation holds p: its start and size; false when p is not device memory.
+bool device_range(const void *p, const char **start, size_t *bytes, int *device);
+
+}  // namespace emu
+
+#endif

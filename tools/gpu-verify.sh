@@ -79,7 +79,9 @@ sanitize)
     cs=compute-sanitizer
     command -v $cs >/dev/null || cs=/usr/local/cuda/bin/compute-sanitizer
     for t in cuda_kernels cuda_batch sample cuda_forward cuda_forward_batch; do
-        run "memcheck $t" $cs --tool memcheck --error-exitcode 9 "$B/tests/test_$t"
+        # API errors are the tests' own (test_cuda_forward asks for too much memory on purpose
+        # and checks the message); kernel faults are still reported.
+        run "memcheck $t" $cs --tool memcheck --report-api-errors no --error-exitcode 9 "$B/tests/test_$t"
     done
     for t in cuda_kernels cuda_batch sample; do run "racecheck $t" $cs --tool racecheck --error-exitcode 9 "$B/tests/test_$t"; done
     run "synccheck cuda_kernels" $cs --tool synccheck --error-exitcode 9 "$B/tests/test_cuda_kernels"

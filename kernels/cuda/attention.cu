@@ -330,7 +330,7 @@ __global__ void attn_stats_head_kernel(double *head, const float *scores, int n_
     }
 }
 
-// grid (n_parts), block STATS_THREADS, smem n_heads doubles. Keys j = block * blockDim +
+// grid (n_parts), block STATS_THREADS, smem n_heads doubles (padded to 4). Keys j = block * blockDim +
 // thread, grid-stride; part[block] = sum over its keys of sum_h |a_h(j) - abar(j)|,
 // abar(j) = mean_h a_h(j). Every block writes its part (0 without keys).
 __global__ void attn_stats_agree_kernel(double *part, const float *scores, const double *head, int n_heads,
@@ -414,8 +414,12 @@ extern "C" int cuda_attn_stats(cuda_ctx *ctx, float *out4, const float *scores, 
     double *head = (double *)ctx->scratch, *part = head + 3 * (size_t)n_heads;
     attn_stats_head_kernel<<<n_heads, STATS_THREADS, 0, ctx->stream>>>(head, scores, max_keys, d_lens);
     CUDA_CHECK_LAUNCH(ctx, "attn_stats_head_kernel");
-    attn_stats_agree_kernel<<<np, STATS_THREADS, (size_t)n_heads * sizeof(double), ctx->stream>>>(
-        part, scores, head, n_heads, max_keys, d_lens);
+    // lse_s is padded to a multiple of 4 doubles: ptxas merges the tail loop's lse_s[h] and
+    // lse_s[h + 1] into one 16-byte LDS issued before the bound check, which read past an
+    // 8-byte array at n_heads 1 (compute-sanitizer memcheck on an H200, docs/benchmarks.md).
+    size_t lse_bytes = (((size_t)n_heads + 3) & ~(size_t)3) * sizeof(double);
+    attn_stats_agree_kernel<<<np, STATS_THREADS, lse_bytes, ctx->stream>>>(part, scores, head, n_heads, max_keys,
+                                                                           d_lens);
     CUDA_CHECK_LAUNCH(ctx, "attn_stats_agree_kernel");
     attn_stats_final_kernel<<<1, STATS_THREADS, 0, ctx->stream>>>(out4, head, part, np, n_heads, max_keys, d_lens);
     CUDA_CHECK_LAUNCH(ctx, "attn_stats_final_kernel");

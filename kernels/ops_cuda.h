@@ -35,6 +35,9 @@ typedef struct cuda_ctx {
     void *scratch;                // device scratch shared by ops (one stream: no overlap)
     size_t scratch_bytes;
     verr err;                     // message of the last failed op
+    // Work counters, for `varent bench`'s decode-step line (never reset; callers diff).
+    long n_launches;              // kernels and cuBLAS calls queued (or captured) on stream
+    long n_syncs;                 // host waits on stream
 } cuda_ctx;
 
 // ---- device helpers (kernels/cuda/device.cu) ---------------------------------------

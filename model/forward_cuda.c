@@ -36,6 +36,10 @@ struct cuda_ctx *cuda_forward_ctx(cuda_forward *f) { return (void)f, NULL; }
 int cuda_forward_device(const cuda_forward *f) { return (void)f, -1; }
 size_t cuda_forward_weight_bytes(const cuda_forward *f) { return (void)f, 0; }
 void cuda_forward_set_graphs(cuda_forward *f, int on) { (void)f, (void)on; }
+void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out) {
+    (void)f;
+    *out = (cuda_step_counts){ 0, 0, 0 };
+}
 int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err) {
     (void)f, (void)fw, (void)kv, (void)ids, (void)T;
     return verr_set(err, NO_CUDA);
@@ -126,6 +130,11 @@ struct cuda_ctx *cuda_forward_ctx(cuda_forward *f) { return &f->ctx; }
 int cuda_forward_device(const cuda_forward *f) { return f->ctx.device; }
 size_t cuda_forward_weight_bytes(const cuda_forward *f) { return f->w->bytes; }
 void cuda_forward_set_graphs(cuda_forward *f, int on) { f->use_graph = on; }
+
+void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out) {
+    *out = f->step;
+    out->syncs = f->ctx.n_syncs;
+}
 
 // ---- the step block ------------------------------------------------------------------------
 static step_params params(cuda_forward *f, void *base) {
@@ -298,7 +307,9 @@ static int graph_decode(cuda_forward *f, int B, int cap, verr *err) {
         if (g->exec) CK(cudaGraphExecDestroy(g->exec));
         g->exec = NULL;
         CK(cudaStreamBeginCapture(f->ctx.stream, cudaStreamCaptureModeThreadLocal));
+        long l0 = f->ctx.n_launches;
         int rc = enqueue_decode(f, B, cap, err);
+        g->launches = f->ctx.n_launches - l0;
         cudaGraph_t graph = NULL;
         cudaError_t e = cudaStreamEndCapture(f->ctx.stream, &graph);
         if (rc == 0 && e != cudaSuccess)
@@ -307,6 +318,10 @@ static int graph_decode(cuda_forward *f, int B, int cap, verr *err) {
             g->exec = NULL;
             rc = verr_set(err, "cudaGraphInstantiate failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
         }
+        size_t nodes = 0;
+        if (rc == 0 && (e = cudaGraphGetNodes(graph, NULL, &nodes)) != cudaSuccess)
+            rc = verr_set(err, "cudaGraphGetNodes failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
+        g->nodes = (long)nodes;
         if (graph) cudaGraphDestroy(graph);
         if (rc) {
             cudaGetLastError();
@@ -315,12 +330,14 @@ static int graph_decode(cuda_forward *f, int B, int cap, verr *err) {
         g->cap = cap, g->scratch = f->ctx.scratch;
     }
     CK(cudaGraphLaunch(g->exec, f->ctx.stream));
+    if (B == 1) f->step = (cuda_step_counts){ g->launches, g->nodes, 0 };
     return 0;
 }
 
 // The host may refill the step block only once the previous step's copy of it ran.
 static int wait_params(cuda_forward *f, verr *err) {
     if (f->par_pending) {
+        f->ctx.n_syncs++;
         CK(cudaStreamSynchronize(f->ctx.stream));
         f->par_pending = 0;
     }
@@ -339,8 +356,10 @@ static int run_chunk(cuda_forward *f, kv_view *kv, const int *ids, int T, int ca
     if (T == 1) fill_decode(f, kv, ids, 1);
     else fill_prefill(f, kv, ids, T);
     f->par_pending = 1;
+    long l0 = f->ctx.n_launches;
     int rc = T > 1 ? enqueue_prefill(f, T, cap, err) : f->use_graph ? graph_decode(f, 1, cap, err)
                                                                      : enqueue_decode(f, 1, cap, err);
+    if (rc == 0 && T == 1 && !f->use_graph) f->step = (cuda_step_counts){ f->ctx.n_launches - l0, 0, 0 };
     if (rc) return -1;
     advance(kv, T);
     return 0;
@@ -383,6 +402,7 @@ static int fetch(cuda_forward *f, float *logits, int B, int cap, int scores_keys
                             cudaMemcpyDeviceToHost, st);
     if (e == cudaSuccess && cap >= 0)
         e = cudaMemcpyAsync(f->h_stats, f->stats, 8 * (size_t)f->rows * sizeof(float), cudaMemcpyDeviceToHost, st);
+    f->ctx.n_syncs++;
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     if (e != cudaSuccess)
         return verr_set(err, "CUDA forward pass failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
@@ -553,6 +573,7 @@ int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_ou
     CK(cudaMemcpyAsync(f->d_cfg, f->h_cfg, sizeof *cfg * (size_t)n, cudaMemcpyHostToDevice, st));
     OP(cuda_sample(&f->ctx, f->d_out, row, f->m->cfg.vocab_size, f->d_cfg, n));
     CK(cudaMemcpyAsync(f->h_out, f->d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, st));
+    f->ctx.n_syncs++;
     CK(cudaStreamSynchronize(st));
     memcpy(out, f->h_out, sizeof *out * (size_t)n);
     return 0;

@@ -34,6 +34,13 @@ int cuda_forward_device(const cuda_forward *f);
 size_t cuda_forward_weight_bytes(const cuda_forward *f);
 // CUDA graphs for T == 1 steps: on by default. Off: the same kernels launched one by one.
 void cuda_forward_set_graphs(cuda_forward *f, int on);
+// What a one-row decode step costs the host (varent bench's "decode step" line).
+typedef struct {
+    long launches;     // kernels and cuBLAS calls of the last one-row decode step
+    long graph_nodes;  // nodes of its CUDA graph (0: launched one by one)
+    long syncs;        // host waits on the stream so far (diff two readings)
+} cuda_step_counts;
+void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out);
 // As forward(): appends T tokens to the sequence in kv (device caches of this forward's
 // device) and leaves the last token's logits in fw->logits. When fw->attn_layer is a
 // layer: fw->attn_keys, the device statistics in fw->logit_stats / fw->attn_stats with

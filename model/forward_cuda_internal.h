@@ -54,6 +54,8 @@ typedef struct {
     cudaGraphExec_t exec;
     int cap;                   // capture layer it was captured with (-1: none)
     void *scratch;             // ctx.scratch it was captured with
+    long launches;             // kernels and cuBLAS calls captured into it
+    long nodes;                // its nodes (the launches plus the step block's copy)
 } graph_slot;
 
 #define CUDA_ROWS CUDA_MATVEC_ROWS  // decode rows per pass (the batched matvec's widest launch)
@@ -86,6 +88,7 @@ struct cuda_forward {
     int logits_valid;          // f->logits hold the last successful step's (0 after a failure)
     graph_slot graphs[CUDA_ROWS + 1];  // [B]: the decode step of B rows
     int use_graph;
+    cuda_step_counts step;     // the last one-row decode step's launches and graph nodes
     sample_cfg *d_cfg, *h_cfg; // [smp_cap] cuda_forward_sample's configurations (device, pinned)
     sample_out *d_out, *h_out; // [smp_cap] and results
     int smp_cap;

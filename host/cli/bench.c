@@ -73,7 +73,15 @@ static int bench_mem_of(session *s, bench_mem *b, verr *err) {
 // One run: prefill prompt_len ids, then decode n tokens greedily, as `varent run --temp 0`
 // does: the argmax through session_sample (on the device on CUDA, where the logits then
 // stay: lazy_logits).
-static int bench_once(session *s, const int *prompt, int prompt_len, int n, double *prefill_s, double *decode_s, verr *err) {
+// Host waits on the device stream so far (0 on the CPU).
+static long device_syncs(const session *s) {
+    cuda_step_counts c;
+    session_cuda_counts(s, &c);
+    return c.syncs;
+}
+
+static int bench_once(session *s, const int *prompt, int prompt_len, int n, double *prefill_s, double *decode_s,
+                      long *syncs, verr *err) {
     s->kv.len = 0;
     kv_view kv = kv_view_of(&s->kv);
     sample_cfg greedy = { 0 };
@@ -83,11 +91,21 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
     int rc = session_forward(s, &kv, prompt, prompt_len, err);
     *prefill_s = gen_now() - t0;
     t0 = gen_now();
+    long s0 = device_syncs(s);
     for (int i = 0; rc == 0 && i < n; i++)
         rc = session_sample(s, &greedy, 1, &next, err) || session_forward(s, &kv, &next.token, 1, err) ? -1 : 0;
     *decode_s = gen_now() - t0;
+    *syncs = device_syncs(s) - s0;
     s->fw.lazy_logits = 0;
     return rc;
+}
+
+// What one greedy decode step (sampling included) costs the host, from the last run.
+static void print_step_counts(const session *s, long syncs, int n) {
+    cuda_step_counts c;
+    session_cuda_counts(s, &c);
+    printf("decode step %ld kernel launches (%.1f per layer), %ld graph nodes, %.2f host syncs per token\n",
+           c.launches, (double)c.launches / s->m.cfg.n_layers, c.graph_nodes, (double)syncs / n);
 }
 
 // Decode seconds of one generate() run of n tokens under the named sampler.
@@ -154,7 +172,8 @@ int cmd_bench(int argc, char **argv) {
     int rc = prompt && pf && dc ? 0 : verr_set(&err, "out of memory");
     uint64_t x = 12345;
     for (int i = 0; rc == 0 && i < plen; i++) x = x * 6364136223846793005ull + 1, prompt[i] = (int)((x >> 33) % (uint64_t)s.m.cfg.vocab_size);
-    for (int r = 0; rc == 0 && r < runs; r++) rc = bench_once(&s, prompt, plen, n, &pf[r], &dc[r], &err);
+    long syncs = 0;
+    for (int r = 0; rc == 0 && r < runs; r++) rc = bench_once(&s, prompt, plen, n, &pf[r], &dc[r], &syncs, &err);
     bench_mem mem;
     if (rc == 0) rc = bench_mem_of(&s, &mem, &err);
     if (rc == 0) {
@@ -170,6 +189,7 @@ int cmd_bench(int argc, char **argv) {
         printf("decode      %d tokens: %.1f tok/s, %.3f ms/token (median of %d)\n", n, tps, 1e3 / tps, runs);
         printf("bandwidth   %.1f GB/s achieved; %s %.1f GB/s (read+write); ratio %.2f\n", gbs, mem.copy, copy,
                copy > 0 ? gbs / copy : 0);
+        if (s.cu) print_step_counts(&s, syncs, n);
         fflush(stdout);
         if (strcmp(samplers, "none") != 0) rc = bench_samplers(&s, samplers, profile, prompt, plen, n, runs, &err);
     }

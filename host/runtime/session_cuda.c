@@ -67,6 +67,14 @@ int session_cuda_bench_info(session *s, char *buf, size_t n, double *copy_gbs, s
 #endif
 }
 
+void session_cuda_counts(const session *s, cuda_step_counts *out) {
+    if (!s->cu) {
+        *out = (cuda_step_counts){ 0, 0, 0 };
+        return;
+    }
+    cuda_forward_counts(s->cu, out);
+}
+
 int session_cuda_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, verr *err) {
     if (!s->cu) return verr_set(err, "not a CUDA session");
     return cuda_forward_sample(s->cu, cfg, n, out, err);

@@ -5,6 +5,7 @@
 #define VARENT_SESSION_CUDA_H
 
 #include "host/runtime/session.h"
+#include "model/forward_cuda.h"
 
 // "cuda" -> 0, "cuda:N" -> N, checked against the devices present. Without VARENT_CUDA,
 // or without a GPU, a clear error.
@@ -22,5 +23,8 @@ int session_cuda_sample(session *s, const sample_cfg *cfg, int n, sample_out *ou
 // device-to-device copy bandwidth (GB/s, read + write) and the bytes of the weights as
 // uploaded (bf16 where the checkpoint was f32). -1 with err on a CPU session.
 int session_cuda_bench_info(session *s, char *buf, size_t n, double *copy_gbs, size_t *weight_bytes, verr *err);
+// The last one-row decode step's kernel launches and graph nodes, and the host waits
+// on the stream so far. Zeros on a CPU session.
+void session_cuda_counts(const session *s, cuda_step_counts *out);
 
 #endif

@@ -26,6 +26,7 @@
         if (e_ != cudaSuccess)                                                         \
             return verr_set(&(ctx)->err, "launch of %s failed: %s (%s:%d)", name,      \
                             cudaGetErrorString(e_), __FILE__, __LINE__);               \
+        (ctx)->n_launches++;                                                           \
     } while (0)
 
 #define CUBLAS_CHECK(ctx, call)                                                        \
@@ -34,6 +35,7 @@
         if (s_ != CUBLAS_STATUS_SUCCESS)                                               \
             return verr_set(&(ctx)->err, "%s failed: %s (%s:%d)", #call,               \
                             cublasGetStatusString(s_), __FILE__, __LINE__);            \
+        (ctx)->n_launches++;                                                           \
     } while (0)
 
 // Argument validation in host wrappers.

@@ -114,6 +114,7 @@ extern "C" int cuda_reserve_scratch(cuda_ctx *ctx, size_t bytes) {
 extern "C" int cuda_upload(cuda_ctx *ctx, void *dst_dev, const void *src_host, size_t bytes) {
     if (bytes == 0) return 0;
     CUDA_CHECK(ctx, cudaMemcpyAsync(dst_dev, src_host, bytes, cudaMemcpyHostToDevice, ctx->stream));
+    ctx->n_syncs++;
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
     return 0;
 }
@@ -121,6 +122,7 @@ extern "C" int cuda_upload(cuda_ctx *ctx, void *dst_dev, const void *src_host, s
 extern "C" int cuda_download(cuda_ctx *ctx, void *dst_host, const void *src_dev, size_t bytes) {
     if (bytes == 0) return 0;
     CUDA_CHECK(ctx, cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, ctx->stream));
+    ctx->n_syncs++;
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
     return 0;
 }
@@ -132,6 +134,7 @@ extern "C" int cuda_memset(cuda_ctx *ctx, void *p, int byte, size_t bytes) {
 }
 
 extern "C" int cuda_sync(cuda_ctx *ctx) {
+    ctx->n_syncs++;
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
     return 0;
 }

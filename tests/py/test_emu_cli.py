@@ -12,10 +12,17 @@ the CPU. Checked against the CPU backend and the published texts:
     the bf16 KV cache's last bits);
   - LEHV branches (--branch) decode on the device (session_forward_batch ->
     cuda_forward_batch) and the run logs BRANCH steps;
-  - serve --device cuda answers a chat request.
+  - serve --device cuda answers a chat request;
+  - `bench --device cuda` counts what a decode step costs the host: the kernels it
+    launches (counted by hand from model/forward_cuda.c's enqueue_decode: embed, norm
+    and lm_head, then per layer qkv, rope, KV store, split attention and combine, wo,
+    norm+residual, gate|up, SwiGLU, down, norm+residual = 11, plus 2 for Qwen3's q/k
+    norms and 1 for a bias), the graph's nodes (those launches and the step block's
+    copy) and the host waits per token (the forward's and the draw's).
 """
 import json
 import os
+import re
 
 import numpy as np
 
@@ -134,6 +141,37 @@ def test_serve(model):
         srv.stop()
 
 
+def step_line(d, *env):
+    import subprocess
+    e = dict(os.environ)
+    e.update(env)
+    args = ["bench", "-m", d, "--device", "cuda", "-n", 4, "--prompt-len", 5, "--runs", 1, "--sampler", "none"]
+    r = subprocess.run([EMU, *map(str, args)], capture_output=True, text=True, timeout=300, env=e)
+    for line in r.stdout.splitlines():
+        m = re.match(r"decode step (\d+) kernel launches .*, (\d+) graph nodes, ([\d.]+) host syncs per token", line)
+        if m:
+            return int(m.group(1)), int(m.group(2)), float(m.group(3)), line
+    return None, None, None, (r.stdout + r.stderr).strip()[-300:]
+
+
+def test_step_counts(tmp):
+    # (preset, launches per layer): 11, + 1 bias (Qwen2), + 2 q/k norms (Qwen3).
+    for preset, per_layer in (("llama3-tiny", 11), ("qwen2-tiny", 12), ("qwen3-tiny", 13)):
+        d = os.path.join(tmp, preset)
+        layers = json.load(open(os.path.join(d, "config.json")))["num_hidden_layers"]
+        want = 3 + per_layer * layers
+        launches, nodes, syncs, line = step_line(d)
+        name = f"emu_bench_step_{preset}"
+        if launches is None:
+            check(False, name, line)
+            continue
+        check(launches == want and nodes == launches + 1 and syncs == 2.0, name,
+              f"{line!r}: want {want} launches, {want + 1} graph nodes, 2.00 host syncs per token")
+        launches, nodes, syncs, line = step_line(d, ("VARENT_CUDA_GRAPHS", "0"))
+        check(launches == want and nodes == 0 and syncs == 2.0, f"{name}_no_graph",
+              f"{line!r}: want {want} launches, 0 graph nodes")
+
+
 def main():
     if not os.access(EMU, os.X_OK):
         check(False, "emu_cli", f"no emulated build at {EMU} (make emu)")
@@ -141,6 +179,7 @@ def main():
     tmp = vtest.tmpdir("emu-cli")
     model = stories_dir("f32")
     test_logits(tmp)
+    test_step_counts(tmp)
     test_stories(model)
     test_agents(model, tmp)
     test_branches(model, tmp)

@@ -129,8 +129,8 @@ static inline cudaError_t cudaFuncSetAttribute(void (*k)(P...), enum cudaFuncAtt
 // declaration, in the block's shared memory (poisoned at block start).
 #define EMU_SHARED(T, name, dims)                                                                      \
     static const char emu_key_##name = 0;                                                            \
-    T(&name) dims = *reinterpret_cast<T(*) dims>(emu::shared_static(&emu_key_##name, sizeof(T dims), \
-                                                                     alignof(T)))
+    auto &name = *reinterpret_cast<T(*) dims>(emu::shared_static(&emu_key_##name, sizeof(T dims),     \
+                                                                   alignof(T)))
 
 #define threadIdx (emu::cur->tid)
 #define blockIdx (emu::cur->bid)

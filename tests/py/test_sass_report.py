@@ -1,0 +1,130 @@
+"""tools/sass_report.py, the SASS reader behind tools/sass-report.sh, on planted machine
+code: each check feeds it SASS or -res-usage text whose answer is known by hand, and a
+reader that miscounts fails. No cuobjdump or GPU needed (the real objects are read by
+the tool itself, not here)."""
+import vtest
+from vtest import check
+import sass_report as sr
+
+HEADER = "\n\tcode for sm_90\n\t\tFunction : {name}\n\t.headerflags @\"EF_CUDA_SM90\"\n"
+
+
+def sass(name, lines):
+    """cuobjdump-style text: one instruction per line at 16-byte addresses from 0."""
+    body = "".join(f"        /*{16 * i:04x}*/                   {ins} ;   /* 0x000 */\n" for i, ins in enumerate(lines))
+    return HEADER.format(name=name) + body
+
+
+# A loop whose weight loads (R30) are all issued before the first use: 4 in flight.
+UNROLLED = [
+    "MOV R2, RZ",
+    "LDG.E.128.CONSTANT R4, desc[UR4][R30.64]",        # 0x10: loop head
+    "LDG.E.128.CONSTANT R8, desc[UR4][R30.64+0x200]",
+    "LDG.E.128.CONSTANT R12, desc[UR4][R30.64+0x400]",
+    "LDG.E.128.CONSTANT R16, desc[UR4][R30.64+0x600]",
+    "LDG.E.128 R20, desc[UR4][R32.64]",                # activations, own register
+    "FFMA R2, R4, R20, R2",
+    "FFMA R2, R8, R21, R2",
+    "ISETP.NE.AND P0, PT, R3, RZ, PT",
+    "@P0 BRA 0x10",
+    "EXIT",
+]
+# Both streams 4 deep: (8, 4).
+BOTH = UNROLLED[:6] + ["LDG.E.128 R24, desc[UR4][R32.64+0x10]", "LDG.E.128 R36, desc[UR4][R32.64+0x20]",
+                       "LDG.E.128 R40, desc[UR4][R32.64+0x30]"] + UNROLLED[6:]
+BOTH[-2] = "@P0 BRA 0x10"
+# The same loop with each load used before the next one is issued: 1 in flight.
+SERIAL = [
+    "MOV R2, RZ",
+    "LDG.E.128.CONSTANT R4, desc[UR4][R30.64]",
+    "LDG.E.128 R20, desc[UR4][R32.64]",
+    "FFMA R2, R4, R20, R2",
+    "LDG.E.128.CONSTANT R8, desc[UR4][R30.64+0x200]",
+    "FFMA R2, R8, R21, R2",
+    "@P0 BRA 0x10",
+    "EXIT",
+]
+# No backward branch: a load outside any loop is not counted.
+STRAIGHT = ["LDG.E.128 R4, desc[UR4][R30.64]", "FADD R5, R4, R4", "STG.E desc[UR4][R30.64], R5", "EXIT"]
+# A store reads every operand: a use of R6 in STG ends the window.
+STORE_USE = ["LDG.E.128 R4, desc[UR4][R30.64]", "STG.E desc[UR4][R8.64], R6",
+             "LDG.E.128 R12, desc[UR4][R30.64+0x10]", "@P0 BRA 0x0", "EXIT"]
+SPILL = ["STL [R1+0x4], R7", "LDL R7, [R1+0x4]", "EXIT"]
+
+RES = """
+Resource usage:
+ Common:
+  GLOBAL:0
+ Function _Z6kernelPf:
+  REG:40 STACK:0 SHARED:1280 LOCAL:0 CONSTANT[0]:560 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function _Z5spillPf:
+  REG:255 STACK:16 SHARED:0 LOCAL:24 CONSTANT[0]:560 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+
+def test_in_flight():
+    f = sr.parse_sass(sass("unrolled", UNROLLED) + sass("serial", SERIAL) + sass("straight", STRAIGHT)
+                      + sass("store_use", STORE_USE))
+    check(sorted(f) == ["serial", "store_use", "straight", "unrolled"] and len(f["unrolled"]) == len(UNROLLED),
+          "sass_parse_functions", f"{sorted(f)} {[len(v) for v in f.values()]}")
+    check(sr.loops(f["unrolled"]) == [(1, 9)], "sass_loop_found", f"{sr.loops(f['unrolled'])}")
+    # 4 weight loads and 1 activation load before the first FFMA: 5 in all, and the
+    # activation stream (R32) has only 1: the conservative per-stream figure.
+    got = sr.max_in_flight(f["unrolled"])
+    check(got == (5, 1), "sass_in_flight_unrolled", f"{got}")
+    check(sr.loads_in_flight(f["unrolled"], 1, 9, "R30") == 4, "sass_in_flight_unrolled_weights",
+          f"{sr.loads_in_flight(f['unrolled'], 1, 9, 'R30')}")
+    both = sr.parse_sass(sass("both", BOTH))["both"]
+    check(sr.max_in_flight(both) == (8, 4), "sass_in_flight_both_streams", f"{sr.max_in_flight(both)}")
+    check(sr.max_in_flight(f["serial"]) == (2, 1), "sass_in_flight_serial", f"{sr.max_in_flight(f['serial'])}")
+    check(sr.max_in_flight(f["straight"]) is None, "sass_no_loop_no_count", f"{sr.max_in_flight(f['straight'])}")
+    check(sr.loads_in_flight(f["store_use"], 0, 3, None) == 1, "sass_store_reads_all_operands",
+          f"{sr.loads_in_flight(f['store_use'], 0, 3, None)}")
+    check(sr.spill_insns(sr.parse_sass(sass("spill", SPILL))["spill"]) == 2, "sass_spill_count")
+
+
+def test_res_usage():
+    u = sr.parse_res_usage(RES)
+    want = {"_Z6kernelPf": dict(REG=40, STACK=0, SHARED=1280, LOCAL=0),
+            "_Z5spillPf": dict(REG=255, STACK=16, SHARED=0, LOCAL=24)}
+    check(u == want, "sass_res_usage", f"{u}")
+    rows = [dict(kernel="k", base="matvec_x", local=0, spills=0, in_flight=(5, 1)),
+            dict(kernel="s", base="rope", local=24, spills=0, in_flight=None),
+            dict(kernel="ok", base="matvec_y", local=0, spills=0, in_flight=(4, 4))]
+    p = sr.problems(rows)
+    check(len(p) == 2 and "k:" in p[0] and "s:" in p[1], "sass_problems_flag_spill_and_few_loads", f"{p}")
+
+
+def test_occupancy():
+    # Worked by hand from the sm_90 limits: 64 warps, 65536 registers (256 per warp
+    # granule), 32 blocks, 228 KiB shared with 1 KiB reserved per block.
+    cases = [((32, 256, 0), (1.0, "warps")),         # 8 warps/block, 8 blocks
+             ((128, 256, 0), (0.25, "registers")),   # 4096 regs/warp -> 16 warps -> 2 blocks
+             ((40, 128, 1024), (0.75, "registers")),  # 1280/warp -> 51 warps -> 12 blocks of 4
+             ((16, 32, 0), (0.5, "blocks")),         # 32 blocks of 1 warp
+             ((32, 1024, 120 * 1024), (0.5, "shared"))]  # one 120 KiB block per SM
+    for args, want in cases:
+        got = sr.occupancy(*args)
+        check(abs(got[0] - want[0]) < 1e-9 and got[1] == want[1], f"sass_occupancy_{args[0]}_{args[1]}_{args[2]}",
+              f"{got} want {want}")
+    check(sr.occupancy(32, None, 0) == (None, "?"), "sass_occupancy_unknown_block")
+
+
+def test_launch_blocks():
+    d = vtest.tmpdir("sass")
+    with open(f"{d}/k.cu", "w") as f:
+        f.write("#define THREADS 256  // per block\n#define WARPS 4\n"
+                "void a() { one_kernel<<<cdiv(n, 256), THREADS, 0, s>>>(x); }\n"
+                "void b() { unsigned block = 32 * WARPS, grid = 9; two_kernel<R><<<grid, block, 0, s>>>(x); }\n"
+                "void c() { three_kernel<<<T, threads_for(dim), 0, s>>>(x); }\n")
+    got = sr.launch_blocks(d)
+    check(got == {"one_kernel": 256, "two_kernel": 128, "three_kernel": None}, "sass_launch_blocks", f"{got}")
+    check(sr.base_name("void matvec_vec_kernel<0, 1>(mv_rows, void const*, int, int)") == "matvec_vec_kernel",
+          "sass_base_name_template")
+
+
+test_in_flight()
+test_res_usage()
+test_occupancy()
+test_launch_blocks()
+vtest.done()

@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""tools/sass_report.py: what nvcc made of each CUDA kernel, read from the machine code
+(SASS) without a GPU. Run through tools/sass-report.sh, which fetches cuobjdump.
+
+Per kernel of the sm_90 code in each object:
+  - registers per thread, local memory (spills), static shared memory (cuobjdump -res-usage);
+  - the block size at its launch site in kernels/cuda/*.cu (a literal or a #define), and
+    the theoretical occupancy on an H100 at that size (registers, warps, blocks, shared);
+  - in every loop of the kernel (a backward branch), per address register, the 128-bit
+    global loads (LDG.E.128) issued before the first instruction that reads one of their
+    registers: the loads a warp keeps in flight per iteration, in all and for the
+    shallowest stream (address register). The kernel counts as its best loop. Issue 16
+    wants at least 4 in the matvec loop; --check asks it of every stream.
+
+  sass_report.py --cuobjdump PATH [--check] OBJ...
+--check exits 1 when a kernel spills or a matvec kernel's loop has fewer than 4 loads in
+flight. The parsers are plain functions, tested on planted SASS in
+tests/py/test_sass_report.py.
+"""
+import argparse
+import glob
+import math
+import os
+import re
+import subprocess
+import sys
+
+# H100 (sm_90) per-SM limits, from NVIDIA's occupancy tables.
+SM_WARPS, SM_BLOCKS, SM_REGS, REG_UNIT = 64, 32, 65536, 256
+SM_SMEM, BLOCK_SMEM_RESERVED, SMEM_UNIT = 233472, 1024, 128
+MIN_IN_FLIGHT = 4
+
+INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
+REG = re.compile(r"\bR(\d+)\b")
+
+
+def parse_sass(text):
+    """{function name: [(address, opcode, operands)]} from `cuobjdump -sass` output."""
+    funcs, cur = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Function\s*:\s*(\S+)", line)
+        if m:
+            cur = funcs.setdefault(m.group(1), [])
+            continue
+        m = INSN.search(line)
+        if m and cur is not None:
+            cur.append((int(m.group(1), 16), m.group(3), m.group(4).strip()))
+    return funcs
+
+
+def parse_res_usage(text):
+    """{function name: {REG, STACK, SHARED, LOCAL}} from `cuobjdump -res-usage`."""
+    out, name = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Function\s+(\S+?):?\s*$", line.strip())
+        if m:
+            name = m.group(1).rstrip(":")
+            continue
+        if name and "REG:" in line:
+            out[name] = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", line)}
+            name = None
+    return out
+
+
+def regs_of(operand_text):
+    """Register numbers named in an operand string; R9.64-style pairs are not expanded
+    (an address pair's first register is enough to see a use)."""
+    return {int(r) for r in REG.findall(operand_text)}
+
+
+def written_regs(opcode, operands):
+    """Registers an LDG writes: the first operand, 1/2/4 consecutive by width."""
+    first = operands.split(",")[0]
+    m = REG.search(first)
+    if not m:
+        return set()
+    base = int(m.group(1))
+    width = 4 if ".128" in opcode else 2 if ".64" in opcode else 1
+    return set(range(base, base + width))
+
+
+def source_regs(opcode, operands):
+    """Registers an instruction reads: all operands for stores and atomics, the rest after
+    the destination otherwise."""
+    parts = [p.strip() for p in operands.split(",")]
+    if opcode.startswith(("ST", "RED", "ATOM", "BRA", "EXIT", "BAR")):
+        return regs_of(operands)
+    return regs_of(",".join(parts[1:]))
+
+
+def loops(insns):
+    """(start index, end index) of every backward branch's body."""
+    index = {a: i for i, (a, _, _) in enumerate(insns)}
+    out = []
+    for i, (addr, op, ops) in enumerate(insns):
+        if op.startswith("BRA"):
+            m = re.search(r"0x([0-9a-f]+)", ops)
+            if m and int(m.group(1), 16) <= addr and int(m.group(1), 16) in index:
+                out.append((index[int(m.group(1), 16)], i))
+    return out
+
+
+def is_wide_load(op):
+    return op.startswith("LDG") and ".128" in op
+
+
+def load_base(operands):
+    """The address register of a load: R34 in 'R16, desc[UR4][R34.64+0x200]'."""
+    m = re.search(r"\[(R\d+)(?:\.64)?(?:\s*[+-][^\]]*)?\]\s*$", operands)
+    return m.group(1) if m else None
+
+
+def loads_in_flight(insns, start, end, base):
+    """128-bit global loads from address register `base` (None: any) issued in insns[start..end]
+    before the first instruction that reads a register one of them writes."""
+    pending, n = set(), 0
+    for _, op, ops in insns[start:end + 1]:
+        if pending & source_regs(op, ops):
+            break
+        if is_wide_load(op) and base in (None, load_base(ops)):
+            n += 1
+            pending |= written_regs(op, ops)
+    return n
+
+
+def max_in_flight(insns):
+    """(all, fewest) for the kernel's best loop: the 128-bit global loads in flight
+    counting every address register, and for the register (stream) with the fewest.
+    `fewest` is conservative: it asks every stream, weights and activations alike, to
+    be deep, and where each row has its own weight register (matvec_vec4, 4 rows per
+    warp) it counts one row's. None when no loop has such a load."""
+    best = None
+    for s, e in loops(insns):
+        bases = {load_base(ops) for _, op, ops in insns[s:e + 1] if is_wide_load(op)} - {None}
+        if bases:
+            every = loads_in_flight(insns, s, e, None)
+            fewest = min(loads_in_flight(insns, s, e, b) for b in bases)
+            best = (every, fewest) if best is None else max(best, (every, fewest))
+    return best
+
+
+def spill_insns(insns):
+    return sum(1 for _, op, _ in insns if op.startswith(("STL", "LDL")))
+
+
+def occupancy(regs, threads, smem):
+    """Theoretical occupancy (active warps / 64) of an sm_90 SM, and what limits it."""
+    if not threads or threads < 1:
+        return None, "?"
+    warps = math.ceil(threads / 32)
+    limits = {"warps": SM_WARPS // warps, "blocks": SM_BLOCKS}
+    per_warp = math.ceil(max(regs, 1) * 32 / REG_UNIT) * REG_UNIT
+    limits["registers"] = (SM_REGS // per_warp) // warps
+    # cuobjdump's SHARED already holds the 1 KiB the system reserves per block on sm_90.
+    block_smem = math.ceil(max(smem, BLOCK_SMEM_RESERVED) / SMEM_UNIT) * SMEM_UNIT
+    limits["shared"] = SM_SMEM // block_smem
+    why = min(limits, key=lambda k: limits[k])
+    return min(limits[why] * warps, SM_WARPS) / SM_WARPS, why
+
+
+def split_args(text):
+    """Top-level comma-separated parts of text (commas inside parentheses stay)."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        cur += ch
+    return parts + [cur.strip()]
+
+
+def eval_block(expr, consts, text):
+    """The value of a launch's block expression, or None: integer constants (#define,
+    enum) and one level of a local `name = expr` assignment in the same file."""
+    if re.fullmatch(r"[A-Za-z_]\w*", expr) and expr not in consts:
+        m = re.search(r"\b" + expr + r"\s*=\s*([^,;]+)", text)
+        if not m:
+            return None
+        expr = m.group(1)
+    expr = re.sub(r"[A-Za-z_]\w*", lambda m: str(consts.get(m.group(0), "?")), expr)
+    if not re.fullmatch(r"[\d\s+*/()-]+", expr):
+        return None
+    return int(eval(expr.replace("/", "//")))  # digits and operators only
+
+
+def launch_blocks(src_dir):
+    """{kernel base name: threads per block} from the launch sites in src_dir/*.cu; None
+    where the block size is computed at run time."""
+    consts, sites = {}, []
+    for path in sorted(glob.glob(os.path.join(src_dir, "*.cu")) + glob.glob(os.path.join(src_dir, "*.cuh"))):
+        text = open(path, encoding="utf-8").read()
+        for name, value in re.findall(r"#define\s+(\w+)\s+\(?(\d+)\)?(?:\s|$)", text, re.M):
+            consts[name] = int(value)
+        for name, value in re.findall(r"\b([A-Z_][A-Z0-9_]*)\s*=\s*(\d+)\s*[,}]", text):
+            consts.setdefault(name, int(value))
+        for m in re.finditer(r"(\w+)(?:<[^<>]*>)?<<<(.*?)>>>", text, re.S):
+            sites.append((m.group(1), split_args(m.group(2)), text))
+    out = {}
+    for name, args, text in sites:
+        if len(args) >= 2:
+            out.setdefault(name, eval_block(args[1], consts, text))
+    return out
+
+
+def demangle(names):
+    try:
+        r = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True)
+        return dict(zip(names, r.stdout.splitlines()))
+    except (OSError, subprocess.CalledProcessError):
+        return {n: n for n in names}
+
+
+def base_name(pretty):
+    """'void matvec_vec_kernel<0, 1>(mv_rows, ...)' -> 'matvec_vec_kernel'."""
+    return re.sub(r"[<(].*", "", pretty).split("::")[-1].split()[-1]
+
+
+def report(cuobjdump, objs, src_dir):
+    blocks = launch_blocks(src_dir)
+    rows = []
+    for obj in objs:
+        sass = subprocess.run([cuobjdump, "-sass", "-arch", "sm_90", obj], capture_output=True, text=True, check=True)
+        res = subprocess.run([cuobjdump, "-res-usage", "-arch", "sm_90", obj], capture_output=True, text=True,
+                             check=True)
+        funcs, usage = parse_sass(sass.stdout), parse_res_usage(res.stdout)
+        pretty = demangle(sorted(funcs))
+        for name in sorted(funcs):
+            u = usage.get(name, {})
+            base = base_name(pretty[name])
+            threads = blocks.get(base)
+            occ, why = occupancy(u.get("REG", 0), threads, u.get("SHARED", 0))
+            rows.append(dict(obj=os.path.basename(obj), kernel=pretty[name], base=base, regs=u.get("REG"),
+                             local=u.get("LOCAL", 0), stack=u.get("STACK", 0), spills=spill_insns(funcs[name]),
+                             smem=u.get("SHARED"), threads=threads, occ=occ, limit=why,
+                             in_flight=max_in_flight(funcs[name])))
+    return rows
+
+
+def print_rows(rows):
+    print(f"{'kernel':<44} {'regs':>4} {'spill':>5} {'smem':>6} {'block':>5} {'occupancy':>14} "
+          f"{'LDG.128 in flight (all/fewest)':>30}")
+    for r in rows:
+        occ = "-" if r["occ"] is None else f"{100 * r['occ']:.0f}% ({r['limit']})"
+        spill = r["local"] or r["spills"]
+        fl = "-" if r["in_flight"] is None else "%d / %d" % r["in_flight"]
+        name = r["kernel"] if len(r["kernel"]) <= 44 else r["kernel"][:41] + "..."
+        print(f"{name:<44} {r['regs'] or 0:>4} {spill:>5} {r['smem'] or 0:>6} {r['threads'] or '?':>5} {occ:>14} {fl:>30}")
+
+
+def problems(rows):
+    out = []
+    for r in rows:
+        if r["local"] or r["spills"]:
+            out.append(f"{r['kernel']}: spills ({r['local']} bytes local, {r['spills']} LDL/STL)")
+        if r["base"].startswith("matvec") and r["in_flight"] is not None and r["in_flight"][1] < MIN_IN_FLIGHT:
+            out.append(f"{r['kernel']}: {r['in_flight'][1]} 128-bit loads of one stream in flight in its loop "
+                       f"(want >= {MIN_IN_FLIGHT})")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cuobjdump", default="cuobjdump")
+    ap.add_argument("--src", default="kernels/cuda", help="where the launch sites are (default kernels/cuda)")
+    ap.add_argument("--check", action="store_true", help="exit 1 on spills or a matvec loop with < 4 loads in flight")
+    ap.add_argument("objs", nargs="+")
+    a = ap.parse_args()
+    rows = report(a.cuobjdump, a.objs, a.src)
+    print_rows(rows)
+    bad = problems(rows)
+    for p in bad:
+        print("note:", p)
+    return 1 if a.check and bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,6 +30,8 @@ struct cublasContext;  // == cublasHandle_t's pointee, kept opaque for C callers
 typedef struct cuda_ctx {
     int device;                   // CUDA device index
     int n_sm;                     // multiprocessor count (sizes split-KV attention)
+    int smem_optin;               // opt-in shared memory per block, bytes (read at init)
+    int sample_smem;              // sample_kernel's raised dynamic shared limit (0: not yet)
     cudaStream_t stream;          // every op runs on this stream
     struct cublasContext *cublas; // cuBLAS handle bound to stream
     void *scratch;                // device scratch shared by ops (one stream: no overlap)

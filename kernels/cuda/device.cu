@@ -39,6 +39,7 @@ extern "C" int cuda_init(cuda_ctx *ctx, int device, verr *err) {
     } while (0)
     INIT_CHECK(cudaSetDevice(device));
     INIT_CHECK(cudaDeviceGetAttribute(&ctx->n_sm, cudaDevAttrMultiProcessorCount, device));
+    INIT_CHECK(cudaDeviceGetAttribute(&ctx->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     INIT_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
 #undef INIT_CHECK
     cublasHandle_t h = NULL;

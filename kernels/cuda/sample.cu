@@ -196,13 +196,16 @@ extern "C" int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, 
     CUDA_REQUIRE(ctx, n > 0 && n <= SAMPLE_MAX_VOCAB && n_cfg >= 0, "cuda_sample: bad shape n=%d n_cfg=%d", n,
                  n_cfg);
     if (n_cfg == 0) return 0;
-    int optin = 0;
-    CUDA_CHECK(ctx, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device));
-    int cap = (optin - (int)sizeof(sample_sh) - 1024) / (int)(2 * sizeof(u64));
+    // The device's limit was read at init and the kernel's attribute is raised once per
+    // context: no driver query on the per-token path.
+    int cap = (ctx->smem_optin - (int)sizeof(sample_sh) - 1024) / (int)(2 * sizeof(u64));
     if (cap > SAMPLE_CAP_MAX) cap = SAMPLE_CAP_MAX;
     if (cap < 0) cap = 0;  // every pass then reads the row
     size_t smem = (size_t)cap * 2 * sizeof(u64);
-    CUDA_CHECK(ctx, cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (ctx->sample_smem != (int)smem) {
+        CUDA_CHECK(ctx, cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        ctx->sample_smem = (int)smem;
+    }
     sample_kernel<<<n_cfg, SAMPLE_THREADS, smem, ctx->stream>>>(out, logits, n, cfg, cap);
     CUDA_CHECK_LAUNCH(ctx, "sample_kernel");
     return 0;

@@ -389,8 +389,11 @@ static int capture_layer(const cuda_forward *f, const forward_state *fw) {
 
 // Queues the copies of rows [0, B) of the logits (into host `logits`; NULL: they stay
 // on the device) and of the statistics (into h_stats), then waits: kernel faults
-// surface here.
+// surface here. When nothing comes back it does not wait: the step stays queued
+// (par_pending) and the next wait covers it, the draw's in a decode loop, so a plain
+// step costs one host sync (kernel faults then surface there).
 static int fetch(cuda_forward *f, float *logits, int B, int cap, int scores_keys, verr *err) {
+    if (!logits && cap < 0 && scores_keys <= 0) return 0;
     const model_config *c = &f->m->cfg;
     cudaStream_t st = f->ctx.stream;
     cudaError_t e = cudaSuccess;
@@ -575,6 +578,7 @@ int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_ou
     CK(cudaMemcpyAsync(f->h_out, f->d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, st));
     f->ctx.n_syncs++;
     CK(cudaStreamSynchronize(st));
+    f->par_pending = 0;  // the wait covered the step block's copy too
     memcpy(out, f->h_out, sizeof *out * (size_t)n);
     return 0;
 }

@@ -13,10 +13,21 @@
 #define EMU_ASAN 1
 #endif
 #ifdef EMU_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
 namespace emu {
+
+// A stack reused from an earlier fiber still carries ASan's poison of that fiber's last
+// frames (redzones that no function epilogue cleared): clear it before the new fiber.
+static void fresh_stack(fiber *f) {
+#ifdef EMU_ASAN
+    __asan_unpoison_memory_region(f->stack, f->stack_size);
+#else
+    (void)f;
+#endif
+}
 
 #if defined(__x86_64__)
 // emu_switch(void **save_sp, void *load_sp): push the callee-saved registers and the
@@ -63,6 +74,7 @@ emu_fiber_start:
 extern "C" void emu_fiber_start(void);
 
 void fiber_init(fiber *f, void (*entry)(void *), void *arg) {
+    fresh_stack(f);
     // The first emu_switch into f pops this frame: control words, r15..rbp, then
     // returns into emu_fiber_start with r12 = entry, r13 = arg and rsp 16-aligned.
     uintptr_t top = ((uintptr_t)f->stack + f->stack_size) & ~(uintptr_t)15;
@@ -85,6 +97,7 @@ void fiber_init(fiber *f, void (*entry)(void *), void *arg) {
 static void raw_switch(fiber *from, fiber *to) { emu_switch(&from->sp, to->sp); }
 #else
 void fiber_init(fiber *f, void (*entry)(void *), void *arg) {
+    fresh_stack(f);
     getcontext(&f->uc);
     f->uc.uc_stack.ss_sp = f->stack;
     f->uc.uc_stack.ss_size = f->stack_size;

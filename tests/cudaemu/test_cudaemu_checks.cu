@@ -137,6 +137,9 @@ static int scenario(const char *name) {
         cudaGraphLaunch(ge, s);
         cudaStreamSynchronize(s);
         cudaMemcpy(&h, out, sizeof h, cudaMemcpyDeviceToHost);
+        cudaGraphExecDestroy(ge);  // (LeakSanitizer checks the children under make test-asan)
+        cudaGraphDestroy(g);
+        cudaStreamDestroy(s);
         return h == 7.f ? 3 : 0;
     }
     if (!strcmp(name, "gemm_lda")) {
@@ -146,6 +149,7 @@ static int scenario(const char *name) {
         // A is 8 x 8 (OP_N, m = k = 8): lda 4 is too small
         cublasStatus_t st = cublasGemmEx(hb, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &al, a, CUDA_R_32F, 4, a, CUDA_R_32F, 8,
                                          &be, out, CUDA_R_32F, 8, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cublasDestroy(hb);
         return st == CUBLAS_STATUS_INVALID_VALUE ? 3 : 0;
     }
     if (!strcmp(name, "launch_2048")) {

@@ -288,10 +288,9 @@ static int enqueue_decode(cuda_forward *f, int B, int cap, verr *err) {
         OP(cuda_attention_decode_rows(x, f->att, q, dl, dp.lens, B, f->max_ctx, sh, l == cap ? f->scores : NULL));
         OP(cuda_matvec_rows(x, f->y, f->att, L->wo, q_dim, dim, B, dim, dim));
         OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, L->ffn_norm, B, dim, eps));
-        float *gate = f->hb, *up = f->hb + (size_t)B * hid;  // planar: gate [B, hid], up [B, hid]
-        OP(cuda_matvec_rows(x, gate, f->xb, L->w_gu, dim, 2 * hid, B, hid, 2 * hid));
-        OP(cuda_swiglu(x, gate, gate, up, (size_t)B * hid));
-        OP(cuda_matvec_rows(x, f->y, gate, L->w_down, hid, dim, B, dim, dim));
+        float *h = f->hb;  // [B, hid] = silu(gate) * up, one launch (hb holds [B, 2*hid] if it falls back)
+        OP(cuda_matvec_glu_rows(x, h, f->hb, f->xb, L->w_gu, dim, hid, B));
+        OP(cuda_matvec_rows(x, f->y, h, L->w_down, hid, dim, B, dim, dim));
         wref next = l + 1 < c->n_layers ? w->layers[l + 1].attn_norm : w->final_norm;
         OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, next, B, dim, eps));
     }

@@ -63,6 +63,10 @@ __device__ __forceinline__ float load_w(const void *p, int t, size_t i) {
     return ((const float *)p)[i];
 }
 
+// silu(g) * u, as swiglu_kernel and the fused gate|up matvec both compute it (one
+// expression: the two paths give the same bits).
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 // Widen 8 packed 16-bit values (one uint4) to fp32.
 template <int WT>
 __device__ __forceinline__ void unpack8(uint4 v, float f[8]) {

@@ -52,10 +52,7 @@ extern "C" int cuda_add_bias(cuda_ctx *ctx, float *x, wref b, int T, int n) {
 // ---- swiglu: out[n] = silu(gate[n]) * up[n] ----------------------------------------
 __global__ void swiglu_kernel(float *out, const float *gate, const float *up, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    if (i < n) out[i] = silu_mul(gate[i], up[i]);
 }
 
 extern "C" int cuda_swiglu(cuda_ctx *ctx, float *out, const float *gate, const float *up, size_t n) {

@@ -94,21 +94,15 @@ __global__ void matvec_vec_kernel(mv_rows p, const void *w, int n_in, int n_out)
     }
 }
 
-// Four weight rows per warp for tall matrices (gate/up, lm_head): each lane's x chunk is
-// loaded once for four weight chunks, and four 16-byte weight loads are in flight.
-// Weight rows past n_out read row n_out-1 (valid memory) and are not written.
-// grid (cdiv(n_out, 4*MV_WARPS)), block 32*MV_WARPS
+// acc[q][r] = weight row rb[q] (offset in 8-element chunks) . x row r, for four weight
+// rows at once: each lane's x chunk is loaded once for four weight chunks, and four
+// 16-byte weight loads are in flight. The order of the sums is fixed (one accumulator
+// per row and x row, lane chunks in order), so results do not depend on R.
 template <int WT, int R>
-__global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out) {
-    int lane = threadIdx.x & 31;
-    int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * 4;
-    if (row0 >= n_out) return;  // whole warp exits together
-    int nv = n_in / 8;
-    size_t rb[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) rb[q] = (size_t)min(row0 + q, n_out - 1) * nv;
+__device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const size_t rb[4], int n_in,
+                                         float acc[4][R]) {
+    int lane = threadIdx.x & 31, nv = n_in / 8;
     const float4 *x4[R];
-    float acc[4][R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         x4[r] = (const float4 *)mv_x(p, r, n_in);
@@ -126,12 +120,55 @@ __global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out
             for (int q = 0; q < 4; q++) acc[q][r] += dot8(f[q], xa, xb);
         }
     }
+}
+
+// Four weight rows per warp for tall matrices (gate/up, lm_head). Weight rows past
+// n_out read row n_out-1 (valid memory) and are not written.
+// grid (cdiv(n_out, 4*MV_WARPS)), block 32*MV_WARPS
+template <int WT, int R>
+__global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out) {
+    int lane = threadIdx.x & 31;
+    int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * 4;
+    if (row0 >= n_out) return;  // whole warp exits together
+    size_t rb[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) rb[q] = (size_t)min(row0 + q, n_out - 1) * (n_in / 8);
+    float acc[4][R];
+    mv4_dots<WT, R>(p, w, rb, n_in, acc);
 #pragma unroll
     for (int q = 0; q < 4; q++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
             float a = warp_sum(acc[q][r]);
             if (lane == 0 && row0 + q < n_out) mv_store(p, r, row0 + q, n_out, a);
+        }
+}
+
+// SwiGLU fused into the gate|up matvec. w is [2*hid, n_in]: gate rows, then up rows.
+// Each warp takes outputs j, j+1 and their four weight rows {j, j+1, hid+j, hid+j+1}
+// and writes silu(gate) * up, [B, hid]. The dots are mv4_dots' and the product
+// swiglu_kernel's: the same bits as the four-rows-per-warp matvec and swiglu_kernel
+// in two launches. Rows past hid read row hid-1 and are not written.
+// grid (cdiv(hid, 2*MV_WARPS)), block 32*MV_WARPS
+template <int WT, int R>
+__global__ void matvec_glu_kernel(mv_rows p, const void *w, int n_in, int hid) {
+    int lane = threadIdx.x & 31;
+    int j0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * 2;
+    if (j0 >= hid) return;  // whole warp exits together
+    size_t rb[4];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        rb[q] = (size_t)min(j0 + q, hid - 1) * (n_in / 8);
+        rb[2 + q] = (size_t)(hid + min(j0 + q, hid - 1)) * (n_in / 8);
+    }
+    float acc[4][R];
+    mv4_dots<WT, R>(p, w, rb, n_in, acc);
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float g = warp_sum(acc[q][r]), u = warp_sum(acc[2 + q][r]);
+            if (lane == 0 && j0 + q < hid) mv_store(p, r, j0 + q, hid, silu_mul(g, u));
         }
 }
 
@@ -198,6 +235,37 @@ extern "C" int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref 
         else mv_launch<8>(ctx, kind, p, w, n_in, n_out);
         CUDA_CHECK_LAUNCH(ctx, kind == MV_SCALAR ? "matvec_scalar_kernel"
                                : kind == MV_VEC4 ? "matvec_vec4_kernel" : "matvec_vec_kernel");
+    }
+    return 0;
+}
+
+template <int R>
+static void glu_launch(cuda_ctx *ctx, const mv_rows &p, wref w, int n_in, int hid) {
+    unsigned grid = cdiv_u(hid, 2 * MV_WARPS), block = 32 * MV_WARPS;
+    cudaStream_t st = ctx->stream;
+    if (w.type == WT_BF16) matvec_glu_kernel<WT_BF16, R><<<grid, block, 0, st>>>(p, w.data, n_in, hid);
+    else if (w.type == WT_F16) matvec_glu_kernel<WT_F16, R><<<grid, block, 0, st>>>(p, w.data, n_in, hid);
+    else matvec_glu_kernel<WT_F32, R><<<grid, block, 0, st>>>(p, w.data, n_in, hid);
+}
+
+extern "C" int cuda_matvec_glu_rows(cuda_ctx *ctx, float *out, float *tmp, const float *x, wref w, int n_in,
+                                    int hid, int B) {
+    CUDA_REQUIRE(ctx, n_in > 0 && hid > 0 && B >= 1, "cuda_matvec_glu_rows: bad shape n_in=%d hid=%d B=%d", n_in,
+                 hid, B);
+    CUDA_REQUIRE(ctx, w.type == WT_F32 || w.type == WT_F16 || w.type == WT_BF16,
+                 "cuda_matvec_glu_rows: unsupported weight type %d", (int)w.type);
+    if (n_in % 8 != 0 || !is_aligned(w.data, 16) || !is_aligned(x, 16)) {  // two launches, as before
+        if (cuda_matvec_rows(ctx, tmp, x, w, n_in, 2 * hid, B, hid, 2 * hid)) return -1;
+        return cuda_swiglu(ctx, out, tmp, tmp + (size_t)B * hid, (size_t)B * hid);
+    }
+    for (int r0 = 0; r0 < B; r0 += CUDA_MATVEC_ROWS) {
+        int nr = B - r0 < CUDA_MATVEC_ROWS ? B - r0 : CUDA_MATVEC_ROWS;
+        mv_rows p = { out, x + (size_t)r0 * n_in, r0, nr, B, hid, hid };
+        if (nr == 1) glu_launch<1>(ctx, p, w, n_in, hid);
+        else if (nr == 2) glu_launch<2>(ctx, p, w, n_in, hid);
+        else if (nr <= 4) glu_launch<4>(ctx, p, w, n_in, hid);
+        else glu_launch<8>(ctx, p, w, n_in, hid);
+        CUDA_CHECK_LAUNCH(ctx, "matvec_glu_kernel");
     }
     return 0;
 }

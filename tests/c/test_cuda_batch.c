@@ -1,6 +1,6 @@
 // test_cuda_batch.c: the batched-decode CUDA ops (B sequences of one token each) against
 // their CPU twins, and each row against the B == 1 op on that row alone, bit for bit:
-// cuda_matvec_rows (planar-by-segment output), cuda_kv_store_rows and
+// cuda_matvec_rows (planar-by-segment output), cuda_matvec_glu_rows, cuda_kv_store_rows and
 // cuda_attention_decode_rows. Same conventions as test_cuda_kernels.c: fixed-seed
 // random inputs, outputs poisoned with NaN first, |gpu - ref| <= tol + |ref| * eps.
 // Usage: test_cuda_batch    (SKIP without a device)
@@ -94,6 +94,67 @@ static void test_matvec_rows(void) {
           "cuda_matvec_rows refuses s1 > s2", "%s", C.err.msg);
     CHECK(cuda_matvec_rows(&C, d, d, w, 4, 4, 1, 2, 5) != 0 && strstr(C.err.msg, "cuda_matvec_rows"),
           "cuda_matvec_rows refuses s2 > n_out", "%s", C.err.msg);
+    cuda_free(d);
+}
+
+// ---- cuda_matvec_glu_rows -------------------------------------------------------------------
+// silu(gate) * up of every B against the CPU twin (cpu_matmul, cpu_swiglu), each row
+// against B == 1, and bit for bit against the two launches it replaces where those take
+// the four-rows-per-warp kernel (tall), or the fallback (n_in % 8 != 0).
+static void glu_rows_case(wtype t, int n_in, int hid, int exact) {
+    static const int Bs[] = {1, 2, 3, 5, 8, MV_MAX_B};
+    size_t nw = (size_t)2 * hid * n_in, nx = (size_t)MV_MAX_B * n_in, ny = (size_t)MV_MAX_B * hid;
+    void *raw = wmake(t, nw, 1.f / sqrtf((float)n_in));
+    float *x = fvec(nx, 1.f), *gu = malloc(2 * ny * 4), *ref = malloc(ny * 4), *single = malloc(ny * 4);
+    void *dw = dup_up(raw, nw * wtype_size(t));
+    float *dx = dup_up(x, nx * 4), *dout = dalloc(ny * 4), *dtmp = dalloc(2 * ny * 4);
+    wref w = {dw, t};
+    cpu_matmul(gu, x, (wref){raw, t}, MV_MAX_B, n_in, 2 * hid);
+    for (int r = 0; r < MV_MAX_B; r++)
+        cpu_swiglu(ref + (size_t)r * hid, gu + (size_t)r * 2 * hid, gu + (size_t)r * 2 * hid + hid, (size_t)hid);
+    for (int r = 0; r < MV_MAX_B; r++) {
+        OK(cuda_memset(&C, dout, 0xFF, (size_t)hid * 4));
+        OK(cuda_matvec_glu_rows(&C, dout, dtmp, dx + (size_t)r * n_in, w, n_in, hid, 1));
+        OK(cuda_download(&C, single + (size_t)r * hid, dout, (size_t)hid * 4));
+    }
+    for (int bi = 0; bi < 6; bi++) {
+        int B = Bs[bi];
+        char tag[128];
+        snprintf(tag, sizeof tag, "%s B=%d n_in=%d hid=%d", wtype_name(t), B, n_in, hid);
+        OK(cuda_memset(&C, dout, 0xFF, ny * 4));
+        OK(cuda_matvec_glu_rows(&C, dout, dtmp, dx, w, n_in, hid, B));
+        float *got = fdown(dout, (size_t)B * hid);
+        cmp(NAME("cuda_matvec_glu_rows vs cpu %s", tag), got, ref, (long)B * hid, 1e-4f, 1e-3f);
+        CHECK(!memcmp(got, single, (size_t)B * hid * 4), NAME("cuda_matvec_glu_rows bit-identical to B=1 %s", tag),
+              "a row differs");
+        if (exact) {  // the two launches it replaces
+            OK(cuda_memset(&C, dtmp, 0xFF, 2 * ny * 4));
+            OK(cuda_matvec_rows(&C, dtmp, dx, w, n_in, 2 * hid, B, hid, 2 * hid));
+            OK(cuda_swiglu(&C, dtmp, dtmp, dtmp + (size_t)B * hid, (size_t)B * hid));
+            float *two = fdown(dtmp, (size_t)B * hid);
+            CHECK(!memcmp(got, two, (size_t)B * hid * 4), NAME("cuda_matvec_glu_rows == matvec_rows + swiglu %s", tag),
+                  "the fused result differs from the two launches");
+            free(two);
+        }
+        free(got);
+    }
+    free(raw); free(x); free(gu); free(ref); free(single);
+    cuda_free(dw); cuda_free(dx); cuda_free(dout); cuda_free(dtmp);
+}
+
+static void test_glu_rows(void) {
+    int tall = 4 * 4 * 2 * (C.n_sm > 0 ? C.n_sm : 1) + 13, hid = tall / 2 + 1;  // 2*hid rows take vec4
+    for (int k = 0; k < 3; k++) {
+        glu_rows_case(TYPES[k], 256, 67, 0);   // odd hid: the last warp has one output
+        glu_rows_case(TYPES[k], 512, hid, 1);  // tall: bit-identical to vec4 + swiglu
+        glu_rows_case(TYPES[k], 37, 5, 1);     // n_in % 8 != 0: the fallback is those two ops
+    }
+    float *d = dalloc(64 * 4);
+    wref w = {d, WT_F32};
+    CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 0, 1) != 0 && strstr(C.err.msg, "cuda_matvec_glu_rows"),
+          "cuda_matvec_glu_rows refuses hid=0", "%s", C.err.msg);
+    CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 4, 0) != 0 && strstr(C.err.msg, "cuda_matvec_glu_rows"),
+          "cuda_matvec_glu_rows refuses B=0", "%s", C.err.msg);
     cuda_free(d);
 }
 
@@ -254,6 +315,7 @@ int main(void) {
         return 1;
     }
     test_matvec_rows();
+    test_glu_rows();
     test_kv_store_rows();
     test_attention_rows();
     cuda_destroy(&C);

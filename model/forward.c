@@ -117,16 +117,26 @@ static void mlp_block(forward_state *s, const layer_weights *w, int T) {
     cpu_add(s->x, s->xb, (size_t)T * c->dim);
 }
 
-// One chunk of at most max_T rows; the caller has validated ids and room.
-static void forward_chunk(forward_state *s, const chunk *ch, const int *ids, int T) {
+static int all_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+// One chunk of at most max_T rows; the caller has validated ids and room. Returns the
+// first layer after which the hidden states hold a NaN or inf (a cheap scan of T x dim
+// floats per layer, for the error message), or -1.
+static int forward_chunk(forward_state *s, const chunk *ch, const int *ids, int T) {
     const model *m = s->m;
     const model_config *c = &m->cfg;
     int n = T / ch->n_seq;
     for (int t = 0; t < T; t++) s->pos[t] = kv_view_len(&ch->views[t / n]) + t % n;
     cpu_embed(s->x, m->embed, ids, T, c->dim);
+    int bad_layer = -1;
     for (int l = 0; l < c->n_layers; l++) {
         attention_block(s, &m->layers[l], l, ch, T);
         mlp_block(s, &m->layers[l], T);
+        if (bad_layer < 0 && !all_finite(s->x, (size_t)T * c->dim)) bad_layer = l;
     }
     for (int i = 0; i < ch->n_seq; i++) {
         kv_view *kv = &ch->views[i];
@@ -137,12 +147,37 @@ static void forward_chunk(forward_state *s, const chunk *ch, const int *ids, int
         cpu_rmsnorm(s->x, s->x, m->final_norm, T, c->dim, c->norm_eps);
         cpu_matmul(ch->out, s->x, m->lm_head, T, c->dim, c->vocab_size);
         memcpy(s->logits, ch->out + (size_t)(T - 1) * c->vocab_size, sizeof(float) * (size_t)c->vocab_size);
-        return;
+        return bad_layer;
     }
     // Generation needs only the last token's logits.
     float *last = s->x + (size_t)(T - 1) * c->dim;
     cpu_rmsnorm(last, last, m->final_norm, 1, c->dim, c->norm_eps);
     cpu_matmul(s->logits, last, m->lm_head, 1, c->dim, c->vocab_size);
+    return bad_layer;
+}
+
+// Non-finite logits (weights of 3e38, NaN or inf) are an error naming the position and
+// where they first appeared, never something to sample from. rows logits rows of
+// positions pos, pos + step, ...
+static int check_logits(const forward_state *s, const float *logits, int rows, int pos, int step, int bad_layer,
+                        verr *err) {
+    size_t V = (size_t)s->m->cfg.vocab_size;
+    for (int r = 0; r < rows; r++) {
+        const float *row = logits + (size_t)r * V;
+        if (all_finite(row, V)) continue;
+        size_t i = 0;
+        while (isfinite(row[i])) i++;
+        char where[160];
+        if (bad_layer >= 0)
+            snprintf(where, sizeof where, "the hidden state is first non-finite after layer %d of %d", bad_layer,
+                     s->m->cfg.n_layers);
+        else
+            snprintf(where, sizeof where, "the hidden states are finite through every layer: the final norm or "
+                     "lm_head overflows");
+        return verr_set(err, "non-finite logits at position %d (logit %zu is %g): %s (weights of NaN, inf or near "
+                        "FLT_MAX?)", pos + r * step, i, row[i], where);
+    }
+    return 0;
 }
 
 static int check_id(const forward_state *s, int id, int at, verr *err) {
@@ -160,9 +195,13 @@ static int forward_run(forward_state *s, kv_view *kv, const int *ids, int T, flo
         return verr_set(err, "%d tokens do not fit: %d of the %d-token context are used (raise --ctx)", T,
                         kv_view_len(kv), s->ctx);
     for (int done = 0; done < T; done += s->max_T) {
-        int n = T - done < s->max_T ? T - done : s->max_T;
-        chunk ch = { kv, 1, s->attn_scores, &s->attn_keys, all ? all + (size_t)done * c->vocab_size : NULL };
-        forward_chunk(s, &ch, ids + done, n);
+        int n = T - done < s->max_T ? T - done : s->max_T, pos = kv_view_len(kv);
+        float *out = all ? all + (size_t)done * c->vocab_size : NULL;
+        chunk ch = { kv, 1, s->attn_scores, &s->attn_keys, out };
+        int bad_layer = forward_chunk(s, &ch, ids + done, n);
+        if (out ? check_logits(s, out, n, pos, 1, bad_layer, err)
+                : check_logits(s, s->logits, 1, pos + n - 1, 0, bad_layer, err))
+            return -1;
     }
     return 0;
 }
@@ -191,6 +230,12 @@ int forward_batch(forward_state *s, kv_view *views, const int *ids, int B, float
                                 a, b);
     }
     chunk ch = { views, B, scores, keys, logits };
-    forward_chunk(s, &ch, ids, B);
+    int bad_layer = forward_chunk(s, &ch, ids, B);
+    for (int b = 0; b < B; b++) {
+        verr why;
+        if (check_logits(s, logits + (size_t)b * s->m->cfg.vocab_size, 1, kv_view_len(&views[b]) - 1, 0, bad_layer,
+                         &why))
+            return verr_set(err, "row %d: %.900s", b, why.msg);
+    }
     return 0;
 }

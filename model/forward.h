@@ -37,6 +37,8 @@ int forward_init(forward_state *s, const model *m, int max_T, int ctx, verr *err
 void forward_free(forward_state *s);
 // Appends T tokens to the sequence in kv and computes s->logits for the last one.
 // Fails (without touching kv) on ids outside the vocab or when the context is full.
+// Fails after the pass (kv holds the new positions) when the logits hold a NaN or inf,
+// naming the position and the first layer whose output went non-finite.
 int forward(forward_state *s, kv_view *kv, const int *ids, int T, verr *err);
 // forward() that also writes every new position's logits to out [T, vocab] (scoring).
 int forward_all(forward_state *s, kv_view *kv, const int *ids, int T, float *out, verr *err);
@@ -49,7 +51,7 @@ int forward_all(forward_state *s, kv_view *kv, const int *ids, int T, float *out
 // multi-row matmul, which sums each of up to 8 rows exactly as forward() T=1 does (bit
 // for bit, every weight type; larger batches: within ~1e-6 for bf16). Fails, touching nothing,
 // on B outside 1..max_T, an id outside the vocab, a full view, or two rows writing to
-// the same cache.
+// the same cache. Non-finite logits in a row fail as in forward(), naming the row.
 int forward_batch(forward_state *s, kv_view *views, const int *ids, int B, float *logits, float *scores, int *keys,
                   verr *err);
 

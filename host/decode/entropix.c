@@ -29,22 +29,28 @@ entropix_quadrant entropix_classify(const entropix_config *c, const token_metric
 
 static double clip(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
 
-static sampler_params base_params(const entropix_config *c) {
-    return (sampler_params){ (float)c->temp, (int)c->top_k, (float)c->top_p, (float)c->min_p };
+// Every float->int conversion goes through here: NaN (non-finite metrics) gives dflt,
+// and anything outside [lo, hi] (inf included) is clipped, so the cast is always defined.
+static int to_int(double x, int lo, int hi, int dflt) { return isnan(x) ? dflt : (int)clip(x, lo, hi); }
+
+sampler_params entropix_base_params(const entropix_config *c) {
+    return (sampler_params){ (float)c->temp, to_int(c->top_k, 0, 1 << 30, 0), (float)c->top_p, (float)c->min_p };
 }
+
+int entropix_n_samples(const entropix_config *c) { return to_int(c->n_samples, 1, ENTROPIX_MAX_SAMPLES, 1); }
 
 static void adaptive_params(const entropix_config *c, const token_metrics *m, entropix_step *st) {
     double H = m->entropy, V = m->varentropy, ae = m->attn_entropy, av = m->attn_varentropy;
     double ag = m->agreement, is = m->interaction_strength;
     st->sp.temperature = (float)(c->temp * (1 + c->ad_t_logits * (H + V) + c->ad_t_attn * (ae + av) - c->ad_t_agree * ag));
     st->sp.top_p = (float)clip(c->top_p * (1 + c->ad_p_avent * av), 0.1, 1.0);
-    st->sp.top_k = (int)clip(round(c->top_k * (1 + c->ad_k_inter * is - c->ad_k_agree * ag)), 1, 100);
+    st->sp.top_k = to_int(round(c->top_k * (1 + c->ad_k_inter * is - c->ad_k_agree * ag)), 1, 100, 1);
     st->sp.min_p = (float)clip(c->min_p * (1 - c->ad_m_unc * (H + V)), 0.01, 0.5);
-    st->n_samples = c->n_samples >= 1 ? (int)c->n_samples : 1;
+    st->n_samples = entropix_n_samples(c);
 }
 
 entropix_step entropix_decide(const entropix_config *c, const token_metrics *m, int prev_token, int clarifier) {
-    entropix_step st = { .q = entropix_classify(c, m), .sp = base_params(c), .n_samples = 1 };
+    entropix_step st = { .q = entropix_classify(c, m), .sp = entropix_base_params(c), .n_samples = 1 };
     switch (st.q) {
     case Q_LELV:
         st.greedy = 1;
@@ -60,7 +66,8 @@ entropix_step entropix_decide(const entropix_config *c, const token_metrics *m, 
         break;
     case Q_LEHV:
         st.sp.temperature = (float)fmin(c->lehv_t_max, c->temp * (c->lehv_t_off + c->lehv_t_coef * m->interaction_strength));
-        st.sp.top_k = (int)fmax(c->lehv_k_min, floor(c->top_k * (1 + c->lehv_k_coef * (1 - m->agreement))));
+        st.sp.top_k = to_int(fmax(c->lehv_k_min, floor(c->top_k * (1 + c->lehv_k_coef * (1 - m->agreement)))), 0,
+                             1 << 30, 0);
         break;
     case Q_HEHV:
         st.sp.temperature = (float)fmax(c->hehv_t_min, c->temp * (c->hehv_t_off + c->hehv_t_coef * m->attn_varentropy));

@@ -51,6 +51,13 @@ typedef struct {
 } entropix_step;
 
 const char *entropix_quadrant_name(entropix_quadrant q);
+// The profile's base draw (T0, K0, P0, M0) and ADAPTIVE draw count as the sampler takes
+// them: every float->int conversion here and in entropix_decide is range-checked (NaN
+// gives the default, anything else is clipped: top-k into 0..2^30, 0 = off; draws into
+// 1..ENTROPIX_MAX_SAMPLES), so non-finite metrics or constants never reach a cast.
+#define ENTROPIX_MAX_SAMPLES 1024
+sampler_params entropix_base_params(const entropix_config *c);
+int entropix_n_samples(const entropix_config *c);
 // Copies the named profile ("seed", "jax", "frog"); -1 with err for an unknown name.
 int entropix_profile(const char *name, entropix_config *c, verr *err);
 // Lists profile names, comma-separated, for error messages.

@@ -59,7 +59,7 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
     c->hist = malloc(sizeof(int) * ((size_t)n_prompt + o->max_new + o->branch_b + 1));
     c->work = malloc(sizeof(float) * (size_t)vocab);
     c->seen = calloc((size_t)vocab, 1);
-    c->n_draw = o->ex && o->ex->n_samples > 1 ? (int)o->ex->n_samples : 1;
+    c->n_draw = o->ex ? entropix_n_samples(o->ex) : 1;
     c->cfg = malloc(sizeof *c->cfg * (size_t)c->n_draw);
     c->drawn = malloc(sizeof *c->drawn * (size_t)c->n_draw);
     if (!c->hist || !c->work || !c->seen || !c->cfg || !c->drawn) return ctx_free(c), verr_set(err, "out of memory");
@@ -153,7 +153,7 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
         if (b > 0) {  // the forks are drawn on the host from this distribution
             if (lg == s->fw.logits && !(lg = session_logits(s, err))) return -1;
             sampler_distribution(&s->smp, lg, st.sp);
-            sampler_params base = { (float)o->ex->temp, (int)o->ex->top_k, (float)o->ex->top_p, (float)o->ex->min_p };
+            sampler_params base = entropix_base_params(o->ex);
             branch_penalty pen = { c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->work, c->seen };
             int w = branch_run(&c->bs, s, one, base, b, &c->ws, &c->r, &pen, err);
             if (w < 0) return -1;

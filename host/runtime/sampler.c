@@ -28,11 +28,20 @@ double rng_uniform(rng *r) {
     return (double)(x >> 11) * 0x1.0p-53;
 }
 
+// NaN never wins (as in kernels/cpu/sample.c); 0 when every logit is NaN.
 int sampler_argmax(const float *logits, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
-    return best;
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
+    return best < 0 ? 0 : best;
+}
+
+// The one-hot distribution on the argmax: greedy decoding, and the fallback when there
+// is nothing to draw from (a non-finite top logit, or a truncation that kept nothing).
+static double one_hot(sampler *s, const float *logits) {
+    s->cand[0] = (sampler_cand){ 1.0, sampler_argmax(logits, s->n) };
+    s->n_cand = 1;
+    return 0;
 }
 
 static int cand_cmp(const void *a, const void *b) {
@@ -86,18 +95,15 @@ static int nucleus_prefilter(sampler_cand *c, int n, double total, double top_p)
 double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
     sampler_cand *c = s->cand;
     int n = s->n;
-    if (p.temperature <= 0) {
-        c[0] = (sampler_cand){ 1.0, sampler_argmax(logits, n) };
-        s->n_cand = 1;
-        return 0;
-    }
     float mx = logits[sampler_argmax(logits, n)];
+    if (!(p.temperature > 0) || !isfinite(mx)) return one_hot(s, logits);
     double total = 0, inv_t = 1.0 / p.temperature;
     for (int i = 0; i < n; i++) {
-        c[i] = (sampler_cand){ exp(((double)logits[i] - mx) * inv_t), i };
+        c[i] = (sampler_cand){ isnan(logits[i]) ? 0 : exp(((double)logits[i] - mx) * inv_t), i };
         total += c[i].p;
     }
     if (p.min_p > 0) n = keep_at_least(c, n, fmin(p.min_p, 1.0));  // p_max is exp(0) = 1: the top always stays
+    if (n == 0) return one_hot(s, logits);  // a NaN min-p keeps nothing
     // The nucleus is a share of the mass left after min-p and top-k; the prefilter
     // only shortens the sort, so the total is taken before it.
     double kept = -1;
@@ -131,6 +137,7 @@ double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
 int sampler_draw(const sampler *s, rng *r) { return sampler_draw_u(s, rng_uniform(r)); }
 
 int sampler_draw_u(const sampler *s, double u) {
+    if (s->n_cand <= 0) return -1;  // no distribution built
     double cum = 0;
     for (int i = 0; i < s->n_cand; i++) {
         cum += s->cand[i].p;
@@ -195,7 +202,7 @@ void sampler_sample_n(sampler *s, const float *logits, const sample_cfg *cfg, in
     for (int i = 0; i < n; i++) {
         const sample_cfg *c = &cfg[i];
         int id;
-        if (c->temperature <= 0) {
+        if (!(c->temperature > 0)) {
             id = sampler_argmax(logits, s->n);
             out[i] = (sample_out){ id, 1, logits[id], 0, 0 };
             continue;
@@ -210,7 +217,7 @@ void sampler_sample_n(sampler *s, const float *logits, const sample_cfg *cfg, in
 }
 
 int sampler_sample(sampler *s, const float *logits, sampler_params p, rng *r) {
-    if (p.temperature <= 0) return sampler_argmax(logits, s->n);
+    if (!(p.temperature > 0)) return sampler_argmax(logits, s->n);
     sampler_distribution(s, logits, p);
     return sampler_draw(s, r);
 }

@@ -34,11 +34,15 @@ typedef struct {
 int sampler_init(sampler *s, int vocab);
 void sampler_free(sampler *s);
 double rng_uniform(rng *r);  // [0, 1), 53 bits
+// The first index of the largest logit; NaN never wins; 0 when every logit is NaN.
 int sampler_argmax(const float *logits, int n);
 // Builds the truncated, renormalised distribution in s->cand and returns its
-// entropy in bits. Temperature <= 0 gives the one-hot argmax distribution.
+// entropy in bits. Temperature <= 0 (or NaN) gives the one-hot argmax distribution, and
+// so do logits whose largest is +-inf (or all NaN): the sampler never draws from zero
+// candidates, s->n_cand >= 1 afterwards. NaN logits are never drawn. (The CPU forward
+// already refuses non-finite logits, naming the position; this is the last line.)
 double sampler_distribution(sampler *s, const float *logits, sampler_params p);
-// Draws from the distribution last built by sampler_distribution.
+// Draws from the distribution last built by sampler_distribution (-1 when none was built).
 int sampler_draw(const sampler *s, rng *r);
 // The same with the uniform u in [0, 1) given (one rng_uniform of the caller's stream).
 int sampler_draw_u(const sampler *s, double u);

@@ -238,6 +238,42 @@ static void test_penalties(void) {
     CHECK(isinf(w[0]) && w[2] == 1 && w[3] == 1, "no_repeat_ngram2", "%g %g", w[0], w[3]);
 }
 
+// Non-finite metrics (NaN logits upstream) and absurd constants: every float->int
+// conversion is range-checked (the old code cast NaN to int, a UBSan report in
+// make test-asan, and the metrics showed "top_k":-2147483648).
+static void test_nonfinite_metrics(void) {
+    entropix_config c;
+    entropix_profile("seed", &c, NULL);
+    token_metrics m = { 0 };
+    m.entropy = m.varentropy = m.attn_entropy = m.attn_varentropy = m.agreement = m.interaction_strength = NAN;
+    m.log_z = NAN;
+    int bad = 0;
+    for (int q = 0; q < Q_COUNT; q++) {  // NaN metrics are in no box: ADAPTIVE, whose top-k is cast
+        entropix_step st = entropix_decide(&c, &m, 7, -1);
+        bad += st.sp.top_k < 0 || st.sp.top_k > (1 << 30) || st.n_samples < 1 || st.n_samples > ENTROPIX_MAX_SAMPLES;
+        m.entropy = q % 2 ? NAN : INFINITY, m.agreement = q % 2 ? -INFINITY : NAN;
+    }
+    CHECK(!bad, "entropix_nan_metrics_top_k_in_range", "%d steps out of range", bad);
+    c.top_k = 1e300, c.n_samples = -1e300;
+    sampler_params p = entropix_base_params(&c);
+    CHECK(p.top_k == 1 << 30 && entropix_n_samples(&c) == 1, "entropix_huge_constants_clipped", "top_k %d n %d",
+          p.top_k, entropix_n_samples(&c));
+    c.top_k = NAN, c.n_samples = 1e12;
+    p = entropix_base_params(&c);
+    CHECK(p.top_k == 0 && entropix_n_samples(&c) == ENTROPIX_MAX_SAMPLES, "entropix_nan_constants_default",
+          "top_k %d n %d", p.top_k, entropix_n_samples(&c));
+    // LEHV with NaN agreement and a huge K0
+    entropix_config l;
+    entropix_profile("seed", &l, NULL);
+    l.top_k = 1e30;
+    for (int i = 0; i < M_COUNT; i++) l.box[Q_LEHV].lo[i] = -INFINITY, l.box[Q_LEHV].hi[i] = INFINITY;
+    l.order[0] = Q_LEHV;
+    token_metrics z = { 0 };
+    entropix_step st = entropix_decide(&l, &z, 7, -1);
+    CHECK(st.q == Q_LEHV && st.sp.top_k == 1 << 30, "entropix_lehv_huge_top_k_clipped", "q %d top_k %d", st.q,
+          st.sp.top_k);
+}
+
 int main(void) {
     test_logit_metrics();
     test_quadrants_seed_jax();
@@ -247,5 +283,6 @@ int main(void) {
     test_sampler_stats();
     test_distinct();
     test_penalties();
+    test_nonfinite_metrics();
     CHECK_DONE();
 }

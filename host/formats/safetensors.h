@@ -3,7 +3,9 @@
 // every entry is validated before any tensor is handed out: header length within the
 // file, known dtype, shape x element size == byte length, offsets inside the data
 // region, in order and non-overlapping, names unique. Tensors stay in their stored
-// dtype; nothing is copied.
+// dtype and are not copied, except a tensor whose data is not aligned for its dtype (a
+// header length that is not a multiple of 4 shifts every offset): it is copied once, at
+// open, into an aligned buffer the file owns, so no kernel ever does a misaligned load.
 //
 // Sharded checkpoints (model.safetensors.index.json) are opened with st_set_open.
 #ifndef VARENT_SAFETENSORS_H
@@ -20,7 +22,7 @@ typedef struct {
     st_dtype dtype;
     int ndim;
     int64_t shape[8];
-    const void *data;  // points into the mapping
+    const void *data;  // points into the mapping (or f->aligned, see above)
     size_t nbytes;
 } st_tensor;
 
@@ -31,6 +33,8 @@ typedef struct {
     st_tensor *tensors;  // sorted by name
     int n;
     void *meta;  // cJSON object of __metadata__, or NULL
+    void *aligned;      // the copies of misaligned tensors (64-byte aligned), or NULL
+    size_t aligned_bytes;
 } st_file;
 
 // A checkpoint of one or more files.
@@ -171,6 +175,31 @@ static int st_parse_header_(st_file *f, verr *err) {
     return rc ? rc : st_check_layout_(f, err);
 }
 
+static int st_misaligned_(const st_tensor *t) { return t->nbytes && (uintptr_t)t->data % st_sizes_[t->dtype]; }
+
+// Copies every tensor whose data is not aligned for its dtype (4 bytes for F32 and I32,
+// 2 for F16/BF16) into one aligned buffer, once; aligned files copy nothing.
+static int st_align_(st_file *f, verr *err) {
+    size_t total = 0;
+    for (int i = 0; i < f->n; i++)
+        if (st_misaligned_(&f->tensors[i])) total += (f->tensors[i].nbytes + 63) & ~(size_t)63;
+    if (!total) return 0;
+    f->aligned = aligned_alloc(64, total);
+    if (!f->aligned)
+        return verr_set(err, "%s: out of memory copying %zu bytes of tensors whose data is not aligned for their "
+                        "dtype (header length not a multiple of 4)", f->path, total);
+    f->aligned_bytes = total;
+    uint8_t *p = f->aligned;
+    for (int i = 0; i < f->n; i++) {
+        st_tensor *t = &f->tensors[i];
+        if (!st_misaligned_(t)) continue;
+        memcpy(p, t->data, t->nbytes);
+        t->data = p;
+        p += (t->nbytes + 63) & ~(size_t)63;
+    }
+    return 0;
+}
+
 int st_open(st_file *f, const char *path, verr *err) {
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
@@ -196,7 +225,7 @@ int st_open(st_file *f, const char *path, verr *err) {
         st_close(f);
         return -1;
     }
-    if (st_parse_header_(f, err) != 0) {
+    if (st_parse_header_(f, err) != 0 || st_align_(f, err) != 0) {
         st_close(f);
         return -1;
     }
@@ -205,6 +234,7 @@ int st_open(st_file *f, const char *path, verr *err) {
 
 void st_close(st_file *f) {
     if (f->map) munmap(f->map, f->size);
+    free(f->aligned);
     for (int i = 0; i < f->n; i++) free(f->tensors[i].name);
     free(f->tensors);
     cJSON_Delete((cJSON *)f->meta);

@@ -25,7 +25,12 @@ static void check_file(const st_file *f) {
     const uint8_t *lo = (const uint8_t *)f->map + 8 + hlen, *hi = (const uint8_t *)f->map + f->size;
     for (int i = 0; i < f->n; i++) {
         const st_tensor *t = &f->tensors[i];
-        FUZZ_CHECK((const uint8_t *)t->data >= lo && t->nbytes <= (size_t)(hi - (const uint8_t *)t->data));
+        const uint8_t *d = t->data, *a = f->aligned;
+        if (a && d >= a && d < a + f->aligned_bytes)  // a misaligned tensor's copy
+            FUZZ_CHECK(t->nbytes <= (size_t)(a + f->aligned_bytes - d));
+        else
+            FUZZ_CHECK(d >= lo && t->nbytes <= (size_t)(hi - d));
+        FUZZ_CHECK(!t->nbytes || (uintptr_t)d % st_dtype_size(t->dtype) == 0);  // aligned for its dtype
         FUZZ_CHECK(t->ndim >= 0 && t->ndim <= 8 && t->dtype < ST_NDTYPES);
         FUZZ_CHECK(st_find(f, t->name) == t);
         if (t->nbytes) {

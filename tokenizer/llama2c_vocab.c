@@ -4,6 +4,7 @@
 // token's score descending gives the same result under rank-based BPE.
 #include "tokenizer/llama2c_vocab.h"
 
+#include "host/util/fileio.h"
 #include "host/util/outfile.h"
 
 #include <cjson/cJSON.h>
@@ -38,8 +39,8 @@ static char *to_metaspace(const unsigned char *s, int len) {
 }
 
 static int read_vocab(const char *path, int n, l2c_vocab *v, verr *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return verr_set(err, "%s: cannot open llama2.c tokenizer", path);
+    FILE *f = fileio_fopen_input(path, err);
+    if (!f) return -1;
     int32_t maxlen;
     v->n = n;
     v->piece = calloc((size_t)n, sizeof *v->piece);

@@ -2,6 +2,7 @@
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tok_json.h"
 #include "tokenizer/tokenizer.h"
+#include "host/util/fileio.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -10,12 +11,9 @@
 #include <sys/stat.h>
 
 // Whole file into a NUL-terminated buffer; NULL (with err) if it cannot be read.
-static char *read_file(const char *path, size_t *len, int optional, verr *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (!optional) verr_set(err, "%s: cannot open tokenizer file", path);
-        return NULL;
-    }
+static char *read_file(const char *path, size_t *len, verr *err) {
+    FILE *f = fileio_fopen_input(path, err);  // regular files only: a FIFO never blocks
+    if (!f) return NULL;
     char *buf = NULL;
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
@@ -31,9 +29,9 @@ static char *read_file(const char *path, size_t *len, int optional, verr *err) {
     return NULL;
 }
 
-static cJSON *parse_json(const char *path, int optional, verr *err) {
+static cJSON *parse_json(const char *path, verr *err) {
     size_t len = 0;
-    char *buf = read_file(path, &len, optional, err);
+    char *buf = read_file(path, &len, err);
     if (!buf) return NULL;
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
@@ -235,17 +233,10 @@ static int load_config(tokenizer *t, const cJSON *root, const char *cfg_path, ve
     t->bos_id = tb ? tokenizer_token_id(t, tb) : -1;
     t->add_bos = t->bos_id >= 0;
     t->eos_id = -1;
-    verr e2;
-    cJSON *cfg = parse_json(cfg_path, 1, &e2);
-    if (!cfg) {
-        FILE *f = fopen(cfg_path, "rb");
-        if (f) {  // present but unreadable or invalid: report it
-            fclose(f);
-            *err = e2;
-            return -1;
-        }
-        return 0;
-    }
+    struct stat sb;
+    if (stat(cfg_path, &sb) != 0) return 0;  // optional; present but unreadable or invalid is an error
+    cJSON *cfg = parse_json(cfg_path, err);
+    if (!cfg) return -1;
     int bos = config_token(t, cfg, "bos_token");
     if (bos >= 0) t->bos_id = bos;
     t->eos_id = config_token(t, cfg, "eos_token");
@@ -287,7 +278,7 @@ tokenizer *tokenizer_load(const char *path, verr *err) {
     char json[4096], cfg[4096];
     if (resolve_paths(path, json, cfg, sizeof json, err) < 0) return NULL;
     size_t len;
-    char *buf = read_file(json, &len, 0, err);
+    char *buf = read_file(json, &len, err);
     if (!buf) return NULL;
     tok_json_model jm;
     cJSON *root = tok_json_parse(buf, len, &jm, json, err);

@@ -15,6 +15,7 @@
 #include "host/decode/batch.h"
 #include "host/cli/entropix_opts.h"
 #include "host/decode/generate.h"
+#include "host/util/fileio.h"
 #include "host/util/interrupt.h"
 #include "host/util/outfile.h"
 #include "host/util/progress.h"
@@ -147,8 +148,11 @@ static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, in
 // --resume: marks skip[i] for every index already recorded in path, after checking
 // that each record belongs to this prompt list. 0, or -1 with err naming the line.
 static int read_done(const char *path, const prompt_list *pl, unsigned char *skip, int *n_done, verr *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return errno == ENOENT ? 0 : verr_set(err, "%s: cannot read to resume: %s", path, strerror(errno));
+    struct stat sb;
+    if (stat(path, &sb) != 0 && errno == ENOENT) return 0;
+    verr why;
+    FILE *f = fileio_fopen_input(path, &why);  // a FIFO or device holds nothing to resume
+    if (!f) return verr_set(err, "--resume: %.900s", why.msg);
     char *line = NULL;
     size_t cap = 0;
     int rc = 0;

@@ -1,6 +1,7 @@
 // tokenize.c: `varent tokenize` and `varent detokenize`.
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
+#include "host/util/fileio.h"
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -100,9 +101,10 @@ static int cmp_double(const void *a, const void *b) {
 
 // Load time and encode throughput (median of 5 runs each) for FILE.
 static int tokenize_bench(const char *tok_path, const char *file, int special) {
-    FILE *f = fopen(file, "rb");
+    verr err;
+    FILE *f = fileio_fopen_input(file, &err);
     if (!f) {
-        fprintf(stderr, "error: %s: cannot open bench input\n", file);
+        fprintf(stderr, "error: bench input %s\n", err.msg);
         return 1;
     }
     size_t len;
@@ -112,7 +114,6 @@ static int tokenize_bench(const char *tok_path, const char *file, int special) {
     enum { RUNS = 5 };
     double load[RUNS], enc[RUNS], load_cpu[RUNS], enc_cpu[RUNS];
     int n = 0;
-    verr err;
     for (int r = 0; r < RUNS; r++) {
         double t0 = now_s(), c0 = cpu_s();
         tokenizer *t = tokenizer_load(tok_path, &err);

@@ -14,6 +14,7 @@
 #include "host/formats/st_write.h"
 #include "kernels/ops.h"
 #include "tokenizer/llama2c_vocab.h"
+#include "host/util/fileio.h"
 
 typedef struct {
     int dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
@@ -133,8 +134,8 @@ static int read_header(l2c_reader *r, l2c_config *c, int *shared) {
 // (host/formats/model_dir.h), so a bad checkpoint or tokenizer leaves OUT as it was.
 int convert_llama2c(const char *ckpt, const char *tok, const char *out, int bf16, verr *err) {
     l2c_reader r = { .path = ckpt, .bf16 = bf16, .err = err };
-    r.f = fopen(ckpt, "rb");
-    if (!r.f) return verr_set(err, "%s: cannot open: %s", ckpt, strerror(errno));
+    r.f = fileio_fopen_input(ckpt, err);
+    if (!r.f) return -1;
     l2c_config c = { 0 };
     int shared = 0, rc = read_header(&r, &c, &shared);
     r.w = rc ? NULL : st_writer_new();

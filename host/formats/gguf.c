@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "host/formats/dequant.h"
+#include "host/util/fileio.h"
 
 #define GGUF_MAX_NEST 8  // nested arrays deeper than this are rejected
 
@@ -218,8 +219,8 @@ static int place_tensor(gguf_file *g, gguf_tensor *t, verr *err) {
 }
 
 static int map_file(gguf_file *g, const char *path, verr *err) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return verr_set(err, "%s: cannot open: %s", path, strerror(errno));
+    int fd = fileio_open_input(path, err);  // regular files only: a FIFO never blocks
+    if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         close(fd);

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "host/util/err.h"
+#include "host/util/fileio.h"
 
 typedef enum { ST_F32, ST_F16, ST_BF16, ST_I8, ST_U8, ST_I32, ST_NDTYPES } st_dtype;
 
@@ -203,9 +204,8 @@ static int st_align_(st_file *f, verr *err) {
 int st_open(st_file *f, const char *path, verr *err) {
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
-    int fd = open(path, O_RDONLY);
+    int fd = fileio_open_input(path, err);  // regular files only: a FIFO never blocks
     if (fd < 0) {
-        verr_set(err, "%s: cannot open: %s", path, strerror(errno));
         st_close(f);
         return -1;
     }
@@ -253,8 +253,8 @@ const char *st_meta(const st_file *f, const char *key) {
 }
 
 static char *st_read_text_(const char *path, verr *err) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return verr_set(err, "%s: cannot open: %s", path, strerror(errno)), NULL;
+    FILE *fp = fileio_fopen_input(path, err);
+    if (!fp) return NULL;
     fseek(fp, 0, SEEK_END);
     long n = ftell(fp);
     fseek(fp, 0, SEEK_SET);

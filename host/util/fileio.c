@@ -2,16 +2,53 @@
 #include "host/util/fileio.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-char *fileio_read_all(const char *path, verr *err) {
-    FILE *fp = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+static const char *file_kind(mode_t m) {
+    return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISCHR(m) ? "a character device"
+         : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a file";
+}
+
+static int not_regular(const char *path, mode_t m, verr *err) {
+    return verr_set(err, "%s: is %s, not a regular file (inputs are read from regular files; use - for stdin "
+                    "where a stream is meant)", path, file_kind(m));
+}
+
+int fileio_open_input(const char *path, verr *err) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return verr_set(err, "%s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return not_regular(path, sb.st_mode, err);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return verr_set(err, "%s: cannot open: %s", path, strerror(errno));
+    int flags = fcntl(fd, F_GETFL);
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return S_ISREG(sb.st_mode) ? verr_set(err, "%s: cannot open: %s", path, strerror(e))
+                                   : not_regular(path, sb.st_mode, err);
+    }
+    return fd;
+}
+
+FILE *fileio_fopen_input(const char *path, verr *err) {
+    int fd = fileio_open_input(path, err);
+    if (fd < 0) return NULL;
+    FILE *fp = fdopen(fd, "rb");
     if (!fp) {
         verr_set(err, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
+        close(fd);
     }
+    return fp;
+}
+
+char *fileio_read_all(const char *path, verr *err) {
+    FILE *fp = strcmp(path, "-") ? fileio_fopen_input(path, err) : stdin;
+    if (!fp) return NULL;
     size_t n = 0, cap = 4096;
     char *buf = malloc(cap);
     while (buf) {

@@ -132,6 +132,57 @@ if not os.path.exists(bf):
     check(hlen % 2 == 1 and ref_bf is not None and got == ref_bf, "misaligned_header_bf16_same_logits",
           f"header length {hlen}: {why or 'logits differ'}")
 
+# --- Row 9: a FIFO in place of a model file: open() must not block ---------------------
+# Every input is stat'ed first and must be a regular file; the error names the path.
+def fifo_case(name, fname, args):
+    d = model_copy("fifo-" + name)
+    path = os.path.join(d, fname)
+    os.unlink(path)
+    os.mkfifo(path)
+    try:
+        r = varent(*args(d), timeout=10)
+    except subprocess.TimeoutExpired:
+        return check(False, f"fifo_{name}", "varent blocked on the FIFO for 10 s")
+    expect_fail(f"fifo_{name}", r, path, "is a FIFO, not a regular file")
+
+
+run_args = lambda d: ("run", "-m", d, "-p", "Once upon a time", "-n", "2")  # noqa: E731
+for fname in ("config.json", "model.safetensors", "tokenizer.json"):
+    fifo_case(fname.split(".")[0], fname, run_args)
+fifo_case("tokenize_tokenizer", "tokenizer.json", lambda d: ("tokenize", "-t", d, "hello"))
+fifo_case("logits_safetensors", "model.safetensors", lambda d: ("logits", "-m", d, "--ids", "1,2", "--out",
+                                                               os.path.join(work, "fifo.logits")))
+# tokenizer_config.json is optional, but one that is there must be readable
+if os.path.exists(os.path.join(base, "tokenizer_config.json")):
+    fifo_case("tokenizer_config", "tokenizer_config.json", run_args)
+else:
+    d = model_copy("fifo-tokcfg")
+    os.mkfifo(os.path.join(d, "tokenizer_config.json"))
+    try:
+        r = varent(*run_args(d), timeout=10)
+        expect_fail("fifo_tokenizer_config", r, "tokenizer_config.json", "is a FIFO, not a regular file")
+    except subprocess.TimeoutExpired:
+        check(False, "fifo_tokenizer_config", "varent blocked on the FIFO for 10 s")
+# convert: a FIFO checkpoint, and a FIFO llama2.c tokenizer
+src = os.path.join(os.path.dirname(base), "stories260K.bin")
+for name, ckpt, tok in [("convert_checkpoint", None, "tok"), ("convert_tokenizer", src, None)]:
+    fifo = os.path.join(work, f"fifo-{name}.bin")
+    os.mkfifo(fifo)
+    tok_bin = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "stories260K", "tok512.bin")
+    try:
+        r = varent("convert", "llama2c", ckpt or fifo, tok_bin if tok else fifo, os.path.join(work, "out-" + name),
+                   timeout=10)
+        expect_fail(f"fifo_{name}", r, fifo, "is a FIFO, not a regular file")
+    except subprocess.TimeoutExpired:
+        check(False, f"fifo_{name}", "varent blocked on the FIFO for 10 s")
+fifo = os.path.join(work, "fifo.gguf")
+os.mkfifo(fifo)
+try:
+    r = varent("convert", "gguf", fifo, os.path.join(work, "out-gguf"), timeout=10)
+    expect_fail("fifo_convert_gguf", r, fifo, "is a FIFO, not a regular file")
+except subprocess.TimeoutExpired:
+    check(False, "fifo_convert_gguf", "varent blocked on the FIFO for 10 s")
+
 # --- Row 6: a first generated token that is EOS appends an empty text (sb_put(b, NULL, 0),
 # undefined behaviour that aborted the sanitizer build's server) ----------------------
 EOS_FIRST = {"prompt": "Once upon a time", "max_tokens": 1, "temperature": 100, "seed": 392}

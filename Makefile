@@ -175,8 +175,12 @@ $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h $(FUZZ_BUILD)/l
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libparsers.a -lcjson -lpcre2-8 -lutf8proc -lm
 
 fuzz-build: deps $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
+# make_seeds.py caches the converted stories260K in FUZZ_TMP (tests/tmp, as the suite
+# does), which a fresh clone does not have yet.
+FUZZ_TMP ?= tests/tmp
 fuzz-seeds: $(BIN)
-	VARENT=$(abspath $(BIN)) $(PYTHON) tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
+	@mkdir -p $(FUZZ_TMP)
+	TESTTMP=$(abspath $(FUZZ_TMP)) VARENT=$(abspath $(BIN)) $(PYTHON) tests/fuzz/make_seeds.py $(FUZZ_BUILD)/seeds
 fuzz: fuzz-build fuzz-seeds
 	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_TARGETS="$(FUZZ_TARGETS)" bash tests/fuzz/run.sh
 

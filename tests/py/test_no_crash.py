@@ -202,6 +202,29 @@ try:
     check(st == 200 and saw_done, "eos_first_stream", f"status {st} events {events[:3]}")
     check(srv.proc.poll() is None and srv.health().get("status") == "ok", "eos_first_server_stays_up",
           "server died: " + srv.text()[-400:])
+
+    # --- Row 14: "\u0000" in any string is a 400 naming the field (it was cut at the NUL)
+    NUL_CASES = [  # name, endpoint, body, param
+        ("prompt", "/v1/completions", {"prompt": "a\u0000b", "max_tokens": 2}, "prompt"),
+        ("prompt_list", "/v1/completions", {"prompt": ["a\u0000b"], "max_tokens": 2}, "prompt[0]"),
+        ("stop", "/v1/completions", {"prompt": "a", "stop": ["x", "y\u0000"], "max_tokens": 2}, "stop[1]"),
+        ("unknown_field", "/v1/completions", {"prompt": "a", "user": "\u0000", "max_tokens": 2}, "user"),
+        ("message", "/v1/chat/completions",
+         {"messages": [{"role": "system", "content": "hi"}, {"role": "user", "content": 'a"\\\u0000'}]},
+         "messages[1].content"),
+        ("message_part", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": [{"type": "text", "text": "a\u0000"}]}]},
+         "messages[0].content[0].text"),
+        ("key", "/v1/completions", {"prompt": "a", "x\u0000": 1}, "(a key)"),
+    ]
+    for name, path, body, param in NUL_CASES:
+        st, resp = srv.post(path, body)
+        e = resp.get("error") or {}
+        check(st == 400 and e.get("param") == param and "NUL" in e.get("message", ""), f"nul_{name}_is_400",
+              f"status {st} {json.dumps(resp)[:300]}")
+    # an escaped backslash before "u0000" is plain text, not a NUL
+    st, resp = srv.post("/v1/completions", {"prompt": "a\\u0000b", "max_tokens": 2})
+    check(st == 200, "nul_escaped_backslash_is_text", f"status {st} {json.dumps(resp)[:300]}")
 finally:
     srv.stop()
 

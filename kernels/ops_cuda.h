@@ -124,12 +124,24 @@ int cuda_matvec(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int
 #define CUDA_MATVEC_ROWS 8  // rows one launch of cuda_matvec_rows serves (more: passes)
 int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out, int B, int s1,
                      int s2);
+// What a decode matvec can do besides the product (NULL: nothing). norm (device f32
+// [n_in]) folds the RMSNorm of each x row into it: out = W (x * rsqrt(mean(x^2) + eps)
+// * norm), computed as rsqrt(...) * ((W * norm) x), so the normalised activations are
+// never written. add: out += the product (the residual add; plain layout only).
+typedef struct {
+    const float *norm;
+    float eps;
+    int add;
+} cuda_mv_fuse;
+int cuda_matvec_rows_fused(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out, int B, int s1,
+                           int s2, const cuda_mv_fuse *fz);
 // out[B, hid] = silu(x @ gate^T) * (x @ up^T), w = gate|up [2*hid, n_in] (the MLP's
 // first half in one launch; the same bits as cuda_matvec_rows with s1 = hid, s2 = 2*hid
 // on the four-rows-per-warp kernel, then cuda_swiglu). Where the vector kernels do not
 // apply (n_in % 8, alignment) it runs those two ops, through tmp [B, 2*hid] (which may
-// hold out: out == tmp is allowed).
-int cuda_matvec_glu_rows(cuda_ctx *ctx, float *out, float *tmp, const float *x, wref w, int n_in, int hid, int B);
+// hold out: out == tmp is allowed). fz: a folded norm (no add), or NULL.
+int cuda_matvec_glu_rows(cuda_ctx *ctx, float *out, float *tmp, const float *x, wref w, int n_in, int hid, int B,
+                         const cuda_mv_fuse *fz);
 // x[T, n] += b[n]
 int cuda_add_bias(cuda_ctx *ctx, float *x, wref b, int T, int n);
 // Rotary embedding in place on x[T, n_heads, head_dim]; pos: device int[T];

@@ -260,12 +260,16 @@ static int enqueue_decode(cuda_forward *f, int B, int cap, verr *err) {
     step_params dp = params(f, f->d_par);
     CK(cudaMemcpyAsync(f->d_par, f->h_par, f->par_bytes, cudaMemcpyHostToDevice, x->stream));
     OP(cuda_embed(x, f->x, w->embed, dp.ids, B, dim));
-    OP(cuda_rmsnorm(x, f->xb, f->x, w->layers[0].attn_norm, B, dim, eps));
+    // Every RMSNorm is folded into the matvec that reads it, and every residual add into
+    // the matvec that produces it: x is the residual stream throughout.
+    const cuda_mv_fuse residual = { NULL, 0.f, 1 };
     for (int l = 0; l < c->n_layers; l++) {
         const dev_layer *L = &w->layers[l];
+        const cuda_mv_fuse attn_norm = { (const float *)L->attn_norm.data, eps, 0 };
+        const cuda_mv_fuse ffn_norm = { (const float *)L->ffn_norm.data, eps, 0 };
         // One matvec over Wqkv, planar output: q [B, q_dim], k [B, kv_dim], v [B, kv_dim].
         float *q = f->qkv, *k = q + (size_t)B * q_dim, *v = k + (size_t)B * kv_dim;
-        OP(cuda_matvec_rows(x, q, f->xb, L->wqkv, dim, qkv_dim, B, q_dim, q_dim + kv_dim));
+        OP(cuda_matvec_rows_fused(x, q, f->x, L->wqkv, dim, qkv_dim, B, q_dim, q_dim + kv_dim, &attn_norm));
         if (L->bqkv.data && B == 1) {
             OP(cuda_add_bias(x, q, L->bqkv, 1, qkv_dim));
         } else if (L->bqkv.data) {
@@ -286,15 +290,13 @@ static int enqueue_decode(cuda_forward *f, int B, int cap, verr *err) {
         const cuda_kv_layer *dl = &dp.layers[(size_t)l * f->rows];
         OP(cuda_kv_store_rows(x, dl, k, v, dp.rows, B, kv_dim));
         OP(cuda_attention_decode_rows(x, f->att, q, dl, dp.lens, B, f->max_ctx, sh, l == cap ? f->scores : NULL));
-        OP(cuda_matvec_rows(x, f->y, f->att, L->wo, q_dim, dim, B, dim, dim));
-        OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, L->ffn_norm, B, dim, eps));
+        OP(cuda_matvec_rows_fused(x, f->x, f->att, L->wo, q_dim, dim, B, dim, dim, &residual));
         float *h = f->hb;  // [B, hid] = silu(gate) * up, one launch (hb holds [B, 2*hid] if it falls back)
-        OP(cuda_matvec_glu_rows(x, h, f->hb, f->xb, L->w_gu, dim, hid, B));
-        OP(cuda_matvec_rows(x, f->y, h, L->w_down, hid, dim, B, dim, dim));
-        wref next = l + 1 < c->n_layers ? w->layers[l + 1].attn_norm : w->final_norm;
-        OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, next, B, dim, eps));
+        OP(cuda_matvec_glu_rows(x, h, f->hb, f->x, L->w_gu, dim, hid, B, &ffn_norm));
+        OP(cuda_matvec_rows_fused(x, f->x, h, L->w_down, hid, dim, B, dim, dim, &residual));
     }
-    OP(cuda_matvec_rows(x, f->logits, f->xb, w->lm_head, dim, V, B, V, V));
+    const cuda_mv_fuse final_norm = { (const float *)w->final_norm.data, eps, 0 };
+    OP(cuda_matvec_rows_fused(x, f->logits, f->x, w->lm_head, dim, V, B, V, V, &final_norm));
     return cap >= 0 ? enqueue_stats(f, B, dp, err) : 0;
 }
 

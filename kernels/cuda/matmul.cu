@@ -35,14 +35,41 @@ __device__ __forceinline__ float dot8(const float f[8], float4 a, float4 b) {
 // Rows of one launch (batched decode): x points at row r0 of the batch, nr <= R rows are
 // valid (rows past nr re-read row nr-1, which is valid memory, and are not written). Row
 // r's output o goes to the planar-by-segment layout of ops_cuda.h (B rows in all).
+// Fusions (cuda_mv_fuse): nw (f32 [n_in], NULL: none) folds each x row's RMSNorm into
+// the product, as W (x * inv_rms * nw) = inv_rms * (W * nw) x: the weights are scaled
+// by nw as they are widened and the sum by the row's inv_rms at the end; add makes the
+// store out += v (the residual add).
 struct mv_rows {
     float *out;
     const float *x;
     int r0, nr, B, s1, s2;
+    const float *nw;
+    float eps;
+    int add;
 };
 
 __device__ __forceinline__ const float *mv_x(const mv_rows &p, int r, int n_in) {
     return p.x + (size_t)min(r, p.nr - 1) * n_in;
+}
+
+// 1 / rms of x row r, as rmsnorm_kernel computes it (fp32 sum of squares); 1 without
+// a folded norm. Every lane of the warp gets it.
+__device__ __forceinline__ float mv_inv_rms(const mv_rows &p, int r, int n_in) {
+    if (!p.nw) return 1.f;
+    const float *xr = mv_x(p, r, n_in);
+    float ss = 0.f;
+    for (int i = threadIdx.x & 31; i < n_in; i += 32) ss = fmaf(xr[i], xr[i], ss);
+    ss = warp_sum(ss);
+    return rsqrtf(ss / (float)n_in + p.eps);
+}
+
+// f[0..8) *= the norm's weights of chunk i (vector kernels; nw 16-byte aligned).
+__device__ __forceinline__ void mv_scale8(const mv_rows &p, size_t i, float f[8]) {
+    if (!p.nw) return;
+    const float4 *n4 = (const float4 *)p.nw + 2 * i;
+    float4 a = __ldg(n4), b = __ldg(n4 + 1);
+    f[0] *= a.x; f[1] *= a.y; f[2] *= a.z; f[3] *= a.w;
+    f[4] *= b.x; f[5] *= b.y; f[6] *= b.z; f[7] *= b.w;
 }
 
 __device__ __forceinline__ void mv_store(const mv_rows &p, int r, int o, int n_out, float v) {
@@ -52,7 +79,7 @@ __device__ __forceinline__ void mv_store(const mv_rows &p, int r, int o, int n_o
     if (o < p.s1) d = p.out + (size_t)b * p.s1 + o;
     else if (o < p.s2) d = p.out + (size_t)p.B * p.s1 + (size_t)b * (p.s2 - p.s1) + (o - p.s1);
     else d = p.out + (size_t)p.B * p.s2 + (size_t)b * (n_out - p.s2) + (o - p.s2);
-    *d = v;
+    *d = p.add ? *d + v : v;
 }
 
 // Vector path: n_in % 8 == 0, w and x 16-byte aligned. R rows share each weight load;
@@ -75,6 +102,8 @@ __global__ void matvec_vec_kernel(mv_rows p, const void *w, int n_in, int n_out)
         float f0[8], f1[8];
         load_w8<WT>(w, rbase + i, f0);
         load_w8<WT>(w, rbase + i + 32, f1);
+        mv_scale8(p, i, f0);
+        mv_scale8(p, i + 32, f1);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             acc0[r] += dot8(f0, __ldg(x4[r] + 2 * i), __ldg(x4[r] + 2 * i + 1));
@@ -84,12 +113,13 @@ __global__ void matvec_vec_kernel(mv_rows p, const void *w, int n_in, int n_out)
     if (i < nv) {
         float f0[8];
         load_w8<WT>(w, rbase + i, f0);
+        mv_scale8(p, i, f0);
 #pragma unroll
         for (int r = 0; r < R; r++) acc0[r] += dot8(f0, __ldg(x4[r] + 2 * i), __ldg(x4[r] + 2 * i + 1));
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float acc = warp_sum(acc0[r] + acc1[r]);
+        float acc = warp_sum(acc0[r] + acc1[r]) * mv_inv_rms(p, r, n_in);
         if (lane == 0) mv_store(p, r, row, n_out, acc);
     }
 }
@@ -112,7 +142,10 @@ __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const 
     for (int i = lane; i < nv; i += 32) {
         float f[4][8];
 #pragma unroll
-        for (int q = 0; q < 4; q++) load_w8<WT>(w, rb[q] + i, f[q]);
+        for (int q = 0; q < 4; q++) {
+            load_w8<WT>(w, rb[q] + i, f[q]);
+            mv_scale8(p, i, f[q]);
+        }
 #pragma unroll
         for (int r = 0; r < R; r++) {
             float4 xa = __ldg(x4[r] + 2 * i), xb = __ldg(x4[r] + 2 * i + 1);
@@ -133,13 +166,15 @@ __global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out
     size_t rb[4];
 #pragma unroll
     for (int q = 0; q < 4; q++) rb[q] = (size_t)min(row0 + q, n_out - 1) * (n_in / 8);
-    float acc[4][R];
+    float acc[4][R], inv[R];
     mv4_dots<WT, R>(p, w, rb, n_in, acc);
+#pragma unroll
+    for (int r = 0; r < R; r++) inv[r] = mv_inv_rms(p, r, n_in);
 #pragma unroll
     for (int q = 0; q < 4; q++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float a = warp_sum(acc[q][r]);
+            float a = warp_sum(acc[q][r]) * inv[r];
             if (lane == 0 && row0 + q < n_out) mv_store(p, r, row0 + q, n_out, a);
         }
 }
@@ -161,13 +196,15 @@ __global__ void matvec_glu_kernel(mv_rows p, const void *w, int n_in, int hid) {
         rb[q] = (size_t)min(j0 + q, hid - 1) * (n_in / 8);
         rb[2 + q] = (size_t)(hid + min(j0 + q, hid - 1)) * (n_in / 8);
     }
-    float acc[4][R];
+    float acc[4][R], inv[R];
     mv4_dots<WT, R>(p, w, rb, n_in, acc);
+#pragma unroll
+    for (int r = 0; r < R; r++) inv[r] = mv_inv_rms(p, r, n_in);
 #pragma unroll
     for (int q = 0; q < 2; q++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float g = warp_sum(acc[q][r]), u = warp_sum(acc[2 + q][r]);
+            float g = warp_sum(acc[q][r]) * inv[r], u = warp_sum(acc[2 + q][r]) * inv[r];
             if (lane == 0 && j0 + q < hid) mv_store(p, r, j0 + q, hid, silu_mul(g, u));
         }
 }
@@ -185,12 +222,13 @@ __global__ void matvec_scalar_kernel(mv_rows p, const void *w, int wt, int n_in,
     for (int r = 0; r < R; r++) xr[r] = mv_x(p, r, n_in), acc[r] = 0.f;
     for (int i = lane; i < n_in; i += 32) {
         float wv = load_w(w, wt, rbase + i);
+        if (p.nw) wv *= p.nw[i];
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] = fmaf(wv, xr[r][i], acc[r]);
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float a = warp_sum(acc[r]);
+        float a = warp_sum(acc[r]) * mv_inv_rms(p, r, n_in);
         if (lane == 0) mv_store(p, r, row, n_out, a);
     }
 }
@@ -215,20 +253,38 @@ static void mv_launch(cuda_ctx *ctx, int kind, const mv_rows &p, wref w, int n_i
     }
 }
 
-extern "C" int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out, int B,
-                                int s1, int s2) {
+// The vector kernels need n_in % 8 == 0 and 16-byte aligned w, x (rows start n_in floats
+// apart, so every row keeps x's alignment) and folded norm weights.
+static bool mv_vectorizable(const void *w, const float *x, int n_in, const cuda_mv_fuse *fz) {
+    return n_in % 8 == 0 && is_aligned(w, 16) && is_aligned(x, 16) && (!fz || !fz->norm || is_aligned(fz->norm, 16));
+}
+
+static mv_rows mv_rows_of(float *out, const float *x, int r0, int nr, int B, int s1, int s2,
+                          const cuda_mv_fuse *fz) {
+    mv_rows p = { out, x, r0, nr, B, s1, s2, NULL, 0.f, 0 };
+    if (fz) {
+        p.nw = fz->norm;
+        p.eps = fz->eps;
+        p.add = fz->add;
+    }
+    return p;
+}
+
+extern "C" int cuda_matvec_rows_fused(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out,
+                                      int B, int s1, int s2, const cuda_mv_fuse *fz) {
     CUDA_REQUIRE(ctx, n_in > 0 && n_out > 0 && B >= 1 && 0 <= s1 && s1 <= s2 && s2 <= n_out,
                  "cuda_matvec_rows: bad shape n_in=%d n_out=%d B=%d s1=%d s2=%d", n_in, n_out, B, s1, s2);
     CUDA_REQUIRE(ctx, w.type == WT_F32 || w.type == WT_F16 || w.type == WT_BF16,
                  "cuda_matvec_rows: unsupported weight type %d", (int)w.type);
-    // Rows start n_in floats apart: with n_in % 8 == 0 every row keeps x's 16-byte alignment.
-    int kind = n_in % 8 == 0 && is_aligned(w.data, 16) && is_aligned(x, 16) ? MV_VEC : MV_SCALAR;
+    CUDA_REQUIRE(ctx, !fz || !fz->add || (s1 == n_out && s2 == n_out),
+                 "cuda_matvec_rows: the residual add needs the plain layout (s1 = s2 = n_out)");
+    int kind = mv_vectorizable(w.data, x, n_in, fz) ? MV_VEC : MV_SCALAR;
     // Four weight rows per warp only when that still leaves >= 2 blocks per SM.
     if (kind == MV_VEC && (long)n_out >= 4L * MV_WARPS * 2 * (ctx->n_sm > 0 ? ctx->n_sm : 1)) kind = MV_VEC4;
     static_assert(CUDA_MATVEC_ROWS == 8, "mv_launch instantiates R = 1, 2, 4, 8");
     for (int r0 = 0; r0 < B; r0 += CUDA_MATVEC_ROWS) {
         int nr = B - r0 < CUDA_MATVEC_ROWS ? B - r0 : CUDA_MATVEC_ROWS;
-        mv_rows p = { out, x + (size_t)r0 * n_in, r0, nr, B, s1, s2 };
+        mv_rows p = mv_rows_of(out, x + (size_t)r0 * n_in, r0, nr, B, s1, s2, fz);
         if (nr == 1) mv_launch<1>(ctx, kind, p, w, n_in, n_out);
         else if (nr == 2) mv_launch<2>(ctx, kind, p, w, n_in, n_out);
         else if (nr <= 4) mv_launch<4>(ctx, kind, p, w, n_in, n_out);
@@ -237,6 +293,11 @@ extern "C" int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref 
                                : kind == MV_VEC4 ? "matvec_vec4_kernel" : "matvec_vec_kernel");
     }
     return 0;
+}
+
+extern "C" int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out, int B,
+                                int s1, int s2) {
+    return cuda_matvec_rows_fused(ctx, out, x, w, n_in, n_out, B, s1, s2, NULL);
 }
 
 template <int R>
@@ -249,18 +310,19 @@ static void glu_launch(cuda_ctx *ctx, const mv_rows &p, wref w, int n_in, int hi
 }
 
 extern "C" int cuda_matvec_glu_rows(cuda_ctx *ctx, float *out, float *tmp, const float *x, wref w, int n_in,
-                                    int hid, int B) {
+                                    int hid, int B, const cuda_mv_fuse *fz) {
     CUDA_REQUIRE(ctx, n_in > 0 && hid > 0 && B >= 1, "cuda_matvec_glu_rows: bad shape n_in=%d hid=%d B=%d", n_in,
                  hid, B);
     CUDA_REQUIRE(ctx, w.type == WT_F32 || w.type == WT_F16 || w.type == WT_BF16,
                  "cuda_matvec_glu_rows: unsupported weight type %d", (int)w.type);
-    if (n_in % 8 != 0 || !is_aligned(w.data, 16) || !is_aligned(x, 16)) {  // two launches, as before
-        if (cuda_matvec_rows(ctx, tmp, x, w, n_in, 2 * hid, B, hid, 2 * hid)) return -1;
+    CUDA_REQUIRE(ctx, !fz || !fz->add, "cuda_matvec_glu_rows: no residual add into silu(gate) * up");
+    if (!mv_vectorizable(w.data, x, n_in, fz)) {  // two launches, as before
+        if (cuda_matvec_rows_fused(ctx, tmp, x, w, n_in, 2 * hid, B, hid, 2 * hid, fz)) return -1;
         return cuda_swiglu(ctx, out, tmp, tmp + (size_t)B * hid, (size_t)B * hid);
     }
     for (int r0 = 0; r0 < B; r0 += CUDA_MATVEC_ROWS) {
         int nr = B - r0 < CUDA_MATVEC_ROWS ? B - r0 : CUDA_MATVEC_ROWS;
-        mv_rows p = { out, x + (size_t)r0 * n_in, r0, nr, B, hid, hid };
+        mv_rows p = mv_rows_of(out, x + (size_t)r0 * n_in, r0, nr, B, hid, hid, fz);
         if (nr == 1) glu_launch<1>(ctx, p, w, n_in, hid);
         else if (nr == 2) glu_launch<2>(ctx, p, w, n_in, hid);
         else if (nr <= 4) glu_launch<4>(ctx, p, w, n_in, hid);

@@ -97,11 +97,67 @@ static void test_matvec_rows(void) {
     cuda_free(d);
 }
 
+// ---- cuda_matvec_rows_fused ----------------------------------------------------------------
+// A folded RMSNorm (against cpu_rmsnorm then cpu_matmul) and a residual add (out starts
+// as a random base and must end as base + W x), on the vector, four-rows and scalar
+// kernels, each row against B == 1.
+static void fused_rows_case(wtype t, int n_in, int n_out, int norm, int add) {
+    static const int Bs[] = {1, 3, 8, MV_MAX_B};
+    size_t nw = (size_t)n_out * n_in, nx = (size_t)MV_MAX_B * n_in, ny = (size_t)MV_MAX_B * n_out;
+    void *raw = wmake(t, nw, 1.f / sqrtf((float)n_in));
+    float *x = fvec(nx, 1.f), *g = fvec((size_t)n_in, 1.f), *base = fvec(ny, 1.f), *xn = malloc(nx * 4);
+    float *ref = malloc(ny * 4), *single = malloc(ny * 4);
+    void *dw = dup_up(raw, nw * wtype_size(t));
+    float *dx = dup_up(x, nx * 4), *dg = dup_up(g, (size_t)n_in * 4), *dout = dalloc(ny * 4);
+    wref w = {dw, t};
+    cuda_mv_fuse fz = {norm ? dg : NULL, 1e-5f, add};
+    if (norm) cpu_rmsnorm(xn, x, (wref){g, WT_F32}, MV_MAX_B, n_in, 1e-5f);
+    else memcpy(xn, x, nx * 4);
+    cpu_matmul(ref, xn, (wref){raw, t}, MV_MAX_B, n_in, n_out);
+    for (size_t i = 0; add && i < ny; i++) ref[i] += base[i];
+    for (int r = 0; r < MV_MAX_B; r++) {
+        OK(cuda_upload(&C, dout, base + (size_t)r * n_out, (size_t)n_out * 4));
+        OK(cuda_matvec_rows_fused(&C, dout, dx + (size_t)r * n_in, w, n_in, n_out, 1, n_out, n_out, &fz));
+        OK(cuda_download(&C, single + (size_t)r * n_out, dout, (size_t)n_out * 4));
+    }
+    for (int bi = 0; bi < 4; bi++) {
+        int B = Bs[bi];
+        char tag[128];
+        snprintf(tag, sizeof tag, "%s B=%d n_in=%d n_out=%d%s%s", wtype_name(t), B, n_in, n_out, norm ? " norm" : "",
+                 add ? " add" : "");
+        OK(cuda_upload(&C, dout, base, (size_t)B * n_out * 4));
+        OK(cuda_matvec_rows_fused(&C, dout, dx, w, n_in, n_out, B, n_out, n_out, &fz));
+        float *got = fdown(dout, (size_t)B * n_out);
+        cmp(NAME("cuda_matvec_rows_fused vs cpu %s", tag), got, ref, (long)B * n_out, 1e-4f, 1e-3f);
+        CHECK(!memcmp(got, single, (size_t)B * n_out * 4), NAME("cuda_matvec_rows_fused bit-identical to B=1 %s", tag),
+              "a row differs");
+        free(got);
+    }
+    free(raw); free(x); free(g); free(base); free(xn); free(ref); free(single);
+    cuda_free(dw); cuda_free(dx); cuda_free(dg); cuda_free(dout);
+}
+
+static void test_fused_rows(void) {
+    int tall = 4 * 4 * 2 * (C.n_sm > 0 ? C.n_sm : 1) + 13;
+    int shapes[][2] = {{256, 67}, {512, tall}, {37, 67}};  // vector, four rows per warp, scalar
+    for (int k = 0; k < 3; k++)
+        for (int si = 0; si < 3; si++)
+            for (int mode = 1; mode < 4; mode++)  // norm, add, both; the tall shape (slow on the
+                if (si != 1 || (k == 2 && mode != 2))  // emulator) in bf16 with the norm only
+                    fused_rows_case(TYPES[k], shapes[si][0], shapes[si][1], mode & 1, mode >> 1);
+    float *d = dalloc(64 * 4);
+    wref w = {d, WT_F32};
+    cuda_mv_fuse add = {NULL, 0.f, 1};
+    CHECK(cuda_matvec_rows_fused(&C, d, d, w, 8, 4, 1, 2, 4, &add) != 0 && strstr(C.err.msg, "plain layout"),
+          "cuda_matvec_rows_fused refuses a residual add into a split layout", "%s", C.err.msg);
+    cuda_free(d);
+}
+
 // ---- cuda_matvec_glu_rows -------------------------------------------------------------------
 // silu(gate) * up of every B against the CPU twin (cpu_matmul, cpu_swiglu), each row
 // against B == 1, and bit for bit against the two launches it replaces where those take
 // the four-rows-per-warp kernel (tall), or the fallback (n_in % 8 != 0).
-static void glu_rows_case(wtype t, int n_in, int hid, int exact) {
+static void glu_rows_case(wtype t, int n_in, int hid, int exact, int norm) {
     static const int Bs[] = {1, 2, 3, 5, 8, MV_MAX_B};
     size_t nw = (size_t)2 * hid * n_in, nx = (size_t)MV_MAX_B * n_in, ny = (size_t)MV_MAX_B * hid;
     void *raw = wmake(t, nw, 1.f / sqrtf((float)n_in));
@@ -109,27 +165,31 @@ static void glu_rows_case(wtype t, int n_in, int hid, int exact) {
     void *dw = dup_up(raw, nw * wtype_size(t));
     float *dx = dup_up(x, nx * 4), *dout = dalloc(ny * 4), *dtmp = dalloc(2 * ny * 4);
     wref w = {dw, t};
-    cpu_matmul(gu, x, (wref){raw, t}, MV_MAX_B, n_in, 2 * hid);
+    float *gn = fvec((size_t)n_in, 1.f), *xn = malloc(nx * 4), *dnw = dup_up(gn, (size_t)n_in * 4);
+    cuda_mv_fuse fz = {dnw, 1e-5f, 0}, *pf = norm ? &fz : NULL;  // the folded RMSNorm, or none
+    if (norm) cpu_rmsnorm(xn, x, (wref){gn, WT_F32}, MV_MAX_B, n_in, 1e-5f);
+    else memcpy(xn, x, nx * 4);
+    cpu_matmul(gu, xn, (wref){raw, t}, MV_MAX_B, n_in, 2 * hid);
     for (int r = 0; r < MV_MAX_B; r++)
         cpu_swiglu(ref + (size_t)r * hid, gu + (size_t)r * 2 * hid, gu + (size_t)r * 2 * hid + hid, (size_t)hid);
     for (int r = 0; r < MV_MAX_B; r++) {
         OK(cuda_memset(&C, dout, 0xFF, (size_t)hid * 4));
-        OK(cuda_matvec_glu_rows(&C, dout, dtmp, dx + (size_t)r * n_in, w, n_in, hid, 1));
+        OK(cuda_matvec_glu_rows(&C, dout, dtmp, dx + (size_t)r * n_in, w, n_in, hid, 1, pf));
         OK(cuda_download(&C, single + (size_t)r * hid, dout, (size_t)hid * 4));
     }
     for (int bi = 0; bi < 6; bi++) {
         int B = Bs[bi];
         char tag[128];
-        snprintf(tag, sizeof tag, "%s B=%d n_in=%d hid=%d", wtype_name(t), B, n_in, hid);
+        snprintf(tag, sizeof tag, "%s B=%d n_in=%d hid=%d%s", wtype_name(t), B, n_in, hid, norm ? " norm" : "");
         OK(cuda_memset(&C, dout, 0xFF, ny * 4));
-        OK(cuda_matvec_glu_rows(&C, dout, dtmp, dx, w, n_in, hid, B));
+        OK(cuda_matvec_glu_rows(&C, dout, dtmp, dx, w, n_in, hid, B, pf));
         float *got = fdown(dout, (size_t)B * hid);
         cmp(NAME("cuda_matvec_glu_rows vs cpu %s", tag), got, ref, (long)B * hid, 1e-4f, 1e-3f);
         CHECK(!memcmp(got, single, (size_t)B * hid * 4), NAME("cuda_matvec_glu_rows bit-identical to B=1 %s", tag),
               "a row differs");
         if (exact) {  // the two launches it replaces
             OK(cuda_memset(&C, dtmp, 0xFF, 2 * ny * 4));
-            OK(cuda_matvec_rows(&C, dtmp, dx, w, n_in, 2 * hid, B, hid, 2 * hid));
+            OK(cuda_matvec_rows_fused(&C, dtmp, dx, w, n_in, 2 * hid, B, hid, 2 * hid, pf));
             OK(cuda_swiglu(&C, dtmp, dtmp, dtmp + (size_t)B * hid, (size_t)B * hid));
             float *two = fdown(dtmp, (size_t)B * hid);
             CHECK(!memcmp(got, two, (size_t)B * hid * 4), NAME("cuda_matvec_glu_rows == matvec_rows + swiglu %s", tag),
@@ -138,23 +198,27 @@ static void glu_rows_case(wtype t, int n_in, int hid, int exact) {
         }
         free(got);
     }
-    free(raw); free(x); free(gu); free(ref); free(single);
-    cuda_free(dw); cuda_free(dx); cuda_free(dout); cuda_free(dtmp);
+    free(raw); free(x); free(gu); free(ref); free(single); free(gn); free(xn);
+    cuda_free(dw); cuda_free(dx); cuda_free(dout); cuda_free(dtmp); cuda_free(dnw);
 }
 
 static void test_glu_rows(void) {
     int tall = 4 * 4 * 2 * (C.n_sm > 0 ? C.n_sm : 1) + 13, hid = tall / 2 + 1;  // 2*hid rows take vec4
-    for (int k = 0; k < 3; k++) {
-        glu_rows_case(TYPES[k], 256, 67, 0);   // odd hid: the last warp has one output
-        glu_rows_case(TYPES[k], 512, hid, 1);  // tall: bit-identical to vec4 + swiglu
-        glu_rows_case(TYPES[k], 37, 5, 1);     // n_in % 8 != 0: the fallback is those two ops
-    }
+    for (int k = 0; k < 3; k++)
+        for (int norm = 0; norm < 2; norm++) {
+            glu_rows_case(TYPES[k], 256, 67, 0, norm);   // odd hid: the last warp has one output
+            if (!norm || k == 2) glu_rows_case(TYPES[k], 512, hid, 1, norm);  // tall: == vec4 + swiglu
+            glu_rows_case(TYPES[k], 37, 5, 1, norm);     // n_in % 8 != 0: the fallback is those two ops
+        }
     float *d = dalloc(64 * 4);
     wref w = {d, WT_F32};
-    CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 0, 1) != 0 && strstr(C.err.msg, "cuda_matvec_glu_rows"),
+    cuda_mv_fuse add = {NULL, 0.f, 1};
+    CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 0, 1, NULL) != 0 && strstr(C.err.msg, "cuda_matvec_glu_rows"),
           "cuda_matvec_glu_rows refuses hid=0", "%s", C.err.msg);
-    CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 4, 0) != 0 && strstr(C.err.msg, "cuda_matvec_glu_rows"),
+    CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 4, 0, NULL) != 0 && strstr(C.err.msg, "cuda_matvec_glu_rows"),
           "cuda_matvec_glu_rows refuses B=0", "%s", C.err.msg);
+    CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 4, 1, &add) != 0 && strstr(C.err.msg, "residual"),
+          "cuda_matvec_glu_rows refuses a residual add", "%s", C.err.msg);
     cuda_free(d);
 }
 
@@ -315,6 +379,7 @@ int main(void) {
         return 1;
     }
     test_matvec_rows();
+    test_fused_rows();
     test_glu_rows();
     test_kv_store_rows();
     test_attention_rows();

@@ -62,7 +62,9 @@ static int load_weights(model *m, verr *err) {
     // Decode reads one embedding row per token, not the table.
     m->weight_bytes -= (size_t)c->vocab_size * c->dim * wtype_size(m->embed.type);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    if (!m->layers) return verr_set(err, "out of memory");
+    if (!m->layers)
+        return verr_set(err, "%s/config.json: out of memory allocating %zu bytes for num_hidden_layers = %d", m->dir,
+                        (size_t)c->n_layers * sizeof *m->layers, c->n_layers);
     for (int l = 0; l < c->n_layers; l++)
         if (load_layer(m, l, err)) return -1;
     if (c->tie_embeddings || !st_set_find(&m->files, "lm_head.weight", NULL)) {
@@ -87,8 +89,9 @@ int model_load(model *m, const char *dir, verr *err) {
     }
     m->inv_freq = malloc(sizeof(float) * (size_t)(m->cfg.head_dim / 2));
     if (!m->inv_freq) {
+        verr_set(err, "%s/config.json: out of memory allocating the RoPE table for head_dim = %d", dir, m->cfg.head_dim);
         model_free(m);
-        return verr_set(err, "out of memory");
+        return -1;
     }
     config_rope_inv_freq(&m->cfg, m->inv_freq);
     if (load_weights(m, err)) {

@@ -136,6 +136,15 @@ static int grow2(void **a, void **b, int *cap, int n) {
     return 0;
 }
 
+// A vocab id outside 0..TOK_MAX_ID-1: the JSON is fine, the id is not (the per-id
+// tables are sized by the largest id).
+static int bad_vocab_id(scan *sc, const char *token, const char *num_end) {
+    int n = (int)(num_end - sc->p);
+    return verr_set(sc->err, "%s: byte offset %zu: model.vocab[\"%.64s\"] = %.*s is not a token id: ids are 0..%d "
+                    "(below 2^24 = %d, the largest vocabulary varent supports)", sc->path, (size_t)(sc->p - sc->s),
+                    token, n > 40 ? 40 : n, sc->p, TOK_MAX_ID - 1, TOK_MAX_ID);
+}
+
 static int read_vocab(scan *sc, tok_json_model *m) {
     int cap = 0;
     if (expect(sc, '{') < 0) return -1;
@@ -148,7 +157,8 @@ static int read_vocab(scan *sc, tok_json_model *m) {
         ws(sc);
         char *e;
         long id = strtol(sc->p, &e, 10);
-        if (e == sc->p || id < 0 || id >= TOK_MAX_ID) return fail(sc, "model.vocab value is not a token id (0..16777215)");
+        if (e == sc->p) return fail(sc, "model.vocab value is not a number");
+        if (id < 0 || id >= TOK_MAX_ID) return bad_vocab_id(sc, m->arena.p + off, e);
         sc->p = e;
         if (grow2((void **)&m->voff, (void **)&m->vid, &cap, m->nv) < 0)
             return verr_set(sc->err, "%s: out of memory", sc->path);

@@ -48,7 +48,9 @@ typedef struct {
     FILE *log, *text, *dump;  // their streams while open, else NULL
     const agents_args *a;
     const session *s;  // tokenizer for texts
-    int write_failed, interrupted;
+    int write_failed;         // 1 + the index in out[] of the first log a write failed on; 0: none
+    int write_errno;          // its errno
+    int interrupted;
 } agents_logs;
 
 static int fail(const char *msg) {
@@ -195,9 +197,18 @@ static void log_rollback(agents_logs *L, const agents_event *e) {
 
 static int flush_all(agents_logs *L) {
     FILE *fs[3] = { L->log, L->text, L->dump };
-    for (int i = 0; i < 3; i++)
-        if (fs[i] && (fflush(fs[i]) != 0 || ferror(fs[i]))) L->write_failed = 1;
-    return L->write_failed;
+    for (int i = 0; i < 3 && !L->write_failed; i++) {
+        errno = 0;
+        if (fs[i] && (fflush(fs[i]) != 0 || ferror(fs[i]))) {
+            L->write_failed = 1 + i;
+            L->write_errno = errno ? errno : EIO;
+        }
+    }
+    return L->write_failed != 0;
+}
+
+static int write_error(const agents_logs *L, verr *err) {
+    return verr_set(err, "%s: write failed: %s", L->out[L->write_failed - 1].shown, strerror(L->write_errno));
 }
 
 static int on_event(void *ud, const agents_event *e) {
@@ -409,12 +420,12 @@ static int generate_and_print(agents_rig *g, agents_logs *L, sampler_params *ag,
     agents_result r;
     int rc = agents_generate(g->reps, g->pool, ids, n, &o, &r, &err);
     free(ids);
-    if (rc == 0 && L->write_failed) rc = verr_set(&err, "writing the logs failed: %s", strerror(errno));
+    if (rc == 0 && L->write_failed) rc = write_error(L, &err);
     char *text = rc == 0 ? final_text(&g->reps[0], &r) : NULL;
     if (rc == 0 && !text) rc = verr_set(&err, "decoding the final text failed");
     if (rc == 0) {
         log_done(L, text, &r);
-        if (L->write_failed) rc = verr_set(&err, "writing the logs failed: %s", strerror(errno));
+        if (flush_all(L)) rc = write_error(L, &err);
     }
     if (rc == 0) {
         printf("%s\n", text);

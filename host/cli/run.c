@@ -89,7 +89,9 @@ typedef struct {
     int force, resume;  // -o: replace an existing file / continue it
 } batch_args;
 
-static void write_result(FILE *f, int i, const prompt_list *pl, const batch_result *r, uint64_t seed) {
+// One record, flushed: 0, or the errno of a failed write.
+static int write_result(FILE *f, int i, const prompt_list *pl, const batch_result *r, uint64_t seed) {
+    errno = 0;
     fprintf(f, "{\"index\":%d,\"line\":%d,\"prompt\":", i, pl->line[i]);
     json_out_str(f, pl->text[i]);
     fputs(",\"text\":", f);
@@ -102,7 +104,8 @@ static void write_result(FILE *f, int i, const prompt_list *pl, const batch_resu
     fprintf(f, ",\"seed\":%llu,\"stop\":\"%s\",", (unsigned long long)seed, batch_stop_reason(r));
     batch_json_metrics(f, r);
     fputs("}\n", f);
-    fflush(f);
+    if (fflush(f) != 0 || ferror(f)) return errno ? errno : EIO;
+    return 0;
 }
 
 // Encodes every prompt up front, so a prompt that cannot run fails before any output.
@@ -118,9 +121,10 @@ static int encode_all(session *s, const prompt_style *ps, const prompt_list *pl,
     return 0;
 }
 
-// 0, -1 with err, or 1 when Ctrl-C stopped it (*done prompts were written).
+// 0, -1 with err, or 1 when Ctrl-C stopped it (*done prompts were written). where
+// names f in messages ("-o PATH" or "stdout").
 static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, int **ids, const int *n, FILE *f,
-                        const unsigned char *skip, int quiet, long *n_tok, int *done, verr *err) {
+                        const char *where, const unsigned char *skip, int quiet, long *n_tok, int *done, verr *err) {
     progress pg;
     progress_start(&pg, "run", pl->n, quiet);
     for (int i = 0; i < pl->n; i++) {
@@ -132,14 +136,18 @@ static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, in
             progress_finish(&pg, "interrupted");
             return 1;
         }
-        write_result(f, i, pl, &r, g->seed);
+        int werr = write_result(f, i, pl, &r, g->seed);
+        if (werr) {
+            batch_result_free(&r);
+            progress_finish(&pg, "write failed");
+            return verr_set(err, "%s: write failed after %d records: %s", where, *done, strerror(werr));
+        }
         *done += 1;
         *n_tok += r.st.n_gen;
         char detail[64];
         snprintf(detail, sizeof detail, "%d tokens, %.1f tok/s", r.st.n_gen, batch_tok_s(&r));
         batch_result_free(&r);
         progress_update(&pg, i + 1, detail);
-        if (ferror(f)) return verr_set(err, "writing the results failed: %s", strerror(errno));
     }
     progress_finish(&pg, NULL);
     return 0;
@@ -219,7 +227,7 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
         rc = encode_all(&s, ps, &pl, path, ids, n, &err);
         if (rc == 0) rc = entropix_cli_start(ex, &s, g, &err);
         if (rc == 0)
-            rc = generate_all(&s, g, &pl, ids, n, out.f ? out.f : stdout, skip, b->quiet, &n_tok, &done, &err);
+            rc = generate_all(&s, g, &pl, ids, n, out.f ? out.f : stdout, out.f ? out.shown : "stdout", skip, b->quiet, &n_tok, &done, &err);
         session_close(&s);
     }
     if (rc == 1)

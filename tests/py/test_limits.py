@@ -1,13 +1,17 @@
-"""Bounds and messages (issue 22, row 19; docs/robustness.md, "Bounds").
+"""Bounds and messages (issue 22, rows 10 and 19; docs/robustness.md, "Bounds").
 
 Row 19: a huge config.json field is rejected naming the field and its bound (not "out of
 memory"); a tokenizer.json vocab id >= 2^24 names the id and the limit (not "invalid
 JSON"); every write error names the path and the reason (/dev/full stands for a full
-disk)."""
+disk). Row 10: a normalizer that grows the text without bound (8 chained Replace of " "
+by 1000 spaces) stops at the documented limit with a message naming the stage, quickly
+and within a memory limit, instead of being killed by the kernel."""
 import json
 import os
+import resource
 import shutil
 import subprocess
+import time
 
 from vtest import VARENT, check, done, skip, stories_dir, tmpdir, varent
 
@@ -71,4 +75,35 @@ if os.path.exists("/dev/full"):
 else:
     skip("run_batch_disk_full", "no /dev/full")
 
+# --- row 10: a normalizer that grows the text exponentially ----------------------------
+def limited():  # 4 GiB of address space: the old code died of it, or of the kernel
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+d = os.path.join(work, "tok-bomb")
+os.makedirs(d)
+tok = json.load(open(os.path.join(base, "tokenizer.json")))
+bomb = [{"type": "Replace", "pattern": {"String": " "}, "content": " " * 1000} for _ in range(8)]
+tok["normalizer"] = {"type": "Sequence", "normalizers": bomb}
+json.dump(tok, open(os.path.join(d, "tokenizer.json"), "w"))
+t0 = time.time()
+try:
+    r = subprocess.run([VARENT, "tokenize", "-t", d, "Once upon a time"], capture_output=True, text=True,
+                       timeout=60, preexec_fn=limited)
+except subprocess.TimeoutExpired as e:
+    r = subprocess.CompletedProcess(e.cmd, -9, "", "timed out after 60 s")
+expect_fail("tokenizer_normalizer_bomb", r, "tokenizer", "normalizer", "Replace", "limit")
+check(time.time() - t0 < 20, "tokenizer_normalizer_bomb_quick", f"{time.time() - t0:.1f} s")
+
+# One Replace that grows a long text past the limit in a single step, through `run`.
+d = clone("run-bomb")
+tok["normalizer"] = {"type": "Replace", "pattern": {"String": "e"}, "content": "e" * 100}
+json.dump(tok, open(os.path.join(d, "tokenizer.json"), "w"))
+r = varent("run", "-m", d, "-p", "see " * 50, "-n", "2")
+expect_fail("run_normalizer_one_step_over_limit", r, "normalizer", "Replace", "limit")
+# A normal normalizer within the bound is unaffected.
+tok["normalizer"] = {"type": "Replace", "pattern": {"String": "e"}, "content": "eee"}
+json.dump(tok, open(os.path.join(d, "tokenizer.json"), "w"))
+r = varent("tokenize", "-t", d, "see " * 50)
+check(r.returncode == 0 and r.stdout.strip(), "tokenizer_normalizer_within_limit", r.stderr[-300:])
 done()

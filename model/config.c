@@ -2,6 +2,7 @@
 // file and the field, because a wrong config silently produces garbage logits.
 #include "model/config.h"
 
+#include "host/util/bounds.h"
 #include "host/util/fileio.h"
 
 #include <cjson/cJSON.h>
@@ -25,15 +26,7 @@ static cJSON *load_json(const char *path, verr *err) {
     return j;
 }
 
-// The largest value each integer field may hold (docs/robustness.md, "Bounds"): beyond
-// any published model, and small enough that every size derived from them fits.
-#define CFG_MAX_DIM (1 << 16)        // hidden_size
-#define CFG_MAX_FFN (1 << 20)        // intermediate_size
-#define CFG_MAX_LAYERS 1024          // num_hidden_layers
-#define CFG_MAX_HEADS 1024           // num_attention_heads, num_key_value_heads, head_dim
-#define CFG_MAX_TOKENS (1 << 24)     // vocab_size, max_position_embeddings (2^24: the tokenizer's id limit)
-
-// Integer field: required (def < 0 means required), 0..max (positivity is checked by
+// Integer field: required (def < 0 means required), 0..max (host/util/bounds.h) (positivity is checked by
 // the caller where it matters).
 static int get_int(cJSON *j, const char *path, const char *key, int def, int max, int *out, verr *err) {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
@@ -97,7 +90,7 @@ static int parse_rope_scaling(model_config *c, cJSON *j, const char *path, verr 
     c->rope_llama3 = 1;
     if (get_float(rs, path, "factor", -1, &c->rope_factor, err) || get_float(rs, path, "low_freq_factor", -1, &c->rope_low_freq, err) ||
         get_float(rs, path, "high_freq_factor", -1, &c->rope_high_freq, err) ||
-        get_int(rs, path, "original_max_position_embeddings", -1, CFG_MAX_TOKENS, &c->rope_orig_max_pos, err))
+        get_int(rs, path, "original_max_position_embeddings", -1, BOUND_TOKENS, &c->rope_orig_max_pos, err))
         return -1;
     if (c->rope_factor <= 0 || c->rope_low_freq <= 0 || c->rope_high_freq <= c->rope_low_freq)
         return verr_set(err, "%s: rope_scaling needs factor, low_freq_factor < high_freq_factor", path);
@@ -120,20 +113,20 @@ static int parse_ids(model_config *c, cJSON *j) {
 }
 
 static int parse_config(model_config *c, cJSON *j, const char *path, verr *err) {
-    if (parse_arch(c, j, path, err) || get_int(j, path, "hidden_size", -1, CFG_MAX_DIM, &c->dim, err) ||
-        get_int(j, path, "intermediate_size", -1, CFG_MAX_FFN, &c->hidden_dim, err) ||
-        get_int(j, path, "num_hidden_layers", -1, CFG_MAX_LAYERS, &c->n_layers, err) ||
-        get_int(j, path, "num_attention_heads", -1, CFG_MAX_HEADS, &c->n_heads, err) ||
-        get_int(j, path, "vocab_size", -1, CFG_MAX_TOKENS, &c->vocab_size, err) ||
-        get_int(j, path, "max_position_embeddings", 4096, CFG_MAX_TOKENS, &c->max_pos, err) ||
+    if (parse_arch(c, j, path, err) || get_int(j, path, "hidden_size", -1, BOUND_DIM, &c->dim, err) ||
+        get_int(j, path, "intermediate_size", -1, BOUND_FFN, &c->hidden_dim, err) ||
+        get_int(j, path, "num_hidden_layers", -1, BOUND_LAYERS, &c->n_layers, err) ||
+        get_int(j, path, "num_attention_heads", -1, BOUND_HEADS, &c->n_heads, err) ||
+        get_int(j, path, "vocab_size", -1, BOUND_TOKENS, &c->vocab_size, err) ||
+        get_int(j, path, "max_position_embeddings", 4096, BOUND_TOKENS, &c->max_pos, err) ||
         get_float(j, path, "rms_norm_eps", 1e-6, &c->norm_eps, err) ||
         get_float(j, path, "rope_theta", 10000.0, &c->rope_theta, err) || parse_rope_scaling(c, j, path, err))
         return -1;
     if (c->dim == 0 || c->n_heads == 0 || c->n_layers == 0 || c->vocab_size == 0 || c->hidden_dim == 0)
         return verr_set(err, "%s: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads and "
                              "vocab_size must be positive", path);
-    if (get_int(j, path, "num_key_value_heads", c->n_heads, CFG_MAX_HEADS, &c->n_kv_heads, err) ||
-        get_int(j, path, "head_dim", c->dim / c->n_heads, CFG_MAX_HEADS, &c->head_dim, err))
+    if (get_int(j, path, "num_key_value_heads", c->n_heads, BOUND_HEADS, &c->n_kv_heads, err) ||
+        get_int(j, path, "head_dim", c->dim / c->n_heads, BOUND_HEADS, &c->head_dim, err))
         return -1;
     if (c->n_kv_heads == 0 || c->n_heads % c->n_kv_heads)
         return verr_set(err, "%s: num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)", path,

@@ -274,19 +274,16 @@ static int resolve_paths(const char *path, char *json, char *cfg, size_t cap, ve
     return 0;
 }
 
-tokenizer *tokenizer_load(const char *path, verr *err) {
-    char json[4096], cfg[4096];
-    if (resolve_paths(path, json, cfg, sizeof json, err) < 0) return NULL;
-    size_t len;
-    char *buf = read_file(json, &len, err);
-    if (!buf) return NULL;
+// buf: the tokenizer.json text, named json in messages; cfg: tokenizer_config.json's
+// path, or NULL for none.
+static tokenizer *load_text(const char *buf, size_t len, const char *json, const char *cfg, verr *err) {
     tok_json_model jm;
     cJSON *root = tok_json_parse(buf, len, &jm, json, err);
-    free(buf);
     if (!root) return NULL;
     tokenizer *t = calloc(1, sizeof *t);
     if (!t) {
         cJSON_Delete(root);
+        tok_json_model_free(&jm);
         verr_set(err, "%s: out of memory", json);
         return NULL;
     }
@@ -294,7 +291,7 @@ tokenizer *tokenizer_load(const char *path, verr *err) {
     int rc = cJSON_IsObject(root) ? 0 : verr_set(err, "%s: top level is not a JSON object", json);
     if (rc == 0) rc = load_parts(t, root, json, err);
     if (rc == 0) rc = load_model(t, root, &jm, json, err);
-    if (rc == 0) rc = load_config(t, root, cfg, err);
+    if (rc == 0 && cfg) rc = load_config(t, root, cfg, err);
     cJSON_Delete(root);
     tok_json_model_free(&jm);
     if (rc < 0) {
@@ -302,6 +299,21 @@ tokenizer *tokenizer_load(const char *path, verr *err) {
         return NULL;
     }
     return t;
+}
+
+tokenizer *tokenizer_load(const char *path, verr *err) {
+    char json[4096], cfg[4096];
+    if (resolve_paths(path, json, cfg, sizeof json, err) < 0) return NULL;
+    size_t len;
+    char *buf = read_file(json, &len, err);
+    if (!buf) return NULL;
+    tokenizer *t = load_text(buf, len, json, cfg, err);
+    free(buf);
+    return t;
+}
+
+tokenizer *tokenizer_load_text(const char *text, size_t len, const char *name, verr *err) {
+    return load_text(text, len, name, NULL, err);
 }
 
 void tokenizer_free(tokenizer *t) {

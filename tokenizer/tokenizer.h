@@ -14,6 +14,9 @@ typedef struct tokenizer_stream tokenizer_stream;
 // path: a tokenizer.json file, or a directory holding tokenizer.json and optionally
 // tokenizer_config.json. Returns NULL and fills err on failure.
 tokenizer *tokenizer_load(const char *path, verr *err);
+// The same from tokenizer.json text in memory, NUL-terminated at text[len] (no
+// tokenizer_config.json), named name in messages: how a converter checks the tokenizer it is about to write.
+tokenizer *tokenizer_load_text(const char *text, size_t len, const char *name, verr *err);
 void tokenizer_free(tokenizer *t);
 
 // Total ids (model vocab plus added tokens beyond it): max id + 1.

@@ -15,22 +15,11 @@
 #include "host/formats/convert.h"
 #include "host/formats/dequant.h"
 #include "host/formats/gguf.h"
+#include "host/formats/gguf_check.h"
 #include "host/formats/model_dir.h"
 #include "host/formats/st_write.h"
 #include "kernels/ops.h"
-
-typedef struct {
-    const char *arch;      // "llama", "qwen2", "qwen3"
-    int64_t n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_ctx, n_vocab;
-    double rope_theta, eps;
-    int tied, attn_bias;
-} gguf_hparams;
-
-// Both token-id keys may be absent; -1 then.
-typedef struct {
-    int64_t bos, eos, pad, unk;
-    int add_bos, add_eos;
-} tok_ids;
+#include "tokenizer/tokenizer.h"
 
 static const char *arch_class(const char *arch) {
     if (strcmp(arch, "llama") == 0) return "LlamaForCausalLM";
@@ -183,6 +172,11 @@ static cJSON *rope_scaling(const gguf_file *g, const gguf_hparams *hp, verr *err
     if (gguf_get_float(g, key, &orig, err) < 0) return NULL;
     if (strcmp(type, "linear") != 0 && strcmp(type, "yarn") != 0) {
         verr_set(err, "%s: rope scaling type '%s' is not supported (linear, yarn)", g->path, type);
+        return NULL;
+    }
+    if (!isfinite(factor) || factor <= 0 || !isfinite(orig) || orig < 0 || orig > (1 << 24)) {
+        verr_set(err, "%s: '%s.rope.scaling.factor' (%g) must be positive and finite, and "
+                 "'%s.rope.scaling.original_context_length' (%g) 0..16777216", g->path, hp->arch, factor, hp->arch, orig);
         return NULL;
     }
     cJSON *o = cJSON_CreateObject();
@@ -661,25 +655,42 @@ enum { OUT_CONFIG, OUT_GEN, OUT_TOK, OUT_TOKCFG, OUT_N };
 static const char *out_names[OUT_N] = {"config.json", "generation_config.json", "tokenizer.json",
                                        "tokenizer_config.json"};
 
-// The JSON files as text (pretty, tokenizer.json compact), each with a final newline,
-// then everything through model_dir_write: nothing is written unless all is ready.
-static int write_outputs(const char *dir, cJSON *const json[OUT_N], st_writer *w, verr *err) {
-    model_dir_file files[OUT_N] = {{0}};
-    char *text[OUT_N] = {0};
-    int rc = 0;
-    for (int i = 0; i < OUT_N && rc == 0; i++) {
+// The JSON files as text (pretty, tokenizer.json compact), each with a final newline.
+static int render_outputs(cJSON *const json[OUT_N], char *text[OUT_N], verr *err) {
+    for (int i = 0; i < OUT_N; i++) {
         if (!json[i]) continue;
         char *s = i == OUT_TOK ? cJSON_PrintUnformatted(json[i]) : cJSON_Print(json[i]);
         size_t n = s ? strlen(s) : 0;
         text[i] = s ? malloc(n + 2) : NULL;
-        if (!text[i]) rc = verr_set(err, "out of memory printing %s", out_names[i]);
-        else memcpy(text[i], s, n), memcpy(text[i] + n, "\n", 2);
+        if (text[i]) memcpy(text[i], s, n), memcpy(text[i] + n, "\n", 2);
         cJSON_free(s);
-        files[i] = (model_dir_file){ out_names[i], text[i] };
+        if (!text[i]) return verr_set(err, "out of memory printing %s", out_names[i]);
     }
-    if (rc == 0) rc = model_dir_write(dir, files, OUT_N, w, err);
-    for (int i = 0; i < OUT_N; i++) free(text[i]);
-    return rc;
+    return 0;
+}
+
+// The tokenizer.json about to be written loads as `run` will load it: merges name
+// tokens of the vocabulary, ids in range (issue 22, row 17).
+static int check_tokenizer(const gguf_file *g, const char *text, verr *err) {
+    if (!text) return 0;
+    tokenizer *t = tokenizer_load_text(text, strlen(text), "tokenizer.json", err);
+    if (t) return tokenizer_free(t), 0;
+    char why[sizeof err->msg];
+    snprintf(why, sizeof why, "%s", err->msg);
+    return verr_set(err, "%s: tokenizer.ggml.tokens and tokenizer.ggml.merges make an invalid tokenizer: %s", g->path,
+                    why);
+}
+
+// Everything through model_dir_write: nothing is written unless all is ready.
+static int write_outputs(const char *dir, char *const text[OUT_N], st_writer *w, verr *err) {
+    model_dir_file files[OUT_N];
+    for (int i = 0; i < OUT_N; i++) files[i] = (model_dir_file){ out_names[i], text[i] };
+    return model_dir_write(dir, files, OUT_N, w, err);
+}
+
+static uint64_t n_tokens(const gguf_file *g) {
+    const gguf_kv *kv = gguf_find(g, "tokenizer.ggml.tokens");
+    return kv && kv->type == GGUF_ARRAY && kv->arr_type == GGUF_STRING ? kv->arr_n : 0;
 }
 
 int convert_gguf(const char *in, const char *out, int f32, convert_summary *sum, verr *err) {
@@ -688,6 +699,7 @@ int convert_gguf(const char *in, const char *out, int f32, convert_summary *sum,
     gguf_hparams hp = {0};
     tok_ids ti;
     cJSON *json[OUT_N] = {0};
+    char *text[OUT_N] = {0};
     st_writer *w = NULL;
     int rc = -1, n_tensors = 0;
     int r = gguf_get_str(g, "general.architecture", &hp.arch, err);
@@ -699,20 +711,22 @@ int convert_gguf(const char *in, const char *out, int f32, convert_summary *sum,
         verr_set(err, "%s: architecture '%s' is not supported (llama, qwen2, qwen3)", g->path, hp.arch);
         goto done;
     }
-    if (load_hparams(g, &hp, err) || load_tok_ids(g, &ti, err)) goto done;
+    if (load_hparams(g, &hp, err) || gguf_check_model(g, &hp, err) || load_tok_ids(g, &ti, err) ||
+        gguf_check_tok_ids(g, &hp, &ti, n_tokens(g), err)) goto done;
     if (!(json[OUT_CONFIG] = build_config(g, &hp, &ti, f32, err))) goto done;
     if (!(json[OUT_GEN] = build_gen_config(&ti))) { verr_set(err, "out of memory"); goto done; }
     if (build_tokenizer(g, &ti, hp.n_ctx, &json[OUT_TOK], &json[OUT_TOKCFG], err)) goto done;
+    if (render_outputs(json, text, err) || check_tokenizer(g, text[OUT_TOK], err)) goto done;
     if (!(w = st_writer_new())) { verr_set(err, "out of memory"); goto done; }
     if (convert_tensors(g, &hp, f32, w, &n_tensors, err)) goto done;
-    if (write_outputs(out, json, w, err)) goto done;
+    if (write_outputs(out, text, w, err)) goto done;
     sum->n_tensors = n_tensors;
     sum->n_layers = (long long)hp.n_layer;
     sum->arch_class = arch_class(hp.arch);
     sum->has_tokenizer = json[OUT_TOK] != NULL;
     rc = 0;
 done:
-    for (int i = 0; i < OUT_N; i++) cJSON_Delete(json[i]);
+    for (int i = 0; i < OUT_N; i++) cJSON_Delete(json[i]), free(text[i]);
     st_writer_free(w);
     gguf_close(g);
     return rc;

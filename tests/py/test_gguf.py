@@ -327,6 +327,7 @@ def expect_error(tmp, name, data, words):
     ok = r.returncode != 0 and all(w.lower() in msg.lower() for w in words) and not os.path.exists(out)
     check(ok, f"gguf_bad_{name}", f"rc {r.returncode}, stderr {msg!r}, out exists {os.path.exists(out)}")
     # A pre-existing output directory is left empty.
+    shutil.rmtree(out, ignore_errors=True)  # (what a wrongly successful conversion wrote)
     os.makedirs(out)
     r = convert(path, out)
     check(r.returncode != 0 and os.listdir(out) == [], f"gguf_bad_{name}_existing_dir",
@@ -363,6 +364,49 @@ def test_bad_inputs(tmp):
     expect_error(tmp, "architecture", data, ["architecture 'gpt2'"])
 
 
+def test_inconsistent(tmp):
+    """Well-formed GGUFs whose metadata disagrees with the tensors or is out of range
+    (issue 22, row 17): each fails naming the key, and writes nothing."""
+    L, D, F, H, KV, hd, V = 2, 256, 256, 4, 2, 64, len(TOKENS)
+    recs, _ = to_gguf(hf_tensors(L, D, F, H, KV, hd, V), {})
+    a = "qwen2"
+    kv = hparams_kv(a, L, D, F, H, KV)
+    kv.update(tok_kv(a))
+
+    def case(name, words, recs_=recs, **changes):
+        k = dict(kv)
+        for key, v in changes.items():
+            key = key.replace("__", ".").replace("ARCH", a)
+            if v is None:
+                k.pop(key, None)
+            else:
+                k[key] = v
+        data = G.write_gguf(os.path.join(tmp, f"inc-{name}.gguf"), k, recs_)
+        expect_error(tmp, f"inconsistent_{name}", data, words)
+
+    nan = float("nan")
+    case("block_count_3", ["ARCH.block_count".replace("ARCH", a), "3", "blk.2"], ARCH__block_count=3)
+    case("ffn_127", ["feed_forward_length", "127"], ARCH__feed_forward_length=127)
+    case("embedding_length", ["embedding_length", "128"], ARCH__embedding_length=128)
+    # 16 heads of 16 still fill attn_q (256 rows); attn_k's 128 rows are not 2 heads of 16
+    case("head_count", ["attention.head_count_kv", "2 x 16", "blk.0.attn_k.weight"], ARCH__attention__head_count=16)
+    case("context_0", ["context_length", "0"], ARCH__context_length=0)
+    case("context_2_40", ["context_length", str(2**40)], ARCH__context_length=G.Val(G.U64, 2**40))
+    case("freq_base_0", ["rope.freq_base", "positive"], ARCH__rope__freq_base=0.0)
+    case("freq_base_negative", ["rope.freq_base", "-1"], ARCH__rope__freq_base=-1.0)
+    case("freq_base_nan", ["rope.freq_base", "nan"], ARCH__rope__freq_base=nan)
+    case("rms_eps_0", ["layer_norm_rms_epsilon", "positive"], ARCH__attention__layer_norm_rms_epsilon=0.0)
+    case("rms_eps_nan", ["layer_norm_rms_epsilon", "nan"], ARCH__attention__layer_norm_rms_epsilon=nan)
+    case("key_length_0", ["key_length", "0"], ARCH__attention__key_length=0)
+    case("key_length_mismatch", ["key_length", "32"], ARCH__attention__key_length=32)
+    case("merges_unknown_token", ["tokenizer.ggml.merges", "merges[4]", "zz"], tokenizer__ggml__merges=MERGES + ["a zz"])
+    case("merges_unknown_result", ["tokenizer.ggml.merges", "merges[4]", '"b" + "c"'], tokenizer__ggml__merges=MERGES + ["b c"])
+    case("bos_out_of_range", ["bos_token_id", "999"], tokenizer__ggml__bos_token_id=999)
+    # A layer's tensor missing though block_count covers it.
+    short = [r for r in recs if r[0] != "blk.1.ffn_down.weight"]
+    case("missing_tensor", ["blk.1.ffn_down.weight", "missing"], recs_=short)
+
+
 def main():
     if not os.access(vtest.VARENT, os.X_OK):
         vtest.skip("gguf", f"no varent binary at {vtest.VARENT}")
@@ -373,6 +417,7 @@ def main():
     test_qwen3(tmp)
     test_llama3_roundtrip(tmp)
     test_bad_inputs(tmp)
+    test_inconsistent(tmp)
     if not vtest.failures:  # keep the files for debugging only when something failed
         shutil.rmtree(tmp, ignore_errors=True)
     vtest.done()

@@ -11,7 +11,7 @@ import struct
 import subprocess
 import sys
 
-from vtest import check, done, skip, stories_dir, tmpdir, varent
+from vtest import check, done, skip, stories_dir, tmpdir, varent, expect_fail
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from servertest import Server  # noqa: E402
@@ -19,11 +19,6 @@ from servertest import Server  # noqa: E402
 work = tmpdir("nocrash")
 base = stories_dir("f32")
 
-
-def expect_fail(name, r, *needles, rc=1):
-    msg = r.stderr.strip()
-    ok = r.returncode == rc and all(n in msg for n in needles)
-    return check(ok, name, f"rc={r.returncode} (want {rc}) stderr={msg[-600:]!r} (want {needles})")
 
 
 def read_st(path):

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from vtest import VARENT, check, done, skip, stories_dir, tmpdir, varent
+from vtest import VARENT, check, done, skip, stories_dir, tmpdir, varent, expect_fail
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
 import gguf_np as G  # noqa: E402
@@ -20,11 +20,6 @@ import gguf_np as G  # noqa: E402
 work = tmpdir("robust")
 base = stories_dir("f32")
 
-
-def expect_fail(name, r, *needles, rc=1):
-    msg = r.stderr.strip()
-    ok = r.returncode == rc and all(n in msg for n in needles)
-    return check(ok, name, f"rc={r.returncode} (want {rc}) stderr={msg!r} (want {needles})")
 
 
 # --- tokenizer.json ----------------------------------------------------------------

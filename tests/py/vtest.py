@@ -24,6 +24,13 @@ def check(cond, name, why=""):
     return cond
 
 
+def expect_fail(name, r, *needles, rc=1):
+    """PASS when the CompletedProcess r exited rc and its stderr holds every needle."""
+    msg = r.stderr.strip()
+    ok = r.returncode == rc and all(n in msg for n in needles)
+    return check(ok, name, f"rc={r.returncode} (want {rc}) stderr={msg[-600:]!r} (want {needles})")
+
+
 def skip(name, why):
     print(f"SKIP {name}: {why}", flush=True)
 

@@ -178,6 +178,13 @@ int cuda_kv_store_dev(cuda_ctx *ctx, const cuda_kv_layer *d_layer, const float *
 // d_layers[t] (B consecutive records), at rows[t].
 int cuda_kv_store_rows(cuda_ctx *ctx, const cuda_kv_layer *d_layers, const float *k, const float *v,
                        const int *rows, int B, int kv_dim);
+// A decode step's rope and KV store in one launch: q [B, n_heads*hd] rotated in place
+// (HF rotate-half, positions pos[b]), k [B, kv_dim] rotated and v [B, kv_dim] stored as
+// bf16 at cache row rows[b] of record d_layers[b]: the same bits as cuda_rope on q and
+// k, then cuda_kv_store_rows (k is left unrotated: the attention reads the cache).
+int cuda_rope_kv_store_rows(cuda_ctx *ctx, float *q, const float *k, const float *v, const int *pos,
+                            const int *rows, const cuda_kv_layer *d_layers, int B, int n_heads, int n_kv,
+                            int head_dim, const float *inv_freq);
 // Decode attention (T == 1) as cuda_attention, with the KV segments and lengths read on
 // the device from d_layer / d_lens. The launch shape depends only on max_keys and s, so
 // one captured graph serves every length 1 <= d_lens->n_keys <= max_keys and any

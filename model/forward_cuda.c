@@ -281,14 +281,8 @@ static int enqueue_decode(cuda_forward *f, int B, int cap, verr *err) {
             OP(cuda_rmsnorm(x, q, q, L->q_norm, B * nh, hd, eps));
             OP(cuda_rmsnorm(x, k, k, L->k_norm, B * nkv, hd, eps));
         }
-        if (B == 1) {
-            OP(cuda_rope(x, q, dp.pos, 1, nh + nkv, hd, w->inv_freq, 0));  // q and k heads are adjacent
-        } else {
-            OP(cuda_rope(x, q, dp.pos, B, nh, hd, w->inv_freq, 0));
-            OP(cuda_rope(x, k, dp.pos, B, nkv, hd, w->inv_freq, 0));
-        }
         const cuda_kv_layer *dl = &dp.layers[(size_t)l * f->rows];
-        OP(cuda_kv_store_rows(x, dl, k, v, dp.rows, B, kv_dim));
+        OP(cuda_rope_kv_store_rows(x, q, k, v, dp.pos, dp.rows, dl, B, nh, nkv, hd, w->inv_freq));
         OP(cuda_attention_decode_rows(x, f->att, q, dl, dp.lens, B, f->max_ctx, sh, l == cap ? f->scores : NULL));
         OP(cuda_matvec_rows_fused(x, f->x, f->att, L->wo, q_dim, dim, B, dim, dim, &residual));
         float *h = f->hb;  // [B, hid] = silu(gate) * up, one launch (hb holds [B, 2*hid] if it falls back)

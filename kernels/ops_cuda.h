@@ -36,6 +36,8 @@ typedef struct cuda_ctx {
     struct cublasContext *cublas; // cuBLAS handle bound to stream
     void *scratch;                // device scratch shared by ops (one stream: no overlap)
     size_t scratch_bytes;
+    unsigned *att_count;          // [att_count_n] decode attention's split counters (self-resetting)
+    int att_count_n;
     verr err;                     // message of the last failed op
     // Work counters, for `varent bench`'s decode-step line (never reset; callers diff).
     long n_launches;              // kernels and cuBLAS calls queued (or captured) on stream
@@ -55,6 +57,11 @@ int cuda_malloc(void **p, size_t bytes, const char *what, verr *err);
 void cuda_free(void *p);
 // Grow ctx->scratch to at least `bytes` (never shrinks). Call at setup, not per token.
 int cuda_reserve_scratch(cuda_ctx *ctx, size_t bytes);
+// Room for n (>= B x n_kv_heads) decode-attention counters, zeroed: with them the split
+// blocks of a (row, KV head) combine their partials themselves, the last one to finish
+// doing it (one launch instead of split + combine). Without (n too small): two launches.
+// Call at setup; never shrinks.
+int cuda_reserve_attention(cuda_ctx *ctx, int n);
 // Synchronous copies on ctx->stream (they wait for queued work first).
 int cuda_upload(cuda_ctx *ctx, void *dst_dev, const void *src_host, size_t bytes);
 int cuda_download(cuda_ctx *ctx, void *dst_host, const void *src_dev, size_t bytes);

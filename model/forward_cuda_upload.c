@@ -230,6 +230,7 @@ int cuda_forward_alloc(cuda_forward *f, verr *err) {
     size_t mm = cuda_matmul_scratch_bytes(f->max_T, (int)max_in);
     size_t at = cuda_attention_rows_scratch_bytes(&f->ctx, f->max_ctx, sh, f->rows);
     if (cuda_reserve_scratch(&f->ctx, mm > at ? mm : at)) return verr_set(err, "%s", f->ctx.err.msg);
+    if (cuda_reserve_attention(&f->ctx, f->rows * c->n_kv_heads)) return verr_set(err, "%s", f->ctx.err.msg);
     return 0;
 }
 

@@ -8,7 +8,8 @@
 //       l = sum exp(s - m) and unnormalized output o = sum exp(s-m) v to scratch
 //       part[n_heads, n_splits, head_dim + 2] (o..., m, l). Empty splits write l = 0.
 //   attn_decode_combine_kernel grid (n_heads, B): out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M)
-//       over the splits with l_s > 0.
+//       over the splits with l_s > 0. With counters reserved (cuda_reserve_attention) the
+//       last split block of each (row, KV head) does this itself and no combine launches.
 //   The segments and lengths come either from kernel arguments (cuda_attention) or from
 //   device records (cuda_attention_decode_dev, graph replay); the split count is a host
 //   value fixed by the longest length the caller supports.
@@ -57,11 +58,42 @@ __device__ __forceinline__ float dot_q_k(const float *q, const uint16_t *k, int 
 // o_s entries (same idx stride every tile), so o_s needs no barrier of its own.
 // L/N are used as given unless dL/dN (device records) are set. grid z = batch row b:
 // its records dL[b], dN[b], query q[b], partials and scores (score_stride floats apart).
+// out[hd] = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits of one head
+// (ph: its n_splits partials) with l_s > 0; split 0 always has keys, so M is finite.
+// Threads tid, tid + nt, ... take the output elements; every thread works out M and L.
+// ldcg: partials of other blocks are read from L2, never a stale L1 line.
+__device__ __forceinline__ void combine_head(float *out, const float *ph, int n_splits, int hd, int tid, int nt) {
+    float M = -INFINITY;
+    for (int s = 0; s < n_splits; s++) {
+        const float *ps = ph + (size_t)s * (hd + 2);
+        if (__ldcg(ps + hd + 1) > 0.f) M = fmaxf(M, __ldcg(ps + hd));
+    }
+    float L = 0.f;
+    for (int s = 0; s < n_splits; s++) {
+        const float *ps = ph + (size_t)s * (hd + 2);
+        float l = __ldcg(ps + hd + 1);
+        if (l > 0.f) L += l * expf(__ldcg(ps + hd) - M);
+    }
+    float inv = 1.f / L;
+    for (int d = tid; d < hd; d += nt) {
+        float o = 0.f;
+        for (int s = 0; s < n_splits; s++) {
+            const float *ps = ph + (size_t)s * (hd + 2);
+            if (__ldcg(ps + hd + 1) > 0.f) o = fmaf(__ldcg(ps + d), expf(__ldcg(ps + hd) - M), o);
+        }
+        out[d] = o * inv;
+    }
+}
+
+// count (NULL: the combine kernel follows) holds one counter per (row, KV head): each
+// split block adds 1 after writing its partials (and a fence); the block that brings it
+// to n_splits combines the group's G heads into out and sets it back to 0 for the next
+// step (a captured graph replays the same counters).
 __global__ void attn_decode_split_kernel(float *part, float *last_scores, const float *q,
                                          cuda_kv_layer L, cuda_kv_lens N,
                                          const cuda_kv_layer *dL, const cuda_kv_lens *dN,
                                          int n_heads, int n_kv, int hd, float scale, int S,
-                                         size_t score_stride) {
+                                         size_t score_stride, unsigned *count, float *out) {
     extern __shared__ float smem[];
     int b = blockIdx.z;
     if (dL) L = dL[b];
@@ -154,32 +186,28 @@ __global__ void attn_decode_split_kernel(float *part, float *last_scores, const 
         pp[hd] = m_s[g];
         pp[hd + 1] = l_s[g];
     }
+    if (!count) return;
+    __shared__ unsigned last;
+    __threadfence();  // this block's partials are visible device-wide before it counts
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&count[(size_t)b * n_kv + kvh], 1u) == (unsigned)n_splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the other blocks' partials, counted before ours, are visible
+    for (int g = 0; g < G; g++) {
+        int h = kvh * G + g;
+        combine_head(out + ((size_t)b * n_heads + h) * hd, part + (size_t)h * n_splits * (hd + 2), n_splits, hd,
+                     threadIdx.x, blockDim.x);
+    }
+    if (threadIdx.x == 0) count[(size_t)b * n_kv + kvh] = 0;
 }
 
 // grid (n_heads, B), block ATT_THREADS. Splits with l == 0 (no keys) are skipped; split 0
 // always has keys, so M is finite.
 __global__ void attn_decode_combine_kernel(float *out, const float *part, int n_splits, int hd) {
     int h = blockIdx.x, hb = blockIdx.y * gridDim.x + h;  // head h of row blockIdx.y
-    const float *ph = part + (size_t)hb * n_splits * (hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) {
-        const float *ps = ph + (size_t)s * (hd + 2);
-        if (ps[hd + 1] > 0.f) M = fmaxf(M, ps[hd]);
-    }
-    float L = 0.f;
-    for (int s = 0; s < n_splits; s++) {
-        const float *ps = ph + (size_t)s * (hd + 2);
-        if (ps[hd + 1] > 0.f) L += ps[hd + 1] * expf(ps[hd] - M);
-    }
-    float inv = 1.f / L;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.f;
-        for (int s = 0; s < n_splits; s++) {
-            const float *ps = ph + (size_t)s * (hd + 2);
-            if (ps[hd + 1] > 0.f) o = fmaf(ps[d], expf(ps[hd] - M), o);
-        }
-        out[(size_t)hb * hd + d] = o * inv;
-    }
+    combine_head(out + (size_t)hb * hd, part + (size_t)hb * n_splits * (hd + 2), n_splits, hd, threadIdx.x,
+                 blockDim.x);
 }
 
 // Split count for n_keys keys: about two blocks per SM, at least 32 keys per split.
@@ -454,10 +482,14 @@ static int decode_launch(cuda_ctx *ctx, float *out, const float *q, cuda_kv_laye
                  "(reserve cuda_attention_scratch_bytes)", need, ctx->scratch_bytes);
     int S = decode_tile(s);
     float *part = (float *)ctx->scratch;
+    // With counters for every (row, KV head) the split blocks combine themselves.
+    unsigned *count = ctx->att_count && ctx->att_count_n >= B * s.n_kv_heads ? ctx->att_count : NULL;
     dim3 grid(ns, s.n_kv_heads, B), cgrid(s.n_heads, B);
     attn_decode_split_kernel<<<grid, ATT_THREADS, decode_smem(s, S), ctx->stream>>>(
-        part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride);
+        part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count,
+        out);
     CUDA_CHECK_LAUNCH(ctx, "attn_decode_split_kernel");
+    if (count) return 0;
     attn_decode_combine_kernel<<<cgrid, ATT_THREADS, 0, ctx->stream>>>(out, part, ns, s.head_dim);
     CUDA_CHECK_LAUNCH(ctx, "attn_decode_combine_kernel");
     return 0;

@@ -66,11 +66,14 @@ extern "C" void cuda_destroy(cuda_ctx *ctx) {
     // Teardown: errors here cannot be acted on; clear them so they do not leak into
     // the next call's cudaGetLastError.
     if (ctx->scratch) cudaFree(ctx->scratch);
+    if (ctx->att_count) cudaFree(ctx->att_count);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     cudaGetLastError();
     ctx->scratch = NULL;
     ctx->scratch_bytes = 0;
+    ctx->att_count = NULL;
+    ctx->att_count_n = 0;
     ctx->cublas = NULL;
     ctx->stream = NULL;
 }
@@ -109,6 +112,19 @@ extern "C" int cuda_reserve_scratch(cuda_ctx *ctx, size_t bytes) {
     bytes = (bytes + 255) & ~(size_t)255;
     if (cuda_malloc(&ctx->scratch, bytes, "kernel scratch", &ctx->err)) return -1;
     ctx->scratch_bytes = bytes;
+    return 0;
+}
+
+extern "C" int cuda_reserve_attention(cuda_ctx *ctx, int n) {
+    if (n <= ctx->att_count_n) return 0;
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));  // queued kernels may use the old ones
+    if (ctx->att_count) CUDA_CHECK(ctx, cudaFree(ctx->att_count));
+    ctx->att_count = NULL;
+    ctx->att_count_n = 0;
+    if (cuda_malloc((void **)&ctx->att_count, (size_t)n * sizeof(unsigned), "attention counters", &ctx->err))
+        return -1;
+    CUDA_CHECK(ctx, cudaMemset(ctx->att_count, 0, (size_t)n * sizeof(unsigned)));
+    ctx->att_count_n = n;
     return 0;
 }
 

@@ -388,6 +388,17 @@ static void attn_rows_case(int hd, int nkv, int G, int B, const int *trunk, cons
     OK(cuda_memset(&C, dout, 0xFF, (size_t)B * nq1 * 4));
     OK(cuda_attention_decode_rows(&C, dout, dq, dL, dN, B, max_keys, s, NULL));
     float *got_ns = fdown(dout, (size_t)B * nq1);
+    // The same without the counters: split and combine as two launches, the same bits.
+    int counters = C.att_count_n;
+    C.att_count_n = 0;
+    OK(cuda_memset(&C, dout, 0xFF, (size_t)B * nq1 * 4));
+    OK(cuda_attention_decode_rows(&C, dout, dq, dL, dN, B, max_keys, s, NULL));
+    C.att_count_n = counters;
+    float *got_two = fdown(dout, (size_t)B * nq1);
+    CHECK(!memcmp(got_ns, got_two, (size_t)B * nq1 * 4),
+          NAME("cuda_attention_decode_rows self-combined == split + combine hd=%d kv=%d G=%d B=%d", hd, nkv, G, B),
+          "the outputs differ");
+    free(got_two);
     float *ref = malloc(nq1 * 4), *rsc = malloc(nsc * 4);
     for (int b = 0; b < B; b++) {
         int nk = trunk[b] + tail[b];
@@ -416,6 +427,9 @@ static void attn_rows_case(int hd, int nkv, int G, int B, const int *trunk, cons
 }
 
 static void test_attention_rows(void) {
+    // Counters for every (row, KV head) below: the split blocks combine themselves (each
+    // case also runs without them and compares).
+    OK(cuda_reserve_attention(&C, AR_MAX_B * 8));
     static const int t1[] = {37}, l1[] = {0};                               // one row
     static const int t3[] = {300, 300, 300}, l3[] = {13, 0, 1};             // one trunk, tails differ
     static const int t5[] = {1000, 1000, 250, 0, 1}, l5[] = {40, 0, 7, 70, 0};  // all-tail, one-key rows

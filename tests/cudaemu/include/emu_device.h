@@ -192,6 +192,10 @@ template <typename T>
 static inline T __ldg(const T *p) {
     return *p;
 }
+template <typename T>
+static inline T __ldcg(const T *p) {  // L2-only load on a GPU; memory is coherent here
+    return *p;
+}
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }

@@ -134,11 +134,13 @@ int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in
 // What a decode matvec can do besides the product (NULL: nothing). norm (device f32
 // [n_in]) folds the RMSNorm of each x row into it: out = W (x * rsqrt(mean(x^2) + eps)
 // * norm), computed as rsqrt(...) * ((W * norm) x), so the normalised activations are
-// never written. add: out += the product (the residual add; plain layout only).
+// never written. add: out += the product (the residual add; plain layout only). bias
+// (device f32 [n_out], NULL: none) is added to the product (Qwen2's qkv bias).
 typedef struct {
     const float *norm;
     float eps;
     int add;
+    const float *bias;
 } cuda_mv_fuse;
 int cuda_matvec_rows_fused(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out, int B, int s1,
                            int s2, const cuda_mv_fuse *fz);

@@ -262,21 +262,14 @@ static int enqueue_decode(cuda_forward *f, int B, int cap, verr *err) {
     OP(cuda_embed(x, f->x, w->embed, dp.ids, B, dim));
     // Every RMSNorm is folded into the matvec that reads it, and every residual add into
     // the matvec that produces it: x is the residual stream throughout.
-    const cuda_mv_fuse residual = { NULL, 0.f, 1 };
+    const cuda_mv_fuse residual = { NULL, 0.f, 1, NULL };
     for (int l = 0; l < c->n_layers; l++) {
         const dev_layer *L = &w->layers[l];
-        const cuda_mv_fuse attn_norm = { (const float *)L->attn_norm.data, eps, 0 };
-        const cuda_mv_fuse ffn_norm = { (const float *)L->ffn_norm.data, eps, 0 };
+        const cuda_mv_fuse attn_norm = { (const float *)L->attn_norm.data, eps, 0, (const float *)L->bqkv.data };
+        const cuda_mv_fuse ffn_norm = { (const float *)L->ffn_norm.data, eps, 0, NULL };
         // One matvec over Wqkv, planar output: q [B, q_dim], k [B, kv_dim], v [B, kv_dim].
         float *q = f->qkv, *k = q + (size_t)B * q_dim, *v = k + (size_t)B * kv_dim;
         OP(cuda_matvec_rows_fused(x, q, f->x, L->wqkv, dim, qkv_dim, B, q_dim, q_dim + kv_dim, &attn_norm));
-        if (L->bqkv.data && B == 1) {
-            OP(cuda_add_bias(x, q, L->bqkv, 1, qkv_dim));
-        } else if (L->bqkv.data) {
-            OP(cuda_add_bias(x, q, rows_of(L->bqkv, 0, 1), B, q_dim));
-            OP(cuda_add_bias(x, k, rows_of(L->bqkv, q_dim, 1), B, kv_dim));
-            OP(cuda_add_bias(x, v, rows_of(L->bqkv, q_dim + kv_dim, 1), B, kv_dim));
-        }
         if (L->q_norm.data) {  // Qwen3: RMSNorm over each head's vector, before RoPE
             OP(cuda_rmsnorm(x, q, q, L->q_norm, B * nh, hd, eps));
             OP(cuda_rmsnorm(x, k, k, L->k_norm, B * nkv, hd, eps));
@@ -289,7 +282,7 @@ static int enqueue_decode(cuda_forward *f, int B, int cap, verr *err) {
         OP(cuda_matvec_glu_rows(x, h, f->hb, f->x, L->w_gu, dim, hid, B, &ffn_norm));
         OP(cuda_matvec_rows_fused(x, f->x, h, L->w_down, hid, dim, B, dim, dim, &residual));
     }
-    const cuda_mv_fuse final_norm = { (const float *)w->final_norm.data, eps, 0 };
+    const cuda_mv_fuse final_norm = { (const float *)w->final_norm.data, eps, 0, NULL };
     OP(cuda_matvec_rows_fused(x, f->logits, f->x, w->lm_head, dim, V, B, V, V, &final_norm));
     return cap >= 0 ? enqueue_stats(f, B, dp, err) : 0;
 }

@@ -37,8 +37,8 @@ __device__ __forceinline__ float dot8(const float f[8], float4 a, float4 b) {
 // r's output o goes to the planar-by-segment layout of ops_cuda.h (B rows in all).
 // Fusions (cuda_mv_fuse): nw (f32 [n_in], NULL: none) folds each x row's RMSNorm into
 // the product, as W (x * inv_rms * nw) = inv_rms * (W * nw) x: the weights are scaled
-// by nw as they are widened and the sum by the row's inv_rms at the end; add makes the
-// store out += v (the residual add).
+// by nw as they are widened and the sum by the row's inv_rms at the end; bias (f32
+// [n_out]) is added to each result; add makes the store out += v (the residual add).
 struct mv_rows {
     float *out;
     const float *x;
@@ -46,6 +46,7 @@ struct mv_rows {
     const float *nw;
     float eps;
     int add;
+    const float *bias;
 };
 
 __device__ __forceinline__ const float *mv_x(const mv_rows &p, int r, int n_in) {
@@ -74,6 +75,7 @@ __device__ __forceinline__ void mv_scale8(const mv_rows &p, size_t i, float f[8]
 
 __device__ __forceinline__ void mv_store(const mv_rows &p, int r, int o, int n_out, float v) {
     if (r >= p.nr) return;
+    if (p.bias) v += p.bias[o];
     int b = p.r0 + r;
     float *d;
     if (o < p.s1) d = p.out + (size_t)b * p.s1 + o;
@@ -261,11 +263,12 @@ static bool mv_vectorizable(const void *w, const float *x, int n_in, const cuda_
 
 static mv_rows mv_rows_of(float *out, const float *x, int r0, int nr, int B, int s1, int s2,
                           const cuda_mv_fuse *fz) {
-    mv_rows p = { out, x, r0, nr, B, s1, s2, NULL, 0.f, 0 };
+    mv_rows p = { out, x, r0, nr, B, s1, s2, NULL, 0.f, 0, NULL };
     if (fz) {
         p.nw = fz->norm;
         p.eps = fz->eps;
         p.add = fz->add;
+        p.bias = fz->bias;
     }
     return p;
 }

@@ -171,19 +171,21 @@ static void test_rope_kv_rows(void) {
 // A folded RMSNorm (against cpu_rmsnorm then cpu_matmul) and a residual add (out starts
 // as a random base and must end as base + W x), on the vector, four-rows and scalar
 // kernels, each row against B == 1.
-static void fused_rows_case(wtype t, int n_in, int n_out, int norm, int add) {
+static void fused_rows_case(wtype t, int n_in, int n_out, int norm, int add, int bias) {
     static const int Bs[] = {1, 3, 8, MV_MAX_B};
     size_t nw = (size_t)n_out * n_in, nx = (size_t)MV_MAX_B * n_in, ny = (size_t)MV_MAX_B * n_out;
     void *raw = wmake(t, nw, 1.f / sqrtf((float)n_in));
     float *x = fvec(nx, 1.f), *g = fvec((size_t)n_in, 1.f), *base = fvec(ny, 1.f), *xn = malloc(nx * 4);
+    float *bv = fvec((size_t)n_out, 1.f), *dbv = dup_up(bv, (size_t)n_out * 4);
     float *ref = malloc(ny * 4), *single = malloc(ny * 4);
     void *dw = dup_up(raw, nw * wtype_size(t));
     float *dx = dup_up(x, nx * 4), *dg = dup_up(g, (size_t)n_in * 4), *dout = dalloc(ny * 4);
     wref w = {dw, t};
-    cuda_mv_fuse fz = {norm ? dg : NULL, 1e-5f, add};
+    cuda_mv_fuse fz = {norm ? dg : NULL, 1e-5f, add, bias ? dbv : NULL};
     if (norm) cpu_rmsnorm(xn, x, (wref){g, WT_F32}, MV_MAX_B, n_in, 1e-5f);
     else memcpy(xn, x, nx * 4);
     cpu_matmul(ref, xn, (wref){raw, t}, MV_MAX_B, n_in, n_out);
+    for (size_t i = 0; bias && i < ny; i++) ref[i] += bv[i % (size_t)n_out];
     for (size_t i = 0; add && i < ny; i++) ref[i] += base[i];
     for (int r = 0; r < MV_MAX_B; r++) {
         OK(cuda_upload(&C, dout, base + (size_t)r * n_out, (size_t)n_out * 4));
@@ -193,8 +195,8 @@ static void fused_rows_case(wtype t, int n_in, int n_out, int norm, int add) {
     for (int bi = 0; bi < 4; bi++) {
         int B = Bs[bi];
         char tag[128];
-        snprintf(tag, sizeof tag, "%s B=%d n_in=%d n_out=%d%s%s", wtype_name(t), B, n_in, n_out, norm ? " norm" : "",
-                 add ? " add" : "");
+        snprintf(tag, sizeof tag, "%s B=%d n_in=%d n_out=%d%s%s%s", wtype_name(t), B, n_in, n_out,
+                 norm ? " norm" : "", add ? " add" : "", bias ? " bias" : "");
         OK(cuda_upload(&C, dout, base, (size_t)B * n_out * 4));
         OK(cuda_matvec_rows_fused(&C, dout, dx, w, n_in, n_out, B, n_out, n_out, &fz));
         float *got = fdown(dout, (size_t)B * n_out);
@@ -203,21 +205,22 @@ static void fused_rows_case(wtype t, int n_in, int n_out, int norm, int add) {
               "a row differs");
         free(got);
     }
-    free(raw); free(x); free(g); free(base); free(xn); free(ref); free(single);
-    cuda_free(dw); cuda_free(dx); cuda_free(dg); cuda_free(dout);
+    free(raw); free(x); free(g); free(base); free(xn); free(ref); free(single); free(bv);
+    cuda_free(dw); cuda_free(dx); cuda_free(dg); cuda_free(dout); cuda_free(dbv);
 }
 
 static void test_fused_rows(void) {
     int tall = 4 * 4 * 2 * (C.n_sm > 0 ? C.n_sm : 1) + 13;
     int shapes[][2] = {{256, 67}, {512, tall}, {37, 67}};  // vector, four rows per warp, scalar
+    static const int modes[][3] = {{1, 0, 0}, {0, 1, 0}, {1, 1, 0}, {1, 0, 1}};  // norm, add, bias
     for (int k = 0; k < 3; k++)
         for (int si = 0; si < 3; si++)
-            for (int mode = 1; mode < 4; mode++)  // norm, add, both; the tall shape (slow on the
-                if (si != 1 || (k == 2 && mode != 2))  // emulator) in bf16 with the norm only
-                    fused_rows_case(TYPES[k], shapes[si][0], shapes[si][1], mode & 1, mode >> 1);
+            for (int m = 0; m < 4; m++)  // the tall shape (slow on the emulator): bf16, a norm
+                if (si != 1 || (k == 2 && modes[m][0]))
+                    fused_rows_case(TYPES[k], shapes[si][0], shapes[si][1], modes[m][0], modes[m][1], modes[m][2]);
     float *d = dalloc(64 * 4);
     wref w = {d, WT_F32};
-    cuda_mv_fuse add = {NULL, 0.f, 1};
+    cuda_mv_fuse add = {NULL, 0.f, 1, NULL};
     CHECK(cuda_matvec_rows_fused(&C, d, d, w, 8, 4, 1, 2, 4, &add) != 0 && strstr(C.err.msg, "plain layout"),
           "cuda_matvec_rows_fused refuses a residual add into a split layout", "%s", C.err.msg);
     cuda_free(d);
@@ -236,7 +239,7 @@ static void glu_rows_case(wtype t, int n_in, int hid, int exact, int norm) {
     float *dx = dup_up(x, nx * 4), *dout = dalloc(ny * 4), *dtmp = dalloc(2 * ny * 4);
     wref w = {dw, t};
     float *gn = fvec((size_t)n_in, 1.f), *xn = malloc(nx * 4), *dnw = dup_up(gn, (size_t)n_in * 4);
-    cuda_mv_fuse fz = {dnw, 1e-5f, 0}, *pf = norm ? &fz : NULL;  // the folded RMSNorm, or none
+    cuda_mv_fuse fz = {dnw, 1e-5f, 0, NULL}, *pf = norm ? &fz : NULL;  // the folded RMSNorm, or none
     if (norm) cpu_rmsnorm(xn, x, (wref){gn, WT_F32}, MV_MAX_B, n_in, 1e-5f);
     else memcpy(xn, x, nx * 4);
     cpu_matmul(gu, xn, (wref){raw, t}, MV_MAX_B, n_in, 2 * hid);
@@ -282,7 +285,7 @@ static void test_glu_rows(void) {
         }
     float *d = dalloc(64 * 4);
     wref w = {d, WT_F32};
-    cuda_mv_fuse add = {NULL, 0.f, 1};
+    cuda_mv_fuse add = {NULL, 0.f, 1, NULL};
     CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 0, 1, NULL) != 0 && strstr(C.err.msg, "cuda_matvec_glu_rows"),
           "cuda_matvec_glu_rows refuses hid=0", "%s", C.err.msg);
     CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 4, 0, NULL) != 0 && strstr(C.err.msg, "cuda_matvec_glu_rows"),

@@ -190,10 +190,12 @@ int cuda_kv_store_rows(cuda_ctx *ctx, const cuda_kv_layer *d_layers, const float
 // A decode step's rope and KV store in one launch: q [B, n_heads*hd] rotated in place
 // (HF rotate-half, positions pos[b]), k [B, kv_dim] rotated and v [B, kv_dim] stored as
 // bf16 at cache row rows[b] of record d_layers[b]: the same bits as cuda_rope on q and
-// k, then cuda_kv_store_rows (k is left unrotated: the attention reads the cache).
+// k, then cuda_kv_store_rows (k is left unrotated: the attention reads the cache). With
+// q_norm and k_norm (device f32 [hd], Qwen3; NULL: none) each head is RMS-normalised
+// first, as cuda_rmsnorm over heads would (within rounding: the sum runs in another order).
 int cuda_rope_kv_store_rows(cuda_ctx *ctx, float *q, const float *k, const float *v, const int *pos,
                             const int *rows, const cuda_kv_layer *d_layers, int B, int n_heads, int n_kv,
-                            int head_dim, const float *inv_freq);
+                            int head_dim, const float *inv_freq, const float *q_norm, const float *k_norm, float eps);
 // Decode attention (T == 1) as cuda_attention, with the KV segments and lengths read on
 // the device from d_layer / d_lens. The launch shape depends only on max_keys and s, so
 // one captured graph serves every length 1 <= d_lens->n_keys <= max_keys and any

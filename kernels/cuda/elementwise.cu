@@ -143,50 +143,68 @@ extern "C" int cuda_kv_store_rows(cuda_ctx *ctx, const cuda_kv_layer *d_layers, 
     return kv_store_launch(ctx, NULL, NULL, d_layers, 1, k, v, rows, B, kv_dim);
 }
 
-// ---- rope + kv_store for a decode step: one launch ------------------------------------
-// grid (cdiv(n, 256), B), n = (n_heads + n_kv) * hd/2 rotated pairs + kv_dim values per
-// row. A thread rotates one q pair in place (rope_kernel's math), or rotates one k pair
-// and stores it as bf16 at cache row rows[b] of record L[b], or stores one v value: the
-// same bits as rope on q and k, then kv_store_rows. k itself is not written back (the
-// attention reads keys from the cache).
+// ---- (q/k norm +) rope + kv_store for a decode step: one launch ----------------------
+// grid (cdiv(n_heads + n_kv, 8), B), 8 warps per block: one warp per head of a row. A q
+// warp rotates its head in place; a k warp rotates its head and stores it as bf16 at
+// cache row rows[b] of record L[b], then stores the same head of v. With qn/kn (Qwen3)
+// the head is first RMS-normalised with those weights (sum of squares over the warp).
+// Per element the math is rope_kernel's: without norms, the same bits as cuda_rope on
+// q and k, then cuda_kv_store_rows. k is not written back (the attention reads the cache).
+#define RKV_WARPS 8
 __global__ void rope_kv_store_kernel(float *q, const float *k, const float *v, const int *pos, const int *rows,
-                                     const cuda_kv_layer *L, int n_heads, int n_kv, int hd, const float *inv_freq) {
-    int b = blockIdx.y, half = hd / 2, kv_dim = n_kv * hd;
-    int i = blockIdx.x * blockDim.x + threadIdx.x, nq = n_heads * half, nk = n_kv * half;
-    size_t dst = (size_t)rows[b] * kv_dim;
-    if (i < nq + nk) {
-        int pair = i < nq ? i : i - nq, h = pair / half, j = pair - h * half;
-        const float *src = i < nq ? q + (size_t)b * n_heads * hd : k + (size_t)b * kv_dim;
-        float x0 = src[h * hd + j], x1 = src[h * hd + j + half];
+                                     const cuda_kv_layer *L, int n_heads, int n_kv, int hd, const float *inv_freq,
+                                     const float *qn, const float *kn, float eps) {
+    int b = blockIdx.y, lane = threadIdx.x & 31, half = hd / 2, kv_dim = n_kv * hd;
+    int h = blockIdx.x * RKV_WARPS + (threadIdx.x >> 5);
+    if (h >= n_heads + n_kv) return;  // whole warp
+    bool is_q = h < n_heads;
+    int hk = h - n_heads;
+    const float *src = is_q ? q + ((size_t)b * n_heads + h) * hd : k + (size_t)b * kv_dim + (size_t)hk * hd;
+    const float *nw = is_q ? qn : kn;
+    float inv = 1.f;
+    if (nw) {
+        float ss = 0.f;
+        for (int j = lane; j < hd; j += 32) ss = fmaf(src[j], src[j], ss);
+        inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
+    }
+    size_t dst = (size_t)rows[b] * kv_dim + (size_t)hk * hd;
+    for (int j = lane; j < half; j += 32) {
+        float x0 = src[j], x1 = src[j + half];
+        if (nw) {
+            x0 = x0 * inv * nw[j];
+            x1 = x1 * inv * nw[j + half];
+        }
         float s, c;
         sincosf((float)pos[b] * inv_freq[j], &s, &c);
         float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
-        if (i < nq) {
-            float *hx = q + (size_t)b * n_heads * hd + h * hd;
+        if (is_q) {
+            float *hx = q + ((size_t)b * n_heads + h) * hd;
             hx[j] = y0;
             hx[j + half] = y1;
         } else {
-            uint16_t *kc = (uint16_t *)L[b].k_dst + dst + h * hd;
+            uint16_t *kc = (uint16_t *)L[b].k_dst + dst;
             kc[j] = f32_to_bf16_bits(y0);
             kc[j + half] = f32_to_bf16_bits(y1);
         }
-    } else if (i < nq + nk + kv_dim) {
-        int e = i - nq - nk;
-        ((uint16_t *)L[b].v_dst)[dst + e] = f32_to_bf16_bits(v[(size_t)b * kv_dim + e]);
     }
+    if (is_q) return;
+    const float *vs = v + (size_t)b * kv_dim + (size_t)hk * hd;
+    uint16_t *vc = (uint16_t *)L[b].v_dst + dst;
+    for (int j = lane; j < hd; j += 32) vc[j] = f32_to_bf16_bits(vs[j]);
 }
 
 extern "C" int cuda_rope_kv_store_rows(cuda_ctx *ctx, float *q, const float *k, const float *v, const int *pos,
                                        const int *rows, const cuda_kv_layer *d_layers, int B, int n_heads, int n_kv,
-                                       int head_dim, const float *inv_freq) {
+                                       int head_dim, const float *inv_freq, const float *q_norm, const float *k_norm,
+                                       float eps) {
     CUDA_REQUIRE(ctx, B >= 1 && B <= 65535 && n_heads > 0 && n_kv > 0 && head_dim > 0 && head_dim % 2 == 0,
                  "cuda_rope_kv_store_rows: bad shape B=%d n_heads=%d n_kv=%d head_dim=%d", B, n_heads, n_kv,
                  head_dim);
     CUDA_REQUIRE(ctx, d_layers != NULL, "cuda_rope_kv_store_rows: no device records");
-    int n = (n_heads + n_kv) * (head_dim / 2) + n_kv * head_dim;
-    dim3 grid(cdiv_u(n, 256), B);
-    rope_kv_store_kernel<<<grid, 256, 0, ctx->stream>>>(q, k, v, pos, rows, d_layers, n_heads, n_kv, head_dim,
-                                                       inv_freq);
+    CUDA_REQUIRE(ctx, !q_norm == !k_norm, "cuda_rope_kv_store_rows: q_norm and k_norm go together");
+    dim3 grid(cdiv_u(n_heads + n_kv, RKV_WARPS), B);
+    rope_kv_store_kernel<<<grid, 32 * RKV_WARPS, 0, ctx->stream>>>(q, k, v, pos, rows, d_layers, n_heads, n_kv,
+                                                                  head_dim, inv_freq, q_norm, k_norm, eps);
     CUDA_CHECK_LAUNCH(ctx, "rope_kv_store_kernel");
     return 0;
 }

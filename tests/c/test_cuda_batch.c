@@ -98,10 +98,11 @@ static void test_matvec_rows(void) {
 }
 
 // ---- cuda_rope_kv_store_rows ----------------------------------------------------------------
-// Bit for bit against cuda_rope (q, k) + cuda_kv_store_rows on the same inputs, whole
-// caches compared (untouched rows stay 0xFFFF), and against the CPU twin (cpu_rope, then
-// bf16 rounding for the caches).
-static void rope_kv_case(int B, int nh, int nkv, int hd) {
+// Against cuda_rope (q, k) + cuda_kv_store_rows on the same inputs, whole caches compared
+// (untouched rows stay 0xFFFF), bit for bit; with Qwen3's q/k norms against cuda_rmsnorm
+// over heads first (within rounding: the sums of squares run in another order). And
+// against the CPU twin (cpu_rmsnorm, cpu_rope, then bf16 rounding for the caches).
+static void rope_kv_case(int B, int nh, int nkv, int hd, int norm) {
     enum { N_POS = 9, MAX_B = 8 };
     int kv_dim = nkv * hd, pos[MAX_B], rows[MAX_B];
     size_t nq = (size_t)B * nh * hd, nk = (size_t)B * kv_dim, nc = (size_t)N_POS * kv_dim;
@@ -114,6 +115,8 @@ static void rope_kv_case(int B, int nh, int nkv, int hd) {
     float *q = fvec(nq, 2.f), *k = fvec(nk, 2.f), *v = fvec(nk, 2.f);
     float *dq1 = dup_up(q, nq * 4), *dq2 = dup_up(q, nq * 4), *dk = dup_up(k, nk * 4), *dk2 = dup_up(k, nk * 4);
     float *dv = dup_up(v, nk * 4), *dinv = dup_up(inv, (size_t)hd / 2 * 4);
+    float *qw = fvec((size_t)hd, 1.f), *kw = fvec((size_t)hd, 1.f);
+    float *dqw = dup_up(qw, (size_t)hd * 4), *dkw = dup_up(kw, (size_t)hd * 4);
     int *dpos = dup_up(pos, B * sizeof(int)), *drows = dup_up(rows, B * sizeof(int));
     cuda_kv_layer L1[MAX_B], L2[MAX_B];
     for (int b = 0; b < B; b++) {
@@ -123,14 +126,24 @@ static void rope_kv_case(int B, int nh, int nkv, int hd) {
         OK(cuda_memset(&C, L2[b].k_dst, 0xFF, nc * 2)); OK(cuda_memset(&C, L2[b].v_dst, 0xFF, nc * 2));
     }
     cuda_kv_layer *dL1 = dup_up(L1, B * sizeof *L1), *dL2 = dup_up(L2, B * sizeof *L2);
-    OK(cuda_rope_kv_store_rows(&C, dq1, dk, dv, dpos, drows, dL1, B, nh, nkv, hd, dinv));
+    OK(cuda_rope_kv_store_rows(&C, dq1, dk, dv, dpos, drows, dL1, B, nh, nkv, hd, dinv, norm ? dqw : NULL,
+                               norm ? dkw : NULL, 1e-6f));
+    if (norm) {
+        OK(cuda_rmsnorm(&C, dq2, dq2, (wref){dqw, WT_F32}, B * nh, hd, 1e-6f));
+        OK(cuda_rmsnorm(&C, dk2, dk2, (wref){dkw, WT_F32}, B * nkv, hd, 1e-6f));
+    }
     OK(cuda_rope(&C, dq2, dpos, B, nh, hd, dinv, 0));
     OK(cuda_rope(&C, dk2, dpos, B, nkv, hd, dinv, 0));
     OK(cuda_kv_store_rows(&C, dL2, dk2, dv, drows, B, kv_dim));
     char tag[96];
-    snprintf(tag, sizeof tag, "B=%d heads=%d/%d hd=%d", B, nh, nkv, hd);
+    snprintf(tag, sizeof tag, "B=%d heads=%d/%d hd=%d%s", B, nh, nkv, hd, norm ? " q/k norm" : "");
     float *g1 = fdown(dq1, nq), *g2 = fdown(dq2, nq);
-    CHECK(!memcmp(g1, g2, nq * 4), NAME("cuda_rope_kv_store_rows q == cuda_rope %s", tag), "q differs");
+    if (norm) cmp(NAME("cuda_rope_kv_store_rows q vs rmsnorm + rope %s", tag), g1, g2, (long)nq, 1e-5f, 1e-5f);
+    else CHECK(!memcmp(g1, g2, nq * 4), NAME("cuda_rope_kv_store_rows q == cuda_rope %s", tag), "q differs");
+    if (norm) {
+        cpu_rmsnorm(q, q, (wref){qw, WT_F32}, B * nh, hd, 1e-6f);
+        cpu_rmsnorm(k, k, (wref){kw, WT_F32}, B * nkv, hd, 1e-6f);
+    }
     cpu_rope(q, pos, B, nh, hd, inv, 0);
     cpu_rope(k, pos, B, nkv, hd, inv, 0);
     cmp(NAME("cuda_rope_kv_store_rows q vs cpu %s", tag), g1, q, (long)nq, 1e-5f, 1e-5f);
@@ -147,12 +160,14 @@ static void rope_kv_case(int B, int nh, int nkv, int hd) {
                 near &= fabsf(got - w) <= 1e-2f * fabsf(w) + 1e-6f;  // sincosf may move the last bit
             }
         }
-    CHECK(same, NAME("cuda_rope_kv_store_rows caches == cuda_rope + cuda_kv_store_rows %s", tag), "a cache differs");
+    if (!norm)
+        CHECK(same, NAME("cuda_rope_kv_store_rows caches == cuda_rope + cuda_kv_store_rows %s", tag), "a cache differs");
     CHECK(near, NAME("cuda_rope_kv_store_rows caches vs cpu %s", tag), "a stored k or v is off by more than a bf16 step");
     for (int b = 0; b < B; b++) {
         cuda_free(L1[b].k_dst); cuda_free(L1[b].v_dst); cuda_free(L2[b].k_dst); cuda_free(L2[b].v_dst);
     }
-    free(q); free(k); free(v); free(g1); free(g2); free(c1); free(c2);
+    free(q); free(k); free(v); free(g1); free(g2); free(c1); free(c2); free(qw); free(kw);
+    cuda_free(dqw); cuda_free(dkw);
     cuda_free(dq1); cuda_free(dq2); cuda_free(dk); cuda_free(dk2); cuda_free(dv); cuda_free(dinv);
     cuda_free(dpos); cuda_free(drows); cuda_free(dL1); cuda_free(dL2);
 }
@@ -161,8 +176,9 @@ static void test_rope_kv_rows(void) {
     int shapes[][3] = {{4, 2, 32}, {6, 6, 16}, {8, 1, 28}, {32, 8, 64}};  // heads, kv heads, head_dim
     int Bs[] = {1, 3, 8};
     for (int si = 0; si < 4; si++)
-        for (int bi = 0; bi < 3; bi++) rope_kv_case(Bs[bi], shapes[si][0], shapes[si][1], shapes[si][2]);
-    CHECK(cuda_rope_kv_store_rows(&C, NULL, NULL, NULL, NULL, NULL, NULL, 1, 4, 2, 7, NULL) != 0 &&
+        for (int bi = 0; bi < 3; bi++)
+            for (int norm = 0; norm < 2; norm++) rope_kv_case(Bs[bi], shapes[si][0], shapes[si][1], shapes[si][2], norm);
+    CHECK(cuda_rope_kv_store_rows(&C, NULL, NULL, NULL, NULL, NULL, NULL, 1, 4, 2, 7, NULL, NULL, NULL, 0.f) != 0 &&
               strstr(C.err.msg, "cuda_rope_kv_store_rows"),
           "cuda_rope_kv_store_rows refuses an odd head_dim", "%s", C.err.msg);
 }

@@ -3,6 +3,8 @@
 #include "host/cli/args.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,12 +47,15 @@ const char *args_str(args *a, const char *names, const char *def) {
     return a->argv[i + 1];
 }
 
-long args_int(args *a, const char *names, long def) {
-    const char *s = args_str(a, names, NULL);
-    if (!s) return def;
+// Parses s (not NULL) as an integer in lo..hi; on an error records it and returns def.
+static long parse_int(args *a, const char *names, const char *s, long def, long lo, long hi) {
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
+    if (errno == ERANGE || (!errno && end != s && !*end && (v < lo || v > hi))) {
+        if (!a->err[0]) snprintf(a->err, sizeof a->err, "option %s: %s is outside %ld..%ld", names, s, lo, hi);
+        return def;
+    }
     if (errno || end == s || *end) {
         if (!a->err[0]) snprintf(a->err, sizeof a->err, "option %s: '%s' is not an integer", names, s);
         return def;
@@ -58,17 +63,36 @@ long args_int(args *a, const char *names, long def) {
     return v;
 }
 
-double args_float(args *a, const char *names, double def) {
-    const char *s = args_str(a, names, NULL);
-    if (!s) return def;
+static double parse_float(args *a, const char *names, const char *s, double def, double lo, double hi) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end) {
+    if (end == s || *end || (errno && errno != ERANGE)) {
         if (!a->err[0]) snprintf(a->err, sizeof a->err, "option %s: '%s' is not a number", names, s);
         return def;
     }
+    if (errno == ERANGE || !(v >= lo && v <= hi)) {  // NaN too
+        if (!a->err[0] && errno == ERANGE)
+            snprintf(a->err, sizeof a->err, "option %s: %s is beyond a double's range", names, s);
+        else if (!a->err[0])
+            snprintf(a->err, sizeof a->err, "option %s: %s is outside %g..%g", names, s, lo, hi);
+        return def;
+    }
     return v;
+}
+
+long args_int(args *a, const char *names, long def) { return args_int_range(a, names, def, LONG_MIN, LONG_MAX); }
+
+long args_int_range(args *a, const char *names, long def, long lo, long hi) {
+    const char *s = args_str(a, names, NULL);
+    return s ? parse_int(a, names, s, def, lo, hi) : def;
+}
+
+double args_float(args *a, const char *names, double def) { return args_float_range(a, names, def, -HUGE_VAL, HUGE_VAL); }
+
+double args_float_range(args *a, const char *names, double def, double lo, double hi) {
+    const char *s = args_str(a, names, NULL);
+    return s ? parse_float(a, names, s, def, lo, hi) : def;
 }
 
 int args_flag(args *a, const char *names) {

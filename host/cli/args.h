@@ -17,6 +17,10 @@ const char *args_str(args *a, const char *names, const char *def);
 // Numeric options: on a malformed value, record an error and return def.
 long args_int(args *a, const char *names, long def);
 double args_float(args *a, const char *names, double def);
+// The same, and a value outside lo..hi (or NaN) is an error naming the option and the
+// range: nothing is truncated or wrapped when it is stored in a narrower type.
+long args_int_range(args *a, const char *names, long def, long lo, long hi);
+double args_float_range(args *a, const char *names, double def, double lo, double hi);
 // 1 if a boolean flag is present.
 int args_flag(args *a, const char *names);
 // The i-th positional argument (not an option or option value), or NULL.

@@ -1,15 +1,16 @@
 // common.c: see common.h.
 #include "host/cli/common.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <time.h>
 
 void cli_session_opts(args *a, session_opts *o) {
     o->model_dir = args_str(a, "-m|--model", NULL);
-    o->ctx = (int)args_int(a, "--ctx", 0);
-    o->threads = (int)args_int(a, "-t|--threads", 0);
+    o->ctx = (int)args_int_range(a, "--ctx", 0, 0, INT_MAX);
+    o->threads = (int)args_int_range(a, "-t|--threads", 0, 0, 4096);
     o->device = args_str(a, "--device", "cpu");
-    o->max_batch = (int)args_int(a, "--batch", 0);
+    o->max_batch = (int)args_int_range(a, "--batch", 0, 0, INT_MAX);
 }
 
 void cli_sampling_opts(args *a, gen_opts *g, int def_n, float def_temp, float def_top_p) {

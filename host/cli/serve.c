@@ -1,6 +1,7 @@
 // serve.c: `varent serve`: load the model, start the server (host/serve/server.h),
 // and on SIGINT/SIGTERM stop accepting, let in-flight requests finish, exit 0.
 // A second signal (or --drain-timeout) cancels what is still running.
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,34 +28,26 @@ static const char usage[] =
 // Reads everything but the session options; 0, or -1 with msg.
 static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t len) {
     o->host = args_str(a, "--host", "127.0.0.1");
-    o->port = (int)args_int(a, "--port", 8080);
-    o->parallel = (int)args_int(a, "--parallel", 1);
-    o->max_tokens_limit = (int)args_int(a, "--max-tokens-limit", 4096);
-    long body = args_int(a, "--max-body", 1 << 20);
-    o->max_queue = (int)args_int(a, "--max-queue", 256);
-    o->max_connections = (int)args_int(a, "--max-connections", 256);
-    o->timeout_s = (int)args_int(a, "--timeout", 60);
+    o->port = (int)args_int_range(a, "--port", 8080, 0, 65535);
+    o->parallel = (int)args_int_range(a, "--parallel", 1, 1, 256);
+    o->max_tokens_limit = (int)args_int_range(a, "--max-tokens-limit", 4096, 1, INT_MAX);
+    o->max_body = (size_t)args_int_range(a, "--max-body", 1 << 20, 1, 1L << 30);
+    o->max_queue = (int)args_int_range(a, "--max-queue", 256, 0, 1 << 20);
+    o->max_connections = (int)args_int_range(a, "--max-connections", 256, 1, 65536);
+    o->timeout_s = (int)args_int_range(a, "--timeout", 60, 0, 86400);
     o->model_id = args_str(a, "--model-id", NULL);
     const char *smp = args_str(a, "--sampler", "standard");
     o->profile = args_str(a, "--profile", "seed");
     o->chat_template = args_str(a, "--chat-template", NULL);
-    o->token_delay_ms = (int)args_int(a, "--token-delay-ms", 0);
+    o->token_delay_ms = (int)args_int_range(a, "--token-delay-ms", 0, 0, 60000);
     o->verbose = args_flag(a, "-v|--verbose");
-    *drain_s = args_float(a, "--drain-timeout", 60);
-    o->max_body = body > 0 ? (size_t)body : 0;
+    *drain_s = args_float_range(a, "--drain-timeout", 60, 0, 86400);
     if (strcmp(smp, "standard") && strcmp(smp, "entropix"))
         return snprintf(msg, len, "--sampler '%s': use standard or entropix", smp), -1;
     o->sampler = strcmp(smp, "entropix") ? GEN_STANDARD : GEN_ENTROPIX;
     entropix_config ex;
     verr err;
     if (entropix_profile(o->profile, &ex, &err)) return snprintf(msg, len, "--profile: %.400s", err.msg), -1;
-    if (o->port < 0 || o->port > 65535) return snprintf(msg, len, "--port %d: must be 0..65535", o->port), -1;
-    if (o->parallel < 1 || o->parallel > 256) return snprintf(msg, len, "--parallel %d: must be 1..256", o->parallel), -1;
-    if (o->max_tokens_limit < 1) return snprintf(msg, len, "--max-tokens-limit %d: must be >= 1", o->max_tokens_limit), -1;
-    if (body < 1) return snprintf(msg, len, "--max-body %ld: must be >= 1", body), -1;
-    if (o->max_queue < 0 || o->max_connections < 1 || o->timeout_s < 0 || o->token_delay_ms < 0 || !(*drain_s >= 0))
-        return snprintf(msg, len, "--max-queue, --timeout, --drain-timeout and --token-delay-ms must be >= 0, "
-                                  "--max-connections >= 1"), -1;
     return 0;
 }
 

@@ -26,6 +26,7 @@ extern const unsigned long web_index_html_len;
 typedef struct {
     sbuf body;
     int too_large;
+    int rejected;  // answered from the headers (server_check_headers); the body is dropped
 } conn_req;
 
 // ---- responses --------------------------------------------------------------------
@@ -48,14 +49,19 @@ static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, sbu
     return ret;
 }
 
-static enum MHD_Result reply_error(server *s, struct MHD_Connection *c, unsigned status, const char *msg,
-                                   const char *type, const char *param, const char *code) {
+static enum MHD_Result reply_error_x(server *s, struct MHD_Connection *c, unsigned status, const char *msg,
+                                     const char *type, const char *param, const char *code, int close) {
     sbuf b = { 0 };
     sb_error(&b, msg, type, param, code);
     if (s->o.verbose) fprintf(stderr, "varent serve: %u %s\n", status, msg);
-    enum MHD_Result ret = b.oom ? MHD_NO : reply(c, status, "application/json", b.p, b.len, status == 413);
+    enum MHD_Result ret = b.oom ? MHD_NO : reply(c, status, "application/json", b.p, b.len, close);
     sb_free(&b);
     return ret;
+}
+
+static enum MHD_Result reply_error(server *s, struct MHD_Connection *c, unsigned status, const char *msg,
+                                   const char *type, const char *param, const char *code) {
+    return reply_error_x(s, c, status, msg, type, param, code, status == 413);
 }
 
 static enum MHD_Result bad_request(server *s, struct MHD_Connection *c, const char *msg, const char *param,
@@ -323,9 +329,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     server *s = cls;
     conn_req *r = *con_cls;
+    if (r && r->rejected) return *upload_size = 0, MHD_YES;
     if (!r) {  // headers are in; the body (if any) comes in the next calls
         if (!(r = calloc(1, sizeof *r))) return MHD_NO;
         *con_cls = r;
+        char msg[256];
+        const char *code = NULL;
+        int status = server_check_headers(s, c, version, msg, sizeof msg, &code);
+        if (status) {  // answered before the body is read, then the connection is closed
+            r->rejected = 1;
+            return reply_error_x(s, c, (unsigned)status, msg, "invalid_request_error", NULL, code, 1);
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > 16 * (unsigned long long)s->o.max_body)
             r->too_large = 2;  // far too large: answer before reading it, then close

@@ -86,4 +86,10 @@ void server_job_release(server_job *j);
 void server_job_cancel(server_job *j);
 double server_now(void);
 
+// guard.c: checks on a request's headers before its body is read; 0, or an HTTP
+// status with msg and an error code.
+struct MHD_Connection;
+int server_check_headers(server *s, struct MHD_Connection *c, const char *version, char *msg, size_t len,
+                         const char **code);
+
 #endif

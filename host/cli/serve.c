@@ -23,7 +23,8 @@ static const char usage[] =
     "usage: varent serve -m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [--max-tokens-limit N]\n"
     "       [--ctx N] [-t THREADS] [--device cpu] [--sampler standard|entropix] [--profile seed|jax|frog]\n"
     "       [--chat-template NAME] [--model-id NAME] [--max-body BYTES] [--max-queue N]\n"
-    "       [--max-connections N] [--timeout S] [--drain-timeout S] [--token-delay-ms MS] [-v]";
+    "       [--max-connections N] [--timeout S] [--drain-timeout S] [--token-delay-ms MS]\n"
+    "       [--allowed-hosts NAME,...] [--cors ORIGIN,...] [-v]";
 
 // Reads everything but the session options; 0, or -1 with msg.
 static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t len) {
@@ -40,6 +41,8 @@ static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t
     o->profile = args_str(a, "--profile", "seed");
     o->chat_template = args_str(a, "--chat-template", NULL);
     o->token_delay_ms = (int)args_int_range(a, "--token-delay-ms", 0, 0, 60000);
+    o->allowed_hosts = args_str(a, "--allowed-hosts", NULL);
+    o->cors = args_str(a, "--cors", NULL);
     o->verbose = args_flag(a, "-v|--verbose");
     *drain_s = args_float_range(a, "--drain-timeout", 60, 0, 86400);
     if (strcmp(smp, "standard") && strcmp(smp, "entropix"))

@@ -10,6 +10,8 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,10 +33,19 @@ typedef struct {
 
 // ---- responses --------------------------------------------------------------------
 
-static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *type, const char *s, size_t n,
-                             int close) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)s, MHD_RESPMEM_MUST_COPY);
+// An origin that --cors allows sees the answer (Vary: the answer depends on Origin).
+static void add_cors(server *s, struct MHD_Connection *c, struct MHD_Response *r) {
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!server_cors_origin(s, origin)) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+    MHD_add_response_header(r, "Vary", "Origin");
+}
+
+static enum MHD_Result reply(server *s, struct MHD_Connection *c, unsigned status, const char *type, const char *body,
+                             size_t n, int close) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
+    add_cors(s, c, r);
     MHD_add_response_header(r, "Content-Type", type);
     MHD_add_response_header(r, "Cache-Control", "no-store");
     if (close) MHD_add_response_header(r, "Connection", "close");
@@ -43,8 +54,8 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     return ret;
 }
 
-static enum MHD_Result reply_json(struct MHD_Connection *c, unsigned status, sbuf *b) {
-    enum MHD_Result ret = b->oom ? MHD_NO : reply(c, status, "application/json", b->p ? b->p : "", b->len, 0);
+static enum MHD_Result reply_json(server *s, struct MHD_Connection *c, unsigned status, sbuf *b) {
+    enum MHD_Result ret = b->oom ? MHD_NO : reply(s, c, status, "application/json", b->p ? b->p : "", b->len, 0);
     sb_free(b);
     return ret;
 }
@@ -54,7 +65,7 @@ static enum MHD_Result reply_error_x(server *s, struct MHD_Connection *c, unsign
     sbuf b = { 0 };
     sb_error(&b, msg, type, param, code);
     if (s->o.verbose) fprintf(stderr, "varent serve: %u %s\n", status, msg);
-    enum MHD_Result ret = b.oom ? MHD_NO : reply(c, status, "application/json", b.p, b.len, close);
+    enum MHD_Result ret = b.oom ? MHD_NO : reply(s, c, status, "application/json", b.p, b.len, close);
     sb_free(&b);
     return ret;
 }
@@ -87,19 +98,19 @@ static enum MHD_Result get_health(server *s, struct MHD_Connection *c) {
                   "\"cancelled\":%ld,\"rejected\":%ld}",
               s->n_slots, s->busy, s->queued, s->inflight, s->n_requests, s->n_cancelled, s->n_rejected);
     pthread_mutex_unlock(&s->mu);
-    return reply_json(c, 200, &b);
+    return reply_json(s, c, 200, &b);
 }
 
 static enum MHD_Result get_route(server *s, struct MHD_Connection *c, const char *url) {
     sbuf b = { 0 };
     if (!strcmp(url, "/") || !strcmp(url, "/index.html"))
-        return reply(c, 200, "text/html; charset=utf-8", web_index_html, web_index_html_len, 0);
+        return reply(s, c, 200, "text/html; charset=utf-8", web_index_html, web_index_html_len, 0);
     if (!strcmp(url, "/health")) return get_health(s, c);
     if (!strcmp(url, "/v1/models")) {
         sb_puts(&b, "{\"object\":\"list\",\"data\":[");
         model_obj(s, &b);
         sb_puts(&b, "]}");
-        return reply_json(c, 200, &b);
+        return reply_json(s, c, 200, &b);
     }
     if (!strncmp(url, "/v1/models/", 11)) {
         if (strcmp(url + 11, s->model_id)) {
@@ -108,11 +119,11 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, const char
             return reply_error(s, c, 404, msg, "invalid_request_error", "model", "model_not_found");
         }
         model_obj(s, &b);
-        return reply_json(c, 200, &b);
+        return reply_json(s, c, 200, &b);
     }
     if (!strcmp(url, "/v1/profiles")) {
         sb_profiles(&b, s->o.sampler == GEN_ENTROPIX ? "entropix" : "standard", s->o.profile);
-        return reply_json(c, 200, &b);
+        return reply_json(s, c, 200, &b);
     }
     return reply_error(s, c, 404, "no such route (GET /, /health, /v1/models, /v1/profiles)", "invalid_request_error",
                        NULL, "not_found");
@@ -190,6 +201,7 @@ static enum MHD_Result reply_stream(server *s, struct MHD_Connection *c, server_
         server_job_release(j);
         return MHD_NO;
     }
+    add_cors(s, c, r);
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     MHD_add_response_header(r, "X-Accel-Buffering", "no");
@@ -204,7 +216,7 @@ static enum MHD_Result reply_when_done(server *s, struct MHD_Connection *c, serv
     while (!j->done && !gone) gone = wait_step(j);
     pthread_mutex_unlock(&j->mu);
     enum MHD_Result ret = MHD_NO;  // a client that went away gets no answer
-    if (!gone) ret = reply(c, j->failed ? 500 : 200, "application/json", j->body.p, j->body.len, 0);
+    if (!gone) ret = reply(s, c, j->failed ? 500 : 200, "application/json", j->body.p, j->body.len, 0);
     server_job_release(j);
     return ret;
 }
@@ -325,6 +337,19 @@ static int is_completion(const char *url, int *chat) {
     return *chat || !strcmp(p, "/completions");
 }
 
+// A CORS preflight; an Origin that is not allowed got its 403 from the headers.
+static enum MHD_Result preflight(server *s, struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    add_cors(s, c, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Content-Type, Authorization");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ret = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     server *s = cls;
@@ -335,7 +360,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *con_cls = r;
         char msg[256];
         const char *code = NULL;
-        int status = server_check_headers(s, c, version, msg, sizeof msg, &code);
+        int status = server_check_headers(s, c, method, version, msg, sizeof msg, &code);
         if (status) {  // answered before the body is read, then the connection is closed
             r->rejected = 1;
             return reply_error_x(s, c, (unsigned)status, msg, "invalid_request_error", NULL, code, 1);
@@ -353,6 +378,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     int chat;
+    if (!strcmp(method, "OPTIONS")) return preflight(s, c);
     if (is_completion(url, &chat)) {
         if (!strcmp(method, "POST")) return post_completion(s, c, r, chat);
     } else if (!strcmp(method, "GET") || !strcmp(method, "HEAD")) {
@@ -411,7 +437,7 @@ static int setup_model(server *s, verr *err) {
     return 0;
 }
 
-static int bind_addr(const char *host, int port, struct sockaddr_storage *ss, int *v6, verr *err) {
+static int bind_addr(const char *host, int port, struct sockaddr_storage *ss, int *v6, int *loopback, verr *err) {
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE }, *res;
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
@@ -419,6 +445,8 @@ static int bind_addr(const char *host, int port, struct sockaddr_storage *ss, in
     if (rc) return verr_set(err, "--host %s: %s", host, gai_strerror(rc));
     memcpy(ss, res->ai_addr, res->ai_addrlen);
     *v6 = res->ai_family == AF_INET6;
+    *loopback = *v6 ? IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)res->ai_addr)->sin6_addr)
+                    : (ntohl(((struct sockaddr_in *)res->ai_addr)->sin_addr.s_addr) >> 24) == 127;
     freeaddrinfo(res);
     return 0;
 }
@@ -433,7 +461,7 @@ server *server_start(session *base, const server_opts *o, verr *err) {
     s->threads_per_slot = total / o->parallel > 0 ? total / o->parallel : 1;
     struct sockaddr_storage ss;
     int v6 = 0;
-    if (setup_model(s, err) || bind_addr(o->host, o->port, &ss, &v6, err) || server_slots_start(s, err)) {
+    if (setup_model(s, err) || bind_addr(o->host, o->port, &ss, &v6, &s->loopback, err) || server_slots_start(s, err)) {
         server_stop(s);
         return NULL;
     }

@@ -57,6 +57,7 @@ struct server {
     int n_slots;
     struct MHD_Daemon *d;
     int port;
+    int loopback;             // bound to 127.0.0.0/8 or ::1: Host is checked (guard.c)
     pthread_mutex_t mu;       // queue and counters
     pthread_cond_t cv;
     server_job *head, *tail;
@@ -89,7 +90,10 @@ double server_now(void);
 // guard.c: checks on a request's headers before its body is read; 0, or an HTTP
 // status with msg and an error code.
 struct MHD_Connection;
-int server_check_headers(server *s, struct MHD_Connection *c, const char *version, char *msg, size_t len,
-                         const char **code);
+int server_check_headers(server *s, struct MHD_Connection *c, const char *method, const char *version, char *msg,
+                         size_t len, const char **code);
+// Whether origin (may be NULL) is one --cors allows: its answers get
+// Access-Control-Allow-Origin.
+int server_cors_origin(const server *s, const char *origin);
 
 #endif

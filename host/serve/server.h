@@ -24,6 +24,8 @@ typedef struct {
     const char *profile;
     const char *chat_template;  // NULL: the model's; none recognised: messages joined by newlines
     int token_delay_ms;         // sleep per generated token (demos and tests)
+    const char *allowed_hosts;  // comma-separated Host names a loopback server also answers to
+    const char *cors;           // comma-separated browser Origins allowed besides the page's own ("*": any)
     int verbose;                // one stderr line per request
 } server_opts;
 

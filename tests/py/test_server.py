@@ -301,7 +301,7 @@ def test_errors(srv):
     # bodies over --max-body: read and refused, or refused from the header alone
     st, _, data = srv.request("POST", "/v1/completions", b'{"prompt":"' + b"a" * 70000 + b'"}')
     check(st == 413 and error_shape(json.loads(data)), "error_body_too_large", f"{st} {data[:200]!r}")
-    raw = servertest.raw_request(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+    raw = servertest.raw_request(srv.port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
                                            b"\r\nContent-Length: 1000000000\r\n\r\n{\"prompt\":")
     check(raw.startswith(b"HTTP/1.1 413"), "error_declared_length_too_large", repr(raw[:100]))
     st, _, data = srv.request("GET", "/nope")
@@ -356,7 +356,7 @@ def test_concurrent(srv):
 def open_stream(port, body):
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     data = json.dumps(body).encode()
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
               str(len(data)).encode() + b"\r\n\r\n" + data)
     return s
 

@@ -97,12 +97,64 @@ def row16_flags():
               f"rc={r.returncode} stderr={r.stderr[-300:]!r}")
 
 
+def row12(srv):
+    """On loopback: Host must name localhost; browser Origins must be the page's own;
+    POST bodies must be JSON."""
+    p = srv.port
+    cases = [  # name, method, headers, status
+        ("host_evil_is_403", "GET", {"Host": f"evil.example:{p}"}, 403),
+        ("host_evil_post_is_403", "POST", {"Host": "evil.example"}, 403),
+        ("host_bad_port_is_403", "GET", {"Host": "127.0.0.1:80x"}, 403),
+        ("host_localhost_ok", "GET", {"Host": f"localhost:{p}"}, 200),
+        ("host_127_ok", "POST", {"Host": "127.0.0.1"}, 200),
+        ("host_v6_loopback_ok", "GET", {"Host": "[::1]:1234"}, 200),
+        ("origin_evil_post_is_403", "POST", {"Origin": "http://evil.example"}, 403),
+        ("origin_evil_get_is_403", "GET", {"Origin": "http://evil.example"}, 403),
+        ("origin_null_is_403", "POST", {"Origin": "null"}, 403),
+        ("origin_same_ok", "POST", {"Host": f"127.0.0.1:{p}", "Origin": f"http://127.0.0.1:{p}"}, 200),
+        ("no_origin_ok", "POST", {}, 200),
+        ("text_plain_is_415", "POST", {"Content-Type": "text/plain"}, 415),
+        ("form_is_415", "POST", {"Content-Type": "application/x-www-form-urlencoded"}, 415),
+        ("json_charset_ok", "POST", {"Content-Type": "application/json; charset=utf-8"}, 200),
+    ]
+    for name, method, headers, want in cases:
+        path, body = ("/health", None) if method == "GET" else ("/v1/completions", BODY)
+        st, _, data = srv.request(method, path, body, headers=headers, timeout=10)
+        check(st == want, f"row12_{name}", f"status {st} (want {want}) {data[:200]!r}")
+    st, h, _ = srv.request("POST", "/v1/completions", BODY, headers={"Origin": f"http://127.0.0.1:{p}"})
+    check("access-control-allow-origin" not in h, "row12_no_cors_header_by_default", str(h))
+
+
+def row12_flags():
+    """--allowed-hosts adds Host names, --cors adds an Origin (and answers it with CORS headers)."""
+    srv = Server(base, "--allowed-hosts", "box.lan,other", "--cors", "http://app.example", name="serve-cors")
+    try:
+        st, _, _ = srv.request("GET", "/health", headers={"Host": "box.lan:8080"})
+        check(st == 200, "row12_allowed_hosts", f"status {st}")
+        st, _, _ = srv.request("GET", "/health", headers={"Host": "evil.example"})
+        check(st == 403, "row12_allowed_hosts_others_403", f"status {st}")
+        st, h, _ = srv.request("POST", "/v1/completions", BODY, headers={"Origin": "http://app.example"})
+        check(st == 200 and h.get("access-control-allow-origin") == "http://app.example", "row12_cors_origin_ok",
+              f"status {st} {h}")
+        st, h, _ = srv.request("OPTIONS", "/v1/completions", headers={
+            "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type"})
+        check(st == 204 and h.get("access-control-allow-origin") == "http://app.example" and
+              "POST" in h.get("access-control-allow-methods", ""), "row12_cors_preflight", f"status {st} {h}")
+        st, _, _ = srv.request("POST", "/v1/completions", BODY, headers={"Origin": "http://other.example"})
+        check(st == 403, "row12_cors_other_origin_403", f"status {st}")
+    finally:
+        srv.stop()
+
+
 srv = Server(base, "--parallel", "1")
 try:
     row16(srv)
+    row12(srv)
     check(srv.proc.poll() is None, "row16_server_stays_up", srv.text()[-400:])
 finally:
     srv.stop()
 row16_flags()
+row12_flags()
 
 done()

@@ -138,7 +138,7 @@ def one_request(port, rng, stats):
     else:
         kind = "get"
         path = rng.choice(["/health", "/v1/models", "/v1/profiles", "/"])
-        st, data = send_raw(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode(), b"")
+        st, data = send_raw(port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode(), b"")
         ok = st == 200
     secs = time.time() - t0
     stats.add(kind, st, secs, ok, repr(data[:160]) if not ok else "")

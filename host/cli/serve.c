@@ -23,7 +23,8 @@ static const char usage[] =
     "usage: varent serve -m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [--max-tokens-limit N]\n"
     "       [--ctx N] [-t THREADS] [--device cpu] [--sampler standard|entropix] [--profile seed|jax|frog]\n"
     "       [--chat-template NAME] [--model-id NAME] [--max-body BYTES] [--max-queue N]\n"
-    "       [--max-connections N] [--timeout S] [--drain-timeout S] [--token-delay-ms MS]\n"
+    "       [--max-connections N] [--max-connections-per-ip N] [--timeout S] [--header-timeout S]\n"
+    "       [--drain-timeout S] [--token-delay-ms MS]\n"
     "       [--allowed-hosts NAME,...] [--cors ORIGIN,...] [-v]";
 
 // Reads everything but the session options; 0, or -1 with msg.
@@ -36,6 +37,8 @@ static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t
     o->max_queue = (int)args_int_range(a, "--max-queue", 256, 0, 1 << 20);
     o->max_connections = (int)args_int_range(a, "--max-connections", 256, 1, 65536);
     o->timeout_s = (int)args_int_range(a, "--timeout", 60, 0, 86400);
+    o->header_timeout_s = (int)args_int_range(a, "--header-timeout", 5, 1, 3600);
+    o->max_per_ip = (int)args_int_range(a, "--max-connections-per-ip", 64, 1, 65536);
     o->model_id = args_str(a, "--model-id", NULL);
     const char *smp = args_str(a, "--sampler", "standard");
     o->profile = args_str(a, "--profile", "seed");

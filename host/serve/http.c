@@ -358,6 +358,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!r) {  // headers are in; the body (if any) comes in the next calls
         if (!(r = calloc(1, sizeof *r))) return MHD_NO;
         *con_cls = r;
+        // the headers came within --header-timeout; the body and the answer get --timeout
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->o.timeout_s);
         char msg[256];
         const char *code = NULL;
         int status = server_check_headers(s, c, method, version, msg, sizeof msg, &code);
@@ -392,6 +394,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    server *s = cls;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->o.header_timeout_s);  // the next request
     conn_req *r = *con_cls;
     if (!r) return;
     sb_free(&r->body);
@@ -469,8 +473,9 @@ server *server_start(session *base, const server_opts *o, verr *err) {
                      MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
                             s, MHD_OPTION_SOCK_ADDR, &ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)o->timeout_s, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)o->max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->header_timeout_s,
+                            MHD_OPTION_END);
     if (!s->d) {
         verr_set(err, "cannot listen on %s port %d: %s", o->host, o->port, errno ? strerror(errno) : "libmicrohttpd failed");
         server_stop(s);

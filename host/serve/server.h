@@ -18,7 +18,9 @@ typedef struct {
     size_t max_body;            // bytes; a larger body gets a 413
     int max_queue;              // waiting requests beyond this get a 429
     int max_connections;
-    int timeout_s;              // idle connection timeout (0: none)
+    int timeout_s;              // idle connection timeout once a request's headers are in (0: none)
+    int header_timeout_s;       // idle timeout while waiting for a request's headers (>= 1)
+    int max_per_ip;             // open connections from one client address
     const char *model_id;       // name in /v1/models (NULL: the model directory's basename)
     gen_sampler sampler;        // defaults when a request names none
     const char *profile;

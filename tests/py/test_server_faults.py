@@ -125,9 +125,20 @@ def row12(srv):
     check("access-control-allow-origin" not in h, "row12_no_cors_header_by_default", str(h))
 
 
+def start(check_name, *args, name):
+    """A Server, or None after a FAIL line when it does not start (an unknown flag)."""
+    try:
+        return Server(base, *args, name=name)
+    except RuntimeError as e:
+        check(False, check_name, str(e)[-300:])
+        return None
+
+
 def row12_flags():
     """--allowed-hosts adds Host names, --cors adds an Origin (and answers it with CORS headers)."""
-    srv = Server(base, "--allowed-hosts", "box.lan,other", "--cors", "http://app.example", name="serve-cors")
+    srv = start("row12_flags", "--allowed-hosts", "box.lan,other", "--cors", "http://app.example", name="serve-cors")
+    if not srv:
+        return
     try:
         st, _, _ = srv.request("GET", "/health", headers={"Host": "box.lan:8080"})
         check(st == 200, "row12_allowed_hosts", f"status {st}")
@@ -147,6 +158,70 @@ def row12_flags():
         srv.stop()
 
 
+def health_within(port, seconds):
+    """Seconds until GET /health on fresh connections answers 200, or None past seconds."""
+    t0 = time.time()
+    while time.time() - t0 < seconds:
+        st, _ = raw(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                    timeout=max(0.5, seconds - (time.time() - t0)))
+        if st == 200:
+            return time.time() - t0
+        time.sleep(0.2)
+    return None
+
+
+def closed_by_server(sock, seconds):
+    """Whether the server closes sock (EOF or reset) within seconds."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def row13():
+    """300 idle connections (more than --max-connections) do not lock out /health: those
+    beyond the per-IP cap are closed at once, the rest after the 5 s header timeout."""
+    srv = Server(base, name="serve-idle")
+    idle = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))
+        secs = health_within(srv.port, 9)
+        check(secs is not None, "row13_idle_connections_do_not_lock_out_health",
+              f"no answer to /health within 9 s of opening {len(idle)} idle connections")
+        check(closed_by_server(idle[-1], 1), "row13_beyond_per_ip_cap_closed_at_once",
+              "the 300th idle connection is still open")
+        check(closed_by_server(idle[0], 2), "row13_idle_closed_after_header_timeout",
+              "the first idle connection is still open")
+    finally:
+        for sock in idle:
+            sock.close()
+        srv.stop()
+    # the flags: a cap of 4 and a 1 s header timeout
+    srv = start("row13_flags", "--max-connections-per-ip", "4", "--header-timeout", "1", name="serve-idle-flags")
+    if not srv:
+        return
+    try:
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=5) for _ in range(5)]
+        check(closed_by_server(idle[4], 1), "row13_flag_per_ip_cap", "the 5th connection is still open")
+        check(closed_by_server(idle[0], 3), "row13_flag_header_timeout", "idle past 1 s and still open")
+        # a request whose headers came in time may take longer than the header timeout
+        st, _, _ = srv.request("POST", "/v1/completions", BODY)
+        c = srv.conn(10)
+        c.request("GET", "/health")
+        c.getresponse().read()
+        time.sleep(0.5)
+        c.request("GET", "/health")
+        check(st == 200 and c.getresponse().status == 200, "row13_flag_keep_alive_within_timeout", f"status {st}")
+        for sock in idle:
+            sock.close()
+    finally:
+        srv.stop()
+
+
 srv = Server(base, "--parallel", "1")
 try:
     row16(srv)
@@ -156,5 +231,6 @@ finally:
     srv.stop()
 row16_flags()
 row12_flags()
+row13()
 
 done()

@@ -2,8 +2,11 @@
 // connection, routes, request bodies and limits, error bodies, and handing completion
 // requests to the queue (jobs.c). A connection thread may block: a
 // non-streamed request waits for its job; a streamed one's content reader waits for
-// the next SSE bytes. Both poll the client's socket for hangup while they wait, so a
-// client that goes away cancels its request and frees the slot.
+// the next SSE bytes. Both poll the client's socket while they wait, so a client that
+// goes away cancels its request and frees the slot. Only a reset (HUP, ERR) or a failed
+// write means it has gone: an end of input may be a half-close (`nc -N`), so it is
+// answered by a probe (an SSE comment, or an interim 100 Continue) that fails only when
+// the client has closed.
 #define _GNU_SOURCE  // POLLRDHUP
 #include "host/serve/server.h"
 
@@ -13,6 +16,7 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -131,9 +135,28 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, const char
 
 // ---- waiting on a job -------------------------------------------------------------
 
-static int peer_gone(int fd) {
+// 2: the client has gone (reset, or closed both ways); 1: it sent its end of input (a
+// half-close, or a close that only a write tells apart); 0: neither.
+static int peer_state(int fd) {
     struct pollfd p = { .fd = fd, .events = POLLRDHUP };
-    return fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+    if (fd < 0 || poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return 2;
+    return (p.revents & POLLRDHUP) ? 1 : 0;
+}
+
+#define PROBE_EVERY_S 0.5
+
+// After an end of input (j->mu held): writes something the client ignores, at most every
+// PROBE_EVERY_S; a closed client answers it with a reset. 1 when the write failed.
+static int probe_peer(server_job *j) {
+    double now = server_now();
+    if (now - j->probe_at < PROBE_EVERY_S) return 0;
+    j->probe_at = now;
+    if (j->req.stream) return j->probe = 1, 0;  // sse_read sends ":\n\n"
+    if (!j->http11) return 0;                    // HTTP/1.0 has no interim answers
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    ssize_t n = send(j->fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return n < 0 && errno != EAGAIN && errno != EWOULDBLOCK;
 }
 
 // Waits (j->mu held) up to 100 ms; returns -1 when the client has gone away.
@@ -146,9 +169,12 @@ static int wait_step(server_job *j) {
     pthread_cond_timedwait(&j->cv, &j->mu, &ts);
     j->waiting = 0;
     if (atomic_load(&j->cancelled)) return -1;
-    if (!j->done && j->out.len == j->out_off && peer_gone(j->fd)) {
-        server_job_cancel(j);
-        return -1;
+    if (!j->done && j->out.len == j->out_off) {
+        int st = peer_state(j->fd);
+        if (st == 2 || (st == 1 && probe_peer(j))) {
+            server_job_cancel(j);
+            return -1;
+        }
     }
     return 0;
 }
@@ -170,13 +196,20 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_lock(&j->mu);
             continue;
         }
-        if (avail || j->done) break;
+        if (avail || j->done || j->probe) break;
         if (wait_step(j)) {
             pthread_mutex_unlock(&j->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
     j->last_send = server_now();
+    if (j->probe && j->out.len == j->out_off && !j->done) {  // an SSE comment: clients skip it
+        j->probe = 0;
+        pthread_mutex_unlock(&j->mu);
+        memcpy(buf, ":\n\n", 3);
+        return 3;
+    }
+    j->probe = 0;
     size_t n = j->out.len - j->out_off;
     if (n > max) n = max;
     if (n) memcpy(buf, j->out.p + j->out_off, n);
@@ -296,7 +329,7 @@ static int prepare_job(server *s, server_job *j, char *msg, size_t len, const ch
     return 0;
 }
 
-static enum MHD_Result post_completion(server *s, struct MHD_Connection *c, conn_req *r, int chat) {
+static enum MHD_Result post_completion(server *s, struct MHD_Connection *c, conn_req *r, int chat, int http11) {
     if (r->too_large) {
         char msg[128];
         snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (--max-body)", s->o.max_body);
@@ -321,6 +354,7 @@ static enum MHD_Result post_completion(server *s, struct MHD_Connection *c, conn
     }
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
+    j->http11 = http11;
     if (server_job_enqueue(s, j)) {
         server_job_release(j);
         return reply_error(s, c, 429, "too many requests are waiting (--max-queue); try again later",
@@ -382,7 +416,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     int chat;
     if (!strcmp(method, "OPTIONS")) return preflight(s, c);
     if (is_completion(url, &chat)) {
-        if (!strcmp(method, "POST")) return post_completion(s, c, r, chat);
+        if (!strcmp(method, "POST")) return post_completion(s, c, r, chat, !strcmp(version, MHD_HTTP_VERSION_1_1));
     } else if (!strcmp(method, "GET") || !strcmp(method, "HEAD")) {
         return get_route(s, c, url);
     } else if (strcmp(url, "/") && strcmp(url, "/health") && strncmp(url, "/v1/models", 10) &&

@@ -33,6 +33,9 @@ struct server_job {
     char id[48];
     long created;             // unix time
     int fd;                   // the client's socket, polled for hangup while waiting
+    int http11;               // the request was HTTP/1.1 (a 100 Continue may probe the client)
+    int probe;                // under mu: streamed: send an SSE comment to learn whether the client is there
+    double probe_at;          // under mu: when the client was last probed
     pthread_mutex_t mu;
     pthread_cond_t cv;
     sbuf out;                 // streamed: SSE bytes not yet taken by the connection

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from vtest import check, done, stories_dir, varent
@@ -222,6 +223,51 @@ def row13():
         srv.stop()
 
 
+def half_closed(port, body, version="HTTP/1.1"):
+    """Sends a request, then shutdown(SHUT_WR) as `nc -N` does; (final status, body bytes)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+    try:
+        head = (f"POST /v1/completions {version}\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        sock.sendall(head + body)
+        sock.shutdown(socket.SHUT_WR)
+        out = recv_all(sock)
+    finally:
+        sock.close()
+    while out.startswith(b"HTTP/1.1 100"):  # interim answers (probes of a half-closed client)
+        out = out.split(b"\r\n\r\n", 1)[1]
+    head, _, rest = out.partition(b"\r\n\r\n")
+    try:
+        return int(head.split(b" ", 2)[1]), rest
+    except (IndexError, ValueError):
+        return None, out
+
+
+def row15():
+    """A half-closed request (the client shut down its sending side) is answered in full."""
+    slow = Server(base, "--token-delay-ms", "20", name="serve-halfclose")
+    try:
+        body = b'{"prompt":"Once","max_tokens":40,"seed":3,"temperature":0}'
+        for version in ("HTTP/1.1", "HTTP/1.0"):
+            st, data = half_closed(slow.port, body, version)
+            v = version[-3:].replace(".", "")
+            check(st == 200 and b'"completion_tokens":40' in data, f"row15_half_closed_answered_http{v}",
+                  f"status {st} {data[-300:]!r}")
+        # a stream that waits in the queue first (no output to send while it waits)
+        busy = threading.Thread(target=slow.post, args=("/v1/completions", {"prompt": "Once", "max_tokens": 40}))
+        busy.start()
+        time.sleep(0.2)
+        stream = b'{"prompt":"Once","max_tokens":40,"seed":3,"temperature":0,"stream":true}'
+        st, data = half_closed(slow.port, stream)
+        busy.join()
+        check(st == 200 and data.count(b"data: {") >= 40 and b"data: [DONE]" in data, "row15_half_closed_stream",
+              f"status {st} {data.count(b'data: {')} events {data[-200:]!r}")
+        h = slow.health()
+        check(h.get("cancelled") == 0, "row15_half_closed_not_cancelled", str(h))
+    finally:
+        slow.stop()
+
+
 srv = Server(base, "--parallel", "1")
 try:
     row16(srv)
@@ -232,5 +278,6 @@ finally:
 row16_flags()
 row12_flags()
 row13()
+row15()
 
 done()

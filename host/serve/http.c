@@ -152,7 +152,7 @@ static int probe_peer(server_job *j) {
     double now = server_now();
     if (now - j->probe_at < PROBE_EVERY_S) return 0;
     j->probe_at = now;
-    if (j->req.stream) return j->probe = 1, 0;  // sse_read sends ":\n\n"
+    if (j->streaming) return j->probe = 1, 0;  // sse_read sends ":\n\n"
     if (!j->http11) return 0;                    // HTTP/1.0 has no interim answers
     static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
     ssize_t n = send(j->fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -168,7 +168,8 @@ static int wait_step(server_job *j) {
     j->waiting = 1;
     pthread_cond_timedwait(&j->cv, &j->mu, &ts);
     j->waiting = 0;
-    if (atomic_load(&j->cancelled)) return -1;
+    // when the server stops, every job ends soon (done): wait for its answer (a 503)
+    if (atomic_load(&j->cancelled) && !atomic_load(&j->srv->stopping)) return -1;
     if (!j->done && j->out.len == j->out_off) {
         int st = peer_state(j->fd);
         if (st == 2 || (st == 1 && probe_peer(j))) {
@@ -228,6 +229,9 @@ static void sse_free(void *cls) {
 }
 
 static enum MHD_Result reply_stream(server *s, struct MHD_Connection *c, server_job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->streaming = 1;
+    pthread_mutex_unlock(&j->mu);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_read, j, sse_free);
     if (!r) {
         server_job_cancel(j);
@@ -243,15 +247,38 @@ static enum MHD_Result reply_stream(server *s, struct MHD_Connection *c, server_
     return ret;
 }
 
-static enum MHD_Result reply_when_done(server *s, struct MHD_Connection *c, server_job *j) {
+// Waits until the job is done (or, with until_started, a slot has taken it); -1 when the
+// client went away.
+static int wait_job(server_job *j, int until_started) {
     pthread_mutex_lock(&j->mu);
     int gone = 0;
-    while (!j->done && !gone) gone = wait_step(j);
+    while (!j->done && !(until_started && j->started) && !gone) gone = wait_step(j);
     pthread_mutex_unlock(&j->mu);
+    return gone;
+}
+
+static enum MHD_Result reply_when_done(server *s, struct MHD_Connection *c, server_job *j) {
+    int gone = wait_job(j, 0);
     enum MHD_Result ret = MHD_NO;  // a client that went away gets no answer
-    if (!gone) ret = reply(s, c, j->failed ? 500 : 200, "application/json", j->body.p, j->body.len, 0);
+    if (!gone) ret = reply(s, c, j->failed ? (unsigned)j->failed : 200, "application/json", j->body.p, j->body.len, 0);
     server_job_release(j);
     return ret;
+}
+
+// A stream's headers go out when a slot takes the job: one stopped while queued (the
+// server is shutting down) gets a 503 instead of a 200 with a broken body.
+static enum MHD_Result start_stream(server *s, struct MHD_Connection *c, server_job *j) {
+    if (wait_job(j, 1)) {
+        server_job_release(j);
+        return MHD_NO;
+    }
+    pthread_mutex_lock(&j->mu);
+    int started = j->started;
+    pthread_mutex_unlock(&j->mu);
+    if (started) return reply_stream(s, c, j);
+    server_job_release(j);
+    return reply_error(s, c, 503, "the server is shutting down: this request was stopped before it started",
+                       "server_error", NULL, "shutting_down");
 }
 
 // ---- completions ------------------------------------------------------------------
@@ -355,12 +382,14 @@ static enum MHD_Result post_completion(server *s, struct MHD_Connection *c, conn
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     j->fd = ci ? ci->connect_fd : -1;
     j->http11 = http11;
-    if (server_job_enqueue(s, j)) {
+    int rc = server_job_enqueue(s, j);
+    if (rc) {
         server_job_release(j);
+        if (rc == -2) return reply_error(s, c, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
         return reply_error(s, c, 429, "too many requests are waiting (--max-queue); try again later",
                            "rate_limit_error", NULL, "queue_full");
     }
-    return j->req.stream ? reply_stream(s, c, j) : reply_when_done(s, c, j);
+    return j->req.stream ? start_stream(s, c, j) : reply_when_done(s, c, j);
 }
 
 // ---- dispatch ---------------------------------------------------------------------

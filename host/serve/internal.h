@@ -42,7 +42,10 @@ struct server_job {
     size_t out_off;
     sbuf body;                // not streamed: the response JSON
     sbuf chunk_head;          // streamed: "data: {"id":..,"choices":[" of every chunk
-    int done, failed;         // under mu
+    int done;                 // under mu
+    int failed;               // under mu: the answer's status when not 200 (500, or 503 when shutdown stopped it)
+    int started;              // under mu: a slot took it (not cancelled while queued)
+    int streaming;            // under mu: the stream's headers are queued (probe with SSE comments)
     int waiting;              // under mu: the connection waits on cv for output
     double last_send;         // streamed: when the connection last took output
     atomic_int cancelled;     // the client went away, or the server is stopping
@@ -85,7 +88,7 @@ int server_slots_start(server *s, verr *err);
 int server_token_texts(server *s, verr *err);
 void server_slots_stop(server *s);
 server_job *server_job_new(server *s);      // refs 1 (the connection), counted in inflight
-int server_job_enqueue(server *s, server_job *j);  // -1 when the queue is full
+int server_job_enqueue(server *s, server_job *j);  // -1 when the queue is full, -2 when stopping
 void server_job_release(server_job *j);
 void server_job_cancel(server_job *j);
 double server_now(void);

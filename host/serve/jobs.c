@@ -51,6 +51,10 @@ void server_job_cancel(server_job *j) { atomic_store(&j->cancelled, 1); }
 
 int server_job_enqueue(server *s, server_job *j) {
     pthread_mutex_lock(&s->mu);
+    if (atomic_load(&s->stopping)) {  // the slots may have exited: nothing would run it
+        pthread_mutex_unlock(&s->mu);
+        return -2;
+    }
     if (s->queued >= s->o.max_queue + (s->n_slots - s->busy)) {  // waiting beyond the free slots
         s->n_rejected++;
         pthread_mutex_unlock(&s->mu);
@@ -344,9 +348,17 @@ static void choice_free(choice *c) {
     for (int i = 0; i < 4; i++) sb_free(&c->lp[i]);
 }
 
+// Why a choice ended: a stop string or EOS, its length, or the server stopping it
+// (shutdown past --drain-timeout) before either.
+static const char *finish_reason(const choice *c, const gen_stats *st, int *cut) {
+    if (c->stop_hit || st->hit_eos) return "stop";
+    *cut = st->n_gen < c->j->max_tokens && atomic_load(&c->j->srv->stopping);
+    return *cut ? "error" : "length";
+}
+
 // Runs choice `index`; appends its JSON to `choices` (non-streamed) or streams it.
-// Returns the tokens generated, or -1 with err.
-static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, verr *err) {
+// Returns the tokens generated, or -1 with err; *cut when the server stopped it.
+static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, int *cut, verr *err) {
     session *s = &sl->s;
     choice c = { .j = j, .s = s, .index = index, .ts = tokenizer_stream_new(s->tok, 1) };
     c.has_lz = j->req.metrics || j->sampler == GEN_ENTROPIX;
@@ -372,7 +384,7 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
         size_t before = c.text.len;
         if (k > 0) sb_put(&c.text, tail, (size_t)k);
         if (k > 0 && j->req.n_stop) c.stop_hit = find_stop(&c, before);
-        const char *finish = c.stop_hit || st.hit_eos ? "stop" : "length";
+        const char *finish = finish_reason(&c, &st, cut);
         if (j->req.stream) {
             if (c.text.len > c.sent || c.n_mx || c.n_lp) stream_event(&c, c.text.len, NULL);
             stream_event(&c, c.text.len, finish);
@@ -398,11 +410,12 @@ static void put_usage(sbuf *b, server_job *j) {
               j->token_s);
 }
 
-static void finish_stream(server_job *j, int failed, const char *msg) {
+// The stream's end: an error event when code is set, else usage if asked; then [DONE].
+static void finish_stream(server_job *j, const char *code, const char *msg) {
     sbuf b = { 0 };
-    if (failed) {
+    if (code) {
         sb_puts(&b, "data: ");
-        sb_error(&b, msg, "server_error", NULL, "generation_failed");
+        sb_error(&b, msg, "server_error", NULL, code);
         sb_puts(&b, "\n\n");
     } else if (j->req.include_usage) {
         sb_puts(&b, "data: ");
@@ -416,41 +429,63 @@ static void finish_stream(server_job *j, int failed, const char *msg) {
     sb_free(&b);
 }
 
+static const char shutdown_msg[] = "the server is shutting down: this request was stopped before it finished";
+
+// The job's answer once its choices have run: the stream's end or the JSON body.
+static void finish_job(server_job *j, sbuf *choices, int cut, int *failed, verr *err) {
+    if (j->req.stream) {
+        if (cut) finish_stream(j, "shutting_down", shutdown_msg);
+        else if (!atomic_load(&j->cancelled)) finish_stream(j, *failed ? "generation_failed" : NULL, err->msg);
+        return;
+    }
+    if (cut) {  // not streamed: a 503, never a 200 that looks complete
+        sb_free(&j->body);
+        sb_error(&j->body, shutdown_msg, "server_error", NULL, "shutting_down");
+        *failed = 503;
+        return;
+    }
+    if (!*failed) {
+        sb_reset(&j->body);
+        put_head(&j->body, j, 0);
+        sb_puts(&j->body, ",\"choices\":[");
+        sb_put(&j->body, choices->p, choices->len);
+        sb_puts(&j->body, "]");
+        put_usage(&j->body, j);
+        sb_puts(&j->body, "}");
+        if (j->body.oom) *failed = 1, snprintf(err->msg, sizeof err->msg, "out of memory building the response");
+    }
+    if (*failed) {
+        *failed = 500;
+        sb_free(&j->body);
+        sb_error(&j->body, err->msg, "server_error", NULL, "generation_failed");
+    }
+}
+
 static void run_job(server_slot *sl, server_job *j) {
     j->t_start = server_now();
+    pthread_mutex_lock(&j->mu);
+    j->started = !atomic_load(&j->cancelled);  // a streamed job's connection sends its headers now
+    if (j->waiting) pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
     sbuf choices = { 0 };
     verr err = { { 0 } };
-    int failed = 0;
-    for (int i = 0; i < j->req.n && !atomic_load(&j->cancelled); i++) {
-        int n = run_choice(sl, j, i, &choices, &err);
+    int failed = 0, cut = 0, i = 0;
+    for (; i < j->req.n && !atomic_load(&j->cancelled) && !cut; i++) {
+        int n = run_choice(sl, j, i, &choices, &cut, &err);
         if (n < 0) {
             failed = 1;
             break;
         }
         j->completion_tokens += n;
     }
-    if (j->req.stream) {
-        if (!atomic_load(&j->cancelled)) finish_stream(j, failed, err.msg);
-    } else if (!failed) {
-        sb_reset(&j->body);
-        put_head(&j->body, j, 0);
-        sb_puts(&j->body, ",\"choices\":[");
-        sb_put(&j->body, choices.p, choices.len);
-        sb_puts(&j->body, "]");
-        put_usage(&j->body, j);
-        sb_puts(&j->body, "}");
-        failed = j->body.oom;
-        if (failed) snprintf(err.msg, sizeof err.msg, "out of memory building the response");
-    }
-    if (failed && !j->req.stream) {
-        sb_free(&j->body);
-        sb_error(&j->body, err.msg, "server_error", NULL, "generation_failed");
-    }
+    // choices not run because the server stops (or none: cancelled while queued) are cut too
+    cut = cut || (!failed && atomic_load(&j->srv->stopping) && (!j->started || i < j->req.n));
+    finish_job(j, &choices, cut, &failed, &err);
     sb_free(&choices);
     if (j->srv->o.verbose)
         fprintf(stderr, "varent serve: %s: prompt %d tokens, %d generated, prefill %.3f s, decode %.3f s%s%s\n", j->id,
-                j->n_ids, j->completion_tokens, j->prefill_s, j->decode_s, failed ? ", failed: " : "",
-                failed ? err.msg : atomic_load(&j->cancelled) ? ", cancelled" : "");
+                j->n_ids, j->completion_tokens, j->prefill_s, j->decode_s, failed == 500 ? ", failed: " : "",
+                failed == 500 ? err.msg : cut ? ", stopped by shutdown" : atomic_load(&j->cancelled) ? ", cancelled" : "");
     pthread_mutex_lock(&j->mu);
     j->done = 1, j->failed = failed;
     pthread_cond_broadcast(&j->cv);

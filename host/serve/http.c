@@ -13,12 +13,11 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netdb.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
+#include <netinet/in.h>  // IN6_IS_ADDR_LOOPBACK, ntohl
 #include <poll.h>
-#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 

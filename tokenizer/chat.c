@@ -13,7 +13,9 @@
 typedef struct {
     char *p;
     size_t n, cap;
-    int oom;  // sticky: one check at the end instead of after every append
+    int oom;         // sticky: one check at the end instead of after every append
+    size_t *spans;   // [2 * n_spans] byte ranges of message text (NULL: not recorded)
+    int n_spans, cap_spans, record;
 } sbuf;
 
 static void sb_addn(sbuf *b, const char *s, size_t n) {
@@ -35,6 +37,24 @@ static void sb_addn(sbuf *b, const char *s, size_t n) {
 }
 
 static void sb_add(sbuf *b, const char *s) { sb_addn(b, s, strlen(s)); }
+
+// Notes that [from, b->n) holds message text (escape_special: tokenized as plain text).
+static void sb_mark(sbuf *b, size_t from) {
+    if (!b->record || b->oom || from == b->n) return;
+    if (b->n_spans == b->cap_spans) {
+        int cap = b->cap_spans ? 2 * b->cap_spans : 16;
+        size_t *p = realloc(b->spans, sizeof *p * 2 * (size_t)cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->spans = p;
+        b->cap_spans = cap;
+    }
+    b->spans[2 * b->n_spans] = from;
+    b->spans[2 * b->n_spans + 1] = b->n;
+    b->n_spans++;
+}
 
 // ---- Python string helpers ----
 
@@ -114,6 +134,13 @@ static const char *span_rfind(span s, const char *needle) {
 
 static void sb_span(sbuf *b, span s) { sb_addn(b, s.p, s.n); }
 
+// Message text: appended and, when recording, marked.
+static void sb_text(sbuf *b, span s) {
+    size_t from = b->n;
+    sb_span(b, s);
+    sb_mark(b, from);
+}
+
 // json.dumps(s, ensure_ascii=False): transformers' tojson filter on a string.
 static void sb_json_string(sbuf *b, const char *s) {
     sb_add(b, "\"");
@@ -153,7 +180,7 @@ static void llama3_header(sbuf *b, const char *role) {
 
 static void llama3_turn(sbuf *b, const char *role, const char *content) {
     llama3_header(b, role);
-    sb_span(b, py_strip(sp(content)));
+    sb_text(b, py_strip(sp(content)));
     sb_add(b, "<|eot_id|>");
 }
 
@@ -187,14 +214,16 @@ static void render_llama3(sbuf *b, const chat_format *f, const chat_msg *m, int 
     sb_add(b, "\n\n");
     int start = 0;
     if (is_role(&m[0], "system")) {
-        sb_span(b, py_strip(sp(m[0].content)));
+        sb_text(b, py_strip(sp(m[0].content)));
         start = 1;
     }
     sb_add(b, "<|eot_id|>");
     for (int i = start; i < n; i++) {
         if (is_role(&m[i], "tool")) {  // tool output goes in an ipython turn, JSON-quoted
             llama3_header(b, "ipython");
+            size_t from = b->n;
             sb_json_string(b, m[i].content);
+            sb_mark(b, from);
             sb_add(b, "<|eot_id|>");
         } else {
             llama3_turn(b, m[i].role, m[i].content);
@@ -209,7 +238,7 @@ static void chatml_turn(sbuf *b, const char *role, span content) {
     sb_add(b, "<|im_start|>");
     sb_add(b, role);
     sb_add(b, "\n");
-    sb_span(b, content);
+    sb_text(b, content);
     sb_add(b, "<|im_end|>\n");
 }
 
@@ -217,7 +246,7 @@ static void chatml_turn(sbuf *b, const char *role, span content) {
 static void chatml_tool(sbuf *b, const chat_msg *m, int n, int i) {
     if (i == 0 || !is_role(&m[i - 1], "tool")) sb_add(b, "<|im_start|>user");
     sb_add(b, "\n<tool_response>\n");
-    sb_add(b, m[i].content);
+    sb_text(b, sp(m[i].content));
     sb_add(b, "\n</tool_response>");
     if (i == n - 1 || !is_role(&m[i + 1], "tool")) sb_add(b, "<|im_end|>\n");
 }
@@ -277,11 +306,11 @@ static void qwen3_assistant(sbuf *b, const chat_msg *m, int n, int i, int last_q
     // Reasoning is kept only after the last user query (the turn being continued).
     if (i > last_query && (i == n - 1 || reasoning.n)) {
         sb_add(b, "<think>\n");
-        sb_span(b, lstrip_nl(rstrip_nl(reasoning)));
+        sb_text(b, lstrip_nl(rstrip_nl(reasoning)));
         sb_add(b, "\n</think>\n\n");
-        sb_span(b, lstrip_nl(content));
+        sb_text(b, lstrip_nl(content));
     } else {
-        sb_span(b, content);
+        sb_text(b, content);
     }
     sb_add(b, "<|im_end|>\n");
 }
@@ -336,11 +365,11 @@ static int render_llama2(sbuf *b, const chat_msg *m, int n, const chat_opts *o, 
         if (is_role(msg, "user")) {
             sb_add(b, bos);
             sb_add(b, "[INST] ");
-            sb_span(b, py_strip((span){content.p, content.n}));
+            sb_text(b, py_strip((span){content.p, content.n}));
             sb_add(b, " [/INST]");
         } else if (is_role(msg, "assistant")) {
             sb_add(b, " ");
-            sb_span(b, py_strip((span){content.p, content.n}));
+            sb_text(b, py_strip((span){content.p, content.n}));
             sb_add(b, " ");
             sb_add(b, eos);
         }
@@ -491,10 +520,20 @@ static int check_messages(const chat_msg *m, int n, verr *err) {
 
 char *chat_render(const chat_format *f, const chat_msg *msgs, int n, const chat_opts *opts,
                   verr *err) {
+    return chat_render_spans(f, msgs, n, opts, NULL, NULL, err);
+}
+
+char *chat_render_spans(const chat_format *f, const chat_msg *msgs, int n, const chat_opts *opts,
+                        size_t **spans, int *n_spans, verr *err) {
+    if (spans) {
+        *spans = NULL;
+        *n_spans = 0;
+    }
     if (check_messages(msgs, n, err)) return NULL;
     chat_opts def = chat_opts_default();
     const chat_opts *o = opts ? opts : &def;
     sbuf b = {0};
+    b.record = spans != NULL;
     switch (f->kind) {
     case CHAT_LLAMA3: render_llama3(&b, f, msgs, n, o); break;
     case CHAT_CHATML: render_chatml(&b, f, msgs, n, o); break;
@@ -502,6 +541,7 @@ char *chat_render(const chat_format *f, const chat_msg *msgs, int n, const chat_
     case CHAT_LLAMA2:
         if (render_llama2(&b, msgs, n, o, err)) {
             free(b.p);
+            free(b.spans);
             return NULL;
         }
         break;
@@ -509,12 +549,19 @@ char *chat_render(const chat_format *f, const chat_msg *msgs, int n, const chat_
     }
     if (b.oom) {
         free(b.p);
+        free(b.spans);
         verr_set(err, "chat: out of memory rendering %d messages", n);
         return NULL;
     }
     if (!b.p) {  // nothing rendered (Llama 2 with only a system message)
         b.p = calloc(1, 1);
         if (!b.p) verr_set(err, "chat: out of memory");
+    }
+    if (spans && b.p) {
+        *spans = b.spans;
+        *n_spans = b.n_spans;
+    } else {
+        free(b.spans);
     }
     return b.p;
 }

@@ -63,6 +63,11 @@ const char *chat_kind_name(chat_kind k);
 // (no messages, unknown role, roles that the format's template rejects).
 char *chat_render(const chat_format *f, const chat_msg *msgs, int n, const chat_opts *opts,
                   verr *err);
+// chat_render that also returns the byte ranges of message text in the result (*spans:
+// malloc'd [2 * *n_spans] start/end pairs, in order; template text is outside them), for
+// tokenizing that text with special tokens escaped (tokenizer_encode_spans).
+char *chat_render_spans(const chat_format *f, const chat_msg *msgs, int n, const chat_opts *opts,
+                        size_t **spans, int *n_spans, verr *err);
 
 // Token strings that end an assistant turn, NULL-terminated: generation stops there.
 const char *const *chat_stop_strings(chat_kind k);

@@ -76,8 +76,24 @@ static int encode_segment(const tokenizer *t, enc_ctx *cx, const char *s, size_t
     return rc;
 }
 
-int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int parse_special, int **ids,
-                     verr *err) {
+// Whether [b, e) overlaps one of the n plain spans (start/end pairs).
+static int overlaps(const size_t *spans, int n, size_t b, size_t e) {
+    for (int i = 0; i < n; i++)
+        if (b < spans[2 * i + 1] && spans[2 * i] < e) return 1;
+    return 0;
+}
+
+// Where added token k's own text starts in its match [ms, me) (which may include the
+// whitespace its lstrip/rstrip take).
+static size_t token_start(const tokenizer *t, int k, const char *s, size_t ms, size_t me) {
+    const tok_added *a = &t->added[k];
+    for (size_t i = ms; i + a->len <= me; i++)
+        if (!memcmp(s + i, a->text, a->len)) return i;
+    return ms;
+}
+
+static int encode_impl(const tokenizer *t, const char *text, size_t len, int parse_special, const size_t *plain,
+                       int n_plain, int **ids, verr *err) {
     enc_ctx cx = {{0}, bpe_cache_new(), {0}};
     *ids = NULL;
     if (!cx.cache || id_list_push(&cx.ids, 0) < 0) {
@@ -86,14 +102,22 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int parse
         return verr_set(err, "tokenizer: out of memory");
     }
     cx.ids.n = 0;
-    size_t pos = 0, ms, me;
+    size_t pos = 0, from = 0, ms, me;
     int rc = 0, k;
-    while (rc == 0 && (k = find_added(t, text, len, pos, 0, parse_special, &ms, &me)) >= 0) {
-        rc = encode_segment(t, &cx, text + pos, ms - pos, pos == 0, parse_special, err);
+    while (rc == 0 && (k = find_added(t, text, len, from, 0, parse_special, &ms, &me)) >= 0) {
+        size_t at = token_start(t, k, text, ms, me);
+        if (t->added[k].special && overlaps(plain, n_plain, at, at + t->added[k].len)) {
+            from = ms + 1;  // special text inside a plain span: not a token, look further
+            continue;
+        }
+        int seg_special = parse_special && !overlaps(plain, n_plain, pos, ms);
+        rc = encode_segment(t, &cx, text + pos, ms - pos, pos == 0, seg_special, err);
         if (rc == 0 && id_list_push(&cx.ids, t->added[k].id) < 0) rc = verr_set(err, "tokenizer: out of memory");
-        pos = me;
+        pos = from = me;
     }
-    if (rc == 0) rc = encode_segment(t, &cx, text + pos, len - pos, pos == 0, parse_special, err);
+    if (rc == 0)
+        rc = encode_segment(t, &cx, text + pos, len - pos, pos == 0, parse_special && !overlaps(plain, n_plain, pos, len),
+                            err);
     bpe_cache_free(cx.cache);
     if (rc < 0) {
         free(cx.ids.p);
@@ -101,6 +125,16 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int parse
     }
     *ids = cx.ids.p;
     return cx.ids.n;
+}
+
+int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int parse_special, int **ids,
+                     verr *err) {
+    return encode_impl(t, text, len, parse_special, NULL, 0, ids, err);
+}
+
+int tokenizer_encode_spans(const tokenizer *t, const char *text, size_t len, const size_t *plain, int n_plain,
+                           int **ids, verr *err) {
+    return encode_impl(t, text, len, 1, plain, n_plain, ids, err);
 }
 
 char *tokenizer_decode(const tokenizer *t, const int *ids, int n, int skip_special, verr *err) {

@@ -28,6 +28,11 @@ int tokenizer_vocab_size(const tokenizer *t);
 // or -1 with err filled.
 int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int parse_special,
                      int **ids, verr *err);
+// tokenizer_encode with special tokens parsed except where their text lies inside one of
+// the n_plain byte ranges plain[2i] .. plain[2i+1] (message text: escape_special), where
+// it is tokenized as ordinary text. Outside those ranges the result is tokenizer_encode's.
+int tokenizer_encode_spans(const tokenizer *t, const char *text, size_t len, const size_t *plain, int n_plain,
+                           int **ids, verr *err);
 
 // Decode ids to a malloc'd NUL-terminated string (skip_special=1 drops special
 // tokens). Returns NULL with err on an id out of range.

@@ -46,6 +46,7 @@ static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t
     o->token_delay_ms = (int)args_int_range(a, "--token-delay-ms", 0, 0, 60000);
     o->allowed_hosts = args_str(a, "--allowed-hosts", NULL);
     o->cors = args_str(a, "--cors", NULL);
+    o->escape_special = args_flag(a, "--escape-special");
     o->verbose = args_flag(a, "-v|--verbose");
     *drain_s = args_float_range(a, "--drain-timeout", 60, 0, 86400);
     if (strcmp(smp, "standard") && strcmp(smp, "entropix"))

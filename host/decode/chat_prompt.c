@@ -61,9 +61,13 @@ int chat_conv_add(chat_conv *c, const char *role, const char *content, verr *err
 }
 
 int chat_conv_ids(const chat_conv *c, const session *s, int **ids, verr *err) {
-    char *text = chat_render(&c->fmt, c->msgs, c->n, &c->opts, err);
+    size_t *spans = NULL;
+    int n_spans = 0;
+    char *text = chat_render_spans(&c->fmt, c->msgs, c->n, &c->opts, c->escape_special ? &spans : NULL, &n_spans,
+                                   err);
     if (!text) return -1;
-    int n = tokenizer_encode(s->tok, text, strlen(text), 1, ids, err);
+    int n = tokenizer_encode_spans(s->tok, text, strlen(text), spans, n_spans, ids, err);
+    free(spans);
     free(text);
     return n;
 }

@@ -9,8 +9,9 @@
 typedef struct {
     chat_format fmt;
     chat_opts opts;
-    chat_msg *msgs;  // [n], strings owned
+    chat_msg *msgs;      // [n], strings owned
     int n, cap;
+    int escape_special;  // 1: special-token text inside messages is tokenized as plain text
 } chat_conv;
 
 // template_name: NULL to recognise the model's chat_template. Also registers the

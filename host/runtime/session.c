@@ -143,9 +143,13 @@ int session_is_stop(const session *s, int id) {
 }
 
 int session_encode_prompt(const session *s, const char *text, int **ids, verr *err) {
+    return session_encode_text(s, text, 1, ids, err);
+}
+
+int session_encode_text(const session *s, const char *text, int parse_special, int **ids, verr *err) {
     if (!s->tok) return verr_set(err, "%s has no tokenizer.json: pass token ids with --ids", s->m.dir);
     int *body = NULL;
-    int n = tokenizer_encode(s->tok, text, strlen(text), 1, &body, err);
+    int n = tokenizer_encode(s->tok, text, strlen(text), parse_special, &body, err);
     if (n < 0) return -1;
     int bos = tokenizer_add_bos(s->tok) ? tokenizer_bos_id(s->tok) : -1;
     int *out = malloc(sizeof(int) * (size_t)(n + 1));

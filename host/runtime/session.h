@@ -86,6 +86,8 @@ int session_is_stop(const session *s, int id);
 int session_add_stop(session *s, int id);
 // Text to prompt ids, with BOS when the tokenizer config says so. *ids is malloc'd.
 int session_encode_prompt(const session *s, const char *text, int **ids, verr *err);
+// The same with special-token text parsed (parse_special 1) or kept as plain text (0).
+int session_encode_text(const session *s, const char *text, int parse_special, int **ids, verr *err);
 
 // Parses "1,2,3" into a malloc'd array; returns the count or -1 with err.
 int parse_id_list(const char *s, int **ids, verr *err);

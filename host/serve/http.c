@@ -307,8 +307,9 @@ static int prompt_ids(server *s, const server_request *q, int **ids, verr *err) 
         return q->n_prompt_ids;
     }
     if (!q->chat) return session_encode_prompt(b, q->prompt, ids, err);
+    int escape = q->escape_special >= 0 ? q->escape_special : s->o.escape_special;
     if (s->has_chat) {
-        chat_conv conv = { .fmt = s->chat_fmt, .opts = s->chat_opt };
+        chat_conv conv = { .fmt = s->chat_fmt, .opts = s->chat_opt, .escape_special = escape };
         int rc = 0;
         for (int i = 0; i < q->n_msgs && rc == 0; i++) rc = chat_conv_add(&conv, q->msgs[i].role, q->msgs[i].content, err);
         int n = rc == 0 ? chat_conv_ids(&conv, b, ids, err) : -1;
@@ -320,7 +321,7 @@ static int prompt_ids(server *s, const server_request *q, int **ids, verr *err) 
         if (i) sb_puts(&t, "\n");
         sb_puts(&t, q->msgs[i].content);
     }
-    int n = t.oom ? verr_set(err, "out of memory") : session_encode_prompt(b, t.p ? t.p : "", ids, err);
+    int n = t.oom ? verr_set(err, "out of memory") : session_encode_text(b, t.p ? t.p : "", !escape, ids, err);
     sb_free(&t);
     return n;
 }

@@ -233,7 +233,7 @@ static int parse_fields(server_request *r, const cJSON *o, verr *err) {
         get_int(r, o, "top_k", 0, 0x7fffffff, &top_k, err) || get_int(r, o, "n", 1, SERVER_MAX_N, &n, err) ||
         get_int(r, o, "seed", 0, 9007199254740992.0, &seed, err) || parse_stop(r, o, err) ||
         get_bool(r, o, "stream", &r->stream, err) || parse_sampler(r, o, err) || parse_logprobs(r, o, err) ||
-        get_bool(r, o, "metrics", &r->metrics, err))
+        get_bool(r, o, "metrics", &r->metrics, err) || get_bool(r, o, "escape_special", &r->escape_special, err))
         return -1;
     if (so && !cJSON_IsObject(so)) return bad_type(r, err, "stream_options", so, "an object");
     if (so && get_bool(r, so, "include_usage", &r->include_usage, err)) return -1;
@@ -293,7 +293,7 @@ static int find_escaped_nul(const char *s, char *path, size_t cap) {
 int server_parse_request(const char *body, size_t len, int chat, server_request *out, verr *err) {
     memset(out, 0, sizeof *out);
     out->chat = chat, out->max_tokens = -1, out->temperature = 1, out->top_p = 1, out->n = 1;
-    out->sampler = -1, out->metrics = 1;
+    out->sampler = -1, out->metrics = 1, out->escape_special = -1;
     // NUL-terminated copy: cJSON's length-limited parse cannot reject trailing bytes.
     char *buf = malloc(len + 1);
     if (!buf) return bad(out, err, SRV_E_VALUE, "", "out of memory%s%s", NULL);

@@ -52,6 +52,7 @@ typedef struct {
     int logprobs;                  // 1: return per-token logprobs
     int top_logprobs;              // alternatives per token, 0..SERVER_MAX_TOP_LOGPROBS
     int metrics;                   // 1 (default): per-token entropix metrics in choices[i].metrics
+    int escape_special;            // chat: 1 special-token text in messages is plain text, 0 parsed, -1 server default
     // On failure: the field at fault ("" for the body as a whole) and the kind.
     char param[64];
     server_err_kind kind;

@@ -28,6 +28,7 @@ typedef struct {
     int token_delay_ms;         // sleep per generated token (demos and tests)
     const char *allowed_hosts;  // comma-separated Host names a loopback server also answers to
     const char *cors;           // comma-separated browser Origins allowed besides the page's own ("*": any)
+    int escape_special;         // chat messages' special-token text is plain text (request may override)
     int verbose;                // one stderr line per request
 } server_opts;
 

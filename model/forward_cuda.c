@@ -415,6 +415,17 @@ static void set_fw_stats(cuda_forward *f, forward_state *fw, int b) {
     fw->dev_stats = 1;
 }
 
+// The CPU forward's check on copied logits (the device keeps no per-layer trace: the
+// message says so). Lazy steps are checked at the draw (cuda_forward_sample).
+static int check_finite(const cuda_forward *f, const float *row, int pos, verr *err) {
+    for (int i = 0; i < f->m->cfg.vocab_size; i++)
+        if (!isfinite(row[i]))
+            return verr_set(err, "non-finite logits at position %d (logit %d is %g) on CUDA device %d (weights of "
+                            "NaN, inf or near FLT_MAX? --device cpu names the first non-finite layer)", pos, i,
+                            row[i], f->ctx.device);
+    return 0;
+}
+
 int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err) {
     const model_config *c = &f->m->cfg;
     if (T <= 0) return verr_set(err, "forward: no tokens to process");
@@ -444,6 +455,7 @@ int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int 
     }
     f->sample_row = 0, f->logits_stale = fw->lazy_logits, f->logits_valid = 1;
     if (cap >= 0) set_fw_stats(f, fw, 0);
+    if (!fw->lazy_logits) return check_finite(f, fw->logits, kv_view_len(kv) - 1, err);
     return 0;
 }
 
@@ -566,6 +578,13 @@ int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_ou
     CK(cudaStreamSynchronize(st));
     f->par_pending = 0;  // the wait covered the step block's copy too
     memcpy(out, f->h_out, sizeof *out * (size_t)n);
+    // A NaN or +inf maximum (every logit NaN, or an overflow) is drawn as its argmax:
+    // refuse it as the CPU forward does.
+    for (int i = 0; i < n; i++)
+        if (!isfinite(out[i].logit))
+            return verr_set(err, "non-finite logits at position %d (logit %d is %g) on CUDA device %d (weights of "
+                            "NaN, inf or near FLT_MAX? --device cpu names the first non-finite layer)",
+                            f->last_keys - 1, out[i].token, out[i].logit, f->ctx.device);
     return 0;
 }
 

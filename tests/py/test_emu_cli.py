@@ -13,6 +13,8 @@ the CPU. Checked against the CPU backend and the published texts:
   - LEHV branches (--branch) decode on the device (session_forward_batch ->
     cuda_forward_batch) and the run logs BRANCH steps;
   - serve --device cuda answers a chat request;
+  - non-finite logits on the device (NaN weights, an overflowing norm) are an error
+    naming the position, as on the CPU, for the draw and for copied logits;
   - `bench --device cuda` counts what a decode step costs the host: the kernels it
     launches (counted by hand from model/forward_cuda.c's enqueue_decode: embed and
     lm_head, then per layer qkv (attn_norm folded in), rope + KV store, attention (the
@@ -175,6 +177,24 @@ def test_step_counts(tmp):
               f"{line!r}: want {want} launches, 0 graph nodes")
 
 
+def test_nonfinite(model, tmp):
+    import shutil
+    for name, tensor, value in (("nan", "model.layers.1.mlp.down_proj.weight", float("nan")),
+                                ("huge", "model.norm.weight", 3e38)):
+        d = os.path.join(tmp, "poisoned-" + name)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(model, d)
+        vtest.poison_tensor(d, tensor, value)
+        for sname, flags in (("default", []), ("greedy", ["--temp", "0"]), ("min_p", ["--min-p", "0.1"])):
+            r = run(EMU, "run", "-m", d, "-p", "Once upon a time", "-n", 4, "--seed", 7, "--device", "cuda", *flags)
+            ok = r.returncode == 1 and "non-finite logits at position" in r.stderr and "CUDA device" in r.stderr
+            check(ok, f"emu_nonfinite_{name}_{sname}", f"rc {r.returncode}: {r.stderr.strip()[-300:]}")
+        out = os.path.join(tmp, f"poisoned-{name}.f32")
+        r = run(EMU, "logits", "-m", d, "--ids", "1,403,407", "--out", out, "--device", "cuda")
+        ok = r.returncode == 1 and "non-finite logits at position 2" in r.stderr and not os.path.exists(out)
+        check(ok, f"emu_nonfinite_{name}_logits", f"rc {r.returncode}: {r.stderr.strip()[-300:]}")
+
+
 def main():
     if not os.access(EMU, os.X_OK):
         check(False, "emu_cli", f"no emulated build at {EMU} (make emu)")
@@ -187,6 +207,7 @@ def main():
     test_agents(model, tmp)
     test_branches(model, tmp)
     test_serve(model)
+    test_nonfinite(model, tmp)
     vtest.done()
 
 

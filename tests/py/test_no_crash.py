@@ -11,7 +11,7 @@ import struct
 import subprocess
 import sys
 
-from vtest import check, done, skip, stories_dir, tmpdir, varent, expect_fail
+from vtest import check, done, skip, stories_dir, tmpdir, varent, expect_fail, read_st, write_st, poison_tensor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from servertest import Server  # noqa: E402
@@ -19,23 +19,6 @@ from servertest import Server  # noqa: E402
 work = tmpdir("nocrash")
 base = stories_dir("f32")
 
-
-
-def read_st(path):
-    with open(path, "rb") as f:
-        b = f.read()
-    n = struct.unpack("<Q", b[:8])[0]
-    return json.loads(b[8:8 + n]), b[8 + n:]
-
-
-def write_st(path, header, data, mod4=None):
-    """A safetensors file; with mod4, the JSON header is padded with spaces (valid JSON)
-    to a length that is mod4 modulo 4."""
-    h = json.dumps(header, separators=(",", ":")).encode()
-    if mod4 is not None:
-        h += b" " * ((mod4 - len(h)) % 4)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + data)
 
 
 def model_copy(name):
@@ -47,11 +30,7 @@ def model_copy(name):
 def poisoned(name, tensor, value):
     """A copy of stories260K with every f32 of one tensor set to value."""
     d = model_copy(name)
-    path = os.path.join(d, "model.safetensors")
-    header, data = read_st(path)
-    lo, hi = header[tensor]["data_offsets"]
-    data = data[:lo] + struct.pack("<f", value) * ((hi - lo) // 4) + data[hi:]
-    write_st(path, header, data)
+    poison_tensor(d, tensor, value)
     return d
 
 

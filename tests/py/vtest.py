@@ -31,6 +31,37 @@ def expect_fail(name, r, *needles, rc=1):
     return check(ok, name, f"rc={r.returncode} (want {rc}) stderr={msg[-600:]!r} (want {needles})")
 
 
+def read_st(path):
+    """(header dict, data bytes) of a safetensors file."""
+    import json
+    import struct
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    return json.loads(b[8:8 + n]), b[8 + n:]
+
+
+def write_st(path, header, data, mod4=None):
+    """A safetensors file; with mod4, the JSON header is padded with spaces (valid JSON)
+    to a length that is mod4 modulo 4."""
+    import json
+    import struct
+    h = json.dumps(header, separators=(",", ":")).encode()
+    if mod4 is not None:
+        h += b" " * ((mod4 - len(h)) % 4)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+
+
+def poison_tensor(model_dir, tensor, value):
+    """Sets every f32 of one tensor of model_dir/model.safetensors to value, in place."""
+    import struct
+    path = os.path.join(model_dir, "model.safetensors")
+    header, data = read_st(path)
+    lo, hi = header[tensor]["data_offsets"]
+    write_st(path, header, data[:lo] + struct.pack("<f", value) * ((hi - lo) // 4) + data[hi:])
+
+
 def skip(name, why):
     print(f"SKIP {name}: {why}", flush=True)
 

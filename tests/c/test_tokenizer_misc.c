@@ -192,13 +192,22 @@ static void test_bad_inputs(void) {
 }
 
 // A 100 KB "word" must not take quadratic time (llama3's regex keeps letters together).
-static void test_long_word(void) {
+// tests/data/tokenizers/NAME's tokenizer.json.xz, unpacked into TESTTMP/tok-NAME-misc.
+static tokenizer *load_data_tokenizer(const char *name, verr *err) {
     char dir[1024], cmd[4096];
-    snprintf(dir, sizeof dir, "%s/tok-llama3-misc", testtmp);
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && xz -dc '%s/tokenizers/llama3/tokenizer.json.xz' > '%s/tokenizer.json'",
-             dir, testdata, dir);
+    snprintf(dir, sizeof dir, "%s/tok-%s-misc", testtmp, name);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && xz -dc '%s/tokenizers/%s/tokenizer.json.xz' > '%s/tokenizer.json'",
+             dir, testdata, name, dir);
+    if (system(cmd) != 0) {
+        verr_set(err, "could not unpack %s's tokenizer.json.xz", name);
+        return NULL;
+    }
+    return tokenizer_load(dir, err);
+}
+
+static void test_long_word(void) {
     verr err = {{0}};
-    tokenizer *t = system(cmd) == 0 ? tokenizer_load(dir, &err) : NULL;
+    tokenizer *t = load_data_tokenizer("llama3", &err);
     CHECK(t != NULL, "long_word_load_llama3", "%s", err.msg);
     if (!t) return;
     size_t n = 100000;
@@ -233,12 +242,8 @@ static int count_id(const int *ids, int n, int id) {
 // injects a system turn when specials are parsed everywhere (HF's default, kept as
 // ours); with the messages' spans escaped it is plain text. Qwen3's tokenizer, ChatML.
 static void test_escape_special(void) {
-    char dir[1024], cmd[4096];
-    snprintf(dir, sizeof dir, "%s/tok-qwen3-escape", testtmp);
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && xz -dc '%s/tokenizers/qwen3/tokenizer.json.xz' > '%s/tokenizer.json'",
-             dir, testdata, dir);
     verr err = {{0}};
-    tokenizer *t = system(cmd) == 0 ? tokenizer_load(dir, &err) : NULL;
+    tokenizer *t = load_data_tokenizer("qwen3", &err);
     chat_format f;
     CHECK(t && chat_format_from_name("chatml", &f, &err) == 0, "escape_special_setup", "%s", err.msg);
     if (!t) return;

@@ -5,6 +5,8 @@
 # Programs: build/tests/test_* (C), tests/py/test_*.py, tests/sh/test_*.sh.
 # The CUDA programs also run on the emulated device ($EMU_BUILD/tests, docs/cuda.md)
 # under a forward and a seeded random schedule (EMU_SEED, default 1); none may skip.
+# EMU_SCHEDULES overrides the list (make test-asan runs forward only: memory errors do
+# not depend on the order, and the sanitizers make each run several times slower).
 # Usage: tests/run.sh [--emu-only] [filter]   (only programs whose name contains filter)
 set -u
 cd "$(dirname "$0")/.."
@@ -48,7 +50,7 @@ run_emu() {  # name, schedule, program: a skip on the emulated device is a failu
 for t in "$EMU_BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     n=$(basename "$t"); [[ -z "$filter" || "$n" == *"$filter"* ]] || continue
-    for sched in forward "random:${EMU_SEED:-1}"; do
+    for sched in ${EMU_SCHEDULES:-forward random:${EMU_SEED:-1}}; do
         run_one "emu-${sched%%:*}.$n" run_emu "$n" "$sched" "$t"
     done
 done

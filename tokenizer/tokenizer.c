@@ -61,7 +61,10 @@ static int encode_segment(const tokenizer *t, enc_ctx *cx, const char *s, size_t
     if (!n) return 0;
     tbuf nb = {0};
     if (t->norm) {
-        if (tok_normalize(t->norm, s, n, &nb, err) < 0) return -1;
+        if (tok_normalize(t->norm, s, n, &nb, err) < 0) {
+            free(nb.p);  // what the normalizer wrote before it stopped
+            return -1;
+        }
         s = nb.p, n = nb.n;
     }
     size_t pos = 0, ms, me;

@@ -82,12 +82,29 @@ struct runner {
         shared = (char *)aligned_alloc(256, SHARED_ARENA);
         if (!shared) fatal("out of memory for shared memory");
     }
+    ~runner() {
+        for (tstate &t : th) munmap(t.f.stack - 4096, STACK_BYTES + 4096);
+        free(shared);
+    }
 };
 
 thread_local runner *self;
 
+// Frees a thread's runner when the thread ends (a host thread that ran blocks itself,
+// e.g. a device thread of `agents --devices 0,1`); the pool's workers never end.
+struct runner_owner {
+    ~runner_owner() {
+        delete self;
+        self = nullptr;
+    }
+};
+thread_local runner_owner self_owner;
+
 runner *get_runner() {
-    if (!self) self = new runner();  // lives as long as its worker thread's process
+    if (!self) {
+        self = new runner();
+        (void)&self_owner;  // odr-use: constructs the owner, whose destructor runs at thread exit
+    }
     return self;
 }
 

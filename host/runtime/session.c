@@ -41,8 +41,9 @@ int session_open(session *s, const session_opts *o, verr *err) {
     const model_config *c = &s->m.cfg;
     s->ctx = o->ctx > 0 ? o->ctx : (c->max_pos < 4096 ? c->max_pos : 4096);
     if (o->ctx > c->max_pos) {
+        int max_pos = c->max_pos;  // c points into the model model_free clears
         model_free(&s->m);
-        return verr_set(err, "--ctx %d exceeds the model's max_position_embeddings (%d)", o->ctx, c->max_pos);
+        return verr_set(err, "--ctx %d exceeds the model's max_position_embeddings (%d)", o->ctx, max_pos);
     }
     if (o->threads > 0) cpu_set_threads(o->threads);
     int batch = o->max_batch > 0 ? o->max_batch : 256;

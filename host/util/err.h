@@ -11,13 +11,17 @@ typedef struct {
     char msg[1024];
 } verr;
 
+// Formats through a copy, so the message may quote the one it replaces
+// (verr_set(err, "%s:%d: %s", path, line, err->msg) prefixes it once).
 static inline int verr_set(verr *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static inline int verr_set(verr *e, const char *fmt, ...) {
     if (e) {
+        char buf[sizeof e->msg];
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        vsnprintf(buf, sizeof buf, fmt, ap);
         va_end(ap);
+        snprintf(e->msg, sizeof e->msg, "%s", buf);
     }
     return -1;
 }

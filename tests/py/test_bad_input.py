@@ -152,6 +152,12 @@ for cmd in ("run", "chat"):
 check(not os.path.exists(os.path.join(work, "out.bin")) and not os.path.exists(os.path.join(work, "out.bin.tmp")),
       "no_partial_logits_file")
 
+# --ctx beyond the model names the model's own limit (it read the config after freeing
+# the model and said "max_position_embeddings (0)"; issue 23)
+max_pos = json.load(open(os.path.join(base, "config.json")))["max_position_embeddings"]
+expect_fail("ctx_beyond_max_pos_names_the_limit", ["run", "-m", base, "--ctx", str(max_pos * 200), "-p", "hi"],
+            f"--ctx {max_pos * 200}", f"max_position_embeddings ({max_pos})")
+
 # --- converter ---------------------------------------------------------------------
 src = os.path.join(os.environ.get("TESTTMP", work), "stories260K.bin")
 cut = os.path.join(work, "cut.bin")

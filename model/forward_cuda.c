@@ -417,12 +417,14 @@ static void set_fw_stats(cuda_forward *f, forward_state *fw, int b) {
 
 // The CPU forward's check on copied logits (the device keeps no per-layer trace: the
 // message says so). Lazy steps are checked at the draw (cuda_forward_sample).
+static int nonfinite_err(const cuda_forward *f, int pos, int id, float v, verr *err) {
+    return verr_set(err, "non-finite logits at position %d (logit %d is %g) on CUDA device %d (weights of NaN, inf "
+                    "or near FLT_MAX? --device cpu names the first non-finite layer)", pos, id, v, f->ctx.device);
+}
+
 static int check_finite(const cuda_forward *f, const float *row, int pos, verr *err) {
     for (int i = 0; i < f->m->cfg.vocab_size; i++)
-        if (!isfinite(row[i]))
-            return verr_set(err, "non-finite logits at position %d (logit %d is %g) on CUDA device %d (weights of "
-                            "NaN, inf or near FLT_MAX? --device cpu names the first non-finite layer)", pos, i,
-                            row[i], f->ctx.device);
+        if (!isfinite(row[i])) return nonfinite_err(f, pos, i, row[i], err);
     return 0;
 }
 
@@ -581,10 +583,7 @@ int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_ou
     // A NaN or +inf maximum (every logit NaN, or an overflow) is drawn as its argmax:
     // refuse it as the CPU forward does.
     for (int i = 0; i < n; i++)
-        if (!isfinite(out[i].logit))
-            return verr_set(err, "non-finite logits at position %d (logit %d is %g) on CUDA device %d (weights of "
-                            "NaN, inf or near FLT_MAX? --device cpu names the first non-finite layer)",
-                            f->last_keys - 1, out[i].token, out[i].logit, f->ctx.device);
+        if (!isfinite(out[i].logit)) return nonfinite_err(f, f->last_keys - 1, out[i].token, out[i].logit, err);
     return 0;
 }
 

@@ -64,13 +64,20 @@ __device__ __forceinline__ float mv_inv_rms(const mv_rows &p, int r, int n_in) {
     return rsqrtf(ss / (float)n_in + p.eps);
 }
 
-// f[0..8) *= the norm's weights of chunk i (vector kernels; nw 16-byte aligned).
-__device__ __forceinline__ void mv_scale8(const mv_rows &p, size_t i, float f[8]) {
-    if (!p.nw) return;
+// f[0..8) *= the norm's weights g of chunk i (vector kernels; nw 16-byte aligned).
+__device__ __forceinline__ void mv_norm8(const mv_rows &p, size_t i, float g[8]) {
     const float4 *n4 = (const float4 *)p.nw + 2 * i;
     float4 a = __ldg(n4), b = __ldg(n4 + 1);
-    f[0] *= a.x; f[1] *= a.y; f[2] *= a.z; f[3] *= a.w;
-    f[4] *= b.x; f[5] *= b.y; f[6] *= b.z; f[7] *= b.w;
+    g[0] = a.x; g[1] = a.y; g[2] = a.z; g[3] = a.w;
+    g[4] = b.x; g[5] = b.y; g[6] = b.z; g[7] = b.w;
+}
+
+__device__ __forceinline__ void mv_scale8(const mv_rows &p, size_t i, float f[8]) {
+    if (!p.nw) return;
+    float g[8];
+    mv_norm8(p, i, g);
+#pragma unroll
+    for (int e = 0; e < 8; e++) f[e] *= g[e];
 }
 
 __device__ __forceinline__ void mv_store(const mv_rows &p, int r, int o, int n_out, float v) {
@@ -144,9 +151,14 @@ __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const 
     for (int i = lane; i < nv; i += 32) {
         float f[4][8];
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            load_w8<WT>(w, rb[q] + i, f[q]);
-            mv_scale8(p, i, f[q]);
+        for (int q = 0; q < 4; q++) load_w8<WT>(w, rb[q] + i, f[q]);
+        if (p.nw) {  // the four rows share chunk i's norm weights: one load
+            float g[8];
+            mv_norm8(p, i, g);
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) f[q][e] *= g[e];
         }
 #pragma unroll
         for (int r = 0; r < R; r++) {

@@ -88,9 +88,9 @@ def test_res_usage():
     want = {"_Z6kernelPf": dict(REG=40, STACK=0, SHARED=1280, LOCAL=0),
             "_Z5spillPf": dict(REG=255, STACK=16, SHARED=0, LOCAL=24)}
     check(u == want, "sass_res_usage", f"{u}")
-    rows = [dict(kernel="k", base="matvec_x", local=0, spills=0, in_flight=(5, 1)),
+    rows = [dict(kernel="k", base="matvec_x", local=0, spills=0, in_flight=(3, 3)),
             dict(kernel="s", base="rope", local=24, spills=0, in_flight=None),
-            dict(kernel="ok", base="matvec_y", local=0, spills=0, in_flight=(4, 4))]
+            dict(kernel="ok", base="matvec_y", local=0, spills=0, in_flight=(4, 1))]
     p = sr.problems(rows)
     check(len(p) == 2 and "k:" in p[0] and "s:" in p[1], "sass_problems_flag_spill_and_few_loads", f"{p}")
 
@@ -123,8 +123,24 @@ def test_launch_blocks():
           "sass_base_name_template")
 
 
+def test_trig_stack():
+    # A kernel calling sincosf has LDL/STL from its range reduction: reported, not a spill;
+    # the same local memory in a kernel without trig is one, and so are LOCAL bytes.
+    d = vtest.tmpdir("sass_trig")
+    with open(f"{d}/k.cu", "w") as f:
+        f.write("__global__ void rope_k(float *x) {\n    float s, c;\n    sincosf(x[0], &s, &c);\n}\n"
+                "__global__ void plain_k(float *x) {\n    x[0] = 1.f;\n}\n")
+    check(sr.trig_kernels(d) == {"rope_k"}, "sass_trig_kernels", f"{sr.trig_kernels(d)}")
+    rows = [dict(kernel="r", base="rope_k", trig=True, local=0, spills=5, in_flight=None),
+            dict(kernel="p", base="plain_k", trig=False, local=0, spills=5, in_flight=None),
+            dict(kernel="l", base="rope_k", trig=True, local=16, spills=5, in_flight=None)]
+    p = sr.problems(rows)
+    check(len(p) == 2 and p[0].startswith("p:") and p[1].startswith("l:"), "sass_trig_stack_not_a_spill", f"{p}")
+
+
 test_in_flight()
 test_res_usage()
 test_occupancy()
 test_launch_blocks()
+test_trig_stack()
 vtest.done()

@@ -80,8 +80,20 @@ static long device_syncs(const session *s) {
     return c.syncs;
 }
 
+// Tokens done so far, for the progress bar: updated every 32 decoded tokens (the update
+// takes a lock and a clock read, nothing the timings notice).
+typedef struct {
+    progress pg;
+    long done;
+} bench_progress;
+
+static void bench_tick(bench_progress *bp, long tokens) {
+    bp->done += tokens;
+    progress_update(&bp->pg, bp->done, NULL);
+}
+
 static int bench_once(session *s, const int *prompt, int prompt_len, int n, double *prefill_s, double *decode_s,
-                      long *syncs, verr *err) {
+                      long *syncs, bench_progress *bp, verr *err) {
     s->kv.len = 0;
     kv_view kv = kv_view_of(&s->kv);
     sample_cfg greedy = { 0 };
@@ -90,11 +102,15 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
     double t0 = gen_now();
     int rc = session_forward(s, &kv, prompt, prompt_len, err);
     *prefill_s = gen_now() - t0;
+    bench_tick(bp, prompt_len);
     t0 = gen_now();
     long s0 = device_syncs(s);
-    for (int i = 0; rc == 0 && i < n; i++)
+    for (int i = 0; rc == 0 && i < n; i++) {
         rc = session_sample(s, &greedy, 1, &next, err) || session_forward(s, &kv, &next.token, 1, err) ? -1 : 0;
+        if ((i & 31) == 31) bench_tick(bp, 32);
+    }
     *decode_s = gen_now() - t0;
+    bench_tick(bp, n & 31);
     *syncs = device_syncs(s) - s0;
     s->fw.lazy_logits = 0;
     return rc;
@@ -128,7 +144,7 @@ static int bench_sampler(session *s, const char *name, const entropix_config *ex
 // --sampler LIST: each sampler's median ms/token and overhead over the first. Runs
 // interleave the samplers so drift (clocks, caches) hits them alike.
 static int bench_samplers(session *s, const char *list, const char *profile, const int *prompt, int plen, int n,
-                          int runs, verr *err) {
+                          int runs, bench_progress *bp, verr *err) {
     entropix_config ex;
     if (entropix_profile(profile, &ex, err)) return -1;
     char buf[256], *save = NULL, *names[8];
@@ -140,12 +156,17 @@ static int bench_samplers(session *s, const char *list, const char *profile, con
     if (!t) return verr_set(err, "out of memory");
     int rc = 0;
     for (int r = 0; rc == 0 && r < runs; r++)
-        for (int i = 0; rc == 0 && i < k; i++) rc = bench_sampler(s, names[i], &ex, prompt, plen, n, &t[i * runs + r], err);
+        for (int i = 0; rc == 0 && i < k; i++) {
+            rc = bench_sampler(s, names[i], &ex, prompt, plen, n, &t[i * runs + r], err);
+            bench_tick(bp, plen + n);
+        }
+    progress_pause(&bp->pg);
     for (int i = 0; rc == 0 && i < k; i++) {
         double ms = 1e3 * median(t + i * runs, runs), base = 1e3 * median(t, runs);
         printf("sampler     %-16s %.3f ms/token  %+.1f%% vs %s (median of %d, profile %s)\n", names[i], ms,
                100.0 * (ms / base - 1), names[0], runs, profile);
     }
+    progress_resume(&bp->pg);
     free(t);
     return rc;
 }
@@ -173,7 +194,12 @@ int cmd_bench(int argc, char **argv) {
     uint64_t x = 12345;
     for (int i = 0; rc == 0 && i < plen; i++) x = x * 6364136223846793005ull + 1, prompt[i] = (int)((x >> 33) % (uint64_t)s.m.cfg.vocab_size);
     long syncs = 0;
-    for (int r = 0; rc == 0 && r < runs; r++) rc = bench_once(&s, prompt, plen, n, &pf[r], &dc[r], &syncs, &err);
+    // Tokens of every run: the greedy loop, then each sampler of --sampler.
+    int n_samplers = strcmp(samplers, "none") == 0 ? 0 : 1;
+    for (const char *c = samplers; n_samplers && *c; c++) n_samplers += *c == ',';
+    bench_progress bp = { .done = 0 };
+    progress_start(&bp.pg, "bench", (long)runs * (1 + n_samplers) * (plen + n), 0);
+    for (int r = 0; rc == 0 && r < runs; r++) rc = bench_once(&s, prompt, plen, n, &pf[r], &dc[r], &syncs, &bp, &err);
     bench_mem mem;
     if (rc == 0) rc = bench_mem_of(&s, &mem, &err);
     if (rc == 0) {
@@ -182,6 +208,7 @@ int cmd_bench(int argc, char **argv) {
         // Mean KV bytes read per decoded token: positions plen .. plen+n.
         double kv_bytes = (plen + n / 2.0) * 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * mem.kv_elem;
         double gbs = (mem.weight_bytes + kv_bytes) * tps / 1e9, copy = mem.copy_gbs;
+        progress_pause(&bp.pg);  // the results never share a line with the bar
         printf("model       %s (%s, %s weights, %.1f M params)\n", so.model_dir, c->arch_name, wtype_name(s.m.embed.type),
                s.m.n_params / 1e6);
         printf("device      %s\n", mem.device);
@@ -190,9 +217,11 @@ int cmd_bench(int argc, char **argv) {
         printf("bandwidth   %.1f GB/s achieved; %s %.1f GB/s (read+write); ratio %.2f\n", gbs, mem.copy, copy,
                copy > 0 ? gbs / copy : 0);
         if (s.cu) print_step_counts(&s, syncs, n);
-        fflush(stdout);
-        if (strcmp(samplers, "none") != 0) rc = bench_samplers(&s, samplers, profile, prompt, plen, n, runs, &err);
+        progress_resume(&bp.pg);
+        if (strcmp(samplers, "none") != 0) rc = bench_samplers(&s, samplers, profile, prompt, plen, n, runs, &bp, &err);
     }
+    if (rc == 0) progress_finish(&bp.pg, NULL);
+    else progress_stop(&bp.pg);
     free(prompt), free(pf), free(dc);
     session_close(&s);
     if (rc) fprintf(stderr, "varent bench: %s\n", err.msg);

@@ -3,10 +3,49 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
+
+// CLI state: the command's load bar while one is drawn, else a bar per stage.
+static progress *load_pg;
+static int load_quiet;  // inside a -q command's load: draw nothing
+static progress own_pg;
+static int own_running;
+
+static void on_model_stage(void *ud, const char *stage, long done, long total) {
+    if (load_quiet) return;
+    if (load_pg) {
+        if (strcmp(load_pg->label, stage) != 0) progress_relabel(load_pg, stage, total);
+        progress_update(load_pg, done, NULL);
+        if (done >= total) progress_relabel(load_pg, "load", 1);
+        return;
+    }
+    if (own_running && strcmp(own_pg.label, stage) != 0) progress_finish(&own_pg, NULL), own_running = 0;
+    if (!own_running) progress_start(&own_pg, stage, total, 0), own_running = 1;
+    progress_update(&own_pg, done, NULL);
+    if (done >= total) progress_finish(&own_pg, NULL), own_running = 0;
+}
+
+static const model_path_progress model_progress = { on_model_stage, NULL };
+
+const model_path_progress *cli_model_progress(void) { return &model_progress; }
+
+void cli_load_begin(progress *pg, int quiet) {
+    progress_start(pg, "load", 1, quiet);
+    load_pg = quiet ? NULL : pg;
+    load_quiet = quiet;
+}
+
+void cli_load_end(progress *pg, int ok) {
+    load_pg = NULL;
+    load_quiet = 0;
+    if (ok) progress_finish(pg, NULL);
+    else progress_stop(pg);
+}
 
 void cli_session_opts(args *a, session_opts *o) {
     o->model_dir = args_str(a, "-m|--model", NULL);
+    o->progress = &model_progress;
     o->ctx = (int)args_int_range(a, "--ctx", 0, 0, INT_MAX);
     o->threads = (int)args_int_range(a, "-t|--threads", 0, 0, 4096);
     o->device = args_str(a, "--device", "cpu");

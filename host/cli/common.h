@@ -4,9 +4,18 @@
 
 #include "host/cli/args.h"
 #include "host/decode/generate.h"
+#include "host/util/progress.h"
 
-// -m, --ctx, -t/--threads, --device, --batch.
+// -m, --ctx, -t/--threads, --device, --batch; a GGUF's first use reports its
+// progress (cli_model_progress).
 void cli_session_opts(args *a, session_opts *o);
+// The progress of resolving -m (hashing and converting a GGUF on its first use): drawn
+// as stages of the command's "load" bar between cli_load_begin and cli_load_end, else
+// as bars of their own.
+const model_path_progress *cli_model_progress(void);
+void cli_load_begin(progress *pg, int quiet);
+// ok: "load: done" (else the bar is cleared silently, an error follows).
+void cli_load_end(progress *pg, int ok);
 // -n, --temp, --top-k, --top-p, --min-p, --seed with the command's defaults.
 void cli_sampling_opts(args *a, gen_opts *g, int def_n, float def_temp, float def_top_p);
 // Range checks; 0, or -1 with a message naming the option and its value.

@@ -249,11 +249,12 @@ static int run_all(session *s, const compare_args *c, const prompt_style *ps, co
     const char *path = c->prompts ? c->prompts : c->csv;
     for (int i = 0, k = 0; i < pl->n; i++) {
         int *ids = NULL, n = prompt_encode(s, ps, pl->text[i], &ids, err);
-        if (n < 0) return verr_set(err, "%s:%d: %.900s", path, pl->line[i], err->msg);
+        if (n < 0) return progress_stop(&pg), verr_set(err, "%s:%d: %.900s", path, pl->line[i], err->msg);
         for (int j = 0; j < n_sp; j++, k++) {
             rows[k].prompt = i, rows[k].sampler = j;
             if (run_one(s, g, &sp[j], ids, n, &rows[k], err)) {
                 free(ids);
+                progress_stop(&pg);
                 return verr_set(err, "%s:%d: %s: %.900s", path, pl->line[i], sp[j].name, err->msg);
             }
             if (rows[k].r.st.interrupted) {
@@ -262,7 +263,11 @@ static int run_all(session *s, const compare_args *c, const prompt_style *ps, co
                 verr_set(err, "interrupted after %d of %d runs%s", k, pl->n * n_sp, c->out ? "; finished rows are in " : "");
                 return 1;
             }
-            if (jsonl) write_row(jsonl, &rows[k], pl, &sp[j], g->seed);
+            if (jsonl) {
+                progress_pause(&pg);  // a record on a terminal's stdout must not share the bar's line
+                write_row(jsonl, &rows[k], pl, &sp[j], g->seed);
+                progress_resume(&pg);
+            }
             char detail[160];
             snprintf(detail, sizeof detail, "prompt %d %.48s: %d tokens", i + 1, sp[j].name, rows[k].r.n);
             progress_update(&pg, k + 1, detail);
@@ -282,10 +287,12 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
     row *rows = calloc((size_t)pl->n * n_sp, sizeof *rows);
     int rc = rows ? 0 : verr_set(&err, "out of memory");
     progress pg;
-    progress_start(&pg, "load", 1, c->quiet);
+    cli_load_begin(&pg, c->quiet);
     session s;
-    if (rc == 0 && (rc = session_open(&s, so, &err)) == 0) {
-        progress_finish(&pg, NULL);
+    if (rc != 0 || (rc = session_open(&s, so, &err)) != 0) {
+        cli_load_end(&pg, 0);
+    } else {
+        cli_load_end(&pg, 1);
         gen_opts base = *g;
         base.clarifier = gen_find_clarifier(&s);
         interrupt_install();  // Ctrl-C: stop after the current token; -o keeps the finished rows

@@ -6,6 +6,13 @@
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
 #include "host/formats/convert.h"
+#include "host/util/progress.h"
+
+static void on_convert(void *ud, long done, long total) {
+    progress *p = ud;
+    if (p->total != total) progress_relabel(p, "convert", total);
+    progress_update(p, done, NULL);
+}
 
 // `varent convert gguf FILE.gguf OUT_DIR [--dtype bf16|f32]`
 static int convert_gguf_cmd(int argc, char **argv) {
@@ -26,10 +33,15 @@ static int convert_gguf_cmd(int argc, char **argv) {
     int f32 = strcmp(dtype, "f32") == 0;
     convert_summary sum = {0};
     verr err = {{0}};
-    if (convert_gguf(in, out, f32, &sum, &err)) {
+    progress pg;  // tensors, then the write
+    progress_start(&pg, "convert", 1, 0);
+    convert_progress cp = { on_convert, &pg };
+    if (convert_gguf(in, out, f32, &cp, &sum, &err)) {
+        progress_stop(&pg);
         fprintf(stderr, "error: %s\n", err.msg);
         return 1;
     }
+    progress_finish(&pg, NULL);
     if (!sum.has_tokenizer) fprintf(stderr, "warning: %s: no byte-level BPE (gpt2) vocabulary; tokenizer files not written\n", in);
     printf("converted %d tensors of %s (%s, %lld layers) to %s/ as %s\n", sum.n_tensors, in, sum.arch_class,
            sum.n_layers, out, f32 ? "f32" : "bf16");

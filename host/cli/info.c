@@ -4,6 +4,7 @@
 
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
+#include "host/cli/common.h"
 #include "model/model.h"
 
 int cmd_info(int argc, char **argv) {
@@ -16,13 +17,14 @@ int cmd_info(int argc, char **argv) {
     }
     verr err = { { 0 } };
     model m;
-    if (model_load(&m, dir, &err)) {
+    model_path mp;
+    if (model_path_resolve(dir, cli_model_progress(), &mp, &err) || model_load(&m, mp.dir, &err)) {
         fprintf(stderr, "varent info: %s\n", err.msg);
         return 1;
     }
     const model_config *c = &m.cfg;
     size_t kv_per_pos = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
-    printf("model:          %s\n", dir);
+    printf("model:          %s%s%s\n", dir, mp.gguf ? " -> " : "", mp.gguf ? mp.dir : "");
     printf("architecture:   %s (%s)\n", c->arch_name, config_arch_label(c->arch));
     printf("hidden_size:    %d\nintermediate:   %d\nlayers:         %d\n", c->dim, c->hidden_dim, c->n_layers);
     printf("heads:          %d (kv %d, head_dim %d)\n", c->n_heads, c->n_kv_heads, c->head_dim);

@@ -57,13 +57,14 @@ int cmd_ppl(int argc, char **argv) {
     char *text = fileio_read_all(path, &err);
     if (!text) return fail(err.msg);
     progress pg;
-    progress_start(&pg, "load", 1, quiet);
+    cli_load_begin(&pg, quiet);
     session s;
     if (session_open(&s, &so, &err)) {
+        cli_load_end(&pg, 0);
         free(text);
         return fail(err.msg);
     }
-    progress_finish(&pg, NULL);
+    cli_load_end(&pg, 1);
     int *ids = NULL, rc = 0;
     int n = session_encode_prompt(&s, text, &ids, &err);
     free(text);
@@ -79,6 +80,7 @@ int cmd_ppl(int argc, char **argv) {
         progress_start(&wr.p, "ppl", n_windows, quiet);
         ppl_result r;
         if (ppl_eval(&s, ids, n, ctx, step, NULL, on_window, &wr, &r, &err)) {
+            progress_stop(&wr.p);
             rc = fail(err.msg);
         } else {
             progress_finish(&wr.p, NULL);

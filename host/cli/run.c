@@ -130,13 +130,15 @@ static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, in
     for (int i = 0; i < pl->n; i++) {
         if (skip && skip[i]) continue;  // --resume: already in the output
         batch_result r;
-        if (batch_generate(s, ids[i], n[i], g, &r, err)) return -1;
+        if (batch_generate(s, ids[i], n[i], g, &r, err)) return progress_stop(&pg), -1;
         if (r.st.interrupted) {
             batch_result_free(&r);
             progress_finish(&pg, "interrupted");
             return 1;
         }
+        progress_pause(&pg);  // a record on a terminal's stdout must not share the bar's line
         int werr = write_result(f, i, pl, &r, g->seed);
+        progress_resume(&pg);
         if (werr) {
             batch_result_free(&r);
             progress_finish(&pg, "write failed");
@@ -213,7 +215,7 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     int n_before = 0;
     if (open_batch_out(b, &pl, &out, &skip, &n_before, &err)) return free(skip), prompts_free(&pl), fail("run", err.msg);
     progress pg;
-    progress_start(&pg, "load", 1, b->quiet);
+    cli_load_begin(&pg, b->quiet);
     session s;
     int **ids = calloc((size_t)pl.n, sizeof *ids), *n = calloc((size_t)pl.n, sizeof *n), rc = -1;
     long n_tok = 0;
@@ -221,9 +223,11 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     double t0 = gen_now();
     interrupt_install();  // Ctrl-C: stop after the current token; -o keeps the finished records
     g->interrupt = interrupt_flag();
-    if (!ids || !n) verr_set(&err, "out of memory");
-    else if (session_open(&s, so, &err) == 0) {
-        progress_finish(&pg, NULL);
+    if (!ids || !n || session_open(&s, so, &err) != 0) {
+        if (!ids || !n) verr_set(&err, "out of memory");
+        cli_load_end(&pg, 0);
+    } else {
+        cli_load_end(&pg, 1);
         rc = encode_all(&s, ps, &pl, path, ids, n, &err);
         if (rc == 0) rc = entropix_cli_start(ex, &s, g, &err);
         if (rc == 0)

@@ -14,8 +14,17 @@ typedef struct {
     int has_tokenizer;       // 0: the GGUF has no byte-level BPE vocabulary; no tokenizer files written
 } convert_summary;
 
-// A llama.cpp GGUF (llama, qwen2, qwen3) to out_dir, weights as f32 or bf16.
-int convert_gguf(const char *gguf_path, const char *out_dir, int f32, convert_summary *sum, verr *err);
+// Progress of a long conversion: fn(ud, done, total) after each tensor, the last step
+// being the write of the directory. fn draws; the converter prints nothing itself.
+typedef struct {
+    void (*fn)(void *ud, long done, long total);
+    void *ud;
+} convert_progress;
+
+// A llama.cpp GGUF (llama, qwen2, qwen3) to out_dir, weights as f32 or bf16. prog may
+// be NULL.
+int convert_gguf(const char *gguf_path, const char *out_dir, int f32, const convert_progress *prog,
+                 convert_summary *sum, verr *err);
 // A llama2.c legacy (v0) checkpoint and its tokenizer.bin to out_dir, as f32 or bf16.
 int convert_llama2c(const char *ckpt, const char *tok, const char *out_dir, int bf16, verr *err);
 

@@ -635,9 +635,16 @@ static int convert_tensor(const gguf_file *g, const gguf_hparams *hp, const gguf
     return rc;
 }
 
-static int convert_tensors(const gguf_file *g, const gguf_hparams *hp, int f32, st_writer *w, int *count, verr *err) {
+static void report(const convert_progress *prog, long done, long total) {
+    if (prog && prog->fn) prog->fn(prog->ud, done, total);
+}
+
+static int convert_tensors(const gguf_file *g, const gguf_hparams *hp, int f32, st_writer *w, int *count,
+                           const convert_progress *prog, verr *err) {
     char hf[256];
     *count = 0;
+    long total = (long)g->n_tensors + 1;  // + the write
+    report(prog, 0, total);
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const gguf_tensor *t = &g->tensors[i];
         int r = map_name(t->name, hp->n_layer, hf, sizeof hf);
@@ -645,6 +652,7 @@ static int convert_tensors(const gguf_file *g, const gguf_hparams *hp, int f32, 
         if (r == 0) continue;
         if (convert_tensor(g, hp, t, hf, f32, w, err)) return -1;
         ++*count;
+        report(prog, (long)i + 1, total);
     }
     return 0;
 }
@@ -693,7 +701,8 @@ static uint64_t n_tokens(const gguf_file *g) {
     return kv && kv->type == GGUF_ARRAY && kv->arr_type == GGUF_STRING ? kv->arr_n : 0;
 }
 
-int convert_gguf(const char *in, const char *out, int f32, convert_summary *sum, verr *err) {
+int convert_gguf(const char *in, const char *out, int f32, const convert_progress *prog, convert_summary *sum,
+                 verr *err) {
     gguf_file *g = gguf_open(in, err);
     if (!g) return -1;
     gguf_hparams hp = {0};
@@ -718,8 +727,9 @@ int convert_gguf(const char *in, const char *out, int f32, convert_summary *sum,
     if (build_tokenizer(g, &ti, hp.n_ctx, &json[OUT_TOK], &json[OUT_TOKCFG], err)) goto done;
     if (render_outputs(json, text, err) || check_tokenizer(g, text[OUT_TOK], err)) goto done;
     if (!(w = st_writer_new())) { verr_set(err, "out of memory"); goto done; }
-    if (convert_tensors(g, &hp, f32, w, &n_tensors, err)) goto done;
+    if (convert_tensors(g, &hp, f32, w, &n_tensors, prog, err)) goto done;
     if (write_outputs(out, text, w, err)) goto done;
+    report(prog, (long)g->n_tensors + 1, (long)g->n_tensors + 1);
     sum->n_tensors = n_tensors;
     sum->n_layers = (long long)hp.n_layer;
     sum->arch_class = arch_class(hp.arch);

@@ -26,7 +26,7 @@ static int check_device(const char *dev, int *cuda_dev, verr *err) {
 }
 
 static int open_tokenizer(session *s, const char *dir, verr *err) {
-    char path[4096];
+    char path[4200];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     if (access(path, F_OK) != 0) return 0;  // ids-only model dirs are fine
     s->tok = tokenizer_load(dir, err);
@@ -37,7 +37,10 @@ int session_open(session *s, const session_opts *o, verr *err) {
     memset(s, 0, sizeof *s);
     double t0 = now_s();
     int cuda_dev;
-    if (check_device(o->device, &cuda_dev, err) || model_load(&s->m, o->model_dir, err)) return -1;
+    model_path mp;
+    if (check_device(o->device, &cuda_dev, err) || model_path_resolve(o->model_dir, o->progress, &mp, err) ||
+        model_load(&s->m, mp.dir, err))
+        return -1;
     const model_config *c = &s->m.cfg;
     s->ctx = o->ctx > 0 ? o->ctx : (c->max_pos < 4096 ? c->max_pos : 4096);
     if (o->ctx > c->max_pos) {
@@ -50,7 +53,7 @@ int session_open(session *s, const session_opts *o, verr *err) {
     if (forward_init(&s->fw, &s->m, batch < s->ctx ? batch : s->ctx, s->ctx, err) ||
         (cuda_dev >= 0 ? session_cuda_open(s, cuda_dev, NULL, err)
                        : kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err)) ||
-        sampler_init(&s->smp, c->vocab_size) != 0 || open_tokenizer(s, o->model_dir, err)) {
+        sampler_init(&s->smp, c->vocab_size) != 0 || open_tokenizer(s, mp.dir, err)) {
         if (!err->msg[0]) verr_set(err, "out of memory");
         session_close(s);
         return -1;

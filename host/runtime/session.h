@@ -8,10 +8,12 @@
 #include "host/runtime/metrics.h"
 #include "host/runtime/sampler.h"
 #include "model/forward.h"
+#include "host/formats/model_path.h"
 #include "tokenizer/tokenizer.h"
 
 typedef struct {
-    const char *model_dir;
+    const char *model_dir;  // a -m value: a model directory or a GGUF file (host/formats/model_path.h)
+    const model_path_progress *progress;  // a GGUF's first use (hashing, conversion); NULL: silent
     int ctx;          // 0: min(max_position_embeddings, 4096)
     int threads;      // 0: all cores
     const char *device;  // "cpu" (default) or "cuda[:N]"

@@ -51,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snprintf(out, sizeof out, "%s/out", fuzz_dir());
     convert_summary sum;
     verr cerr = {{0}};
-    (void)convert_gguf(path, out, 1, &sum, &cerr);
+    (void)convert_gguf(path, out, 1, NULL, &sum, &cerr);
     static const char *outs[] = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                                  "model.safetensors"};
     for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) {

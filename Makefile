@@ -24,6 +24,21 @@ ifneq ($(NVCC),)
   CU_SRC    := $(wildcard kernels/cuda/*.cu)
 endif
 
+# libedit (line editing and history in `varent chat`, host/cli/repl.c) when libedit-dev
+# is installed; without it the chat reads plain lines. Probed after install-deps into
+# build/gen/config.mk (make restarts on it); `make LIBEDIT=0` builds without it.
+-include $(BUILD)/gen/config.mk
+$(BUILD)/gen/config.mk: | deps
+	@mkdir -p $(dir $@)
+	@if [ -e /usr/include/histedit.h ]; then echo 'HAVE_LIBEDIT := 1'; else echo 'HAVE_LIBEDIT := 0'; fi >$@
+ifeq ($(LIBEDIT),0)
+  HAVE_LIBEDIT := 0
+endif
+ifeq ($(HAVE_LIBEDIT),1)
+  CFLAGS += -DVARENT_LIBEDIT
+  LDLIBS += -ledit
+endif
+
 # host/ by role (docs/architecture.md); every .c of these folders is in the library
 # except the CLI's main.
 HOST_DIRS := util formats report runtime decode agents serve cli
@@ -47,6 +62,9 @@ deps:
 
 # Order-only: under make -j the compilers wait for install-deps (the headers it installs).
 $(BUILD)/host/cli/main.o $(LIB_OBJ) $(TEST_BIN): | deps
+
+# A change of the probe (or of LIBEDIT) recompiles the reader.
+$(BUILD)/host/cli/repl.o: $(BUILD)/gen/config.mk
 
 $(BIN): $(BUILD)/host/cli/main.o $(LIB_OBJ)
 	$(CC) -o $@ $^ $(LDLIBS)

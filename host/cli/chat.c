@@ -1,18 +1,19 @@
-// chat.c: `varent chat -m DIR`, an interactive multi-turn chat on stdin.
+// chat.c: `varent chat -m MODEL`, an interactive multi-turn chat (docs/chat.md).
 // Each turn re-renders the conversation, keeps the KV cache for the longest common
-// token prefix with what is already cached, and prefills only the rest.
-// Commands: /reset clears the conversation, /quit (or end of input) leaves.
+// token prefix with what is already cached, and prefills only the rest. When the
+// conversation no longer fits the context, the oldest turns are dropped (the system
+// prompt stays) with a one-line notice. Lines come from host/cli/repl.c: line editing
+// on a terminal, plain lines from a pipe (one message per line, as scripts drive it).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "host/cli/args.h"
-#include "host/decode/chat_prompt.h"
+#include "host/cli/chat_cmds.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
-#include "host/decode/generate.h"
+#include "host/util/interrupt.h"
 
 typedef struct {
     tokenizer_stream *ts;
@@ -45,61 +46,135 @@ static int common_prefix(const int *cached, int n_cached, const int *ids, int n)
     return k;
 }
 
-static int chat_turn(session *s, chat_conv *conv, gen_opts *g, int **cached, int *n_cached, verr *err) {
-    int *ids = NULL, n = chat_conv_ids(conv, s, &ids, err);
+// Drops the oldest turn after the system prompt: its user message and the replies up to
+// the next user message. 0 when nothing but the newest message is left.
+static int drop_oldest_turn(chat_conv *conv) {
+    int first = conv->n > 0 && !strcmp(conv->msgs[0].role, "system");
+    if (conv->n - first <= 1) return 0;
+    chat_remove_message(conv, first);
+    while (conv->n - first > 1 && strcmp(conv->msgs[first].role, "user") != 0) chat_remove_message(conv, first);
+    return 1;
+}
+
+// The prompt ids of the conversation, shifted until the prompt and room for a reply
+// (min(-n, ctx / 2) tokens) fit the context. -1 with err when even the newest message
+// alone does not fit.
+static int fit_context(chat_state *c, int **ids, verr *err) {
+    int ctx = c->s->ctx, reserve = c->g.max_new < ctx / 2 ? c->g.max_new : ctx / 2, dropped = 0, n;
+    for (;;) {
+        n = chat_conv_ids(&c->conv, c->s, ids, err);
+        if (n < 0 || n + reserve <= ctx || !drop_oldest_turn(&c->conv)) break;
+        free(*ids);
+        *ids = NULL;
+        dropped++;
+    }
+    if (dropped)
+        fprintf(stderr, "[context full (%d tokens): dropped the oldest %d turn%s%s]\n", ctx, dropped,
+                dropped == 1 ? "" : "s", c->system ? ", kept the system prompt" : "");
+    if (n >= ctx) {
+        free(*ids);
+        *ids = NULL;
+        return verr_set(err, "this message makes a prompt of %d tokens, more than the context of %d holds (raise --ctx)",
+                        n, ctx);
+    }
+    return n;
+}
+
+// The cache now holds the prompt and every generated id but the last (unforwarded).
+static void remember_cache(chat_state *c, const int *ids, int n, const turn_out *out, int ok) {
+    int *p = realloc(c->cached, sizeof(int) * (size_t)(n + out->n + 1));
+    if (!p) {
+        c->n_cached = 0;
+        return;
+    }
+    c->cached = p;
+    c->n_cached = 0;
+    if (!ok) return;
+    memcpy(p, ids, sizeof(int) * (size_t)n);
+    memcpy(p + n, out->ids, sizeof(int) * (size_t)out->n);
+    c->n_cached = c->s->kv.len;
+}
+
+static int chat_turn(chat_state *c, verr *err) {
+    int *ids = NULL, n = fit_context(c, &ids, err);
     if (n < 0) return -1;
-    int keep = common_prefix(*cached, *n_cached, ids, n);
+    session *s = c->s;
+    int keep = common_prefix(c->cached, c->n_cached, ids, n);
     kv_cache_truncate(&s->kv, keep);
     turn_out out = { tokenizer_stream_new(s->tok, 1), NULL, 0, 0 };
-    g->on_token = on_token, g->ud = &out;
-    gen_stats st;
-    int rc = out.ts ? generate(s, ids + keep, n - keep, g, &st, err) : verr_set(err, "out of memory");
+    c->g.on_token = on_token, c->g.ud = &out;
+    interrupt_install();  // Ctrl-C: stop this reply after the current token
+    c->g.interrupt = interrupt_flag();
+    gen_stats st = { 0 };
+    int rc = out.ts ? generate(s, ids + keep, n - keep, &c->g, &st, err) : verr_set(err, "out of memory");
     const char *tail;
     int k = rc == 0 ? tokenizer_stream_flush(out.ts, &tail) : 0;
     if (k > 0) fwrite(tail, 1, (size_t)k, stdout);
     printf("\n");
-    // The cache now holds the prompt and every generated id but the last (unforwarded).
-    int *c = realloc(*cached, sizeof(int) * (size_t)(n + out.n + 1));
-    if (rc == 0 && c) {
-        memcpy(c, ids, sizeof(int) * (size_t)n);
-        memcpy(c + n, out.ids, sizeof(int) * (size_t)out.n);
-        *cached = c;
-        *n_cached = s->kv.len;
-    } else if (c) {
-        *cached = c, *n_cached = 0;
-    }
+    fflush(stdout);
+    if (rc == 0 && st.interrupted) fprintf(stderr, "[stopped]\n");
+    else if (rc == 0 && st.hit_ctx) fprintf(stderr, "[the reply filled the context; the next turn drops the oldest]\n");
+    remember_cache(c, ids, n, &out, rc == 0);
+    // An interrupted reply is kept as far as it went: the conversation holds what was shown.
     char *reply = rc == 0 ? tokenizer_decode(s->tok, out.ids, out.n, 1, err) : NULL;
-    if (reply) rc = chat_conv_add(conv, "assistant", reply, err);
+    if (reply) rc = chat_conv_add(&c->conv, "assistant", reply, err);
+    else if (rc == 0) rc = -1;
     free(reply), free(out.ids), free(ids);
     if (out.ts) tokenizer_stream_free(out.ts);
     return rc;
 }
 
-static int chat_loop(session *s, chat_conv *conv, const char *system, gen_opts *g) {
-    int tty = isatty(0), *cached = NULL, n_cached = 0;
-    char *line = NULL;
-    size_t cap = 0;
+static void banner(const chat_state *c, const char *model_arg) {
+    const model_config *m = &c->s->m.cfg;
+    const sampler_params *p = &c->g.sp;
+    fprintf(stderr, "varent chat: %s (%s, %.1f M params)\n", model_arg, m->arch_name, c->s->m.n_params / 1e6);
+    fprintf(stderr, "context %d tokens; replies up to %d tokens; sampler: ", c->s->ctx, c->g.max_new);
+    if (p->temperature == 0) fprintf(stderr, "greedy");
+    else fprintf(stderr, "temp %g, top-p %g, top-k %d, min-p %g", p->temperature, p->top_p, p->top_k, p->min_p);
+    fprintf(stderr, ", seed %llu\n", (unsigned long long)c->g.seed);
+    if (c->system) fprintf(stderr, "system prompt: %s\n", c->system);
+    fprintf(stderr, "/help for commands; Ctrl-C stops a reply; Ctrl-D quits%s\n",
+            repl_editing(c->in) ? "" : " (no line editing: built without libedit)");
+}
+
+// A message that failed leaves the conversation as it was before it.
+static void send_message(chat_state *c, const char *text) {
     verr err = { { 0 } };
-    if (system && chat_conv_add(conv, "system", system, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
+    int before = c->conv.n;
+    if (chat_conv_add(&c->conv, "user", text, &err) == 0 && chat_turn(c, &err) == 0) return;
+    fprintf(stderr, "varent chat: %s\n", err.msg);
+    while (c->conv.n > before) chat_remove_message(&c->conv, c->conv.n - 1);
+    c->n_cached = 0;
+}
+
+static int chat_loop(chat_state *c) {
+    int armed = 0;  // the last thing was a Ctrl-C at an empty prompt
     for (;;) {
-        if (tty) fputs("> ", stdout), fflush(stdout);
-        ssize_t len = getline(&line, &cap, stdin);
-        if (len < 0) break;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
-        if (!strcmp(line, "/quit")) break;
-        if (!strcmp(line, "/reset")) {
-            chat_conv_reset(conv);
-            if (system) chat_conv_add(conv, "system", system, &err);
+        const char *line;
+        repl_status st = repl_read(c->in, "> ", "... ", &line);
+        if (st == REPL_EOF) {
+            if (c->tty) fputs("\n", stdout);  // leave the shell prompt on a line of its own
+            break;
+        }
+        if (st == REPL_INTERRUPT) {
+            if (line[0]) {  // Ctrl-C on a typed line only clears it
+                armed = 0;
+                continue;
+            }
+            if (armed) return INTERRUPT_EXIT;
+            armed = 1;
+            if (c->tty) fprintf(stderr, "(Ctrl-C again or Ctrl-D to quit)\n");
             continue;
         }
-        if (len == 0) continue;
-        if (chat_conv_add(conv, "user", line, &err) || chat_turn(s, conv, g, &cached, &n_cached, &err)) {
-            fprintf(stderr, "varent chat: %s\n", err.msg);
-            if (conv->n > 0) conv->n--, free((char *)conv->msgs[conv->n].role), free((char *)conv->msgs[conv->n].content);
-            n_cached = 0;
+        armed = 0;
+        if (!line[0]) continue;
+        repl_history_add(c->in, line);
+        if (line[0] == '/' && line[1] != '/') {
+            if (chat_command(c, line) == CHAT_CMD_QUIT) break;
+            continue;
         }
+        send_message(c, line[0] == '/' ? line + 1 : line);
     }
-    free(line), free(cached);
     return 0;
 }
 
@@ -108,25 +183,35 @@ int cmd_chat(int argc, char **argv) {
     args_init(&a, argc, argv);
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
-    gen_opts g = { 0 };
-    cli_sampling_opts(&a, &g, 512, 0.7f, 0.9f);
+    chat_state c = { 0 };
+    cli_sampling_opts(&a, &c.g, 512, 0.7f, 0.9f);
     const char *system = args_str(&a, "--system", NULL), *tmpl = args_str(&a, "--chat-template", NULL);
     int think = !args_flag(&a, "--no-think");
     if (args_finish(&a, 0) || !so.model_dir) {
-        fprintf(stderr, "varent chat: %s\nusage: varent chat -m DIR [--system TEXT] [--chat-template NAME] [--no-think] "
-                        "[-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M] [--seed S]\n",
-                a.err[0] ? a.err : "missing -m MODEL_DIR");
+        fprintf(stderr, "varent chat: %s\nusage: varent chat -m MODEL [--system TEXT] [--chat-template NAME] [--no-think] "
+                        "[-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--ctx N]\n",
+                a.err[0] ? a.err : "missing -m MODEL (a model directory or a .gguf file)");
         return 1;
     }
     char bad[256];
-    if (cli_check_sampling(&g, bad, sizeof bad)) return fprintf(stderr, "varent chat: %s\n", bad), 1;
+    if (cli_check_sampling(&c.g, bad, sizeof bad)) return fprintf(stderr, "varent chat: %s\n", bad), 1;
     verr err = { { 0 } };
     session s;
     if (session_open(&s, &so, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
-    chat_conv conv;
-    int rc = chat_conv_init(&conv, &s, tmpl, think, &err) ? (fprintf(stderr, "varent chat: %s\n", err.msg), 1)
-                                                          : chat_loop(&s, &conv, system, &g);
-    chat_conv_free(&conv);
+    c.s = &s;
+    int rc = 1;
+    if (chat_conv_init(&c.conv, &s, tmpl, think, &err) || (system && chat_set_system(&c, system, &err))) {
+        fprintf(stderr, "varent chat: %s\n", err.msg);
+    } else if (!(c.in = repl_open())) {
+        fprintf(stderr, "varent chat: out of memory\n");
+    } else {
+        c.tty = repl_tty(c.in);
+        if (c.tty) banner(&c, so.model_dir);
+        rc = chat_loop(&c);
+    }
+    repl_close(c.in);
+    chat_conv_free(&c.conv);
+    free(c.system), free(c.cached);
     session_close(&s);
     return rc;
 }

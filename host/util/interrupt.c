@@ -51,6 +51,11 @@ void interrupt_install(void) {
     install(SIGINT, on_sigint, SA_RESTART, 0);  // writes in progress are not cut short
 }
 
+void interrupt_install_eintr(void) {
+    interrupted = 0;
+    install(SIGINT, on_sigint, 0, 0);
+}
+
 const volatile sig_atomic_t *interrupt_flag(void) { return &interrupted; }
 
 int interrupt_requested(void) { return interrupted != 0; }

@@ -19,6 +19,9 @@
 
 // Installs the handler (again after a previous interrupt) and clears the flag.
 void interrupt_install(void);
+// The same, but a Ctrl-C also makes a blocking read fail with EINTR (a prompt waiting
+// on a plain read learns of it at once).
+void interrupt_install_eintr(void);
 // The flag the handler sets; stays valid for the life of the process.
 const volatile sig_atomic_t *interrupt_flag(void);
 int interrupt_requested(void);

@@ -67,7 +67,7 @@ static int dir_without_config(const char *dir, verr *err) {
         }
     }
     if (d) closedir(d);
-    return verr_set(err, "%s: a directory without config.json, not a model directory (%s)", dir, TAKES);
+    return verr_set(err, "%s: cannot open config.json: a directory without it is not a model directory (%s)", dir, TAKES);
 }
 
 // ---- the cache ----------------------------------------------------------------------
@@ -217,7 +217,9 @@ int model_path_resolve(const char *arg, const model_path_progress *prog, model_p
     memset(out, 0, sizeof *out);
     struct stat st;
     if (!arg || !arg[0]) return verr_set(err, "empty model path (%s)", TAKES);
-    if (stat(arg, &st) != 0) return verr_set(err, "%s: %s (%s)", arg, strerror(errno), TAKES);
+    if (stat(arg, &st) != 0)
+        return errno == ENOENT ? verr_set(err, "%s: does not exist (%s)", arg, TAKES)
+                               : verr_set(err, "%s: %s (%s)", arg, strerror(errno), TAKES);
     if (S_ISDIR(st.st_mode)) {
         char cfg[4400];
         snprintf(cfg, sizeof cfg, "%s/config.json", arg);

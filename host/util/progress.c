@@ -100,10 +100,8 @@ void progress_update(progress *p, long done, const char *detail) {
     if (p->tty) {
         if (p->last_draw < 0 || t - p->last_draw >= 0.1 || p->done == p->total) draw_bar(p, t);
     } else {
-        // a line per 10% step (at most one a second, the last left to the summary line)
-        int decile = (int)(10 * p->done / p->total);
-        if ((decile != p->last_decile && t - p->last_line >= 1.0 && p->done < p->total) ||
-            t - p->last_line >= LINE_EVERY_S) {
+        int decile = (int)(10 * p->done / p->total);  // a line per 10% step
+        if (decile != p->last_decile || t - p->last_line >= LINE_EVERY_S) {
             print_line(p, t);
             p->last_decile = decile;
         }

@@ -3,8 +3,8 @@
 //
 // On a terminal: one bar redrawn in place, on every update (at most 10 times a second)
 // and by a ticker thread at least once a second, so the clock and the ETA move even
-// while one unit of work takes long. Otherwise: plain lines, one per 10% step (at most
-// one a second) and at least one every 5 s, so logs stay short but never go quiet.
+// while one unit of work takes long. Otherwise: plain lines, one per 10% step and at
+// least one every 5 s, so logs stay short but never go quiet.
 //
 // Data that goes to stdout while a bar is shown (batch records, result tables) is
 // written between progress_pause and progress_resume: the bar is cleared first when

@@ -14,8 +14,7 @@ import shutil
 import subprocess
 import time
 
-import numpy as np
-
+from slowmodel import write_slow_model
 from vtest import TESTDATA, VARENT, check, done, skip, stories_dir, tmpdir
 
 work = tmpdir("chat-repl")
@@ -31,50 +30,15 @@ cfg["chat_template"] = template
 json.dump(cfg, open(os.path.join(fast, "tokenizer_config.json"), "w"))
 
 
-def write_slow_model(out):
-    """A random Llama (dim 384, 6 layers) with stories260K's tokenizer, in bf16."""
-    os.makedirs(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(fast, f), out)
-    D, F, L, V = 384, 1024, 6, 512
-    c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": D, "intermediate_size": F,
-         "num_hidden_layers": L, "num_attention_heads": 6, "num_key_value_heads": 6, "vocab_size": V,
-         "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
-         "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16"}
-    json.dump(c, open(os.path.join(out, "config.json"), "w"))
-    rng = np.random.default_rng(5)
-    t = {"model.embed_tokens.weight": (V, D), "lm_head.weight": (V, D), "model.norm.weight": (D,)}
-    for i in range(L):
-        p = f"model.layers.{i}."
-        t.update({p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
-                  p + "self_attn.q_proj.weight": (D, D), p + "self_attn.k_proj.weight": (D, D),
-                  p + "self_attn.v_proj.weight": (D, D), p + "self_attn.o_proj.weight": (D, D),
-                  p + "mlp.gate_proj.weight": (F, D), p + "mlp.up_proj.weight": (F, D), p + "mlp.down_proj.weight": (D, F)})
-    header, blobs, off = {}, [], 0
-    for name, shape in sorted(t.items()):
-        a = np.ones(shape, np.float32) if name.endswith("norm.weight") else \
-            (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
-        if name == "lm_head.weight":
-            a[:3] = 0  # <unk>, <s>, </s> never win: replies run to -n
-        b = (a.view(np.uint32) >> 16).astype(np.uint16).tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(os.path.join(out, "model.safetensors"), "wb") as f:
-        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
-
-
 slow = os.path.join(work, "slow")
-write_slow_model(slow)
+write_slow_model(slow, fast)
 
-SOCK = f"varent-test-{os.getpid()}"
+SOCKS = []  # one tmux server per chat run: a server being killed never takes the next session
 ENV = {**os.environ, "HOME": work, "VARENT_HISTORY": os.path.join(work, "history"), "TERM": "xterm-256color"}
 
 
 def tmux(*args, check_rc=True):
-    r = subprocess.run(["tmux", "-L", SOCK, *args], capture_output=True, text=True, env=ENV)
+    r = subprocess.run(["tmux", "-L", SOCKS[-1], *args], capture_output=True, text=True, env=ENV)
     if check_rc and r.returncode != 0:
         raise RuntimeError(f"tmux {args}: {r.stderr}")
     return r.stdout
@@ -95,7 +59,9 @@ def wait_for(pred, timeout=60):
 
 
 def start(args):
-    tmux("kill-server", check_rc=False)
+    if SOCKS:
+        tmux("kill-server", check_rc=False)
+    SOCKS.append(f"varent-test-{os.getpid()}-{len(SOCKS)}")
     cmd = " ".join([VARENT, "chat", *map(str, args)]) + "; echo EXIT=$?; sleep 600"
     tmux("new-session", "-d", "-s", "chat", "-x", "160", "-y", "50", cmd)
 
@@ -222,5 +188,6 @@ try:
     s, ok = wait_for(lambda s: "EXIT=0" in s, 10)
     check(ok, "repl_quit", s[-200:])
 finally:
-    tmux("kill-server", check_rc=False)
+    if SOCKS:
+        tmux("kill-server", check_rc=False)
 done()

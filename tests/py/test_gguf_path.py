@@ -110,7 +110,7 @@ shutil.copy(GGUF, holder)
 expect_fail("m_dir_with_gguf_names_it", run("run", "-m", holder, "-p", "hi"), "without config.json",
             os.path.join(holder, "tiny.gguf"))
 expect_fail("m_missing", run("run", "-m", os.path.join(work, "nope.gguf"), "-p", "hi"), "nope.gguf",
-            "No such file", "-m takes")
+            "does not exist", "-m takes")
 bad = os.path.join(work, "trunc.gguf")
 open(bad, "wb").write(open(GGUF, "rb").read()[:5000])
 cache4 = os.path.join(work, "cache4")

@@ -50,7 +50,30 @@ typedef struct {
     float *scores;   // capture of sequence i at scores + i * n_heads * ctx; NULL: none
     int *keys;       // [n_seq] keys in each capture
     float *out;      // NULL: the last row's logits to s->logits; else every row's, [T, vocab]
+    int capture;     // hand activations to the hooks (single-sequence forwards)
+    int final;       // the forward call's last chunk (the attention hooks read its last query)
 } chunk;
+
+// Hands rows [T, dim] at layer l, point p to the activation hook when it wants them.
+static void emit(const forward_state *s, const chunk *ch, int l, int p, const float *x, int T) {
+    const forward_hooks *h = s->hooks;
+    if (!h || !ch->capture || !h->on_act || !h->act_layers || !h->act_layers[l] || !(h->points >> p & 1u)) return;
+    h->on_act(h->ud, l, p, x, T, s->pos[0]);
+}
+
+static int hook_attn(const forward_state *s, const chunk *ch, int l) {
+    const forward_hooks *h = s->hooks;
+    return h && ch->capture && ch->final && h->on_attn && h->attn_layers && h->attn_layers[l];
+}
+
+// --ablate-head: zero the ablated heads' slices of att [T, n_heads * head_dim].
+static void ablate_heads(const forward_state *s, int l, float *att, int T) {
+    const model_config *c = &s->m->cfg;
+    const unsigned char *a = s->hooks->ablate + (size_t)l * c->n_heads;
+    for (int h = 0; h < c->n_heads; h++)
+        for (int t = 0; a[h] && t < T; t++)
+            memset(att + ((size_t)t * c->n_heads + h) * c->head_dim, 0, sizeof(float) * (size_t)c->head_dim);
+}
 
 // The keys and values a view sees at layer l once its n new positions are stored.
 static kv_span span_of(const kv_view *kv, int l, int n) {
@@ -96,15 +119,18 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, con
 
     attn_shape shape = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
     int n = T / ch->n_seq;  // rows per sequence
+    float *hcap = hook_attn(s, ch, l) ? s->hooks->attn_buf : NULL;  // n_seq == 1
     for (int i = 0; i < ch->n_seq; i++) {
         kv_span span = span_of(&ch->views[i], l, n);
         float *cap = l == s->attn_layer && ch->scores ? ch->scores + (size_t)i * c->n_heads * s->ctx : NULL;
+        if (cap && hcap) hcap = cap;  // one capture serves both
         size_t off = (size_t)i * n * q_dim;
-        cpu_attention(s->att + off, s->q + off, span, n, shape, cap);
+        cpu_attention(s->att + off, s->q + off, span, n, shape, cap ? cap : hcap);
         if (cap) ch->keys[i] = span.n_trunk + span.n_tail;
+        if (hcap) s->hooks->on_attn(s->hooks->ud, l, hcap, span.n_trunk + span.n_tail);
     }
-    cpu_matmul(s->xb, s->att, w->wo, T, q_dim, c->dim);
-    cpu_add(s->x, s->xb, (size_t)T * c->dim);
+    if (s->hooks && s->hooks->ablate) ablate_heads(s, l, s->att, T);
+    cpu_matmul(s->xb, s->att, w->wo, T, q_dim, c->dim);  // the block's output; the caller adds it
 }
 
 static void mlp_block(forward_state *s, const layer_weights *w, int T) {
@@ -113,8 +139,33 @@ static void mlp_block(forward_state *s, const layer_weights *w, int T) {
     cpu_matmul(s->hb, s->xb, w->w_gate, T, c->dim, c->hidden_dim);
     cpu_matmul(s->hb2, s->xb, w->w_up, T, c->dim, c->hidden_dim);
     cpu_swiglu(s->hb, s->hb, s->hb2, (size_t)T * c->hidden_dim);
-    cpu_matmul(s->xb, s->hb, w->w_down, T, c->hidden_dim, c->dim);
-    cpu_add(s->x, s->xb, (size_t)T * c->dim);
+    cpu_matmul(s->xb, s->hb, w->w_down, T, c->hidden_dim, c->dim);  // the caller adds it
+}
+
+// One decoder block on the residual stream s->x, with the hooks' interventions and captures.
+static void block(forward_state *s, const chunk *ch, int l, int T) {
+    const forward_hooks *h = s->hooks;
+    const model_config *c = &s->m->cfg;
+    const layer_weights *w = &s->m->layers[l];
+    size_t n = (size_t)T * c->dim;
+    emit(s, ch, l, HOOK_RESID_PRE, s->x, T);
+    if (h && h->skip && h->skip[l]) {  // the identity: both branches contribute zero
+        memset(s->xb, 0, sizeof(float) * n);
+        emit(s, ch, l, HOOK_ATTN_OUT, s->xb, T);
+        emit(s, ch, l, HOOK_RESID_MID, s->x, T);
+        emit(s, ch, l, HOOK_MLP_OUT, s->xb, T);
+    } else {
+        attention_block(s, w, l, ch, T);
+        emit(s, ch, l, HOOK_ATTN_OUT, s->xb, T);
+        cpu_add(s->x, s->xb, n);
+        emit(s, ch, l, HOOK_RESID_MID, s->x, T);
+        mlp_block(s, w, T);
+        emit(s, ch, l, HOOK_MLP_OUT, s->xb, T);
+        cpu_add(s->x, s->xb, n);
+    }
+    if (h && h->cvec && h->cvec_on[l])
+        for (int t = 0; t < T; t++) cpu_add(s->x + (size_t)t * c->dim, h->cvec + (size_t)l * c->dim, (size_t)c->dim);
+    emit(s, ch, l, HOOK_RESID_POST, s->x, T);
 }
 
 static int all_finite(const float *x, size_t n) {
@@ -134,8 +185,7 @@ static int forward_chunk(forward_state *s, const chunk *ch, const int *ids, int 
     cpu_embed(s->x, m->embed, ids, T, c->dim);
     int bad_layer = -1;
     for (int l = 0; l < c->n_layers; l++) {
-        attention_block(s, &m->layers[l], l, ch, T);
-        mlp_block(s, &m->layers[l], T);
+        block(s, ch, l, T);
         if (bad_layer < 0 && !all_finite(s->x, (size_t)T * c->dim)) bad_layer = l;
     }
     for (int i = 0; i < ch->n_seq; i++) {
@@ -197,7 +247,7 @@ static int forward_run(forward_state *s, kv_view *kv, const int *ids, int T, flo
     for (int done = 0; done < T; done += s->max_T) {
         int n = T - done < s->max_T ? T - done : s->max_T, pos = kv_view_len(kv);
         float *out = all ? all + (size_t)done * c->vocab_size : NULL;
-        chunk ch = { kv, 1, s->attn_scores, &s->attn_keys, out };
+        chunk ch = { kv, 1, s->attn_scores, &s->attn_keys, out, 1, done + n == T };
         int bad_layer = forward_chunk(s, &ch, ids + done, n);
         if (out ? check_logits(s, out, n, pos, 1, bad_layer, err)
                 : check_logits(s, s->logits, 1, pos + n - 1, 0, bad_layer, err))
@@ -229,7 +279,7 @@ int forward_batch(forward_state *s, kv_view *views, const int *ids, int B, float
                 return verr_set(err, "forward_batch: rows %d and %d write to the same KV cache (give each its own tail)",
                                 a, b);
     }
-    chunk ch = { views, B, scores, keys, logits };
+    chunk ch = { views, B, scores, keys, logits, 0, 1 };
     int bad_layer = forward_chunk(s, &ch, ids, B);
     for (int b = 0; b < B; b++) {
         verr why;

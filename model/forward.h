@@ -3,6 +3,7 @@
 #ifndef VARENT_FORWARD_H
 #define VARENT_FORWARD_H
 
+#include "model/hooks.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 
@@ -31,6 +32,7 @@ typedef struct {
                             // and reads metrics from the device statistics)
     int copy_scores;        // CUDA: also copy the capture into attn_scores (off by default,
                             // so only the logits and these 8 floats cross per step)
+    const forward_hooks *hooks;  // interventions and captures (model/hooks.h); NULL: none
 } forward_state;
 
 int forward_init(forward_state *s, const model *m, int max_T, int ctx, verr *err);

@@ -13,6 +13,7 @@
 #include "host/cli/args.h"
 #include "host/decode/chat_prompt.h"
 #include "host/cli/commands.h"
+#include "host/cli/interp_opts.h"
 #include "host/decode/generate.h"
 #include "host/util/interrupt.h"
 #include "host/util/json_out.h"
@@ -64,6 +65,7 @@ static void read_args(args *a, agents_args *g) {
     g->so.ctx = (int)args_int(a, "--ctx", 0);
     g->so.threads = (int)args_int(a, "-t|--threads", 0);
     g->so.max_batch = (int)args_int(a, "--batch", 0);
+    cli_steer_opts(a, &g->so.steer);
     g->ids_arg = args_str(a, "--ids", NULL);
     g->text = args_str(a, "-p|--prompt", NULL);
     g->chat = args_flag(a, "--chat");
@@ -311,6 +313,7 @@ static void job_open_critic(void *ud, int d) {
     }
     session_opts o = g->a->so;
     o.model_dir = g->a->critic_model, o.device = g->dev[d].name, o.ctx = 0;
+    memset(&o.steer, 0, sizeof o.steer);  // interventions steer the generating model, not another critic
     g->rc = critic_open_model(&g->cr, &o, &g->err);
 }
 

@@ -17,5 +17,6 @@ int cmd_ppl(int argc, char **argv);         // host/cli/ppl.c: perplexity of a t
 int cmd_compare(int argc, char **argv);     // host/cli/compare.c: samplers side by side
 int cmd_plot(int argc, char **argv);        // host/cli/plot.c: entropy plots of JSONL logs
 int cmd_agents(int argc, char **argv);      // host/cli/agents.c: decoding agents + critic
+int cmd_cvector(int argc, char **argv);     // host/cli/cvector.c: control vectors from prompt pairs
 
 #endif

@@ -1,6 +1,8 @@
 // common.c: see common.h.
 #include "host/cli/common.h"
 
+#include "host/cli/interp_opts.h"
+
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
@@ -50,6 +52,7 @@ void cli_session_opts(args *a, session_opts *o) {
     o->threads = (int)args_int_range(a, "-t|--threads", 0, 0, 4096);
     o->device = args_str(a, "--device", "cpu");
     o->max_batch = (int)args_int_range(a, "--batch", 0, 0, INT_MAX);
+    cli_steer_opts(a, &o->steer);
 }
 
 void cli_sampling_opts(args *a, gen_opts *g, int def_n, float def_temp, float def_top_p) {

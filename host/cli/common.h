@@ -6,8 +6,9 @@
 #include "host/decode/generate.h"
 #include "host/util/progress.h"
 
-// -m, --ctx, -t/--threads, --device, --batch; a GGUF's first use reports its
-// progress (cli_model_progress).
+// -m, --ctx, -t/--threads, --device, --batch, and the interventions of
+// host/cli/interp_opts.h (control vectors, --ablate-head, --skip-layer); a GGUF's first
+// use reports its progress (cli_model_progress).
 void cli_session_opts(args *a, session_opts *o);
 // The progress of resolving -m (hashing and converting a GGUF on its first use): drawn
 // as stages of the command's "load" bar between cli_load_begin and cli_load_end, else

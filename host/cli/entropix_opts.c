@@ -93,6 +93,7 @@ int entropix_cli_record(void *ud, const gen_record *r) {
             m->entropy, m->varentropy, m->attn_entropy, m->attn_varentropy, m->agreement, m->interaction_strength,
             entropix_quadrant_name(r->q), c->sampler_name, r->sp.temperature, r->sp.top_k, r->sp.top_p, r->sp.min_p);
     if (r->q == Q_ADAPTIVE && r->score != 0) fprintf(f, ",\"score\":%.17g", r->score);
+    if (c->probe) probe_json(c->probe, f);
     fputs("}\n", f);
     return fflush(f) != 0 || ferror(f);
 }

@@ -10,6 +10,7 @@
 
 #include "host/cli/args.h"
 #include "host/decode/generate.h"
+#include "host/runtime/probe.h"
 #include "host/util/outfile.h"
 
 typedef struct {
@@ -19,6 +20,7 @@ typedef struct {
     outfile out;     // --metrics-out (records; host/util/outfile.h)
     FILE *log;       // out.f while open, else NULL
     const session *s;
+    probe *probe;    // per-token attention statistics and logit lens for the log; NULL: none
 } entropix_cli;
 
 // Reads the options into c and g (call before args_finish). -1 with err on a bad value.

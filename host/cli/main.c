@@ -32,6 +32,7 @@ static const command commands[] = {
     { "compare", cmd_compare, "run prompts under several samplers, side by side" },
     { "plot", cmd_plot, "plot entropy/varentropy of a metrics or agents log (SVG/PNG)" },
     { "agents", cmd_agents, "decoding agents: lowest-entropy proposal, critic with rollback" },
+    { "cvector", cmd_cvector, "a control vector (llama.cpp GGUF) from positive/negative prompts" },
 };
 
 static void usage(FILE *f) {

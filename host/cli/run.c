@@ -14,6 +14,7 @@
 #include "host/cli/common.h"
 #include "host/decode/batch.h"
 #include "host/cli/entropix_opts.h"
+#include "host/cli/interp_opts.h"
 #include "host/decode/generate.h"
 #include "host/util/fileio.h"
 #include "host/util/interrupt.h"
@@ -29,10 +30,12 @@ static int fail(const char *cmd, const char *msg) {
 typedef struct {
     session *s;
     tokenizer_stream *ts;
+    int *ids, n_ids;  // prompt and generated ids (for the --dump-acts "ids" tensor)
 } run_out;
 
 static int print_token(void *ud, int id) {
     run_out *o = ud;
+    if (o->ids) o->ids[o->n_ids++] = id;
     if (!o->ts) {
         printf("%d ", id);
     } else {
@@ -254,6 +257,32 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     return rc == 1 ? (fail("run", err.msg), INTERRUPT_EXIT) : rc ? fail("run", err.msg) : 0;
 }
 
+// The capture options a single run accepts with these others; 0, or -1 with msg.
+static int check_probe(const probe_spec *p, const gen_opts *g, const entropix_cli *ex, char *msg, size_t n) {
+    if (!probe_spec_active(p)) return 0;
+    if ((p->attn_layers || p->logit_lens) && !ex->metrics_path)
+        return snprintf(msg, n, "--attn-layers and --logit-lens write into the per-token log: give --metrics-out "
+                        "FILE.jsonl"), -1;
+    if (g->sampler == GEN_ENTROPIX && g->branch_k > 0)
+        return snprintf(msg, n, "--branch decodes candidates outside the captured sequence: drop it with --dump-acts, "
+                        "--attn-layers, --dump-attn or --logit-lens"), -1;
+    return 0;
+}
+
+// Opens the captures once the prompt is known: ids holds the prompt and, through
+// print_token, the generated ids.
+static int start_probe(const probe_spec *p, session *s, gen_opts *g, entropix_cli *ex, run_out *out, const int *ids,
+                       int n, probe **pr, verr *err) {
+    if (!probe_spec_active(p)) return 0;
+    if (!(out->ids = malloc(sizeof(int) * ((size_t)n + g->max_new + 1)))) return verr_set(err, "out of memory");
+    memcpy(out->ids, ids, sizeof(int) * (size_t)n);
+    out->n_ids = n;
+    if (probe_open(pr, p, s, err)) return -1;
+    ex->probe = *pr;
+    g->feed_last = p->acts_path || p->attn_path;  // the files cover every position
+    return 0;
+}
+
 int cmd_run(int argc, char **argv) {
     args a;
     args_init(&a, argc, argv);
@@ -268,6 +297,8 @@ int cmd_run(int argc, char **argv) {
     int ex_rc = entropix_cli_read(&a, &g, &ex, &xerr);
     prompt_style chat;
     prompt_style_read(&a, &chat);
+    probe_spec ps;  // --dump-acts, --attn-layers, --dump-attn, --logit-lens (host/cli/interp_opts.h)
+    cli_probe_opts(&a, &ps);
     batch_args b = { args_str(&a, "--prompts", NULL), args_str(&a, "--prompt-csv", NULL), args_str(&a, "-o|--out", NULL),
                      args_flag(&a, "-q|--quiet"), stats, args_flag(&a, "--force"), args_flag(&a, "--resume") };
     if (args_finish(&a, 0)) return fail("run", a.err);
@@ -279,12 +310,15 @@ int cmd_run(int argc, char **argv) {
         if (b.lines_path && b.csv_path) return fail("run", "give either --prompts or --prompt-csv, not both");
         if (ids_arg || text) return fail("run", "--prompts/--prompt-csv take the prompts from the file: drop -p/--ids");
         if (ex.metrics_path) return fail("run", "--metrics-out is for a single prompt, not a batch run");
+        if (probe_spec_active(&ps))
+            return fail("run", "--dump-acts, --attn-layers, --dump-attn and --logit-lens are for a single prompt");
         if (ex_rc) return fail("run", xerr.msg);
         return run_batch(&b, &so, &g, &ex, &chat);
     }
     if (b.out_path) return fail("run", "-o/--out is for batch runs (--prompts, --prompt-csv); a single run prints to stdout");
     if (b.resume) return fail("run", "--resume is for batch runs with -o (--prompts, --prompt-csv)");
     if (b.quiet) return fail("run", "-q/--quiet is for batch runs (--prompts, --prompt-csv)");
+    if (check_probe(&ps, &g, &ex, bad, sizeof bad)) return fail("run", bad);
 
     verr err = { { 0 } };
     session s;
@@ -294,11 +328,13 @@ int cmd_run(int argc, char **argv) {
     if (session_open(&s, &so, &err)) return run_close_log(&ex, 0), fail("run", err.msg);
     int *ids = NULL, rc = 0;
     int n = chat.chat ? prompt_encode(&s, &chat, text, &ids, &err) : prompt_ids(&s, ids_arg, text, &ids, &err);
-    run_out out = { &s, s.tok ? tokenizer_stream_new(s.tok, 1) : NULL };
+    run_out out = { &s, s.tok ? tokenizer_stream_new(s.tok, 1) : NULL, NULL, 0 };
     g.on_token = print_token, g.ud = &out, g.want_metrics = stats;
-    if (n >= 0 && entropix_cli_start(&ex, &s, &g, &err)) n = -1;
+    probe *pr = NULL;
+    if (n >= 0 && (entropix_cli_start(&ex, &s, &g, &err) || start_probe(&ps, &s, &g, &ex, &out, ids, n, &pr, &err)))
+        n = -1;
     gen_stats st;
-    if (n < 0 || generate(&s, ids, n, &g, &st, &err)) {
+    if (n < 0 || generate(&s, ids, n, &g, &st, &err) || probe_check(pr, &err)) {
         rc = fail("run", err.msg);
     } else {
         const char *tail;
@@ -315,6 +351,8 @@ int cmd_run(int argc, char **argv) {
     }
     if (out.ts) tokenizer_stream_free(out.ts);
     free(ids);
+    if (probe_close(pr, rc == 0 || rc == INTERRUPT_EXIT, out.ids, out.n_ids, &err) && rc == 0) rc = fail("run", err.msg);
+    free(out.ids);
     if (run_close_log(&ex, rc == 0 || rc == INTERRUPT_EXIT) && rc == 0) rc = 1;
     session_close(&s);
     return rc;
@@ -327,8 +365,12 @@ int cmd_logits(int argc, char **argv) {
     cli_session_opts(&a, &so);
     const char *ids_arg = args_str(&a, "--ids", NULL), *out = args_str(&a, "-o|--out", NULL);
     int chunk = (int)args_int(&a, "--chunk", 0);
+    probe_spec ps;
+    cli_probe_opts(&a, &ps);
     if (args_finish(&a, 0)) return fail("logits", a.err);
-    if (!so.model_dir || !ids_arg || !out) return fail("logits", "usage: varent logits -m DIR --ids 1,2,3 --out FILE [--chunk C]");
+    if (!so.model_dir || !ids_arg || !out)
+        return fail("logits", "usage: varent logits -m DIR --ids 1,2,3 --out FILE [--chunk C] [--dump-acts FILE] "
+                    "[--attn-layers LIST] [--dump-attn FILE] [--logit-lens]");
     if (chunk < 0) return fail("logits", "--chunk must be positive");
     verr err = { { 0 } };
     int *ids = NULL;
@@ -341,10 +383,20 @@ int cmd_logits(int argc, char **argv) {
     }
     kv_view kv = kv_view_of(&s.kv);
     int rc = 0, step = chunk > 0 ? chunk : n;
+    probe *pr = NULL;
     if (n > s.ctx) rc = verr_set(&err, "%d ids do not fit the %d-token context (raise --ctx)", n, s.ctx);
+    if (rc == 0 && probe_spec_active(&ps)) rc = probe_open(&pr, &ps, &s, &err);
     for (int i = 0; rc == 0 && i < n; i += step)
         rc = session_forward(&s, &kv, ids + i, n - i < step ? n - i : step, &err);
+    if (rc == 0) rc = probe_check(pr, &err);
     if (rc == 0) rc = outfile_write_all(out, s.fw.logits, sizeof(float) * (size_t)s.m.cfg.vocab_size, &err);
+    if (rc == 0 && (ps.attn_layers || ps.logit_lens)) {  // the last position's, one JSON line on stdout
+        printf("{\"pos\":%d", n - 1);
+        probe_json(pr, stdout);
+        printf("}\n");
+        if (fflush(stdout) != 0) rc = verr_set(&err, "writing to stdout failed");
+    }
+    if (probe_close(pr, rc == 0, ids, n, &err)) rc = -1;
     free(ids);
     session_close(&s);
     return rc ? fail("logits", err.msg) : 0;

@@ -205,6 +205,7 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
     int rc = session_forward(s, &kv, prompt, n_prompt, err);
     st->prefill_s = gen_now() - t0;
     t0 = gen_now();
+    int unfed = -1;  // the last emitted token when the model has not seen it
     while (rc == 0 && st->n_gen < o->max_new) {
         if (o->interrupt && *o->interrupt) {
             st->interrupted = 1;
@@ -212,8 +213,9 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
         }
         int *toks = NULL, one_tok;
         gen_record *recs = NULL, one;
-        int n = step(&c, st->n_gen, &toks, &recs, &one, &one_tok, err);
+        int n = step(&c, st->n_gen, &toks, &recs, &one, &one_tok, err), n_before = st->n_gen;
         if (n < 0 || (rc = emit(&c, st, toks, recs, n)) != 0) {
+            if (n > 0 && rc > 0 && st->n_gen > n_before) unfed = toks[st->n_gen - n_before - 1];
             rc = n < 0 || rc < 0 ? -1 : 0;
             break;
         }
@@ -223,6 +225,10 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
             break;
         }
         rc = session_forward(s, &kv, &toks[n - 1], 1, err);
+    }
+    if (rc == 0 && o->feed_last && unfed >= 0 && s->kv.len < s->ctx) {
+        kv = kv_view_of(&s->kv);
+        rc = session_forward(s, &kv, &unfed, 1, err);
     }
     st->decode_s = gen_now() - t0;
     s->fw.lazy_logits = 0;

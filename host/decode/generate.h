@@ -37,6 +37,8 @@ typedef struct {
     int branch_k, branch_b;     // LEHV branching: K candidates, B steps each (0: off)
     int want_metrics;           // compute metrics under the standard sampler too
     int ignore_eos;             // keep going past stop ids (benchmarks)
+    int feed_last;              // also run the last generated token through the model, so
+                                // forward hooks see every position (activation captures)
     int (*on_record)(void *ud, const gen_record *r);  // per token, before on_token
     int need_logits;            // on_record reads s->fw.logits (otherwise on CUDA they may
                                 // stay on the device: session_logits fetches them)

@@ -33,6 +33,20 @@ static int open_tokenizer(session *s, const char *dir, verr *err) {
     return s->tok ? 0 : -1;
 }
 
+// The interventions, checked against the loaded model (fw.hooks is set once fw exists).
+static int open_steer(session *s, const steer_spec *sp, int cuda_dev, verr *err) {
+    if (!steer_spec_active(sp)) return 0;
+    if (!(s->steer = malloc(sizeof *s->steer))) return verr_set(err, "out of memory");
+    if (steer_open(s->steer, sp, &s->m, err)) {
+        free(s->steer);
+        s->steer = NULL;
+        return -1;
+    }
+    if (cuda_dev >= 0)
+        return verr_set(err, "control vectors, --ablate-head and --skip-layer run on --device cpu only");
+    return 0;
+}
+
 int session_open(session *s, const session_opts *o, verr *err) {
     memset(s, 0, sizeof *s);
     double t0 = now_s();
@@ -49,6 +63,10 @@ int session_open(session *s, const session_opts *o, verr *err) {
         return verr_set(err, "--ctx %d exceeds the model's max_position_embeddings (%d)", o->ctx, max_pos);
     }
     if (o->threads > 0) cpu_set_threads(o->threads);
+    if (open_steer(s, &o->steer, cuda_dev, err)) {
+        session_close(s);
+        return -1;
+    }
     int batch = o->max_batch > 0 ? o->max_batch : 256;
     if (forward_init(&s->fw, &s->m, batch < s->ctx ? batch : s->ctx, s->ctx, err) ||
         (cuda_dev >= 0 ? session_cuda_open(s, cuda_dev, NULL, err)
@@ -58,6 +76,7 @@ int session_open(session *s, const session_opts *o, verr *err) {
         session_close(s);
         return -1;
     }
+    s->fw.hooks = s->steer ? &s->steer->hooks : NULL;
     s->load_s = now_s() - t0;
     return 0;
 }
@@ -83,6 +102,8 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
         session_close(s);
         return -1;
     }
+    s->steer = base->steer;
+    s->fw.hooks = base->steer ? &base->steer->hooks : NULL;
     return 0;
 }
 
@@ -92,6 +113,8 @@ void session_close(session *s) {
     kv_cache_free(&s->kv);
     sampler_free(&s->smp);
     if (!s->borrowed) {
+        if (s->steer) steer_free(s->steer);
+        free(s->steer);
         if (s->tok) tokenizer_free(s->tok);
         model_free(&s->m);
     }

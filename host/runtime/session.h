@@ -7,6 +7,7 @@
 #include "model/kv_cache.h"
 #include "host/runtime/metrics.h"
 #include "host/runtime/sampler.h"
+#include "host/runtime/steer.h"
 #include "model/forward.h"
 #include "host/formats/model_path.h"
 #include "tokenizer/tokenizer.h"
@@ -18,6 +19,7 @@ typedef struct {
     int threads;      // 0: all cores
     const char *device;  // "cpu" (default) or "cuda[:N]"
     int max_batch;    // prefill chunk size (0: 256)
+    steer_spec steer; // control vectors, head ablation, layer skipping (host/runtime/steer.h)
 } session_opts;
 
 typedef struct {
@@ -32,11 +34,14 @@ typedef struct {
     int n_stop;
     int borrowed;     // model and tokenizer belong to another session (session_open_shared)
     struct cuda_forward *cu;  // CUDA backend state (host/runtime/session_cuda.c); NULL on the CPU
+    steer *steer;     // the interventions (fw.hooks points at steer->hooks); NULL: none.
+                      // Shared sessions borrow their base's.
 } session;
 
 int session_open(session *s, const session_opts *o, verr *err);
 // A second context on base's model: its own forward scratch, KV cache (ctx positions,
-// 0: base's) and sampler, borrowing base's weights and tokenizer, which must outlive it.
+// 0: base's) and sampler, borrowing base's weights, tokenizer and interventions, which
+// must outlive it.
 // Used for the critic, server slots and agent replicas on one device.
 int session_open_shared(session *s, const session *base, int ctx, verr *err);
 void session_close(session *s);

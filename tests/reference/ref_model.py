@@ -157,8 +157,9 @@ def _linear(x, w, b):
     return y if b is None else y + b
 
 
-def _attention(cfg, L, h, pos, inv_freq):
-    """Returns (attn output [T, D], scaled pre-softmax scores of the last query [H, T])."""
+def _attention(cfg, L, h, pos, inv_freq, ablate=()):
+    """Returns (attn output [T, D], scaled pre-softmax scores of the last query [H, T]).
+    ablate: heads whose output is zeroed before o_proj."""
     T, hd, H, KV = h.shape[0], cfg.head_dim, cfg.n_heads, cfg.n_kv
     q = _linear(h, L["wq"], L["bq"]).reshape(T, H, hd)
     k = _linear(h, L["wk"], L["bk"]).reshape(T, KV, hd)
@@ -170,8 +171,10 @@ def _attention(cfg, L, h, pos, inv_freq):
     k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
     s = np.einsum("thd,shd->hts", q, k) / math.sqrt(hd)  # [H, T, T]
     s = np.where(np.tril(np.ones((T, T), dtype=bool))[None], s, -np.inf)
-    o = np.einsum("hts,shd->thd", softmax(s), v).reshape(T, H * hd)
-    return _linear(o, L["wo"], L["bo"]), s[:, -1, :].copy()
+    o = np.einsum("hts,shd->thd", softmax(s), v)
+    for head in ablate:
+        o[:, head, :] = 0
+    return _linear(o.reshape(T, H * hd), L["wo"], L["bo"]), s[:, -1, :].copy()
 
 
 def forward(model, ids, scores_layer=None, return_scores=False, dtype=np.float64):
@@ -201,6 +204,45 @@ def forward(model, ids, scores_layer=None, return_scores=False, dtype=np.float64
         x = x + (gate / (1 + np.exp(-gate)) * _linear(h, L["wu"], None)) @ L["wd"].T
     logits = rmsnorm(x, model.norm, cfg.eps) @ model.lm_head.T
     return (logits, scores) if return_scores else logits
+
+
+def forward_hooked(model, ids, cvec=None, ablate=(), skip=()):
+    """The forward with interventions and every capture (docs/research.md):
+    cvec {layer: [D]} added to block layer's output; ablate {(layer, head)} zeroes that
+    head's attention output before o_proj; skip {layer} makes the block the identity.
+    Returns (logits [T, vocab], acts {(layer, point): [T, D]} for the points resid_pre,
+    resid_mid, resid_post, attn_out, mlp_out, scores {layer: [H, T]} of the last query,
+    absent for skipped layers)."""
+    cfg = model.cfg
+    ids = np.asarray(ids, dtype=np.int64)
+    pos = np.arange(len(ids), dtype=np.float64)
+    x = model.embed[ids]
+    acts, scores = {}, {}
+    for i, L in enumerate(model.layers):
+        acts[(i, "resid_pre")] = x
+        if i in skip:
+            a = m = np.zeros_like(x)
+        else:
+            heads = [h for (l, h) in ablate if l == i]
+            a, scores[i] = _attention(cfg, L, rmsnorm(x, L["ln1"], cfg.eps), pos, model.inv_freq, heads)
+        acts[(i, "attn_out")] = a
+        x = x + a
+        acts[(i, "resid_mid")] = x
+        if i not in skip:
+            h = rmsnorm(x, L["ln2"], cfg.eps)
+            gate = _linear(h, L["wg"], None)
+            m = (gate / (1 + np.exp(-gate)) * _linear(h, L["wu"], None)) @ L["wd"].T
+        acts[(i, "mlp_out")] = m
+        x = x + m
+        if cvec is not None and i in cvec:
+            x = x + cvec[i]
+        acts[(i, "resid_post")] = x
+    return rmsnorm(x, model.norm, cfg.eps) @ model.lm_head.T, acts, scores
+
+
+def logit_lens(model, resid_post_row):
+    """The final norm and lm_head on one residual row: logits [vocab]."""
+    return rmsnorm(resid_post_row, model.norm, model.cfg.eps) @ model.lm_head.T
 
 
 if __name__ == "__main__":

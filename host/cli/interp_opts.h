@@ -1,0 +1,19 @@
+// interp_opts.h: the command-line options of experiments on weights (docs/research.md).
+// Interventions, read by every command that loads a model (cli_session_opts):
+//   --control-vector FILE   --control-vector-scaled FILE S   (repeatable; they sum)
+//   --control-vector-layer-range A B   --ablate-head L:H   --skip-layer L   (repeatable)
+// Captures, read by run and logits (cli_probe_opts):
+//   --dump-acts FILE.safetensors --dump-layers LIST|all --dump-points P,P,...
+//   --attn-layers LIST|all   --dump-attn FILE.safetensors   --logit-lens
+// Errors are recorded in the args (args_finish reports them), naming the flag.
+#ifndef VARENT_INTERP_OPTS_H
+#define VARENT_INTERP_OPTS_H
+
+#include "host/cli/args.h"
+#include "host/runtime/probe.h"
+#include "host/runtime/steer.h"
+
+void cli_steer_opts(args *a, steer_spec *sp);
+void cli_probe_opts(args *a, probe_spec *p);
+
+#endif

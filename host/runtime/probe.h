@@ -1,0 +1,44 @@
+// probe.h: captures of a session's forward passes for experiments on weights
+// (docs/research.md), installed as forward hooks (model/hooks.h) next to the session's
+// interventions:
+//   --dump-acts FILE: one [T, dim] F32 tensor "layers.L.POINT" per chosen layer and
+//     point, every position fed (prompt and generated), plus "ids" [T] when given;
+//   --attn-layers: each forward's last-query attention entropy and varentropy (bits)
+//     per layer and head, for the metrics JSONL (entropix's AttnStats, in bits);
+//   --dump-attn FILE: those last-query probabilities, "layers.L.attn" [S, n_heads, K]
+//     (row s: the query at positions[s], keys beyond it 0) and "positions" [S];
+//   --logit-lens: the final norm and lm_head on every layer's resid_post of the last
+//     position: entropy (bits) and the top-5 tokens per layer.
+// Files are written whole at probe_close (rows spool to disk meanwhile), atomically.
+#ifndef VARENT_PROBE_H
+#define VARENT_PROBE_H
+
+#include <stdio.h>
+
+#include "host/runtime/session.h"
+
+typedef struct {
+    const char *acts_path;    // --dump-acts
+    const char *dump_layers;  // "all" (default) or a list: 0,3,5-7
+    const char *dump_points;  // comma-separated hook point names (default resid_post)
+    const char *attn_layers;  // --attn-layers "all" or a list; NULL: none
+    const char *attn_path;    // --dump-attn (layers: --attn-layers, default all)
+    int logit_lens;
+} probe_spec;
+
+typedef struct probe probe;
+
+int probe_spec_active(const probe_spec *sp);
+// Resolves the lists against s's model, opens the output files (created only at
+// probe_close) and installs the hooks on s. The CPU backend only: on CUDA an error.
+int probe_open(probe **out, const probe_spec *sp, session *s, verr *err);
+// A capture that failed during a forward (a full spool disk): -1 with its message.
+int probe_check(const probe *p, verr *err);
+// The last forward's attention statistics and logit lens as JSON members, each written
+// with a leading comma (",\"attn_layers\":[...]"); nothing when neither was asked for.
+int probe_json(probe *p, FILE *f);
+// Restores s's hooks; keep writes the files (with "ids", the first T of ids[n_ids], when
+// they cover the T positions captured), otherwise nothing is left behind.
+int probe_close(probe *p, int keep, const int *ids, int n_ids, verr *err);
+
+#endif

@@ -33,7 +33,9 @@ static const char *usage =
     "  --seed S             (default: time)\n"
     "  --log FILE.jsonl --log-text FILE --dump-logits FILE.f32 --stats\n"
     "  --force              replace existing log files (kept as they are otherwise)\n"
-    "  --ctx N -t THREADS --batch N --system TEXT --chat-template NAME\n";
+    "  --ctx N -t THREADS --batch N --system TEXT --chat-template NAME\n"
+    "  --control-vector FILE --control-vector-scaled FILE S --control-vector-layer-range A B\n"
+    "  --ablate-head L:H --skip-layer L   (docs/research.md)\n";
 
 typedef struct {
     session_opts so;

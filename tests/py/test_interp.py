@@ -145,6 +145,25 @@ def check_interventions(name, d, model, ids, tmp):
               r.stderr[-300:] if got is None else f"{rel(got, want):.3g}")
 
 
+def check_ppl_steered(d, model, tmp):
+    """Interventions reach every command that loads a model: ppl through a zero vector is
+    the base's, through a real one it moves."""
+    text = os.path.join(tmp, "text.txt")
+    with open(text, "w") as f:
+        f.write("Once upon a time there was a little girl who loved the sea and the sun. " * 3)
+    cz, cv = os.path.join(tmp, "ppl_zero.gguf"), os.path.join(tmp, "ppl_cv.gguf")
+    D, L = model.cfg.dim, model.cfg.n_layers
+    write_cvec(cz, D, {il: np.zeros(D) for il in range(1, L)})
+    write_cvec(cv, D, {2: np.random.default_rng(7).standard_normal(D)})
+    res = {}
+    for name, extra in (("base", []), ("zero", ["--control-vector", cz]), ("steered", ["--control-vector-scaled", cv, "3"]),
+                        ("skip", ["--skip-layer", "1"])):
+        r = vtest.varent("ppl", "-m", d, "-f", text, "--json", "-q", *extra, timeout=120)
+        res[name] = json.loads(r.stdout)["ppl"] if r.returncode == 0 else None
+    ok = None not in res.values() and res["zero"] == res["base"] and res["steered"] != res["base"] != res["skip"]
+    check(ok, "interp_ppl_interventions", str(res))
+
+
 def check_bad(d, D, L, tmp):
     out = os.path.join(tmp, "bad.f32")
     cases = []
@@ -343,6 +362,7 @@ def main():
         check_interventions(f"interp_{preset}", d, model, ids, tmp)
         if preset == "llama3-tiny":
             check_bad(d, model.cfg.dim, model.cfg.n_layers, tmp)
+            check_ppl_steered(vtest.stories_dir(), ref_model.Model(vtest.stories_dir()), tmp)
             check_run_capture(d, model, tmp)
     d, model = check_cvector_cmd(tmp)
     check_llamacpp_gguf(d, model, tmp)

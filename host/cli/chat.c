@@ -185,6 +185,9 @@ int cmd_chat(int argc, char **argv) {
     cli_session_opts(&a, &so);
     chat_state c = { 0 };
     cli_sampling_opts(&a, &c.g, 512, 0.7f, 0.9f);
+    logit_bias bias[CLI_MAX_BIAS];
+    char bad[256];
+    if (cli_logit_bias(&a, &c.g, bias, CLI_MAX_BIAS, bad, sizeof bad)) return fprintf(stderr, "varent chat: %s\n", bad), 1;
     const char *system = args_str(&a, "--system", NULL), *tmpl = args_str(&a, "--chat-template", NULL);
     int think = !args_flag(&a, "--no-think");
     if (args_finish(&a, 0) || !so.model_dir) {
@@ -193,7 +196,6 @@ int cmd_chat(int argc, char **argv) {
                 a.err[0] ? a.err : "missing -m MODEL (a model directory or a .gguf file)");
         return 1;
     }
-    char bad[256];
     if (cli_check_sampling(&c.g, bad, sizeof bad)) return fprintf(stderr, "varent chat: %s\n", bad), 1;
     verr err = { { 0 } };
     session s;

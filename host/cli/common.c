@@ -73,3 +73,15 @@ int cli_check_sampling(const gen_opts *g, char *msg, size_t len) {
     if (g->max_new < 0) return snprintf(msg, len, "-n %d: must be >= 0", g->max_new), -1;
     return 0;
 }
+
+int cli_logit_bias(args *a, gen_opts *g, logit_bias *buf, int cap, char *msg, size_t len) {
+    int n = 0;
+    for (const char *v; (v = args_str(a, "-l|--logit-bias", NULL));) {  // each call takes the next one
+        verr err;
+        if (n == cap) return snprintf(msg, len, "--logit-bias: more than %d biases", cap), -1;
+        if (logit_bias_parse(v, &buf[n], &err)) return snprintf(msg, len, "%s", err.msg), -1;
+        n++;
+    }
+    g->bias = buf, g->n_bias = n;
+    return 0;
+}

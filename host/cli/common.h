@@ -19,6 +19,10 @@ void cli_load_begin(progress *pg, int quiet);
 void cli_load_end(progress *pg, int ok);
 // -n, --temp, --top-k, --top-p, --min-p, --seed with the command's defaults.
 void cli_sampling_opts(args *a, gen_opts *g, int def_n, float def_temp, float def_top_p);
+// -l/--logit-bias ID(+|-)BIAS, repeatable, into buf[cap] (g->bias, g->n_bias point there).
+// 0, or -1 with a message naming the bad value. Ids are checked against the vocab by generate().
+#define CLI_MAX_BIAS 1024
+int cli_logit_bias(args *a, gen_opts *g, logit_bias *buf, int cap, char *msg, size_t len);
 // Range checks; 0, or -1 with a message naming the option and its value.
 int cli_check_sampling(const gen_opts *g, char *msg, size_t len);
 

@@ -326,6 +326,9 @@ int cmd_compare(int argc, char **argv) {
     cli_session_opts(&a, &so);
     gen_opts g = { 0 };
     cli_sampling_opts(&a, &g, 64, 1.0f, 1.0f);
+    logit_bias bias[CLI_MAX_BIAS];
+    char bad[256];
+    if (cli_logit_bias(&a, &g, bias, CLI_MAX_BIAS, bad, sizeof bad)) return fail(bad);
     prompt_style ps;
     prompt_style_read(&a, &ps);
     compare_args c = { args_str(&a, "--prompts", NULL), args_str(&a, "--prompt-csv", NULL),
@@ -336,7 +339,6 @@ int cmd_compare(int argc, char **argv) {
     if (!so.model_dir || (!c.prompts == !c.csv))
         return fail("usage: varent compare -m DIR (--prompts FILE | --prompt-csv FILE) [--samplers LIST] [-n N] "
                     "[--seed S] [-o OUT.jsonl] [--format md|jsonl]");
-    char bad[256];
     if (cli_check_sampling(&g, bad, sizeof bad)) return fail(bad);
     if (strcmp(c.format, "md") && strcmp(c.format, "jsonl")) return fail("--format: use md or jsonl");
     if (c.width < 4) return fail("--text-width must be at least 4");

@@ -1,6 +1,6 @@
-// ppl.c: `varent ppl -m DIR -f TEXT [--ctx N] [--stride S] [--json]`: perplexity of a
-// text file with its standard error (host/decode/perplexity.h documents which tokens are
-// scored with which context).
+// ppl.c: `varent ppl -m DIR -f TEXT [--ctx N] [--stride S] [--json] [--per-token FILE.jsonl]`:
+// perplexity of a text file with its standard error (host/decode/perplexity.h documents
+// which tokens are scored with which context), and optionally every token's logprob.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +10,8 @@
 #include "host/cli/common.h"
 #include "host/util/fileio.h"
 #include "host/decode/perplexity.h"
+#include "host/util/json_out.h"
+#include "host/util/outfile.h"
 #include "host/util/progress.h"
 
 static int fail(const char *msg) {
@@ -42,15 +44,51 @@ static void print_result(const ppl_result *r, int ctx, int stride, int json) {
            r->n_windows == 1 ? "" : "s", ctx, stride);
 }
 
+// --per-token: one line per token of the text, {"pos","id","text","logprob"}; text is
+// what the token adds to the decoded text (special tokens skipped; a character split
+// over tokens comes with its last one), so the texts join to the decoded text; the
+// first token has no context and its logprob is null. Written whole, then renamed.
+static int write_per_token(const char *path, const session *s, const int *ids, int n, const double *logp,
+                           verr *err) {
+    outfile out;
+    outfile_opts oo = { .flag = "--per-token" };
+    if (outfile_open(&out, path, &oo, err)) return -1;
+    tokenizer_stream *ts = tokenizer_stream_new(s->tok, 1);
+    if (!ts) return outfile_abort(&out), verr_set(err, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const char *piece = "";
+        verr e;
+        int k = tokenizer_stream_push(ts, ids[i], &piece, &e), tail = 0;
+        const char *rest = "";
+        if (i == n - 1) tail = tokenizer_stream_flush(ts, &rest);
+        fprintf(out.f, "{\"pos\":%d,\"id\":%d,\"text\":", i, ids[i]);
+        char *t = malloc((size_t)(k > 0 ? k : 0) + (size_t)(tail > 0 ? tail : 0) + 1);
+        if (!t) return tokenizer_stream_free(ts), outfile_abort(&out), verr_set(err, "out of memory");
+        size_t len = 0;
+        if (k > 0) memcpy(t, piece, (size_t)k), len = (size_t)k;
+        if (tail > 0) memcpy(t + len, rest, (size_t)tail), len += (size_t)tail;
+        t[len] = 0;
+        json_out_str(out.f, t);
+        free(t);
+        fputs(",\"logprob\":", out.f);
+        if (i == 0) fputs("null", out.f);
+        else json_out_num(out.f, logp[i]);
+        fputs("}\n", out.f);
+    }
+    tokenizer_stream_free(ts);
+    return outfile_commit(&out, err);
+}
+
 int cmd_ppl(int argc, char **argv) {
     args a;
     args_init(&a, argc, argv);
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
     const char *path = args_str(&a, "-f|--file", NULL);
+    const char *per_token = args_str(&a, "--per-token", NULL);
     int stride = (int)args_int(&a, "--stride", 0), json = args_flag(&a, "--json"), quiet = args_flag(&a, "-q|--quiet");
     if (args_finish(&a, 0)) return fail(a.err);
-    if (!so.model_dir || !path) return fail("usage: varent ppl -m DIR -f TEXT [--ctx N] [--stride S] [--json] [-q]");
+    if (!so.model_dir || !path) return fail("usage: varent ppl -m DIR -f TEXT [--ctx N] [--stride S] [--json] [--per-token FILE.jsonl] [-q]");
     if (so.ctx < 0) return fail("--ctx must be positive");
 
     verr err = { { 0 } };
@@ -79,13 +117,19 @@ int cmd_ppl(int argc, char **argv) {
         window_report wr;
         progress_start(&wr.p, "ppl", n_windows, quiet);
         ppl_result r;
-        if (ppl_eval(&s, ids, n, ctx, step, NULL, on_window, &wr, &r, &err)) {
+        double *logp = per_token ? malloc(sizeof(double) * (size_t)n) : NULL;
+        if (per_token && !logp) {
+            progress_stop(&wr.p);
+            rc = fail("out of memory");
+        } else if (ppl_eval(&s, ids, n, ctx, step, logp, on_window, &wr, &r, &err) ||
+                   (per_token && write_per_token(per_token, &s, ids, n, logp, &err))) {
             progress_stop(&wr.p);
             rc = fail(err.msg);
         } else {
             progress_finish(&wr.p, NULL);
             print_result(&r, ctx, step, json);
         }
+        free(logp);
     }
     free(ids);
     session_close(&s);

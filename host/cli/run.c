@@ -291,6 +291,9 @@ int cmd_run(int argc, char **argv) {
     const char *ids_arg = args_str(&a, "--ids", NULL), *text = args_str(&a, "-p|--prompt", NULL);
     gen_opts g = { 0 };
     cli_sampling_opts(&a, &g, 256, 1.0f, 1.0f);
+    logit_bias bias[CLI_MAX_BIAS];
+    char bad[256];
+    if (cli_logit_bias(&a, &g, bias, CLI_MAX_BIAS, bad, sizeof bad)) return fail("run", bad);
     int stats = args_flag(&a, "--stats");
     verr xerr = { { 0 } };
     entropix_cli ex;  // --sampler, --profile, --metrics-out, ... (host/cli/entropix_opts.h)
@@ -304,7 +307,6 @@ int cmd_run(int argc, char **argv) {
     if (args_finish(&a, 0)) return fail("run", a.err);
     if (!so.model_dir) return fail("run", "missing -m MODEL_DIR");
     if (ids_arg && text) return fail("run", "give either --ids or -p, not both");
-    char bad[256];
     if (cli_check_sampling(&g, bad, sizeof bad)) return fail("run", bad);
     if (b.lines_path || b.csv_path) {
         if (b.lines_path && b.csv_path) return fail("run", "give either --prompts or --prompt-csv, not both");

@@ -26,7 +26,7 @@ typedef struct {
     batch_ws bw;
 } branch_set;
 
-// The stock penalties inside branches: each branch step sees the committed history
+// The stock penalties (and logit biases) inside branches: each branch step sees the committed history
 // plus the branch's own tokens. hist has room for n_hist + b + 1 ids past which the
 // branch tokens are written; work [vocab] and seen [vocab, zeroed] are scratch.
 typedef struct {
@@ -35,6 +35,8 @@ typedef struct {
     float repeat_penalty;
     float *work;
     unsigned char *seen;
+    const logit_bias *bias;  // [n_bias] (generate.h); last, so older initialisers mean "none"
+    int n_bias;
 } branch_penalty;
 
 int branch_init(branch_set *bs, const model_config *c, int k, int b, verr *err);

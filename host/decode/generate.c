@@ -56,6 +56,7 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
     // on_record callback reads s->fw.logits itself.
     c->lazy = s->cu && !o->need_logits;
     if (o->sampler == GEN_ENTROPIX && !o->ex) return verr_set(err, "the entropix sampler needs a profile");
+    if (logit_bias_check(o->bias, o->n_bias, vocab, err)) return -1;
     c->hist = malloc(sizeof(int) * ((size_t)n_prompt + o->max_new + o->branch_b + 1));
     c->work = malloc(sizeof(float) * (size_t)vocab);
     c->seen = calloc((size_t)vocab, 1);
@@ -76,14 +77,17 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
 }
 
 // The logits the draw sees: the forward's own (s->fw.logits, which on CUDA may still be
-// on the device: draw_n samples them there), or a penalised host copy. NULL on error.
+// on the device: draw_n samples them there), or a biased and penalised host copy (on
+// CUDA the step's logits cross the bus then). NULL on error.
 static const float *draw_logits(gen_ctx *c, verr *err) {
     const gen_opts *o = c->o;
     int vocab = c->s->m.cfg.vocab_size;
-    if (o->no_repeat_ngram <= 0 && !(o->repeat_penalty > 0 && o->repeat_penalty != 1)) return c->s->fw.logits;
+    if (o->no_repeat_ngram <= 0 && !(o->repeat_penalty > 0 && o->repeat_penalty != 1) && o->n_bias <= 0)
+        return c->s->fw.logits;
     const float *raw = session_logits(c->s, err);
     if (!raw) return NULL;
     memcpy(c->work, raw, sizeof(float) * (size_t)vocab);
+    logit_bias_apply(c->work, vocab, o->bias, o->n_bias);  // llama.cpp's order: the bias, then the penalties
     sampler_penalize(c->work, vocab, c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->seen);
     return c->work;
 }
@@ -154,7 +158,8 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
             if (lg == s->fw.logits && !(lg = session_logits(s, err))) return -1;
             sampler_distribution(&s->smp, lg, st.sp);
             sampler_params base = entropix_base_params(o->ex);
-            branch_penalty pen = { c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->work, c->seen };
+            branch_penalty pen = { c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->work, c->seen,
+                                   o->bias, o->n_bias };
             int w = branch_run(&c->bs, s, one, base, b, &c->ws, &c->r, &pen, err);
             if (w < 0) return -1;
             *toks = c->bs.tok + (size_t)w * (c->bs.b + 1), *recs = c->bs.rec + (size_t)w * (c->bs.b + 1);

@@ -8,6 +8,7 @@
 #include <signal.h>
 
 #include "host/decode/entropix.h"
+#include "host/runtime/logit_bias.h"
 #include "host/runtime/session.h"
 
 typedef enum { GEN_STANDARD = 0, GEN_ENTROPIX = 1 } gen_sampler;
@@ -34,6 +35,8 @@ typedef struct {
     int clarifier;              // HELV's inserted token (entropix)
     int no_repeat_ngram;        // 0: off
     float repeat_penalty;       // <= 0 or 1: off
+    const logit_bias *bias;     // [n_bias] added to the logits the draws see (host/runtime/logit_bias.h);
+    int n_bias;                 // metrics, entropix scores and logprobs still read the raw logits
     int branch_k, branch_b;     // LEHV branching: K candidates, B steps each (0: off)
     int want_metrics;           // compute metrics under the standard sampler too
     int ignore_eos;             // keep going past stop ids (benchmarks)

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-int ppl_score(session *s, const int *ids, int n, int from, double *logp, verr *err) {
+int ppl_score_rows(session *s, const int *ids, int n, int from, ppl_row_fn fn, void *ud, verr *err) {
     if (from < 1 || from > n || n - 1 > s->ctx)
         return verr_set(err, "cannot score tokens %d..%d of %d in a %d-token context", from, n - 1, n, s->ctx);
     int vocab = s->m.cfg.vocab_size;
@@ -23,10 +23,28 @@ int ppl_score(session *s, const int *ids, int n, int from, double *logp, verr *e
         int T = n - i < chunk ? n - i : chunk;
         kv = kv_view_of(&s->kv);
         if (session_forward_all(s, &kv, &ids[i - 1], T, all, err)) return free(all), -1;
-        for (int t = 0; t < T; t++) logp[i + t] = metrics_log_prob(all + (size_t)t * vocab, vocab, ids[i + t]);
+        for (int t = 0; t < T; t++)
+            if (fn(ud, i + t, all + (size_t)t * vocab)) return free(all), verr_set(err, "stopped");
     }
     free(all);
     return 0;
+}
+
+typedef struct {
+    const int *ids;
+    double *logp;
+    int vocab;
+} logp_rows;
+
+static int logp_row(void *ud, int i, const float *logits) {
+    logp_rows *r = ud;
+    r->logp[i] = metrics_log_prob(logits, r->vocab, r->ids[i]);
+    return 0;
+}
+
+int ppl_score(session *s, const int *ids, int n, int from, double *logp, verr *err) {
+    logp_rows r = { ids, logp, s->m.cfg.vocab_size };
+    return ppl_score_rows(s, ids, n, from, logp_row, &r, err);
 }
 
 int ppl_count_windows(int n, int ctx, int stride, verr *err) {

@@ -28,6 +28,10 @@ typedef struct {
 // ids[0..from-1) as one batch, then the scored tokens in batches of up to 64 with
 // every position's logits kept (session_forward_all). Needs 1 <= from <= n and n - 1 <= s->ctx.
 int ppl_score(session *s, const int *ids, int n, int from, double *logp, verr *err);
+// The same pass, handing each scored position's whole logits row to fn: row i (from <= i
+// < n) is the distribution ids[i] was drawn from. Non-zero from fn stops with an error.
+typedef int (*ppl_row_fn)(void *ud, int i, const float *logits);
+int ppl_score_rows(session *s, const int *ids, int n, int from, ppl_row_fn fn, void *ud, verr *err);
 
 // Called after each window with the running totals; non-zero stops with an error.
 typedef int (*ppl_window_fn)(void *ud, int window, int n_windows, const ppl_result *so_far);

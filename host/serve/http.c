@@ -288,6 +288,7 @@ static const char *kind_code(server_err_kind k) {
     case SRV_E_TYPE: return "invalid_type";
     case SRV_E_MISSING: return "missing_required_parameter";
     case SRV_E_UNSUPPORTED: return "unsupported_parameter";
+    case SRV_E_UNKNOWN: return "unknown_parameter";
     default: return "invalid_value";
     }
 }
@@ -340,7 +341,7 @@ static int prepare_job(server *s, server_job *j, char *msg, size_t len, const ch
         snprintf(msg, len, "max_tokens is %d but this server allows at most %d (--max-tokens-limit)", q->max_tokens, limit);
         return *param = "max_tokens", 400;
     }
-    j->max_tokens = q->max_tokens > 0 ? q->max_tokens : q->chat || limit < 16 ? limit : 16;
+    j->max_tokens = q->max_tokens >= 0 ? q->max_tokens : q->chat || limit < 16 ? limit : 16;
     j->n_ids = prompt_ids(s, q, &j->ids, &err);
     if (j->n_ids < 0) return snprintf(msg, len, "%s", err.msg), 400;
     if (j->n_ids == 0) return snprintf(msg, len, "the prompt is empty (and the model adds no BOS token)"), 400;
@@ -349,6 +350,8 @@ static int prepare_job(server *s, server_job *j, char *msg, size_t len, const ch
                  j->n_ids, s->base->ctx);
         return *code = "context_length_exceeded", 400;
     }
+    if (logit_bias_check(q->bias, q->n_bias, s->base->m.cfg.vocab_size, &err))
+        return snprintf(msg, len, "'logit_bias': %s", err.msg), *param = "logit_bias", 400;
     j->sampler = q->sampler >= 0 ? (gen_sampler)q->sampler : s->o.sampler;
     if (entropix_profile(q->profile[0] ? q->profile : s->o.profile, &j->ex, &err))
         return snprintf(msg, len, "%s", err.msg), *param = "profile", 400;

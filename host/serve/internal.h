@@ -53,6 +53,10 @@ struct server_job {
     double t_new, t_start, prefill_s, decode_s;
     double token_s;           // time in the server's per-token callbacks (text, metrics, SSE)
     int completion_tokens;
+    // echo with logprobs: each prompt token's logprob ([n_ids], entry 0 unused: it has no
+    // context) and top alternatives ([n_ids * k]); scored once for all the choices
+    double *echo_lp, *echo_top_lp;
+    int *echo_top, echo_scored;
     server_job *next;
 };
 

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "host/decode/perplexity.h"
 #include "host/serve/internal.h"
 #include "kernels/ops.h"
 
@@ -40,7 +41,7 @@ void server_job_release(server_job *j) {
     pthread_mutex_unlock(&s->mu);
     if (!last) return;
     server_request_free(&j->req);
-    free(j->ids);
+    free(j->ids), free(j->echo_lp), free(j->echo_top_lp), free(j->echo_top);
     sb_free(&j->out), sb_free(&j->body), sb_free(&j->chunk_head);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
@@ -98,6 +99,7 @@ typedef struct {
     int n_lp;
     sbuf ev;          // the SSE event being built
     int stop_hit, role_sent, has_lz;
+    size_t echo_len;  // bytes of text that echo the prompt (stop strings look past them)
 } choice;
 
 // ---- token texts ------------------------------------------------------------------
@@ -188,6 +190,68 @@ static void record_logprobs(choice *c, const gen_record *r, const char *t, size_
     sb_printf(&c->lp[3], "%zu", c->text.len);
 }
 
+// ---- echo: the prompt before the completion -----------------------------------------
+
+typedef struct {
+    server_job *j;
+    int vocab;
+} echo_rows;
+
+static int echo_row(void *ud, int i, const float *lg) {
+    echo_rows *e = ud;
+    server_job *j = e->j;
+    int k = j->req.top_logprobs, *top = j->echo_top + (size_t)i * k;
+    double lz = log_sum_exp(lg, e->vocab);
+    j->echo_lp[i] = lg[j->ids[i]] - lz;
+    int got = top_ids(lg, e->vocab, k, top);
+    for (int t = 0; t < k; t++) j->echo_top_lp[(size_t)i * k + t] = t < got ? lg[top[t]] - lz : NAN;
+    return 0;
+}
+
+// Every prompt token's logprob and alternatives, from one teacher-forced pass over the
+// prompt on the slot's session (the first choice's; later choices reuse them).
+static int echo_score(session *s, server_job *j, verr *err) {
+    if (j->echo_scored) return 0;
+    size_t n = (size_t)j->n_ids, k = (size_t)j->req.top_logprobs;
+    j->echo_lp = malloc(sizeof(double) * n);
+    j->echo_top = malloc(sizeof(int) * (n * k + 1));
+    j->echo_top_lp = malloc(sizeof(double) * (n * k + 1));
+    if (!j->echo_lp || !j->echo_top || !j->echo_top_lp) return verr_set(err, "out of memory");
+    echo_rows e = { j, s->m.cfg.vocab_size };
+    if (j->n_ids > 1 && ppl_score_rows(s, j->ids, j->n_ids, 1, echo_row, &e, err)) return -1;
+    j->echo_scored = 1;
+    return 0;
+}
+
+// The prompt's text first (decoded by the completion's own stream, so text that spans
+// the boundary reads right) and, with logprobs, one entry per prompt token: the first
+// has none (null), as in OpenAI's echo.
+static int echo_prompt(choice *c, verr *err) {
+    server_job *j = c->j;
+    if (j->req.logprobs && echo_score(c->s, j, err)) return -1;
+    for (int i = 0; i < j->n_ids; i++) {
+        const char *piece;
+        verr e;
+        size_t at = c->text.len, tn;
+        int n = tokenizer_stream_push(c->ts, j->ids[i], &piece, &e);
+        if (n > 0) sb_put(&c->text, piece, (size_t)n);
+        if (!j->req.logprobs) continue;
+        int first = c->n_lp++ == 0, k = j->req.top_logprobs;
+        for (int q = 0; q < 4; q++) sep(&c->lp[q], first);
+        const char *t = decode_one(c, j->ids[i], &tn);
+        sb_json_str(&c->lp[0], t, tn);
+        if (i == 0) {
+            sb_puts(&c->lp[1], "null"), sb_puts(&c->lp[2], "null");
+        } else {
+            sb_json_num(&c->lp[1], j->echo_lp[i]);
+            sb_top_map(&c->lp[2], j->echo_top + (size_t)i * k, j->echo_top_lp + (size_t)i * k, k, decode_one, c);
+        }
+        sb_printf(&c->lp[3], "%zu", at);
+    }
+    c->echo_len = c->text.len;
+    return 0;
+}
+
 static int on_record(void *ud, const gen_record *r) {
     choice *c = ud;
     const server_request *q = &c->j->req;
@@ -210,6 +274,7 @@ static int find_stop(choice *c, size_t from) {
     size_t best = (size_t)-1;
     for (int i = 0; i < q->n_stop; i++) {
         size_t n = strlen(q->stop[i]), start = from >= n ? from - n + 1 : 0;
+        if (start < c->echo_len) start = c->echo_len;
         if (c->text.len < n) continue;
         for (size_t p = start; p + n <= c->text.len && p < best; p++)
             if (!memcmp(c->text.p + p, q->stop[i], n)) best = p;
@@ -363,20 +428,24 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
     choice c = { .j = j, .s = s, .index = index, .ts = tokenizer_stream_new(s->tok, 1) };
     c.has_lz = j->req.metrics || j->sampler == GEN_ENTROPIX;
     if (!c.ts) return verr_set(err, "out of memory");
-    if (!j->req.chat) {  // a completion continues the prompt: keep its first token's leading space
+    if (j->req.echo) {
+        if (echo_prompt(&c, err)) return choice_free(&c), -1;
+        if (j->req.stream) stream_event(&c, c.text.len, NULL);
+    } else if (!j->req.chat) {  // a completion continues the prompt: keep its first token's leading space
         const char *t;
         verr e;
         tokenizer_stream_push(c.ts, j->ids[j->n_ids - 1], &t, &e);
         tokenizer_stream_flush(c.ts, &t);
     }
     gen_opts g = { .max_new = j->max_tokens, .seed = j->seed + (uint64_t)index, .sampler = j->sampler, .ex = &j->ex };
+    g.bias = j->req.bias, g.n_bias = j->req.n_bias;
     g.sp = (sampler_params){ (float)j->req.temperature, j->req.top_k, (float)j->req.top_p, (float)j->req.min_p };
     g.clarifier = j->srv->clarifier, g.want_metrics = j->req.metrics;
     g.on_token = on_token, g.ud = &c, g.on_record = on_record, g.record_ud = &c;
     g.need_logits = c.j->req.logprobs;  // record_logprobs reads s->fw.logits
     kv_cache_truncate(&s->kv, 0);
-    gen_stats st;
-    int rc = generate(s, j->ids, j->n_ids, &g, &st, err);
+    gen_stats st = { 0 };
+    int rc = g.max_new > 0 ? generate(s, j->ids, j->n_ids, &g, &st, err) : 0;  // max_tokens 0: echo alone
     j->prefill_s += st.prefill_s, j->decode_s += st.decode_s;
     if (rc == 0) {
         const char *tail;

@@ -1,5 +1,7 @@
-// request.c: see request.h. Unknown fields are ignored (clients send
-// extras such as "user"); known ones are type- and range-checked.
+// request.c: see request.h. Every field is type- and range-checked; a field the
+// endpoint does not know is an error naming it, except OpenAI's fields that change
+// nothing here (no_effect_fields), so a typo or an unsupported option never passes
+// silently.
 #include "host/serve/request.h"
 
 #include <cjson/cJSON.h>
@@ -220,20 +222,125 @@ static int parse_logprobs(server_request *r, const cJSON *o, verr *err) {
     return 0;
 }
 
+// "logit_bias": {"<token id>": bias in -100..100, ...}.
+static int parse_logit_bias(server_request *r, const cJSON *o, verr *err) {
+    const cJSON *v = field(o, "logit_bias"), *e;
+    if (!v) return 0;
+    if (!cJSON_IsObject(v)) return bad_type(r, err, "logit_bias", v, "an object of token ids to numbers");
+    int n = cJSON_GetArraySize(v);
+    if (n > SERVER_MAX_LOGIT_BIAS) return bad(r, err, SRV_E_VALUE, "logit_bias", "'%s' holds more than 2048 entries%s", NULL);
+    r->bias = malloc(sizeof *r->bias * (size_t)(n ? n : 1));
+    if (!r->bias) return bad(r, err, SRV_E_VALUE, "", "out of memory%s%s", NULL);
+    cJSON_ArrayForEach(e, v) {
+        const char *k = e->string;
+        char *end;
+        long id = k[0] >= '0' && k[0] <= '9' && strlen(k) <= 10 ? strtol(k, &end, 10) : -1;
+        if (id < 0 || *end || id > 0x7fffffff)
+            return bad(r, err, SRV_E_VALUE, "logit_bias", "'%s': key '%.40s' is not a token id (a decimal integer)", k);
+        if (!cJSON_IsNumber(e)) return bad_type(r, err, "logit_bias", e, "an object of token ids to numbers");
+        if (!isfinite(e->valuedouble) || fabs(e->valuedouble) > LOGIT_BIAS_MAX)
+            return bad(r, err, SRV_E_VALUE, "logit_bias", "'%s': the bias of token %s must be in -100..100", k);
+        r->bias[r->n_bias++] = (logit_bias){ (int)id, (float)e->valuedouble };
+    }
+    return 0;
+}
+
+// Fields each endpoint reads (1: completions, 2: chat, 3: both).
+static const struct {
+    const char *name;
+    int where;
+} known_fields[] = {
+    { "model", 3 }, { "prompt", 1 }, { "messages", 2 }, { "max_tokens", 3 }, { "max_completion_tokens", 2 },
+    { "temperature", 3 }, { "top_p", 3 }, { "top_k", 3 }, { "min_p", 3 }, { "seed", 3 }, { "stop", 3 }, { "n", 3 },
+    { "stream", 3 }, { "stream_options", 3 }, { "sampler", 3 }, { "profile", 3 }, { "logprobs", 3 },
+    { "top_logprobs", 2 }, { "metrics", 3 }, { "escape_special", 3 }, { "echo", 1 }, { "logit_bias", 3 },
+};
+
+// OpenAI fields accepted because they change nothing here: any value of the first
+// group (bookkeeping), only the neutral value of the second (docs/server.md).
+static const char *const no_effect_any[] = { "user", "store", "metadata", "service_tier" };
+
+static int neutral_field(server_request *r, const cJSON *o, const char *name, verr *err) {
+    const cJSON *v = field(o, name);
+    const char *want = NULL;
+    if (!strcmp(name, "frequency_penalty") || !strcmp(name, "presence_penalty")) {
+        if (!v || (cJSON_IsNumber(v) && v->valuedouble == 0)) return 0;
+        want = "0";
+    } else if (!strcmp(name, "best_of")) {
+        if (!v || (cJSON_IsNumber(v) && v->valuedouble == 1)) return 0;
+        want = "1";
+    } else if (!strcmp(name, "suffix")) {
+        if (!v || (cJSON_IsString(v) && !v->valuestring[0])) return 0;
+        want = "null or \"\"";
+    } else if (!strcmp(name, "tools")) {
+        if (!v || (cJSON_IsArray(v) && !v->child)) return 0;
+        want = "[]";
+    } else if (!strcmp(name, "tool_choice")) {
+        if (!v || (cJSON_IsString(v) && !strcmp(v->valuestring, "none"))) return 0;
+        want = "\"none\"";
+    } else {  // response_format
+        const cJSON *t = cJSON_IsObject(v) ? cJSON_GetObjectItemCaseSensitive(v, "type") : NULL;
+        if (!v || (cJSON_IsString(t) && !strcmp(t->valuestring, "text") && cJSON_GetArraySize(v) == 1)) return 0;
+        want = "{\"type\":\"text\"}";
+    }
+    return bad(r, err, SRV_E_UNSUPPORTED, name, "'%s' is not implemented by varent; it is accepted only as %s", want);
+}
+
+static const struct {
+    const char *name;
+    int where;
+} no_effect_neutral[] = {
+    { "frequency_penalty", 3 }, { "presence_penalty", 3 }, { "best_of", 1 }, { "suffix", 1 },
+    { "tools", 2 }, { "tool_choice", 2 }, { "response_format", 2 },
+};
+
+#define N_OF(a) ((int)(sizeof(a) / sizeof *(a)))
+
+// Every top-level field must be one the endpoint reads or an accepted no-op.
+static int check_field_names(server_request *r, const cJSON *o, verr *err) {
+    int bit = r->chat ? 2 : 1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, o) {
+        const char *k = e->string;
+        int ok = 0;
+        for (int i = 0; i < N_OF(known_fields) && !ok; i++) ok = (known_fields[i].where & bit) && !strcmp(k, known_fields[i].name);
+        for (int i = 0; i < N_OF(no_effect_any) && !ok; i++) ok = !strcmp(k, no_effect_any[i]);
+        for (int i = 0; i < N_OF(no_effect_neutral) && !ok; i++)
+            if ((no_effect_neutral[i].where & bit) && !strcmp(k, no_effect_neutral[i].name)) {
+                if (neutral_field(r, o, k, err)) return -1;
+                ok = 1;
+            }
+        if (!ok) {
+            char name[sizeof r->param];
+            snprintf(name, sizeof name, "%.*s", (int)sizeof name - 1, k);
+            return bad(r, err, SRV_E_UNKNOWN, name, "'%s' is not a field of %s (see docs/server.md, Request fields)",
+                       r->chat ? "/v1/chat/completions" : "/v1/completions");
+        }
+    }
+    return 0;
+}
+
 static int parse_fields(server_request *r, const cJSON *o, verr *err) {
     const cJSON *m = field(o, "model"), *so = field(o, "stream_options");
     if (m && !cJSON_IsString(m)) return bad_type(r, err, "model", m, "a string");
     if (m && dup_str(&r->model, m->valuestring, r, err)) return -1;
+    // a missing prompt or messages first: a chat body with a "prompt" lacks its messages
     if (r->chat ? parse_messages(r, o, err) : parse_prompt(r, o, err)) return -1;
+    if (check_field_names(r, o, err)) return -1;
     int64_t max_tokens = -1, top_k = 0, n = 1, seed = -1;
     const char *max_name = r->chat && field(o, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    if (get_int(r, o, max_name, 1, 0x7fffffff, &max_tokens, err) ||
+    if (get_bool(r, o, "echo", &r->echo, err)) return -1;
+    const cJSON *mt = field(o, max_name);
+    if (!r->echo && cJSON_IsNumber(mt) && mt->valuedouble == 0)
+        return bad(r, err, SRV_E_VALUE, max_name, "'%s' must be at least 1 (0 only with \"echo\": true, to score the prompt)%s", NULL);
+    if (get_int(r, o, max_name, r->echo ? 0 : 1, 0x7fffffff, &max_tokens, err) ||
         get_number(r, o, "temperature", 0, 100, &r->temperature, err) ||
         get_number(r, o, "top_p", 1e-9, 1, &r->top_p, err) || get_number(r, o, "min_p", 0, 0.999999, &r->min_p, err) ||
         get_int(r, o, "top_k", 0, 0x7fffffff, &top_k, err) || get_int(r, o, "n", 1, SERVER_MAX_N, &n, err) ||
         get_int(r, o, "seed", 0, 9007199254740992.0, &seed, err) || parse_stop(r, o, err) ||
         get_bool(r, o, "stream", &r->stream, err) || parse_sampler(r, o, err) || parse_logprobs(r, o, err) ||
-        get_bool(r, o, "metrics", &r->metrics, err) || get_bool(r, o, "escape_special", &r->escape_special, err))
+        get_bool(r, o, "metrics", &r->metrics, err) || get_bool(r, o, "escape_special", &r->escape_special, err) ||
+        parse_logit_bias(r, o, err))
         return -1;
     if (so && !cJSON_IsObject(so)) return bad_type(r, err, "stream_options", so, "an object");
     if (so && get_bool(r, so, "include_usage", &r->include_usage, err)) return -1;
@@ -331,7 +438,7 @@ int server_parse_request(const char *body, size_t len, int chat, server_request 
 void server_request_free(server_request *r) {
     free(r->model), free(r->prompt), free(r->prompt_ids);
     for (int i = 0; i < r->n_msgs; i++) free(r->msgs[i].role), free(r->msgs[i].content);
-    free(r->msgs);
+    free(r->msgs), free(r->bias);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     memset(r, 0, sizeof *r);
 }

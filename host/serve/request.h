@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "host/runtime/logit_bias.h"
 #include "host/util/err.h"
 
 #define SERVER_MAX_STOP 4          // stop strings per request (OpenAI's limit)
@@ -16,6 +17,7 @@
 #define SERVER_MAX_TOP_LOGPROBS 20 // alternatives per token
 #define SERVER_MAX_MESSAGES 4096
 #define SERVER_MAX_PROMPT_IDS (1 << 20)
+#define SERVER_MAX_LOGIT_BIAS 2048  // entries of logit_bias
 
 // What kind of mistake the body has; the server maps it to the error's "code".
 typedef enum {
@@ -24,7 +26,8 @@ typedef enum {
     SRV_E_TYPE,         // a field of the wrong JSON type
     SRV_E_VALUE,        // the right type, out of range or unknown
     SRV_E_MISSING,      // a required field is absent
-    SRV_E_UNSUPPORTED,  // valid OpenAI, not supported here (batched prompts)
+    SRV_E_UNSUPPORTED,  // valid OpenAI, not supported here (batched prompts, a penalty other than 0)
+    SRV_E_UNKNOWN,      // a field this endpoint does not know
 } server_err_kind;
 
 typedef struct {
@@ -38,7 +41,10 @@ typedef struct {
     int *prompt_ids, n_prompt_ids; // completions: token ids ([n_prompt_ids]), checked against the vocab later
     server_msg *msgs;              // chat: [n_msgs]
     int n_msgs;
-    int max_tokens;                // -1: not given
+    int max_tokens;                // -1: not given; 0 only with echo (score the prompt alone)
+    int echo;                      // completions: the prompt's text and logprobs come first
+    logit_bias *bias;              // logit_bias: [n_bias], ids checked against the vocab later
+    int n_bias;
     double temperature, top_p, min_p;  // defaults 1, 1, 0
     int top_k;                     // 0: off
     int has_seed;

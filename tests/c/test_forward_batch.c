@@ -401,7 +401,7 @@ static void test_branch(const char *tag, const char *dir) {
     memcpy(hist, prompt, sizeof prompt);
     s.fw.attn_layer = s2.fw.attn_layer = c->n_layers - 1;
     sampler_params lehv = { 1.3f, 30, 1, 0 }, base = { 1.0f, 0, 1, 0 };
-    branch_penalty pen = { hist, n_prompt, 0, 1.5f, work, seen };
+    branch_penalty pen = { hist, n_prompt, 0, 1.5f, work, seen, NULL, 0 };
     // the first reference picks a stop id: branch 1's second draw
     if (branch_reference(&s2, root, (rng){ 77, 0 }, lehv, base, NULL, &o, &err) < 0) goto done;
     session_add_stop(&s, o.tok[1][2]);

@@ -32,9 +32,30 @@ int forward_init(forward_state *s, const model *m, int max_T, int ctx, verr *err
     return 0;
 }
 
+int forward_set_lora(forward_state *s, const lora_use *u, int n, verr *err) {
+    const model_config *c = &s->m->cfg;
+    int r = lora_max_rank(u, n);
+    if (r > s->lora_rank) {
+        int q_dim = c->n_heads * c->head_dim, widest = c->dim > q_dim ? c->dim : q_dim;
+        if (c->hidden_dim > widest) widest = c->hidden_dim;
+        float *tmp = malloc(sizeof(float) * (size_t)s->max_T * r);
+        float *dy = s->lora_dy ? s->lora_dy : malloc(sizeof(float) * (size_t)s->max_T * widest);
+        if (!tmp || !dy) {
+            free(tmp);
+            if (dy != s->lora_dy) free(dy);
+            return verr_set(err, "out of memory allocating LoRA scratch (rank %d)", r);
+        }
+        free(s->lora_tmp);
+        s->lora_tmp = tmp, s->lora_dy = dy, s->lora_rank = r;
+    }
+    s->lora = n > 0 ? u : NULL, s->n_lora = n > 0 ? n : 0;
+    return 0;
+}
+
 void forward_free(forward_state *s) {
     free(s->x), free(s->xb), free(s->q), free(s->k), free(s->v), free(s->att);
     free(s->hb), free(s->hb2), free(s->pos), free(s->logits), free(s->attn_scores);
+    free(s->lora_tmp), free(s->lora_dy);
     memset(s, 0, sizeof *s);
 }
 
@@ -99,6 +120,11 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, con
     cpu_matmul(s->q, s->xb, w->wq, T, c->dim, q_dim);
     cpu_matmul(kdst, s->xb, w->wk, T, c->dim, kv_dim);
     cpu_matmul(vdst, s->xb, w->wv, T, c->dim, kv_dim);
+    if (s->n_lora) {
+        lora_apply(s->lora, s->n_lora, l, LORA_Q, s->q, s->xb, T, c->dim, q_dim, s->lora_tmp, s->lora_dy);
+        lora_apply(s->lora, s->n_lora, l, LORA_K, kdst, s->xb, T, c->dim, kv_dim, s->lora_tmp, s->lora_dy);
+        lora_apply(s->lora, s->n_lora, l, LORA_V, vdst, s->xb, T, c->dim, kv_dim, s->lora_tmp, s->lora_dy);
+    }
     if (c->attn_bias) {
         cpu_add_bias(s->q, w->bq, T, q_dim);
         cpu_add_bias(kdst, w->bk, T, kv_dim);
@@ -131,15 +157,22 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, con
     }
     if (s->hooks && s->hooks->ablate) ablate_heads(s, l, s->att, T);
     cpu_matmul(s->xb, s->att, w->wo, T, q_dim, c->dim);  // the block's output; the caller adds it
+    if (s->n_lora) lora_apply(s->lora, s->n_lora, l, LORA_O, s->xb, s->att, T, q_dim, c->dim, s->lora_tmp, s->lora_dy);
 }
 
-static void mlp_block(forward_state *s, const layer_weights *w, int T) {
+static void mlp_block(forward_state *s, const layer_weights *w, int l, int T) {
     const model_config *c = &s->m->cfg;
+    int hid = c->hidden_dim;
     cpu_rmsnorm(s->xb, s->x, w->ffn_norm, T, c->dim, c->norm_eps);
-    cpu_matmul(s->hb, s->xb, w->w_gate, T, c->dim, c->hidden_dim);
-    cpu_matmul(s->hb2, s->xb, w->w_up, T, c->dim, c->hidden_dim);
-    cpu_swiglu(s->hb, s->hb, s->hb2, (size_t)T * c->hidden_dim);
-    cpu_matmul(s->xb, s->hb, w->w_down, T, c->hidden_dim, c->dim);  // the caller adds it
+    cpu_matmul(s->hb, s->xb, w->w_gate, T, c->dim, hid);
+    cpu_matmul(s->hb2, s->xb, w->w_up, T, c->dim, hid);
+    if (s->n_lora) {
+        lora_apply(s->lora, s->n_lora, l, LORA_GATE, s->hb, s->xb, T, c->dim, hid, s->lora_tmp, s->lora_dy);
+        lora_apply(s->lora, s->n_lora, l, LORA_UP, s->hb2, s->xb, T, c->dim, hid, s->lora_tmp, s->lora_dy);
+    }
+    cpu_swiglu(s->hb, s->hb, s->hb2, (size_t)T * hid);
+    cpu_matmul(s->xb, s->hb, w->w_down, T, hid, c->dim);  // the caller adds it
+    if (s->n_lora) lora_apply(s->lora, s->n_lora, l, LORA_DOWN, s->xb, s->hb, T, hid, c->dim, s->lora_tmp, s->lora_dy);
 }
 
 // One decoder block on the residual stream s->x, with the hooks' interventions and captures.
@@ -159,7 +192,7 @@ static void block(forward_state *s, const chunk *ch, int l, int T) {
         emit(s, ch, l, HOOK_ATTN_OUT, s->xb, T);
         cpu_add(s->x, s->xb, n);
         emit(s, ch, l, HOOK_RESID_MID, s->x, T);
-        mlp_block(s, w, T);
+        mlp_block(s, w, l, T);
         emit(s, ch, l, HOOK_MLP_OUT, s->xb, T);
         cpu_add(s->x, s->xb, n);
     }

@@ -5,6 +5,7 @@
 
 #include "model/hooks.h"
 #include "model/kv_cache.h"
+#include "model/lora.h"
 #include "model/model.h"
 
 typedef struct {
@@ -33,10 +34,17 @@ typedef struct {
     int copy_scores;        // CUDA: also copy the capture into attn_scores (off by default,
                             // so only the logits and these 8 floats cross per step)
     const forward_hooks *hooks;  // interventions and captures (model/hooks.h); NULL: none
+    const lora_use *lora;   // LoRA adapters applied to the projections ([n_lora]; forward_set_lora)
+    int n_lora;
+    float *lora_tmp, *lora_dy;  // their scratch: [max_T, rank], [max_T, widest projection]
+    int lora_rank;          // the rank lora_tmp has room for
 } forward_state;
 
 int forward_init(forward_state *s, const model *m, int max_T, int ctx, verr *err);
 void forward_free(forward_state *s);
+// The adapters the next passes apply (n 0: none); u must outlive their use. Grows the
+// scratch; -1 with err when out of memory (nothing changed then).
+int forward_set_lora(forward_state *s, const lora_use *u, int n, verr *err);
 // Appends T tokens to the sequence in kv and computes s->logits for the last one.
 // Fails (without touching kv) on ids outside the vocab or when the context is full.
 // Fails after the pass (kv holds the new positions) when the logits hold a NaN or inf,

@@ -14,6 +14,7 @@
 #include "host/decode/chat_prompt.h"
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
+#include "host/cli/common.h"
 #include "host/decode/generate.h"
 #include "host/util/interrupt.h"
 #include "host/util/json_out.h"
@@ -35,7 +36,8 @@ static const char *usage =
     "  --force              replace existing log files (kept as they are otherwise)\n"
     "  --ctx N -t THREADS --batch N --system TEXT --chat-template NAME\n"
     "  --control-vector FILE --control-vector-scaled FILE S --control-vector-layer-range A B\n"
-    "  --ablate-head L:H --skip-layer L   (docs/research.md)\n";
+    "  --ablate-head L:H --skip-layer L   (docs/research.md)\n"
+    "  --lora DIR, --lora-scaled DIR SCALE   PEFT LoRA adapters (repeatable; docs/research.md)\n";
 
 typedef struct {
     session_opts so;
@@ -44,6 +46,9 @@ typedef struct {
     int chat, stats, lookahead, max_parallel, check_every, rollback, max_new, force;
     uint64_t seed;
     sampler_params base;
+    session_lora lora[CLI_MAX_LORA];  // --lora, --lora-scaled (so.lora points here)
+    char lora_msg[4400];
+    int lora_bad;
 } agents_args;
 
 typedef struct {
@@ -88,11 +93,13 @@ static void read_args(args *a, agents_args *g) {
     g->dump_path = args_str(a, "--dump-logits", NULL);
     g->stats = args_flag(a, "--stats");
     g->force = args_flag(a, "--force");
+    g->lora_bad = cli_lora_opts(a, &g->so, g->lora, CLI_MAX_LORA, g->lora_msg, sizeof g->lora_msg);
 }
 
 // Range checks; 0, or -1 with msg naming the option.
 static int check_args(const agents_args *g, char *msg, size_t n) {
     if (!g->so.model_dir) return snprintf(msg, n, "missing -m MODEL_DIR"), -1;
+    if (g->lora_bad) return snprintf(msg, n, "%.1000s", g->lora_msg), -1;
     if (g->ids_arg && g->text) return snprintf(msg, n, "give either --ids or -p, not both"), -1;
     if (g->chat && !g->text) return snprintf(msg, n, "--chat needs a user message with -p"), -1;
     if (g->max_new < 0) return snprintf(msg, n, "-n %d: must be >= 0", g->max_new), -1;
@@ -316,6 +323,7 @@ static void job_open_critic(void *ud, int d) {
     session_opts o = g->a->so;
     o.model_dir = g->a->critic_model, o.device = g->dev[d].name, o.ctx = 0;
     memset(&o.steer, 0, sizeof o.steer);  // interventions steer the generating model, not another critic
+    o.lora = NULL, o.n_lora = 0;  // the adapters are the agents' model's, not another critic's
     g->rc = critic_open_model(&g->cr, &o, &g->err);
 }
 

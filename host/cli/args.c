@@ -95,6 +95,20 @@ double args_float_range(args *a, const char *names, double def, double lo, doubl
     return s ? parse_float(a, names, s, def, lo, hi) : def;
 }
 
+const char *args_str2(args *a, const char *names, const char **second) {
+    int i = find(a, names);
+    *second = NULL;
+    if (i < 0) return NULL;
+    a->used[i] = 1;
+    if (i + 2 >= a->argc) {
+        if (!a->err[0]) snprintf(a->err, sizeof a->err, "option %s needs two values", a->argv[i]);
+        return NULL;
+    }
+    a->used[i + 1] = a->used[i + 2] = 1;
+    *second = a->argv[i + 2];
+    return a->argv[i + 1];
+}
+
 int args_flag(args *a, const char *names) {
     int i = find(a, names);
     if (i < 0) return 0;

@@ -21,6 +21,9 @@ double args_float(args *a, const char *names, double def);
 // range: nothing is truncated or wrapped when it is stored in a narrower type.
 long args_int_range(args *a, const char *names, long def, long lo, long hi);
 double args_float_range(args *a, const char *names, double def, double lo, double hi);
+// An option with two values ("--lora-scaled DIR SCALE"): the first, with *second set, or
+// NULL when absent. Each call takes the next occurrence (so does args_str).
+const char *args_str2(args *a, const char *names, const char **second);
 // 1 if a boolean flag is present.
 int args_flag(args *a, const char *names);
 // The i-th positional argument (not an option or option value), or NULL.

@@ -183,6 +183,9 @@ int cmd_chat(int argc, char **argv) {
     args_init(&a, argc, argv);
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
+    session_lora lora[CLI_MAX_LORA];
+    char lora_msg[4400];
+    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fprintf(stderr, "varent chat: %s\n", lora_msg), 1;
     chat_state c = { 0 };
     cli_sampling_opts(&a, &c.g, 512, 0.7f, 0.9f);
     logit_bias bias[CLI_MAX_BIAS];

@@ -18,5 +18,6 @@ int cmd_compare(int argc, char **argv);     // host/cli/compare.c: samplers side
 int cmd_plot(int argc, char **argv);        // host/cli/plot.c: entropy plots of JSONL logs
 int cmd_agents(int argc, char **argv);      // host/cli/agents.c: decoding agents + critic
 int cmd_cvector(int argc, char **argv);     // host/cli/cvector.c: control vectors from prompt pairs
+int cmd_lora(int argc, char **argv);        // host/cli/lora.c: merge a LoRA adapter into a model
 
 #endif

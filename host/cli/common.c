@@ -4,8 +4,10 @@
 #include "host/cli/interp_opts.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <time.h>
 
 // CLI state: the command's load bar while one is drawn, else a bar per stage.
@@ -83,5 +85,24 @@ int cli_logit_bias(args *a, gen_opts *g, logit_bias *buf, int cap, char *msg, si
         n++;
     }
     g->bias = buf, g->n_bias = n;
+    return 0;
+}
+
+int cli_lora_opts(args *a, session_opts *o, session_lora *buf, int cap, char *msg, size_t len) {
+    int n = 0;
+    for (const char *d; (d = args_str(a, "--lora", NULL));) {
+        if (n == cap) return snprintf(msg, len, "--lora: more than %d adapters", cap), -1;
+        buf[n++] = (session_lora){ d, 1.0f };
+    }
+    const char *scale;
+    for (const char *d; (d = args_str2(a, "--lora-scaled", &scale));) {
+        char *end;
+        double v = strtod(scale, &end);
+        if (end == scale || *end || !isfinite(v))
+            return snprintf(msg, len, "--lora-scaled %s %s: the scale must be a number", d, scale), -1;
+        if (n == cap) return snprintf(msg, len, "--lora: more than %d adapters", cap), -1;
+        buf[n++] = (session_lora){ d, (float)v };
+    }
+    o->lora = buf, o->n_lora = n;
     return 0;
 }

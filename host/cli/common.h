@@ -23,6 +23,10 @@ void cli_sampling_opts(args *a, gen_opts *g, int def_n, float def_temp, float de
 // 0, or -1 with a message naming the bad value. Ids are checked against the vocab by generate().
 #define CLI_MAX_BIAS 1024
 int cli_logit_bias(args *a, gen_opts *g, logit_bias *buf, int cap, char *msg, size_t len);
+// --lora DIR and --lora-scaled DIR SCALE, repeatable, into buf[cap] (o->lora, o->n_lora
+// point there). 0, or -1 with a message naming the bad value.
+#define CLI_MAX_LORA 16
+int cli_lora_opts(args *a, session_opts *o, session_lora *buf, int cap, char *msg, size_t len);
 // Range checks; 0, or -1 with a message naming the option and its value.
 int cli_check_sampling(const gen_opts *g, char *msg, size_t len);
 

@@ -324,6 +324,9 @@ int cmd_compare(int argc, char **argv) {
     args_init(&a, argc, argv);
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
+    session_lora lora[CLI_MAX_LORA];
+    char lora_msg[4400];
+    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fail(lora_msg);
     gen_opts g = { 0 };
     cli_sampling_opts(&a, &g, 64, 1.0f, 1.0f);
     logit_bias bias[CLI_MAX_BIAS];

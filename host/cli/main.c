@@ -33,6 +33,7 @@ static const command commands[] = {
     { "plot", cmd_plot, "plot entropy/varentropy of a metrics or agents log (SVG/PNG)" },
     { "agents", cmd_agents, "decoding agents: lowest-entropy proposal, critic with rollback" },
     { "cvector", cmd_cvector, "a control vector (llama.cpp GGUF) from positive/negative prompts" },
+    { "lora", cmd_lora, "lora merge BASE ADAPTER OUT: fold a PEFT LoRA adapter into a model" },
 };
 
 static void usage(FILE *f) {

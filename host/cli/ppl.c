@@ -84,6 +84,9 @@ int cmd_ppl(int argc, char **argv) {
     args_init(&a, argc, argv);
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
+    session_lora lora[CLI_MAX_LORA];
+    char lora_msg[4400];
+    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fail(lora_msg);
     const char *path = args_str(&a, "-f|--file", NULL);
     const char *per_token = args_str(&a, "--per-token", NULL);
     int stride = (int)args_int(&a, "--stride", 0), json = args_flag(&a, "--json"), quiet = args_flag(&a, "-q|--quiet");

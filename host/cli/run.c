@@ -288,6 +288,9 @@ int cmd_run(int argc, char **argv) {
     args_init(&a, argc, argv);
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
+    session_lora lora[CLI_MAX_LORA];
+    char lora_msg[4400];
+    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fail("run", lora_msg);
     const char *ids_arg = args_str(&a, "--ids", NULL), *text = args_str(&a, "-p|--prompt", NULL);
     gen_opts g = { 0 };
     cli_sampling_opts(&a, &g, 256, 1.0f, 1.0f);
@@ -365,6 +368,9 @@ int cmd_logits(int argc, char **argv) {
     args_init(&a, argc, argv);
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
+    session_lora lora[CLI_MAX_LORA];
+    char lora_msg[4400];
+    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fail("logits", lora_msg);
     const char *ids_arg = args_str(&a, "--ids", NULL), *out = args_str(&a, "-o|--out", NULL);
     int chunk = (int)args_int(&a, "--chunk", 0);
     probe_spec ps;

@@ -25,7 +25,30 @@ static const char usage[] =
     "       [--chat-template NAME] [--model-id NAME] [--max-body BYTES] [--max-queue N]\n"
     "       [--max-connections N] [--max-connections-per-ip N] [--timeout S] [--header-timeout S]\n"
     "       [--drain-timeout S] [--token-delay-ms MS]\n"
-    "       [--allowed-hosts NAME,...] [--cors ORIGIN,...] [-v]";
+    "       [--allowed-hosts NAME,...] [--cors ORIGIN,...] [-v]\n"
+    "       [--lora DIR] [--lora-scaled DIR S] [--lora-modules NAME=DIR ...]";
+
+// --lora-modules NAME=DIR, repeatable (vLLM's flag; a request selects one with "model": NAME).
+typedef struct {
+    lora_spec spec[CLI_MAX_LORA];
+    const char *name[CLI_MAX_LORA];
+    char names[CLI_MAX_LORA][256];
+} lora_modules;
+
+static int read_lora_modules(args *a, server_opts *o, lora_modules *lm, char *msg, size_t len) {
+    int n = 0;
+    for (const char *v; (v = args_str(a, "--lora-modules", NULL));) {
+        const char *eq = strchr(v, '=');
+        if (!eq || eq == v || !eq[1] || (size_t)(eq - v) >= sizeof lm->names[0])
+            return snprintf(msg, len, "--lora-modules '%.300s': expected NAME=DIR", v), -1;
+        if (n == CLI_MAX_LORA) return snprintf(msg, len, "--lora-modules: more than %d adapters", CLI_MAX_LORA), -1;
+        snprintf(lm->names[n], sizeof lm->names[n], "%.*s", (int)(eq - v), v);
+        lm->name[n] = lm->names[n], lm->spec[n] = (lora_spec){ eq + 1, 1.0f };
+        n++;
+    }
+    o->lora_modules = lm->spec, o->lora_names = lm->name, o->n_lora_modules = n;
+    return 0;
+}
 
 // Reads everything but the session options; 0, or -1 with msg.
 static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t len) {
@@ -88,10 +111,16 @@ int cmd_serve(int argc, char **argv) {
     args_init(&a, argc, argv);
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
+    session_lora lora[CLI_MAX_LORA];
+    char lora_msg[4400];
+    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fail(lora_msg);
     server_opts o = { 0 };
     double drain_s;
     char msg[512];
-    int bad = read_opts(&a, &o, &drain_s, msg, sizeof msg);
+    lora_modules lm;
+    char lm_msg[512];
+    int bad = read_opts(&a, &o, &drain_s, msg, sizeof msg), lm_bad = read_lora_modules(&a, &o, &lm, lm_msg, sizeof lm_msg);
+    if (!bad && lm_bad) bad = lm_bad, snprintf(msg, sizeof msg, "%s", lm_msg);
     if (args_finish(&a, 0)) return fail(a.err);
     if (!so.model_dir) return fail(usage);
     if (bad) return fail(msg);

@@ -47,6 +47,26 @@ static int open_steer(session *s, const steer_spec *sp, int cuda_dev, verr *err)
     return 0;
 }
 
+// --lora / --lora-scaled: each adapter checked against the model, then applied.
+static int open_adapters(session *s, const session_opts *o, verr *err) {
+    if (o->n_lora <= 0) return 0;
+    if (s->cu) return verr_set(err, "--lora: LoRA adapters run on the CPU backend only (use --device cpu)");
+    s->adapters = calloc((size_t)o->n_lora, sizeof *s->adapters);
+    s->lora = calloc((size_t)o->n_lora, sizeof *s->lora);
+    if (!s->adapters || !s->lora) return verr_set(err, "out of memory");
+    for (int i = 0; i < o->n_lora; i++) {
+        if (lora_load(&s->adapters[i], &s->m, o->lora[i].dir, err)) return -1;
+        s->lora[i] = (lora_use){ &s->adapters[i], o->lora[i].scale };
+        s->n_adapters = i + 1;
+    }
+    return session_set_lora(s, s->lora, s->n_adapters, err);
+}
+
+int session_set_lora(session *s, const lora_use *u, int n, verr *err) {
+    if (n > 0 && s->cu) return verr_set(err, "LoRA adapters run on the CPU backend only (use --device cpu)");
+    return forward_set_lora(&s->fw, u, n, err);
+}
+
 int session_open(session *s, const session_opts *o, verr *err) {
     memset(s, 0, sizeof *s);
     double t0 = now_s();
@@ -71,7 +91,8 @@ int session_open(session *s, const session_opts *o, verr *err) {
     if (forward_init(&s->fw, &s->m, batch < s->ctx ? batch : s->ctx, s->ctx, err) ||
         (cuda_dev >= 0 ? session_cuda_open(s, cuda_dev, NULL, err)
                        : kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err)) ||
-        sampler_init(&s->smp, c->vocab_size) != 0 || open_tokenizer(s, mp.dir, err)) {
+        sampler_init(&s->smp, c->vocab_size) != 0 || open_tokenizer(s, mp.dir, err) ||
+        open_adapters(s, o, err)) {
         if (!err->msg[0]) verr_set(err, "out of memory");
         session_close(s);
         return -1;
@@ -89,6 +110,7 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
     s->ctx = ctx > 0 ? ctx : base->ctx;
     memcpy(s->stop, base->stop, sizeof s->stop);
     s->n_stop = base->n_stop;
+    s->adapters = base->adapters, s->lora = base->lora, s->n_adapters = base->n_adapters;
     if (ctx > base->m.cfg.max_pos) {
         session_close(s);
         return verr_set(err, "context %d exceeds the model's max_position_embeddings (%d)", ctx, base->m.cfg.max_pos);
@@ -97,7 +119,7 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
     if (forward_init(&s->fw, &s->m, base->fw.max_T < s->ctx ? base->fw.max_T : s->ctx, s->ctx, err) ||
         (base->cu ? session_cuda_open(s, cuda_forward_device(base->cu), base, err)
                   : kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err)) ||
-        sampler_init(&s->smp, c->vocab_size) != 0) {
+        sampler_init(&s->smp, c->vocab_size) != 0 || session_set_lora(s, s->lora, s->n_adapters, err)) {
         if (!err->msg[0]) verr_set(err, "out of memory");
         session_close(s);
         return -1;
@@ -116,6 +138,8 @@ void session_close(session *s) {
         if (s->steer) steer_free(s->steer);
         free(s->steer);
         if (s->tok) tokenizer_free(s->tok);
+        for (int i = 0; i < s->n_adapters; i++) lora_free(&s->adapters[i]);
+        free(s->adapters), free(s->lora);
         model_free(&s->m);
     }
     memset(s, 0, sizeof *s);

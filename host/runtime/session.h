@@ -12,6 +12,9 @@
 #include "host/formats/model_path.h"
 #include "tokenizer/tokenizer.h"
 
+// One LoRA adapter to apply: a PEFT directory and its scale (--lora DIR: 1).
+typedef lora_spec session_lora;
+
 typedef struct {
     const char *model_dir;  // a -m value: a model directory or a GGUF file (host/formats/model_path.h)
     const model_path_progress *progress;  // a GGUF's first use (hashing, conversion); NULL: silent
@@ -20,6 +23,8 @@ typedef struct {
     const char *device;  // "cpu" (default) or "cuda[:N]"
     int max_batch;    // prefill chunk size (0: 256)
     steer_spec steer; // control vectors, head ablation, layer skipping (host/runtime/steer.h)
+    const session_lora *lora;  // [n_lora] adapters loaded and applied to every pass (model/lora.h)
+    int n_lora;
 } session_opts;
 
 typedef struct {
@@ -36,6 +41,9 @@ typedef struct {
     struct cuda_forward *cu;  // CUDA backend state (host/runtime/session_cuda.c); NULL on the CPU
     steer *steer;     // the interventions (fw.hooks points at steer->hooks); NULL: none.
                       // Shared sessions borrow their base's.
+    lora_adapter *adapters;   // [n_adapters] loaded from session_opts.lora (a shared session borrows base's)
+    lora_use *lora;           // [n_adapters] with their scales: what every pass applies by default
+    int n_adapters;
 } session;
 
 int session_open(session *s, const session_opts *o, verr *err);
@@ -45,6 +53,10 @@ int session_open(session *s, const session_opts *o, verr *err);
 // Used for the critic, server slots and agent replicas on one device.
 int session_open_shared(session *s, const session *base, int ctx, verr *err);
 void session_close(session *s);
+// The adapters the next passes apply: u[0..n) (n 0: the base model alone); u must
+// outlive their use. session_open applies s->lora; the server swaps per request.
+// -1 with err when out of memory, or on a CUDA session (LoRA runs on the CPU backend).
+int session_set_lora(session *s, const lora_use *u, int n, verr *err);
 // The forward pass on the session's backend: appends T tokens to the sequence in kv
 // and leaves the last token's logits in s->fw.logits (host memory on every backend),
 // plus the attention capture when s->fw.attn_layer >= 0. Use this, not forward().

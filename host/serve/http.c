@@ -85,11 +85,20 @@ static enum MHD_Result bad_request(server *s, struct MHD_Connection *c, const ch
 
 // ---- GET routes -------------------------------------------------------------------
 
-static void model_obj(server *s, sbuf *b) {
+// The base model (module -1) or a --lora-modules adapter, which names its parent as vLLM does.
+static void model_obj(server *s, sbuf *b, int module) {
     sb_puts(b, "{\"id\":");
-    sb_put(b, s->model_json.p, s->model_json.len);
-    sb_printf(b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"varent\",\"context_length\":%d}", s->created,
+    if (module < 0) sb_put(b, s->model_json.p, s->model_json.len);
+    else sb_json_str(b, s->o.lora_names[module], strlen(s->o.lora_names[module]));
+    sb_printf(b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"varent\",\"context_length\":%d", s->created,
               s->base->ctx);
+    if (module >= 0) {
+        sb_puts(b, ",\"parent\":");
+        sb_put(b, s->model_json.p, s->model_json.len);
+        sb_puts(b, ",\"root\":");
+        sb_json_str(b, s->mods[module].dir, strlen(s->mods[module].dir));
+    }
+    sb_puts(b, "}");
 }
 
 static enum MHD_Result get_health(server *s, struct MHD_Connection *c) {
@@ -111,17 +120,21 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, const char
     if (!strcmp(url, "/health")) return get_health(s, c);
     if (!strcmp(url, "/v1/models")) {
         sb_puts(&b, "{\"object\":\"list\",\"data\":[");
-        model_obj(s, &b);
+        for (int i = -1; i < s->n_mods; i++) {
+            if (i >= 0) sb_puts(&b, ",");
+            model_obj(s, &b, i);
+        }
         sb_puts(&b, "]}");
         return reply_json(s, c, 200, &b);
     }
     if (!strncmp(url, "/v1/models/", 11)) {
-        if (strcmp(url + 11, s->model_id)) {
+        int module = strcmp(url + 11, s->model_id) ? server_adapter_find(s, url + 11) : -1;
+        if (strcmp(url + 11, s->model_id) && module < 0) {
             char msg[800];
             snprintf(msg, sizeof msg, "the model '%.300s' does not exist (this server has '%s')", url + 11, s->model_id);
             return reply_error(s, c, 404, msg, "invalid_request_error", "model", "model_not_found");
         }
-        model_obj(s, &b);
+        model_obj(s, &b, module);
         return reply_json(s, c, 200, &b);
     }
     if (!strcmp(url, "/v1/profiles")) {
@@ -332,10 +345,13 @@ static int prepare_job(server *s, server_job *j, char *msg, size_t len, const ch
     server_request *q = &j->req;
     verr err = { { 0 } };
     *param = q->chat ? "messages" : "prompt", *code = "invalid_value";
-    if (q->model && strcmp(q->model, s->model_id)) {
-        snprintf(msg, len, "the model '%.300s' does not exist (this server has '%s')", q->model, s->model_id);
+    int module = q->model && strcmp(q->model, s->model_id) ? server_adapter_find(s, q->model) : -1;
+    if (q->model && strcmp(q->model, s->model_id) && module < 0) {
+        snprintf(msg, len, "the model '%.300s' does not exist (this server has '%s'%s)", q->model, s->model_id,
+                 s->n_mods ? " and its --lora-modules: GET /v1/models" : "");
         return *param = "model", *code = "model_not_found", 404;
     }
+    if (server_job_adapters(s, j, module, &err)) return snprintf(msg, len, "%s", err.msg), 500;
     int limit = s->o.max_tokens_limit;
     if (q->max_tokens > limit) {
         snprintf(msg, len, "max_tokens is %d but this server allows at most %d (--max-tokens-limit)", q->max_tokens, limit);
@@ -531,7 +547,7 @@ server *server_start(session *base, const server_opts *o, verr *err) {
     s->threads_per_slot = total / o->parallel > 0 ? total / o->parallel : 1;
     struct sockaddr_storage ss;
     int v6 = 0;
-    if (setup_model(s, err) || bind_addr(o->host, o->port, &ss, &v6, &s->loopback, err) || server_slots_start(s, err)) {
+    if (setup_model(s, err) || server_adapters_load(s, err) || bind_addr(o->host, o->port, &ss, &v6, &s->loopback, err) || server_slots_start(s, err)) {
         server_stop(s);
         return NULL;
     }
@@ -583,6 +599,7 @@ void server_stop(server *s) {
     server_cancel_all(s);
     server_slots_stop(s);  // running jobs end at their next token
     if (s->d) MHD_stop_daemon(s->d);
+    server_adapters_free(s);
     sb_free(&s->model_json), sb_free(&s->tok_text);
     free(s->tok_off);
     pthread_mutex_destroy(&s->mu);

@@ -57,6 +57,8 @@ struct server_job {
     // context) and top alternatives ([n_ids * k]); scored once for all the choices
     double *echo_lp, *echo_top_lp;
     int *echo_top, echo_scored;
+    lora_use *lora;           // the adapters this request runs with ([n_lora]: the base's, then its module)
+    int n_lora;
     server_job *next;
 };
 
@@ -83,6 +85,8 @@ struct server {
     sbuf tok_text;            // every id's text in context (server_token_texts), packed
     unsigned *tok_off;        // [vocab + 1] offsets into tok_text
     int threads_per_slot;
+    lora_adapter *mods;       // --lora-modules, [n_mods] (names in o.lora_names)
+    int n_mods;
     atomic_ulong seed_counter;
     long created;
 };
@@ -96,6 +100,14 @@ int server_job_enqueue(server *s, server_job *j);  // -1 when the queue is full,
 void server_job_release(server_job *j);
 void server_job_cancel(server_job *j);
 double server_now(void);
+
+// adapters.c: the named LoRA adapters (--lora-modules).
+int server_adapters_load(server *s, verr *err);
+void server_adapters_free(server *s);
+// The module called name, or -1.
+int server_adapter_find(const server *s, const char *name);
+// j->lora: the base session's adapters plus module (-1: none).
+int server_job_adapters(server *s, server_job *j, int module, verr *err);
 
 // guard.c: checks on a request's headers before its body is read; 0, or an HTTP
 // status with msg and an error code.

@@ -41,7 +41,7 @@ void server_job_release(server_job *j) {
     pthread_mutex_unlock(&s->mu);
     if (!last) return;
     server_request_free(&j->req);
-    free(j->ids), free(j->echo_lp), free(j->echo_top_lp), free(j->echo_top);
+    free(j->ids), free(j->echo_lp), free(j->echo_top_lp), free(j->echo_top), free(j->lora);
     sb_free(&j->out), sb_free(&j->body), sb_free(&j->chunk_head);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
@@ -428,6 +428,7 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
     choice c = { .j = j, .s = s, .index = index, .ts = tokenizer_stream_new(s->tok, 1) };
     c.has_lz = j->req.metrics || j->sampler == GEN_ENTROPIX;
     if (!c.ts) return verr_set(err, "out of memory");
+    if (session_set_lora(s, j->lora, j->n_lora, err)) return choice_free(&c), -1;  // this request's adapters
     if (j->req.echo) {
         if (echo_prompt(&c, err)) return choice_free(&c), -1;
         if (j->req.stream) stream_event(&c, c.text.len, NULL);

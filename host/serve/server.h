@@ -30,6 +30,9 @@ typedef struct {
     const char *cors;           // comma-separated browser Origins allowed besides the page's own ("*": any)
     int escape_special;         // chat messages' special-token text is plain text (request may override)
     int verbose;                // one stderr line per request
+    const lora_spec *lora_modules;  // --lora-modules NAME=DIR: [n_lora_modules] adapters a request
+    const char *const *lora_names;  // selects by "model": NAME (host/serve/adapters.c)
+    int n_lora_modules;
 } server_opts;
 
 typedef struct server server;

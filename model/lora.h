@@ -1,0 +1,67 @@
+// lora.h: LoRA adapters in PEFT's format (adapter_config.json +
+// adapter_model.safetensors), applied unmerged: a projection y = W x becomes
+// y = W x + s * c * B (A x) with c = lora_alpha / r (lora_alpha / sqrt(r) with
+// use_rslora) and s the user's scale, so the base weights stay mapped read-only and
+// the adapters in use can change between requests. A and B stay views into the
+// adapter's mmapped file, in their stored dtype.
+#ifndef VARENT_LORA_H
+#define VARENT_LORA_H
+
+#include "host/formats/safetensors.h"
+#include "model/model.h"
+
+// The projections an adapter may target (PEFT target_modules names q_proj ... down_proj).
+typedef enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_N_PROJ } lora_proj;
+
+typedef struct {
+    wref a, b;  // A [r, n_in], B [n_out, r]; a.data NULL: this projection is not adapted
+} lora_pair;
+
+typedef struct {
+    char dir[4096];
+    int r;              // rank (adapter_config.json "r")
+    double alpha;       // "lora_alpha"
+    int rslora;         // "use_rslora"
+    double scaling;     // alpha / r, or alpha / sqrt(r)
+    int n_layers;
+    lora_pair *w;       // [n_layers * LORA_N_PROJ]
+    int n_pairs;        // adapted projections
+    st_file file;
+} lora_adapter;
+
+// An adapter to load: its PEFT directory and scale.
+typedef struct {
+    const char *dir;
+    float scale;
+} lora_spec;
+
+// One adapter in use, with the user's scale (--lora: 1, --lora-scaled DIR S: S).
+typedef struct {
+    const lora_adapter *a;
+    float scale;
+} lora_use;
+
+// Reads dir/adapter_config.json and dir/adapter_model.safetensors and checks them
+// against m: every tensor must be a lora_A/lora_B of a q/k/v/o/gate/up/down projection
+// of a layer of m, with A [r, n_in] and B [n_out, r]. DoRA, modules_to_save, embedding
+// or lm_head adapters, bias training, fan_in_fan_out and per-module rank or alpha
+// patterns are refused. Errors name the file and the key. 0, or -1 with err.
+int lora_load(lora_adapter *a, const model *m, const char *dir, verr *err);
+void lora_free(lora_adapter *a);
+// The pair of layer l, projection p (a.data NULL when not adapted).
+static inline const lora_pair *lora_get(const lora_adapter *a, int l, lora_proj p) {
+    return &a->w[(size_t)l * LORA_N_PROJ + p];
+}
+// Input and output widths of projection p of m.
+void lora_proj_dims(const model_config *c, lora_proj p, int *n_in, int *n_out);
+const char *lora_proj_name(lora_proj p);  // "q_proj", ...
+// The largest rank of the adapters in use (0 when none).
+int lora_max_rank(const lora_use *u, int n);
+
+// CPU: y[T, n_out] += sum over u of scale * scaling * B (A x) for projection p of layer
+// l, x [T, n_in]. tmp holds T * rank floats, dy T * n_out. Uses with scale 0 are skipped,
+// so they leave y bit for bit as it was.
+void lora_apply(const lora_use *u, int n, int l, lora_proj p, float *y, const float *x, int T, int n_in, int n_out,
+                float *tmp, float *dy);
+
+#endif

@@ -242,6 +242,14 @@ def test_bad_adapters(tmp, d):
                 "adapter_model.bin", "safetensors")
     expect_fail("lora_bad_missing_dir", varent("logits", "-m", d, "--ids", "1", "--out", out, "--lora",
                                                os.path.join(tmp, "nope")), "nope/adapter_config.json")
+    emu = os.path.join(os.environ.get("EMU_BUILD", os.path.join(vtest.ROOT, "build", "emu")), "varent")
+    if os.path.exists(emu):  # the device forward has no adapters yet: a clear error, nothing run
+        ad = os.path.join(tmp, "ad-sub")
+        r = subprocess.run([emu, "logits", "-m", d, "--ids", "1", "--out", out, "--device", "cuda", "--lora", ad],
+                           capture_output=True, text=True, timeout=300)
+        expect_fail("lora_cuda_refused_clearly", r, "CPU backend only")
+    else:
+        skip("lora_cuda_refused_clearly", f"{emu} not built (make emu)")
     expect_fail("lora_scaled_needs_two", varent("logits", "-m", d, "--ids", "1", "--out", out, "--lora-scaled", "x"),
                 "--lora-scaled")
     expect_fail("lora_scaled_bad_number", varent("logits", "-m", d, "--ids", "1", "--out", out, "--lora-scaled",

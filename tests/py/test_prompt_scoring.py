@@ -13,6 +13,7 @@
     the reference logits plus the bias, step by step; under sampling, a bias that leaves
     two tokens draws them in the proportion a Python softmax of their reference logits
     gives; the metrics and logprobs stay those of the raw logits;
+  - on the emulated CUDA device (build/emu/varent), greedy -l output follows the reference too;
   - bad input: a logit_bias that is not an object of token ids to numbers in
     [-100, 100], an id outside the vocabulary, a malformed -l, an unknown request
     field (a 400 naming it), a no-op OpenAI field at a value that would need an effect;
@@ -282,6 +283,25 @@ def test_cli_bias(tok_dir, model, tag, tmp):
           f"{got2} vs {want2}")
 
 
+EMU = os.path.join(os.environ.get("EMU_BUILD", os.path.join(vtest.ROOT, "build", "emu")), "varent")
+
+
+def test_emu_bias(tok_dir, model, tag, tmp):
+    """--device cuda on the emulated GPU (docs/cuda.md): a biased step draws on the host
+    from the device's logits; greedy output still follows the reference plus the bias."""
+    if not os.path.exists(EMU):
+        return vtest.skip(f"{tag}_emu_logit_bias", f"{EMU} not built (make emu)")
+    import subprocess
+    ids = ids_of(tok_dir, PROMPT)
+    bias = pick_bias(model, ids)
+    (t, b), = bias.items()
+    want = greedy_with_bias(model, ids, bias, 6)
+    r = subprocess.run([EMU, "run", "-m", ids_only(tok_dir, tmp), "--device", "cuda", "--ids", ",".join(map(str, ids)),
+                        "-n", "6", "--temp", "0", "-l", f"{t}+{b}"], capture_output=True, text=True, timeout=600)
+    got = [int(x) for x in r.stdout.split()] if r.returncode == 0 else r.stderr[-300:]
+    check(got == want, f"{tag}_emu_logit_bias_greedy_follows_reference", f"{got} vs {want}")
+
+
 def test_cli_errors(model_dir):
     base = ("run", "-m", model_dir, "-p", "x", "-n", 2)
     for name, val, needle in (("no_sign", "15043", "TOKEN_ID+BIAS"), ("not_number", "5+abc", "not a number"),
@@ -358,6 +378,8 @@ def main():
         finally:
             srv.stop()
         test_cli_bias(d, model, tag, tmp)
+        if tag == "stories":
+            test_emu_bias(d, model, tag, tmp)
         test_ppl_per_token(d, model, tag, tmp)
     test_cli_errors(stories)
     return 1 if vtest.failures else 0

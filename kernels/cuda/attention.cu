@@ -53,35 +53,77 @@ __device__ __forceinline__ float dot_q_k(const float *q, const uint16_t *k, int 
     return s;
 }
 
+// dot_q_k for a head_dim known at compile time (64 and 128, the common ones): the loads of
+// the key row are unrolled ahead of the products, where the runtime loop waits on each in
+// turn (ptxas still interleaves some with the products: sm_90 SASS shows 3 of 8 issued
+// before the first product at 64). The sums are in the same order: the same bits.
+template <int HD>
+__device__ __forceinline__ float dot_q_k_fixed(const float *q, const uint16_t *k) {
+    const uint4 *k4 = (const uint4 *)k;
+    uint4 raw[HD / 8];
+#pragma unroll
+    for (int c = 0; c < HD / 8; c++) raw[c] = __ldg(k4 + c);
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < HD / 8; c++) {
+        float f[8];
+        unpack8<WT_BF16>(raw[c], f);
+#pragma unroll
+        for (int e = 0; e < 8; e++) s = fmaf(q[8 * c + e], f[e], s);
+    }
+    return s;
+}
+
+template <int HD>
+__device__ __forceinline__ float dot_q_k_hd(const float *q, const uint16_t *k, int hd) {
+    if constexpr (HD > 0) return dot_q_k_fixed<HD>(q, k);
+    else return dot_q_k(q, k, hd);
+}
+
 // ---- decode -------------------------------------------------------------------------
 // smem: q_s[G*hd] | o_s[G*hd] | sc[G*S] | m_s[G] | l_s[G] | c_s[G]. Each thread owns fixed
 // o_s entries (same idx stride every tile), so o_s needs no barrier of its own.
 // L/N are used as given unless dL/dN (device records) are set. grid z = batch row b:
 // its records dL[b], dN[b], query q[b], partials and scores (score_stride floats apart).
-// out[hd] = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits of one head
-// (ph: its n_splits partials) with l_s > 0; split 0 always has keys, so M is finite.
-// Threads tid, tid + nt, ... take the output elements; every thread works out M and L.
+// out[g][hd] = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits of nh
+// consecutive heads (ph0: the first head's n_splits partials; out: its output row).
+// Splits with l_s == 0 (no keys) get weight 0; split 0 always has keys, so M is finite.
+// Warp g works out head g's weights w[g][s] (one expf per split, all lanes at once) and
+// 1/L into shared memory; then every thread takes outputs of all nh heads. Done split by
+// split in one thread, this was a serial chain of 3 * n_splits L2 reads per head, slower
+// than the split kernel itself on an H200 (docs/benchmarks.md, 2026-11-26).
+// w: nh * n_splits floats and inv: nh floats of shared memory. Called by a whole block.
 // ldcg: partials of other blocks are read from L2, never a stale L1 line.
-__device__ __forceinline__ void combine_head(float *out, const float *ph, int n_splits, int hd, int tid, int nt) {
-    float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) {
-        const float *ps = ph + (size_t)s * (hd + 2);
-        if (__ldcg(ps + hd + 1) > 0.f) M = fmaxf(M, __ldcg(ps + hd));
-    }
-    float L = 0.f;
-    for (int s = 0; s < n_splits; s++) {
-        const float *ps = ph + (size_t)s * (hd + 2);
-        float l = __ldcg(ps + hd + 1);
-        if (l > 0.f) L += l * expf(__ldcg(ps + hd) - M);
-    }
-    float inv = 1.f / L;
-    for (int d = tid; d < hd; d += nt) {
-        float o = 0.f;
-        for (int s = 0; s < n_splits; s++) {
+__device__ void combine_heads(float *out, const float *ph0, int nh, int n_splits, int hd, float *w, float *inv) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    size_t hstride = (size_t)n_splits * (hd + 2);
+    for (int g = warp; g < nh; g += nw) {
+        const float *ph = ph0 + g * hstride;
+        float M = -INFINITY;
+        for (int s = lane; s < n_splits; s += 32) {
             const float *ps = ph + (size_t)s * (hd + 2);
-            if (__ldcg(ps + hd + 1) > 0.f) o = fmaf(__ldcg(ps + d), expf(__ldcg(ps + hd) - M), o);
+            if (__ldcg(ps + hd + 1) > 0.f) M = fmaxf(M, __ldcg(ps + hd));
         }
-        out[d] = o * inv;
+        M = warp_max(M);
+        float L = 0.f;
+        for (int s = lane; s < n_splits; s += 32) {
+            const float *ps = ph + (size_t)s * (hd + 2);
+            float l = __ldcg(ps + hd + 1);
+            float ws = l > 0.f ? expf(__ldcg(ps + hd) - M) : 0.f;
+            w[g * n_splits + s] = ws;
+            L = fmaf(l, ws, L);
+        }
+        L = warp_sum(L);
+        if (lane == 0) inv[g] = 1.f / L;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < nh * hd; idx += blockDim.x) {
+        int g = idx / hd, d = idx - g * hd;
+        const float *po = ph0 + g * hstride + d, *wg = w + g * n_splits;
+        float o = 0.f;
+#pragma unroll 4
+        for (int s = 0; s < n_splits; s++) o = fmaf(__ldcg(po + (size_t)s * (hd + 2)), wg[s], o);
+        out[(size_t)g * hd + d] = __fmul_rn(o, inv[g]);
     }
 }
 
@@ -89,6 +131,8 @@ __device__ __forceinline__ void combine_head(float *out, const float *ph, int n_
 // split block adds 1 after writing its partials (and a fence); the block that brings it
 // to n_splits combines the group's G heads into out and sets it back to 0 for the next
 // step (a captured graph replays the same counters).
+// HD: head_dim when it is 64 or 128 (unrolled key loads), else 0 (any even head_dim).
+template <int HD>
 __global__ void attn_decode_split_kernel(float *part, float *last_scores, const float *q,
                                          cuda_kv_layer L, cuda_kv_lens N,
                                          const cuda_kv_layer *dL, const cuda_kv_lens *dN,
@@ -127,7 +171,7 @@ __global__ void attn_decode_split_kernel(float *part, float *last_scores, const 
         for (int idx = threadIdx.x; idx < G * n; idx += blockDim.x) {
             int g = idx / n, jj = idx - g * n, j = jt + jj;
             const uint16_t *kr = kv_row(kt, kl, n_trunk, j, kv_dim) + (size_t)kvh * hd;
-            float s = dot_q_k(q_s + g * hd, kr, hd) * scale;
+            float s = dot_q_k_hd<HD>(q_s + g * hd, kr, hd) * scale;
             sc[g * S + jj] = s;
             if (last_scores) last_scores[(size_t)(kvh * G + g) * n_keys + j] = s;
         }
@@ -162,6 +206,7 @@ __global__ void attn_decode_split_kernel(float *part, float *last_scores, const 
             const float *pg = sc + g * S;
             float corr = c_s[g];
             float o0 = o_s[g * hd + d] * corr, o1 = o_s[g * hd + d + 1] * corr;
+#pragma unroll 8
             for (int jj = 0; jj < n; jj++) {
                 const uint16_t *vr = kv_row(vt, vl, n_trunk, jt + jj, kv_dim) + (size_t)kvh * hd;
                 uint32_t u = *(const uint32_t *)(vr + d);  // d and hd even: 4-byte aligned
@@ -194,27 +239,33 @@ __global__ void attn_decode_split_kernel(float *part, float *last_scores, const 
     __syncthreads();
     if (!last) return;
     __threadfence();  // the other blocks' partials, counted before ours, are visible
-    for (int g = 0; g < G; g++) {
-        int h = kvh * G + g;
-        combine_head(out + ((size_t)b * n_heads + h) * hd, part + (size_t)h * n_splits * (hd + 2), n_splits, hd,
-                     threadIdx.x, blockDim.x);
-    }
+    // sc (G * S floats, S >= n_splits: decode_splits) is free after the last tile's barrier.
+    combine_heads(out + ((size_t)b * n_heads + kvh * G) * hd, part + (size_t)kvh * G * n_splits * (hd + 2), G,
+                  n_splits, hd, sc, m_s);
     if (threadIdx.x == 0) count[(size_t)b * n_kv + kvh] = 0;
 }
 
 // grid (n_heads, B), block ATT_THREADS. Splits with l == 0 (no keys) are skipped; split 0
 // always has keys, so M is finite.
+// smem: w[n_splits] | inv[1].
 __global__ void attn_decode_combine_kernel(float *out, const float *part, int n_splits, int hd) {
+    extern __shared__ float smem[];
     int h = blockIdx.x, hb = blockIdx.y * gridDim.x + h;  // head h of row blockIdx.y
-    combine_head(out + (size_t)hb * hd, part + (size_t)hb * n_splits * (hd + 2), n_splits, hd, threadIdx.x,
-                 blockDim.x);
+    combine_heads(out + (size_t)hb * hd, part + (size_t)hb * n_splits * (hd + 2), 1, n_splits, hd, smem,
+                  smem + n_splits);
 }
 
-// Split count for n_keys keys: about two blocks per SM, at least 32 keys per split.
+static int decode_tile(attn_shape s);
+
+// Split count for n_keys keys: about two blocks per SM, at least 32 keys per split, and
+// at most the tile size S, since the combining block keeps G * n_splits weights in the
+// G * S floats of its score tile.
 static int decode_splits(int n_sm, int n_keys, attn_shape s) {
     int target = (2 * (n_sm > 0 ? n_sm : 1) + s.n_kv_heads - 1) / s.n_kv_heads;
     int by_len = (n_keys + 31) / 32;
     int ns = target < by_len ? target : by_len;
+    int S = decode_tile(s);
+    if (S >= 32 && ns > S) ns = S;
     return ns < 1 ? 1 : ns;
 }
 
@@ -485,12 +536,23 @@ static int decode_launch(cuda_ctx *ctx, float *out, const float *q, cuda_kv_laye
     // With counters for every (row, KV head) the split blocks combine themselves.
     unsigned *count = ctx->att_count && ctx->att_count_n >= B * s.n_kv_heads ? ctx->att_count : NULL;
     dim3 grid(ns, s.n_kv_heads, B), cgrid(s.n_heads, B);
-    attn_decode_split_kernel<<<grid, ATT_THREADS, decode_smem(s, S), ctx->stream>>>(
-        part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count,
-        out);
+    size_t smem = decode_smem(s, S);
+    if (s.head_dim == 64)
+        attn_decode_split_kernel<64><<<grid, ATT_THREADS, smem, ctx->stream>>>(
+            part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count,
+            out);
+    else if (s.head_dim == 128)
+        attn_decode_split_kernel<128><<<grid, ATT_THREADS, smem, ctx->stream>>>(
+            part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count,
+            out);
+    else
+        attn_decode_split_kernel<0><<<grid, ATT_THREADS, smem, ctx->stream>>>(
+            part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count,
+            out);
     CUDA_CHECK_LAUNCH(ctx, "attn_decode_split_kernel");
     if (count) return 0;
-    attn_decode_combine_kernel<<<cgrid, ATT_THREADS, 0, ctx->stream>>>(out, part, ns, s.head_dim);
+    size_t csmem = ((size_t)ns + 1) * sizeof(float);
+    attn_decode_combine_kernel<<<cgrid, ATT_THREADS, csmem, ctx->stream>>>(out, part, ns, s.head_dim);
     CUDA_CHECK_LAUNCH(ctx, "attn_decode_combine_kernel");
     return 0;
 }

@@ -11,19 +11,6 @@
 
 #define MV_WARPS 4  // warps per block
 
-// 8 consecutive weights starting at element 8*i, widened to fp32.
-template <int WT>
-__device__ __forceinline__ void load_w8(const void *w, size_t i, float f[8]) {
-    if (WT == WT_F32) {
-        const float4 *p = (const float4 *)w + 2 * i;
-        float4 a = __ldg(p), b = __ldg(p + 1);
-        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
-        f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
-    } else {
-        unpack8<WT>(__ldg((const uint4 *)w + i), f);
-    }
-}
-
 __device__ __forceinline__ float dot8(const float f[8], float4 a, float4 b) {
     float s = f[0] * a.x;
     s = fmaf(f[1], a.y, s); s = fmaf(f[2], a.z, s); s = fmaf(f[3], a.w, s);
@@ -53,15 +40,19 @@ __device__ __forceinline__ const float *mv_x(const mv_rows &p, int r, int n_in) 
     return p.x + (size_t)min(r, p.nr - 1) * n_in;
 }
 
-// 1 / rms of x row r, as rmsnorm_kernel computes it (fp32 sum of squares); 1 without
-// a folded norm. Every lane of the warp gets it.
-__device__ __forceinline__ float mv_inv_rms(const mv_rows &p, int r, int n_in) {
+// ss + the squares of one 8-element x chunk: the kernels sum each x row's squares from
+// the chunks they load for the dot products anyway, instead of a second pass over x
+// after the dots (a chain of L2 reads at the end of every warp).
+__device__ __forceinline__ float mv_sq8(float ss, float4 a, float4 b) {
+    ss = fmaf(a.x, a.x, ss); ss = fmaf(a.y, a.y, ss); ss = fmaf(a.z, a.z, ss); ss = fmaf(a.w, a.w, ss);
+    ss = fmaf(b.x, b.x, ss); ss = fmaf(b.y, b.y, ss); ss = fmaf(b.z, b.z, ss); ss = fmaf(b.w, b.w, ss);
+    return ss;
+}
+
+// 1 / rms of a row from each lane's partial sum of squares; 1 without a folded norm.
+__device__ __forceinline__ float mv_inv_from_ss(const mv_rows &p, float ss, int n_in) {
     if (!p.nw) return 1.f;
-    const float *xr = mv_x(p, r, n_in);
-    float ss = 0.f;
-    for (int i = threadIdx.x & 31; i < n_in; i += 32) ss = fmaf(xr[i], xr[i], ss);
-    ss = warp_sum(ss);
-    return rsqrtf(ss / (float)n_in + p.eps);
+    return rsqrtf(warp_sum(ss) / (float)n_in + p.eps);
 }
 
 // f[0..8) *= the norm's weights g of chunk i (vector kernels; nw 16-byte aligned).
@@ -82,17 +73,67 @@ __device__ __forceinline__ void mv_scale8(const mv_rows &p, size_t i, float f[8]
 
 __device__ __forceinline__ void mv_store(const mv_rows &p, int r, int o, int n_out, float v) {
     if (r >= p.nr) return;
-    if (p.bias) v += p.bias[o];
+    // Explicit roundings: nvcc would contract the caller's sum * inv_rms with this add into
+    // an FMA in some template instances and not others, and batched rows would no longer
+    // equal B == 1 bit for bit (seen on an H200; the emulated device cannot see it).
+    if (p.bias) v = __fadd_rn(v, p.bias[o]);
     int b = p.r0 + r;
     float *d;
     if (o < p.s1) d = p.out + (size_t)b * p.s1 + o;
     else if (o < p.s2) d = p.out + (size_t)p.B * p.s1 + (size_t)b * (p.s2 - p.s1) + (o - p.s1);
     else d = p.out + (size_t)p.B * p.s2 + (size_t)b * (n_out - p.s2) + (o - p.s2);
-    *d = p.add ? *d + v : v;
+    *d = p.add ? __fadd_rn(*d, v) : v;
+}
+
+// The raw 16-byte loads of weight chunk i (two for f32) and their widening to fp32, apart,
+// so that a loop can issue several chunks' loads before any arithmetic on them.
+template <int WT>
+__device__ __forceinline__ void ld_w8(const void *w, size_t i, uint4 raw[2]) {
+    if (WT == WT_F32) {
+        const uint4 *q = (const uint4 *)w + 2 * i;
+        raw[0] = __ldg(q);
+        raw[1] = __ldg(q + 1);
+    } else {
+        raw[0] = __ldg((const uint4 *)w + i);
+    }
+}
+
+template <int WT>
+__device__ __forceinline__ void widen_w8(const uint4 raw[2], float f[8]) {
+    if (WT == WT_F32) {
+        f[0] = __uint_as_float(raw[0].x); f[1] = __uint_as_float(raw[0].y);
+        f[2] = __uint_as_float(raw[0].z); f[3] = __uint_as_float(raw[0].w);
+        f[4] = __uint_as_float(raw[1].x); f[5] = __uint_as_float(raw[1].y);
+        f[6] = __uint_as_float(raw[1].z); f[7] = __uint_as_float(raw[1].w);
+    } else {
+        unpack8<WT>(raw[0], f);
+    }
+}
+
+// Chunks in flight per lane in the one-row-per-warp kernel: one or two 16-byte loads per
+// lane left the weight stream latency-bound on rows of 2K-8K elements.
+#define MV_INFLIGHT 4
+
+// acc += w chunk i (raw, widened and norm-scaled here) . x chunk i of each row; ss[r]
+// gathers row r's squares when a norm is folded.
+template <int WT, int R>
+__device__ __forceinline__ void mv_chunk(const mv_rows &p, const uint4 raw[2], const float4 *const x4[R], int i,
+                                         float acc[R], float ss[R]) {
+    float f[8];
+    widen_w8<WT>(raw, f);
+    mv_scale8(p, i, f);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float4 xa = __ldg(x4[r] + 2 * i), xb = __ldg(x4[r] + 2 * i + 1);
+        acc[r] += dot8(f, xa, xb);
+        if (p.nw) ss[r] = mv_sq8(ss[r], xa, xb);
+    }
 }
 
 // Vector path: n_in % 8 == 0, w and x 16-byte aligned. R rows share each weight load;
 // every row's sums are in the order of the R == 1 kernel, so results do not depend on R.
+// Each lane loads MV_INFLIGHT chunks (i, i+32, ...) before it uses any; chunks alternate
+// between two accumulators.
 // grid (cdiv(n_out, MV_WARPS)), block 32*MV_WARPS
 template <int WT, int R>
 __global__ void matvec_vec_kernel(mv_rows p, const void *w, int n_in, int n_out) {
@@ -102,56 +143,58 @@ __global__ void matvec_vec_kernel(mv_rows p, const void *w, int n_in, int n_out)
     int nv = n_in / 8;         // 8-element chunks per row
     size_t rbase = (size_t)row * nv;
     const float4 *x4[R];
-    float acc0[R], acc1[R];
+    float acc[2][R], ss[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) x4[r] = (const float4 *)mv_x(p, r, n_in), acc0[r] = 0.f, acc1[r] = 0.f;
-    int i = lane;
-    // Two chunks in flight per lane per iteration for memory-level parallelism.
-    for (; i + 32 < nv; i += 64) {
-        float f0[8], f1[8];
-        load_w8<WT>(w, rbase + i, f0);
-        load_w8<WT>(w, rbase + i + 32, f1);
-        mv_scale8(p, i, f0);
-        mv_scale8(p, i + 32, f1);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            acc0[r] += dot8(f0, __ldg(x4[r] + 2 * i), __ldg(x4[r] + 2 * i + 1));
-            acc1[r] += dot8(f1, __ldg(x4[r] + 2 * (i + 32)), __ldg(x4[r] + 2 * (i + 32) + 1));
-        }
+    for (int r = 0; r < R; r++) {
+        x4[r] = (const float4 *)mv_x(p, r, n_in);
+        acc[0][r] = 0.f;
+        acc[1][r] = 0.f;
+        ss[r] = 0.f;
     }
-    if (i < nv) {
-        float f0[8];
-        load_w8<WT>(w, rbase + i, f0);
-        mv_scale8(p, i, f0);
+    int i = lane;
+    for (; i + 32 * (MV_INFLIGHT - 1) < nv; i += 32 * MV_INFLIGHT) {
+        uint4 raw[MV_INFLIGHT][2];
 #pragma unroll
-        for (int r = 0; r < R; r++) acc0[r] += dot8(f0, __ldg(x4[r] + 2 * i), __ldg(x4[r] + 2 * i + 1));
+        for (int c = 0; c < MV_INFLIGHT; c++) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
+#pragma unroll
+        for (int c = 0; c < MV_INFLIGHT; c++) mv_chunk<WT, R>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
+    }
+    for (; i < nv; i += 32) {  // the last 0-3 chunks of the lane
+        uint4 raw[2];
+        ld_w8<WT>(w, rbase + i, raw);
+        mv_chunk<WT, R>(p, raw, x4, i, acc[0], ss);
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float acc = warp_sum(acc0[r] + acc1[r]) * mv_inv_rms(p, r, n_in);
-        if (lane == 0) mv_store(p, r, row, n_out, acc);
+        float acc_r = __fmul_rn(warp_sum(acc[0][r] + acc[1][r]), mv_inv_from_ss(p, ss[r], n_in));
+        if (lane == 0) mv_store(p, r, row, n_out, acc_r);
     }
 }
 
 // acc[q][r] = weight row rb[q] (offset in 8-element chunks) . x row r, for four weight
 // rows at once: each lane's x chunk is loaded once for four weight chunks, and four
 // 16-byte weight loads are in flight. The order of the sums is fixed (one accumulator
-// per row and x row, lane chunks in order), so results do not depend on R.
+// per row and x row, lane chunks in order), so results do not depend on R. ss[r]: the
+// lane's sum of squares of x row r when a norm is folded.
 template <int WT, int R>
 __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const size_t rb[4], int n_in,
-                                         float acc[4][R]) {
+                                         float acc[4][R], float ss[R]) {
     int lane = threadIdx.x & 31, nv = n_in / 8;
     const float4 *x4[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         x4[r] = (const float4 *)mv_x(p, r, n_in);
+        ss[r] = 0.f;
 #pragma unroll
         for (int q = 0; q < 4; q++) acc[q][r] = 0.f;
     }
     for (int i = lane; i < nv; i += 32) {
+        uint4 raw[4][2];
         float f[4][8];
 #pragma unroll
-        for (int q = 0; q < 4; q++) load_w8<WT>(w, rb[q] + i, f[q]);
+        for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + i, raw[q]);
+#pragma unroll
+        for (int q = 0; q < 4; q++) widen_w8<WT>(raw[q], f[q]);
         if (p.nw) {  // the four rows share chunk i's norm weights: one load
             float g[8];
             mv_norm8(p, i, g);
@@ -165,6 +208,7 @@ __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const 
             float4 xa = __ldg(x4[r] + 2 * i), xb = __ldg(x4[r] + 2 * i + 1);
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[q][r] += dot8(f[q], xa, xb);
+            if (p.nw) ss[r] = mv_sq8(ss[r], xa, xb);
         }
     }
 }
@@ -180,15 +224,15 @@ __global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out
     size_t rb[4];
 #pragma unroll
     for (int q = 0; q < 4; q++) rb[q] = (size_t)min(row0 + q, n_out - 1) * (n_in / 8);
-    float acc[4][R], inv[R];
-    mv4_dots<WT, R>(p, w, rb, n_in, acc);
+    float acc[4][R], ss[R], inv[R];
+    mv4_dots<WT, R>(p, w, rb, n_in, acc, ss);
 #pragma unroll
-    for (int r = 0; r < R; r++) inv[r] = mv_inv_rms(p, r, n_in);
+    for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss(p, ss[r], n_in);
 #pragma unroll
     for (int q = 0; q < 4; q++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float a = warp_sum(acc[q][r]) * inv[r];
+            float a = __fmul_rn(warp_sum(acc[q][r]), inv[r]);
             if (lane == 0 && row0 + q < n_out) mv_store(p, r, row0 + q, n_out, a);
         }
 }
@@ -210,15 +254,16 @@ __global__ void matvec_glu_kernel(mv_rows p, const void *w, int n_in, int hid) {
         rb[q] = (size_t)min(j0 + q, hid - 1) * (n_in / 8);
         rb[2 + q] = (size_t)(hid + min(j0 + q, hid - 1)) * (n_in / 8);
     }
-    float acc[4][R], inv[R];
-    mv4_dots<WT, R>(p, w, rb, n_in, acc);
+    float acc[4][R], ss[R], inv[R];
+    mv4_dots<WT, R>(p, w, rb, n_in, acc, ss);
 #pragma unroll
-    for (int r = 0; r < R; r++) inv[r] = mv_inv_rms(p, r, n_in);
+    for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss(p, ss[r], n_in);
 #pragma unroll
     for (int q = 0; q < 2; q++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float g = warp_sum(acc[q][r]) * inv[r], u = warp_sum(acc[2 + q][r]) * inv[r];
+            float g = __fmul_rn(warp_sum(acc[q][r]), inv[r]);
+            float u = __fmul_rn(warp_sum(acc[2 + q][r]), inv[r]);
             if (lane == 0 && j0 + q < hid) mv_store(p, r, j0 + q, hid, silu_mul(g, u));
         }
 }
@@ -231,18 +276,26 @@ __global__ void matvec_scalar_kernel(mv_rows p, const void *w, int wt, int n_in,
     if (row >= n_out) return;
     size_t rbase = (size_t)row * n_in;
     const float *xr[R];
-    float acc[R];
+    float acc[R], ss[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) xr[r] = mv_x(p, r, n_in), acc[r] = 0.f;
+    for (int r = 0; r < R; r++) {
+        xr[r] = mv_x(p, r, n_in);
+        acc[r] = 0.f;
+        ss[r] = 0.f;
+    }
     for (int i = lane; i < n_in; i += 32) {
         float wv = load_w(w, wt, rbase + i);
         if (p.nw) wv *= p.nw[i];
 #pragma unroll
-        for (int r = 0; r < R; r++) acc[r] = fmaf(wv, xr[r][i], acc[r]);
+        for (int r = 0; r < R; r++) {
+            float xv = xr[r][i];
+            acc[r] = fmaf(wv, xv, acc[r]);
+            if (p.nw) ss[r] = fmaf(xv, xv, ss[r]);
+        }
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float a = warp_sum(acc[r]) * mv_inv_rms(p, r, n_in);
+        float a = __fmul_rn(warp_sum(acc[r]), mv_inv_from_ss(p, ss[r], n_in));
         if (lane == 0) mv_store(p, r, row, n_out, a);
     }
 }

@@ -46,12 +46,33 @@ typedef struct {
 // Set how many threads the CPU kernels use (0 = all cores). Returns the count in use.
 int cpu_set_threads(int n);
 
+// The instruction-set level of the CPU kernels (kernels/cpu/cpu_isa.c), chosen at run
+// time: the best the CPU has, or lower through VARENT_CPU_ISA=generic|avx2|avx512|
+// avx512bf16 or cpu_isa_set (tests force each path; a level above the CPU's is refused).
+typedef enum { CPU_ISA_GENERIC = 0, CPU_ISA_AVX2 = 1, CPU_ISA_AVX512 = 2, CPU_ISA_AVX512BF16 = 3 } cpu_isa;
+cpu_isa cpu_isa_best(void);
+cpu_isa cpu_isa_active(void);
+int cpu_isa_set(cpu_isa isa);            // 0, or -1 when the CPU lacks that level
+int cpu_isa_parse(const char *name);     // the level named, or -1
+const char *cpu_isa_name(cpu_isa isa);
+
 // out[T, dim] = table[ids[t], :]
 void cpu_embed(float *out, wref table, const int *ids, int T, int dim);
 // out[T, dim] = x / rms(x) * w   (in-place allowed: out == x)
 void cpu_rmsnorm(float *out, const float *x, wref w, int T, int dim, float eps);
 // out[T, n_out] = x[T, n_in] @ w[n_out, n_in]^T   (fp32 accumulation)
 void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out);
+// The same product for many tokens (prefill; cpu_matmul calls it for T > 8): packed
+// weight panels reused across token tiles, micro-kernels of the active ISA. Returns -1
+// (out incomplete) only when its scratch cannot be allocated.
+int cpu_gemm(float *out, const float *x, wref w, int T, int n_in, int n_out);
+// bf16 weights on AVX512_BF16: round the inputs x to bf16 too and use vdpbf16ps (as
+// llama.cpp does; about 1.5x the fp32 FMA rate, inputs with 8 mantissa bits). Off by
+// default (VARENT_CPU_GEMM=bf16 turns it on): with fp32 inputs the logits stay within
+// 1e-4 of the fp32 reference; bf16 inputs moved them by 0.5-0.9% of their range on the
+// tiny test models (tests/py/test_logits_reference.py).
+void cpu_set_gemm_bf16_inputs(int on);
+int cpu_gemm_bf16_inputs(void);
 // x[T, n] += b[n]
 void cpu_add_bias(float *x, wref b, int T, int n);
 // Rotary embedding in place on x[T, n_heads, head_dim] at positions pos[t].

@@ -1,62 +1,206 @@
-// attention.c: causal grouped-query attention over a kv_span (trunk + tail).
-// Each (token, head) pair is independent, so they are spread across threads; each
-// thread keeps its own score buffer sized to the number of keys. cpu_attn_stats: the
-// entropix statistics of the last query's scores (the twin of cuda_attn_stats).
+// attention.c: causal grouped-query attention over a kv_span (trunk + tail), as
+// blocked products with the online softmax (flash attention's order of work):
+//   - a work item is a tile of rows, (token, head) pairs that share one kv head: the
+//     heads of a GQA group and up to ATT_MAX_ROWS / group tokens of a prefill, so each
+//     K and V row is read once per tile and used by every row of it;
+//   - keys go by blocks of ATT_BK: scores, then a vectorised exp, then P @ V;
+//   - decode (one token tile) splits the keys across threads as well, each split keeping
+//     its own max and sum, merged at the end (flash decoding), so two threads share even
+//     three kv heads.
+// The kernel body (attention_tile.h) is compiled for AVX-512, AVX2 and portably, and
+// cpu_isa_active() picks one. cpu_attn_stats: the entropix statistics of the last
+// query's scores (the twin of cuda_attn_stats).
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/ops.h"
 
-static inline const float *kv_row(const void *trunk, const void *tail, int n_trunk, int j, int kv_dim) {
+#define ATT_BK 64        // keys per block: its scores stay in L1 with the rows' outputs
+#define ATT_MAX_ROWS 32  // rows of a tile
+#define ATT_MIN_SPLIT 256  // fewest keys worth a split of their own
+
+static inline const float *attn_kv_row(const void *trunk, const void *tail, int n_trunk, int j, int kv_dim) {
     return j < n_trunk ? (const float *)trunk + (size_t)j * kv_dim
                        : (const float *)tail + (size_t)(j - n_trunk) * kv_dim;
 }
 
-// One query against keys 0..n_keys-1: writes softmax(q.k * scale) @ v to out and,
-// if raw is non-NULL, the scaled scores before softmax.
-static void attend_one(float *out, const float *q, kv_span kv, int n_keys, int kv_off, int kv_dim,
-                       int hd, float scale, float *scores, float *raw) {
-    float mx = -INFINITY;
-    for (int j = 0; j < n_keys; j++) {
-        const float *k = kv_row(kv.k_trunk, kv.k_tail, kv.n_trunk, j, kv_dim) + kv_off;
-        float s = 0;
-        for (int i = 0; i < hd; i++) s += q[i] * k[i];
-        s *= scale;
-        scores[j] = s;
-        if (raw) raw[j] = s;
-        if (s > mx) mx = s;
+typedef struct {
+    kv_span kv;
+    attn_shape s;
+    int kv_dim;
+} attn_args;
+
+// A tile's rows: each row's query, capture (NULL: none) and causal limit (its keys are
+// 0..limit-1); g: the kv head they share.
+typedef struct {
+    const float *q[ATT_MAX_ROWS];
+    float *cap[ATT_MAX_ROWS];
+    int limit[ATT_MAX_ROWS];
+    int n, g;
+} attn_rows;
+
+typedef int attn_vi16 __attribute__((vector_size(64)));
+typedef float attn_vf16 __attribute__((vector_size(64)));
+typedef int attn_vi8 __attribute__((vector_size(32)));
+typedef float attn_vf8 __attribute__((vector_size(32)));
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v4")
+#define ATT_V attn_vf16
+#define ATT_VI attn_vi16
+#define ATT_VW 16
+#define ATT_FN(name) name##_avx512
+#include "kernels/cpu/attention_tile.h"
+#undef ATT_V
+#undef ATT_VI
+#undef ATT_VW
+#undef ATT_FN
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("arch=x86-64-v3")
+#define ATT_V attn_vf8
+#define ATT_VI attn_vi8
+#define ATT_VW 8
+#define ATT_FN(name) name##_avx2
+#include "kernels/cpu/attention_tile.h"
+#undef ATT_V
+#undef ATT_VI
+#undef ATT_VW
+#undef ATT_FN
+#pragma GCC pop_options
+#endif
+#define ATT_V attn_vf8
+#define ATT_VI attn_vi8
+#define ATT_VW 8
+#define ATT_FN(name) name##_generic
+#include "kernels/cpu/attention_tile.h"
+
+typedef void attn_tile_fn(const attn_args *a, const attn_rows *w, int ka, int kb, float *m, float *l, float *o,
+                          float *s);
+
+static attn_tile_fn *attn_pick(void) {
+#if defined(__x86_64__)
+    cpu_isa isa = cpu_isa_active();
+    if (isa >= CPU_ISA_AVX512) return attn_tile_avx512;
+    if (isa == CPU_ISA_AVX2) return attn_tile_avx2;
+#endif
+    return attn_tile_generic;
+}
+
+// How the rows and keys are cut into jobs.
+typedef struct {
+    int T, total, hc, nt, head_chunks, token_tiles, splits, jobs;
+} attn_plan;
+
+static attn_plan attn_make_plan(int T, int total, attn_shape s) {
+    attn_plan p = { .T = T, .total = total };
+    int G = s.n_heads / s.n_kv_heads;
+    p.hc = G < ATT_MAX_ROWS ? G : ATT_MAX_ROWS;
+    p.nt = ATT_MAX_ROWS / p.hc;
+    p.head_chunks = (G + p.hc - 1) / p.hc;
+    p.token_tiles = (T + p.nt - 1) / p.nt;
+    int base = s.n_kv_heads * p.head_chunks * p.token_tiles, want = 4 * omp_get_max_threads();
+    p.splits = 1;
+    if (p.token_tiles == 1 && base < want) {  // decode: split the keys too
+        p.splits = (want + base - 1) / base;
+        if (p.splits > total / ATT_MIN_SPLIT) p.splits = total / ATT_MIN_SPLIT;
+        if (p.splits < 1) p.splits = 1;
     }
-    float sum = 0;
-    for (int j = 0; j < n_keys; j++) sum += scores[j] = expf(scores[j] - mx);
-    float inv = 1.0f / sum;
-    for (int i = 0; i < hd; i++) out[i] = 0;
-    for (int j = 0; j < n_keys; j++) {
-        const float *v = kv_row(kv.v_trunk, kv.v_tail, kv.n_trunk, j, kv_dim) + kv_off;
-        float a = scores[j] * inv;
-        for (int i = 0; i < hd; i++) out[i] += a * v[i];
+    p.jobs = base * p.splits;
+    return p;
+}
+
+// Job j's rows (tile of tokens x heads of one kv head) and its key range [*ka, *kb).
+static void attn_job_rows(const attn_plan *p, attn_shape s, const float *q, float *last_scores, int job, attn_rows *w,
+                          int *ka, int *kb) {
+    int split = job % p->splits, tile = job / p->splits;
+    int tt = tile % p->token_tiles, hcix = tile / p->token_tiles % p->head_chunks;
+    int g = tile / p->token_tiles / p->head_chunks, G = s.n_heads / s.n_kv_heads;
+    int t0 = tt * p->nt, t1 = t0 + p->nt < p->T ? t0 + p->nt : p->T;
+    int h0 = g * G + hcix * p->hc, h1 = h0 + p->hc < (g + 1) * G ? h0 + p->hc : (g + 1) * G;
+    w->n = 0, w->g = g;
+    for (int t = t0; t < t1; t++)
+        for (int h = h0; h < h1; h++, w->n++) {
+            w->q[w->n] = q + ((size_t)t * s.n_heads + h) * s.head_dim;
+            w->cap[w->n] = last_scores && t == p->T - 1 ? last_scores + (size_t)h * p->total : NULL;
+            w->limit[w->n] = p->total - p->T + t + 1;
+        }
+    int keys = p->total - p->T + t1, per = (keys + p->splits - 1) / p->splits;  // the tile's last row sees them all
+    *ka = split * per, *kb = *ka + per < keys ? *ka + per : keys;
+}
+
+// Row i of job's tile: where its output goes.
+static float *attn_out_row(float *out, const attn_plan *p, attn_shape s, const attn_rows *w, const float *q, int i) {
+    return out + (w->q[i] - q);
+}
+
+// Merges the splits of each tile's rows: part holds, per job, [n][2 + hd] (m, l, o).
+static void attn_merge(float *out, const float *q, const attn_plan *p, attn_shape s, const float *part) {
+    size_t stride = (size_t)ATT_MAX_ROWS * (2 + s.head_dim);
+#pragma omp parallel for schedule(static) if (p->jobs > 4)
+    for (int tile = 0; tile < p->jobs / p->splits; tile++) {
+        attn_rows w;
+        int ka, kb;
+        attn_job_rows(p, s, q, NULL, tile * p->splits, &w, &ka, &kb);
+        for (int r = 0; r < w.n; r++) {
+            float M = -INFINITY, L = 0, *o = attn_out_row(out, p, s, &w, q, r);
+            for (int k = 0; k < p->splits; k++) {
+                float m = part[(tile * p->splits + k) * stride + (size_t)r * (2 + s.head_dim)];
+                M = m > M ? m : M;
+            }
+            memset(o, 0, sizeof(float) * (size_t)s.head_dim);
+            for (int k = 0; k < p->splits; k++) {
+                const float *e = part + (tile * p->splits + k) * stride + (size_t)r * (2 + s.head_dim);
+                float f = e[0] == -INFINITY ? 0 : expf(e[0] - M);
+                L += e[1] * f;
+                for (int i = 0; i < s.head_dim; i++) o[i] += e[2 + i] * f;
+            }
+            for (int i = 0; i < s.head_dim; i++) o[i] /= L;
+        }
+    }
+}
+
+// One job: its tile against its keys, normalised into out (one split) or kept in part.
+static void attn_run_job(float *out, const float *q, const attn_args *a, const attn_plan *p, float *last_scores,
+                         attn_tile_fn *tile_fn, int job, float *scratch, float *part) {
+    attn_rows w;
+    int ka, kb, hd = a->s.head_dim;
+    attn_job_rows(p, a->s, q, last_scores, job, &w, &ka, &kb);
+    float *m = scratch, *l = m + ATT_MAX_ROWS, *s = l + ATT_MAX_ROWS, *o = s + ATT_MAX_ROWS * ATT_BK;
+    tile_fn(a, &w, ka, kb, m, l, o, s);
+    for (int r = 0; r < w.n; r++) {
+        if (part) {
+            float *e = part + (size_t)job * ATT_MAX_ROWS * (2 + hd) + (size_t)r * (2 + hd);
+            e[0] = m[r], e[1] = l[r];
+            memcpy(e + 2, o + (size_t)r * hd, sizeof(float) * (size_t)hd);
+            continue;
+        }
+        float *dst = attn_out_row(out, p, a->s, &w, q, r), inv = 1.0f / l[r];
+        for (int i = 0; i < hd; i++) dst[i] = o[(size_t)r * hd + i] * inv;
     }
 }
 
 void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s, float *last_scores) {
-    int total = kv.n_trunk + kv.n_tail, kv_dim = s.n_kv_heads * s.head_dim;
-    int group = s.n_heads / s.n_kv_heads;
-    int jobs = T * s.n_heads;
-#pragma omp parallel if (jobs > 1 && (long)jobs * total * s.head_dim > 16384)
+    int total = kv.n_trunk + kv.n_tail;
+    attn_args a = { kv, s, s.n_kv_heads * s.head_dim };
+    attn_plan p = attn_make_plan(T, total, s);
+    attn_tile_fn *tile_fn = attn_pick();
+    float *part = p.splits > 1 ? malloc(sizeof(float) * (size_t)p.jobs * ATT_MAX_ROWS * (2 + s.head_dim)) : NULL;
+    if (!part) p.splits = 1, p.jobs = s.n_kv_heads * p.head_chunks * p.token_tiles;  // no memory: no splits
+    size_t scratch_floats = 2 * ATT_MAX_ROWS + ATT_MAX_ROWS * ATT_BK + (size_t)ATT_MAX_ROWS * s.head_dim;
+#pragma omp parallel if (p.jobs > 1 && (long)T * s.n_heads * total * s.head_dim > 16384)
     {
-        float *scores = malloc(sizeof(float) * (size_t)(total ? total : 1));
-#pragma omp for schedule(dynamic, 4)
-        for (int job = 0; job < jobs; job++) {
-            int t = job / s.n_heads, h = job % s.n_heads;
-            int n_keys = total - T + t + 1;  // causal: keys up to this query's position
-            size_t off = ((size_t)t * s.n_heads + h) * s.head_dim;
-            float *raw = (last_scores && t == T - 1) ? last_scores + (size_t)h * total : NULL;
-            if (scores)
-                attend_one(out + off, q + off, kv, n_keys, (h / group) * s.head_dim, kv_dim, s.head_dim,
-                           s.scale, scores, raw);
-        }
-        free(scores);
+        float *scratch = malloc(sizeof(float) * scratch_floats);
+#pragma omp for schedule(dynamic, 1)
+        for (int job = 0; job < p.jobs; job++)
+            if (scratch) attn_run_job(out, q, &a, &p, last_scores, tile_fn, job, scratch, part);
+        free(scratch);
     }
+    if (part) attn_merge(out, q, &p, s, part);
+    free(part);
 }
 
 // ---- entropix attention statistics -------------------------------------------------------

@@ -234,6 +234,7 @@ static inline float dot_row(wref w, size_t row, const float *x, int n) {
 void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out) {
     // Small problems are not worth waking the thread team for.
     long work = (long)n_out * n_in * T;
+    if (T > 8 && cpu_gemm(out, x, w, T, n_in, n_out) == 0) return;  // prefill: the blocked GEMM (gemm.c)
 #ifdef MATMUL_ROWS
     if (T == 1 && w.type == WT_BF16 && n_in <= 65536) {
         float split[n_in + 2];

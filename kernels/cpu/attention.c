@@ -45,6 +45,8 @@ typedef int attn_vi16 __attribute__((vector_size(64)));
 typedef float attn_vf16 __attribute__((vector_size(64)));
 typedef int attn_vi8 __attribute__((vector_size(32)));
 typedef float attn_vf8 __attribute__((vector_size(32)));
+typedef int attn_vi4 __attribute__((vector_size(16)));
+typedef float attn_vf4 __attribute__((vector_size(16)));
 
 #if defined(__x86_64__)
 #pragma GCC push_options
@@ -72,9 +74,10 @@ typedef float attn_vf8 __attribute__((vector_size(32)));
 #undef ATT_FN
 #pragma GCC pop_options
 #endif
-#define ATT_V attn_vf8
-#define ATT_VI attn_vi8
-#define ATT_VW 8
+// The portable build: 16-byte vectors, which every x86-64 (SSE2) and aarch64 (NEON) has.
+#define ATT_V attn_vf4
+#define ATT_VI attn_vi4
+#define ATT_VW 4
 #define ATT_FN(name) name##_generic
 #include "kernels/cpu/attention_tile.h"
 

@@ -14,10 +14,14 @@ static inline ATT_V ATT_FN(vload)(const float *p) {
     return v;
 }
 static inline void ATT_FN(vstore)(float *p, ATT_V v) { memcpy(p, &v, sizeof v); }
+// A tree of shuffles and adds (a loop over the lanes would be a chain of dependent adds).
 static inline float ATT_FN(hsum)(ATT_V v) {
-    float s = 0;
-    for (int i = 0; i < ATT_VW; i++) s += v[i];
-    return s;
+    ATT_VI idx;
+    for (int w = ATT_VW / 2; w >= 1; w /= 2) {
+        for (int i = 0; i < ATT_VW; i++) idx[i] = i ^ w;
+        v += __builtin_shuffle(v, idx);
+    }
+    return v[0];
 }
 
 // e^x lane-wise for x <= 0: |rel err| < 3e-7 down to -87, 0 below (and at -inf).

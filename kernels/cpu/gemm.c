@@ -40,32 +40,41 @@ static void gemm_f32_generic(float *tile, const float *x, size_t ldx, int mr, co
     for (int t = 0; t < mr; t++) memcpy(tile + t * GEMM_NR, c[t], sizeof c[t]);
 }
 
-static inline float widen(const void *w, size_t i, wtype t) {
-    return t == WT_F32 ? ((const float *)w)[i] : t == WT_BF16 ? bf16_to_f32(((const uint16_t *)w)[i])
-                                                              : f16_to_f32(((const uint16_t *)w)[i]);
-}
-
-// Rows r0..r0+nr of w, widened, into panel[n_in][GEMM_NR] (zero columns past nr).
+// Rows r0..r0+nr of w, widened, into panel[n_in][GEMM_NR] (zero columns past nr). The
+// panel is written in order and the rows read as GEMM_NR sequential streams, one cache
+// line of each serving many k: packing costs a small fraction of the multiply-adds.
+#define PACK_LOOP(CONV)                                                                        \
+    for (int k = 0; k < n_in; k++) {                                                           \
+        float *dst = panel + (size_t)k * GEMM_NR;                                              \
+        for (int j = 0; j < nr; j++) dst[j] = CONV(src[(size_t)j * n_in + k]);                 \
+        for (int j = nr; j < GEMM_NR; j++) dst[j] = 0;                                         \
+    }
+#define PACK_ID(v) (v)
 static void pack_f32(float *panel, wref w, int r0, int nr, int n_in) {
-    for (int j = 0; j < GEMM_NR; j++) {
-        if (j >= nr) {
-            for (int k = 0; k < n_in; k++) panel[(size_t)k * GEMM_NR + j] = 0;
-            continue;
-        }
-        size_t row = (size_t)(r0 + j) * n_in;
-        for (int k = 0; k < n_in; k++) panel[(size_t)k * GEMM_NR + j] = widen(w.data, row + k, w.type);
+    size_t base = (size_t)r0 * n_in;
+    if (w.type == WT_F32) {
+        const float *src = (const float *)w.data + base;
+        PACK_LOOP(PACK_ID)
+    } else if (w.type == WT_BF16) {
+        const uint16_t *src = (const uint16_t *)w.data + base;
+        PACK_LOOP(bf16_to_f32)
+    } else {
+        const uint16_t *src = (const uint16_t *)w.data + base;
+        PACK_LOOP(f16_to_f32)
     }
 }
 
 // Rows r0..r0+nr of bf16 w as 32-bit pairs into panel[(n_in+1)/2][GEMM_NR].
 static void pack_bf16(uint32_t *panel, const uint16_t *w, int r0, int nr, int n_in) {
     int k2 = (n_in + 1) / 2;
-    for (int j = 0; j < GEMM_NR; j++) {
-        const uint16_t *row = w + (size_t)(r0 + j) * n_in;
-        for (int k = 0; k < k2; k++) {
-            uint32_t lo = j < nr ? row[2 * k] : 0, hi = j < nr && 2 * k + 1 < n_in ? row[2 * k + 1] : 0;
-            panel[(size_t)k * GEMM_NR + j] = lo | hi << 16;
+    const uint16_t *src = w + (size_t)r0 * n_in;
+    for (int k = 0; k < k2; k++) {
+        uint32_t *dst = panel + (size_t)k * GEMM_NR;
+        for (int j = 0; j < nr; j++) {
+            const uint16_t *p = src + (size_t)j * n_in + 2 * k;
+            dst[j] = p[0] | (2 * k + 1 < n_in ? (uint32_t)p[1] << 16 : 0);
         }
+        for (int j = nr; j < GEMM_NR; j++) dst[j] = 0;
     }
 }
 

@@ -24,6 +24,10 @@ ifneq ($(NVCC),)
   CU_SRC    := $(wildcard kernels/cuda/*.cu)
 endif
 
+# A bare `make` builds varent: the config.mk rule below would otherwise be the first
+# target and so the default.
+.DEFAULT_GOAL := all
+
 # libedit (line editing and history in `varent chat`, host/cli/repl.c) when libedit-dev
 # is installed; without it the chat reads plain lines. Probed after install-deps into
 # build/gen/config.mk (make restarts on it); `make LIBEDIT=0` builds without it.

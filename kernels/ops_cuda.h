@@ -212,6 +212,24 @@ int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float *q, const c
 int cuda_attention_decode_rows(cuda_ctx *ctx, float *out, const float *q, const cuda_kv_layer *d_layers,
                                const cuda_kv_lens *d_lens, int B, int max_keys, attn_shape s,
                                float *last_scores);
+// The step's RoPE and KV store for cuda_attention_decode_rows_rope (device pointers):
+// k, v [B, kv_dim] as the qkv matvec wrote them, positions pos[B], cache rows rows[B]
+// (relative to each record's k_dst / v_dst), the RoPE table, and Qwen3's per-head
+// q_norm / k_norm ([head_dim] each, or both NULL).
+typedef struct {
+    const float *k, *v;
+    const int *pos, *rows;
+    const float *inv_freq, *q_norm, *k_norm;
+    float eps;
+} cuda_rope_kv;
+// cuda_attention_decode_rows with cuda_rope_kv_store_rows fused in (rk NULL: without):
+// q is the raw query [B, n_heads*hd], rotated in each split block's shared memory (q
+// itself is not written); the block holding the newest key rotates it and stores it and
+// the value in the cache. Results: the same bits as cuda_rope_kv_store_rows then
+// cuda_attention_decode_rows, in one launch instead of two.
+int cuda_attention_decode_rows_rope(cuda_ctx *ctx, float *out, const float *q, const cuda_rope_kv *rk,
+                                    const cuda_kv_layer *d_layers, const cuda_kv_lens *d_lens, int B,
+                                    int max_keys, attn_shape s, float *last_scores);
 // 0 if the attention kernels support shape s (head_dim even and <= 512, GQA group fits
 // the decode kernel's shared memory); -1 with ctx->err otherwise. For early errors.
 int cuda_attention_validate(cuda_ctx *ctx, attn_shape s);

@@ -271,10 +271,11 @@ static int enqueue_decode(cuda_forward *f, int B, int cap, verr *err) {
         float *q = f->qkv, *k = q + (size_t)B * q_dim, *v = k + (size_t)B * kv_dim;
         OP(cuda_matvec_rows_fused(x, q, f->x, L->wqkv, dim, qkv_dim, B, q_dim, q_dim + kv_dim, &attn_norm));
         const cuda_kv_layer *dl = &dp.layers[(size_t)l * f->rows];
-        // Qwen3's per-head q/k RMSNorm, RoPE and the KV store: one launch.
-        OP(cuda_rope_kv_store_rows(x, q, k, v, dp.pos, dp.rows, dl, B, nh, nkv, hd, w->inv_freq,
-                                   (const float *)L->q_norm.data, (const float *)L->k_norm.data, eps));
-        OP(cuda_attention_decode_rows(x, f->att, q, dl, dp.lens, B, f->max_ctx, sh, l == cap ? f->scores : NULL));
+        // Qwen3's per-head q/k RMSNorm, RoPE and the KV store run inside the attention launch.
+        const cuda_rope_kv rk = { k, v, dp.pos, dp.rows, w->inv_freq, (const float *)L->q_norm.data,
+                                  (const float *)L->k_norm.data, eps };
+        OP(cuda_attention_decode_rows_rope(x, f->att, q, &rk, dl, dp.lens, B, f->max_ctx, sh,
+                                           l == cap ? f->scores : NULL));
         OP(cuda_matvec_rows_fused(x, f->x, f->att, L->wo, q_dim, dim, B, dim, dim, &residual));
         float *h = f->hb;  // [B, hid] = silu(gate) * up, one launch (hb holds [B, 2*hid] if it falls back)
         OP(cuda_matvec_glu_rows(x, h, f->hb, f->x, L->w_gu, dim, hid, B, &ffn_norm));

@@ -81,7 +81,8 @@ __device__ __forceinline__ float dot_q_k_hd(const float *q, const uint16_t *k, i
 }
 
 // ---- decode -------------------------------------------------------------------------
-// smem: q_s[G*hd] | o_s[G*hd] | sc[G*S] | m_s[G] | l_s[G] | c_s[G]. Each thread owns fixed
+// smem: q_s[G*hd] | o_s[G*hd] | sc[G*S] | m_s[G] | l_s[G] | c_s[G] | kn_s[hd] | vn_s[hd]
+// (the last two: the newest key and value with fused RoPE). Each thread owns fixed
 // o_s entries (same idx stride every tile), so o_s needs no barrier of its own.
 // L/N are used as given unless dL/dN (device records) are set. grid z = batch row b:
 // its records dL[b], dN[b], query q[b], partials and scores (score_stride floats apart).
@@ -127,6 +128,65 @@ __device__ void combine_heads(float *out, const float *ph0, int nh, int n_splits
     }
 }
 
+// The step's RoPE and KV store, fused into the decode attention (on: set): q is the raw
+// query [B, n_heads*hd] and k, v the raw new key and value [B, kv_dim] of each row, at
+// position pos[b], stored at cache row rows[b] of its record's k_dst / v_dst. The math is
+// rope_kv_store_kernel's (rope_head_pair): the same bits.
+struct rope_fuse {
+    int on;
+    const float *k, *v;
+    const int *pos, *rows;
+    const float *inv_freq, *q_norm, *k_norm;
+    float eps;
+};
+
+// Prologue of a split block with fused RoPE: warp w rotates query heads w, w + nw, ...
+// of the group into q_s; the block that owns the newest key (own) also rotates its KV
+// head's new key, stores it and the value in the cache as bf16, and keeps both (as the
+// floats of those bf16 values) in kn_s / vn_s, which its tile loop reads for that key:
+// the cache row it has just written is not read back through the read-only path.
+__device__ void rope_fuse_prologue(const rope_fuse &rf, const float *qg, float *q_s, float *kn_s, float *vn_s,
+                                   const cuda_kv_layer &L, int b, int kvh, int G, int n_kv, int hd, bool own) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, half = hd / 2;
+    int pos = rf.pos[b];
+    for (int g = warp; g < G + (own ? 1 : 0); g += nw) {
+        bool is_k = g == G;
+        const float *src = is_k ? rf.k + (size_t)b * n_kv * hd + (size_t)kvh * hd : qg + (size_t)g * hd;
+        const float *nwt = is_k ? rf.k_norm : rf.q_norm;
+        float inv = nwt ? head_inv_rms(src, hd, rf.eps) : 1.f;
+        size_t dst = (size_t)rf.rows[b] * n_kv * hd + (size_t)kvh * hd;
+        for (int j = lane; j < half; j += 32) {
+            float y0, y1;
+            rope_head_pair(src, j, half, inv, nwt, pos, rf.inv_freq, y0, y1);
+            if (!is_k) {
+                q_s[g * hd + j] = y0;
+                q_s[g * hd + j + half] = y1;
+                continue;
+            }
+            uint16_t k0 = f32_to_bf16_bits(y0), k1 = f32_to_bf16_bits(y1);
+            ((uint16_t *)L.k_dst)[dst + j] = k0;
+            ((uint16_t *)L.k_dst)[dst + j + half] = k1;
+            kn_s[j] = bf16_bits_to_f32(k0);
+            kn_s[j + half] = bf16_bits_to_f32(k1);
+        }
+        if (!is_k) continue;
+        const float *vs = rf.v + (size_t)b * n_kv * hd + (size_t)kvh * hd;
+        for (int j = lane; j < hd; j += 32) {
+            uint16_t h = f32_to_bf16_bits(vs[j]);
+            ((uint16_t *)L.v_dst)[dst + j] = h;
+            vn_s[j] = bf16_bits_to_f32(h);
+        }
+    }
+}
+
+// q (shared fp32) . the newest key kept in shared memory by the prologue, in dot_q_k's
+// order: the same bits as reading it from the cache.
+__device__ __forceinline__ float dot_q_kn(const float *q, const float *kn, int hd) {
+    float s = 0.f;
+    for (int d = 0; d < hd; d++) s = fmaf(q[d], kn[d], s);
+    return s;
+}
+
 // count (NULL: the combine kernel follows) holds one counter per (row, KV head): each
 // split block adds 1 after writing its partials (and a fence); the block that brings it
 // to n_splits combines the group's G heads into out and sets it back to 0 for the next
@@ -137,7 +197,7 @@ __global__ void attn_decode_split_kernel(float *part, float *last_scores, const 
                                          cuda_kv_layer L, cuda_kv_lens N,
                                          const cuda_kv_layer *dL, const cuda_kv_lens *dN,
                                          int n_heads, int n_kv, int hd, float scale, int S,
-                                         size_t score_stride, unsigned *count, float *out) {
+                                         size_t score_stride, unsigned *count, float *out, rope_fuse rf) {
     extern __shared__ float smem[];
     int b = blockIdx.z;
     if (dL) L = dL[b];
@@ -152,12 +212,16 @@ __global__ void attn_decode_split_kernel(float *part, float *last_scores, const 
     const uint16_t *kt = (const uint16_t *)L.k_trunk, *vt = (const uint16_t *)L.v_trunk;
     const uint16_t *kl = (const uint16_t *)L.k_tail, *vl = (const uint16_t *)L.v_tail;
     float *q_s = smem, *o_s = q_s + G * hd, *sc = o_s + G * hd;
-    float *m_s = sc + G * S, *l_s = m_s + G, *c_s = l_s + G;
+    float *m_s = sc + G * S, *l_s = m_s + G, *c_s = l_s + G, *kn_s = c_s + G, *vn_s = kn_s + hd;
     const float *qg = q + (size_t)kvh * G * hd;  // heads kvh*G .. kvh*G+G-1 are contiguous
+    // With fused RoPE the split holding the newest key (j = n_keys - 1) rotates and stores it.
+    int newest = rf.on ? n_keys - 1 : -1;
+    bool own = rf.on && j0 <= newest && newest < j1;
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
-        q_s[i] = qg[i];
+        if (!rf.on) q_s[i] = qg[i];
         o_s[i] = 0.f;
     }
+    if (rf.on) rope_fuse_prologue(rf, qg, q_s, kn_s, vn_s, L, b, kvh, G, n_kv, hd, own);
     for (int g = threadIdx.x; g < G; g += blockDim.x) {
         m_s[g] = -INFINITY;
         l_s[g] = 0.f;
@@ -170,8 +234,13 @@ __global__ void attn_decode_split_kernel(float *part, float *last_scores, const 
         // 1. scores s = q_h . k_j * scale for (g, jj) pairs; a warp walks consecutive keys.
         for (int idx = threadIdx.x; idx < G * n; idx += blockDim.x) {
             int g = idx / n, jj = idx - g * n, j = jt + jj;
-            const uint16_t *kr = kv_row(kt, kl, n_trunk, j, kv_dim) + (size_t)kvh * hd;
-            float s = dot_q_k_hd<HD>(q_s + g * hd, kr, hd) * scale;
+            float s;
+            if (j == newest) {
+                s = dot_q_kn(q_s + g * hd, kn_s, hd) * scale;
+            } else {
+                const uint16_t *kr = kv_row(kt, kl, n_trunk, j, kv_dim) + (size_t)kvh * hd;
+                s = dot_q_k_hd<HD>(q_s + g * hd, kr, hd) * scale;
+            }
             sc[g * S + jj] = s;
             if (last_scores) last_scores[(size_t)(kvh * G + g) * n_keys + j] = s;
         }
@@ -208,11 +277,19 @@ __global__ void attn_decode_split_kernel(float *part, float *last_scores, const 
             float o0 = o_s[g * hd + d] * corr, o1 = o_s[g * hd + d + 1] * corr;
 #pragma unroll 8
             for (int jj = 0; jj < n; jj++) {
-                const uint16_t *vr = kv_row(vt, vl, n_trunk, jt + jj, kv_dim) + (size_t)kvh * hd;
-                uint32_t u = *(const uint32_t *)(vr + d);  // d and hd even: 4-byte aligned
+                float v0, v1;
+                if (jt + jj == newest) {
+                    v0 = vn_s[d];
+                    v1 = vn_s[d + 1];
+                } else {
+                    const uint16_t *vr = kv_row(vt, vl, n_trunk, jt + jj, kv_dim) + (size_t)kvh * hd;
+                    uint32_t u = *(const uint32_t *)(vr + d);  // d and hd even: 4-byte aligned
+                    v0 = __uint_as_float(u << 16);
+                    v1 = __uint_as_float(u & 0xffff0000u);
+                }
                 float p = pg[jj];
-                o0 = fmaf(p, __uint_as_float(u << 16), o0);
-                o1 = fmaf(p, __uint_as_float(u & 0xffff0000u), o1);
+                o0 = fmaf(p, v0, o0);
+                o1 = fmaf(p, v1, o1);
             }
             o_s[g * hd + d] = o0;
             o_s[g * hd + d + 1] = o1;
@@ -273,7 +350,7 @@ static int decode_splits(int n_sm, int n_keys, attn_shape s) {
 // fits in ATT_SMEM_MAX; 0 if not even 32 fit.
 static int decode_tile(attn_shape s) {
     int G = s.n_heads / s.n_kv_heads;
-    long fixed = 2L * G * s.head_dim + 3L * G;  // q_s, o_s, m_s, l_s, c_s
+    long fixed = 2L * G * s.head_dim + 3L * G + 2L * s.head_dim;  // q_s, o_s, m_s, l_s, c_s, kn_s, vn_s
     long room = (long)(ATT_SMEM_MAX / sizeof(float)) - fixed;
     long S = room > 0 ? room / G / 32 * 32 : 0;
     return S > 256 ? 256 : (int)S;
@@ -281,7 +358,7 @@ static int decode_tile(attn_shape s) {
 
 static size_t decode_smem(attn_shape s, int S) {
     int G = s.n_heads / s.n_kv_heads;
-    return ((size_t)2 * G * s.head_dim + (size_t)G * S + 3 * (size_t)G) * sizeof(float);
+    return ((size_t)2 * G * s.head_dim + (size_t)G * S + 3 * (size_t)G + 2 * (size_t)s.head_dim) * sizeof(float);
 }
 
 extern "C" size_t cuda_attention_rows_scratch_bytes(const cuda_ctx *ctx, int max_keys, attn_shape s, int B) {
@@ -524,7 +601,7 @@ extern "C" int cuda_attention_validate(cuda_ctx *ctx, attn_shape s) { return sha
 // device, row b's scores score_stride floats after row b-1's.
 static int decode_launch(cuda_ctx *ctx, float *out, const float *q, cuda_kv_layer L, cuda_kv_lens N,
                          const cuda_kv_layer *dL, const cuda_kv_lens *dN, int B, int ns, attn_shape s,
-                         float *last_scores, size_t score_stride) {
+                         float *last_scores, size_t score_stride, rope_fuse rf) {
     CUDA_REQUIRE(ctx, B >= 1 && B <= 65535 && (B == 1 || (dL && dN)),
                  "cuda_attention: %d rows need device records (1..65535 rows)", B);
     size_t need = (size_t)B * s.n_heads * ns * (s.head_dim + 2) * sizeof(float);
@@ -540,15 +617,15 @@ static int decode_launch(cuda_ctx *ctx, float *out, const float *q, cuda_kv_laye
     if (s.head_dim == 64)
         attn_decode_split_kernel<64><<<grid, ATT_THREADS, smem, ctx->stream>>>(
             part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count,
-            out);
+            out, rf);
     else if (s.head_dim == 128)
         attn_decode_split_kernel<128><<<grid, ATT_THREADS, smem, ctx->stream>>>(
             part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count,
-            out);
+            out, rf);
     else
         attn_decode_split_kernel<0><<<grid, ATT_THREADS, smem, ctx->stream>>>(
             part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count,
-            out);
+            out, rf);
     CUDA_CHECK_LAUNCH(ctx, "attn_decode_split_kernel");
     if (count) return 0;
     size_t csmem = ((size_t)ns + 1) * sizeof(float);
@@ -576,8 +653,9 @@ extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span
     if (T == 1) {
         cuda_kv_layer L = {kv.k_trunk, kv.v_trunk, kv.k_tail, kv.v_tail, NULL, NULL};
         cuda_kv_lens N = {kv.n_trunk, n_keys};
+        rope_fuse none = { 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0.f };
         if (decode_launch(ctx, out, q, L, N, NULL, NULL, 1, decode_splits(ctx->n_sm, n_keys, s), s,
-                          last_scores, 0))
+                          last_scores, 0, none))
             return -1;
     } else {
         dim3 grid(T, s.n_heads);
@@ -593,14 +671,27 @@ extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span
 extern "C" int cuda_attention_decode_rows(cuda_ctx *ctx, float *out, const float *q,
                                           const cuda_kv_layer *d_layers, const cuda_kv_lens *d_lens, int B,
                                           int max_keys, attn_shape s, float *last_scores) {
+    return cuda_attention_decode_rows_rope(ctx, out, q, NULL, d_layers, d_lens, B, max_keys, s, last_scores);
+}
+
+extern "C" int cuda_attention_decode_rows_rope(cuda_ctx *ctx, float *out, const float *q, const cuda_rope_kv *rk,
+                                               const cuda_kv_layer *d_layers, const cuda_kv_lens *d_lens, int B,
+                                               int max_keys, attn_shape s, float *last_scores) {
     if (shape_check(ctx, s)) return -1;
     CUDA_REQUIRE(ctx, d_layers && d_lens && max_keys >= 1,
                  "cuda_attention_decode_rows: needs device records and max_keys >= 1 (got %d)",
                  max_keys);
+    rope_fuse rf = { 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0.f };
+    if (rk) {
+        CUDA_REQUIRE(ctx, rk->k && rk->v && rk->pos && rk->rows && rk->inv_freq && !rk->q_norm == !rk->k_norm,
+                     "cuda_attention_decode_rows_rope: needs k, v, pos, rows and inv_freq (q_norm and k_norm "
+                     "go together)");
+        rf = (rope_fuse){ 1, rk->k, rk->v, rk->pos, rk->rows, rk->inv_freq, rk->q_norm, rk->k_norm, rk->eps };
+    }
     cuda_kv_layer L = {NULL, NULL, NULL, NULL, NULL, NULL};
     cuda_kv_lens N = {0, 0};
     return decode_launch(ctx, out, q, L, N, d_layers, d_lens, B, decode_splits(ctx->n_sm, max_keys, s), s,
-                         last_scores, (size_t)s.n_heads * max_keys);
+                         last_scores, (size_t)s.n_heads * max_keys, rf);
 }
 
 extern "C" int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float *q,

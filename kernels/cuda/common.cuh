@@ -83,6 +83,30 @@ __device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
     }
 }
 
+// ---- RoPE ----------------------------------------------------------------------------
+// HF rotate-half of one pair by the angle with sine s and cosine c. Explicit roundings:
+// nvcc contracts a * b - c * d into an FMA in some kernels and not others, and the
+// kernels that rotate (rope_kernel, rope_kv_store_kernel, the decode attention's fused
+// RoPE) must give the same bits.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, float s, float c, float &y0, float &y1) {
+    y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// Rotated pair (j, j + half) of one head at src for position pos, RMS-normalised first
+// with inv (head_inv_rms) and the weights nw when nw is set (Qwen3's q/k norm).
+__device__ __forceinline__ void rope_head_pair(const float *src, int j, int half, float inv, const float *nw,
+                                               int pos, const float *inv_freq, float &y0, float &y1) {
+    float x0 = src[j], x1 = src[j + half];
+    if (nw) {
+        x0 = __fmul_rn(__fmul_rn(x0, inv), nw[j]);
+        x1 = __fmul_rn(__fmul_rn(x1, inv), nw[j + half]);
+    }
+    float s, c;
+    sincosf((float)pos * inv_freq[j], &s, &c);
+    rope_rotate(x0, x1, s, c, y0, y1);
+}
+
 // ---- reductions (blockDim.x a multiple of 32, at most 1024) ------------------------
 // (v, i) beats (bv, bi) if v is larger, or equal with a smaller index. NaN never wins.
 __device__ __forceinline__ void amax_merge(float &bv, int &bi, float v, int i) {
@@ -123,6 +147,13 @@ __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+// 1 / rms of one head's hd values at src, by one warp (fp32 squares in lane order); every
+// lane gets it.
+__device__ __forceinline__ float head_inv_rms(const float *src, int hd, float eps) {
+    float ss = 0.f;
+    for (int j = threadIdx.x & 31; j < hd; j += 32) ss = fmaf(src[j], src[j], ss);
+    return rsqrtf(warp_sum(ss) / (float)hd + eps);
 }
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

@@ -80,9 +80,10 @@ __global__ void rope_kernel(float *x, const int *pos, int n_heads, int head_dim,
     sincosf(ang, &s, &c);
     int a = interleaved ? 2 * i : i;
     int b = interleaved ? 2 * i + 1 : i + half;
-    float x0 = hx[a], x1 = hx[b];
-    hx[a] = x0 * c - x1 * s;
-    hx[b] = x0 * s + x1 * c;
+    float y0, y1;
+    rope_rotate(hx[a], hx[b], s, c, y0, y1);
+    hx[a] = y0;
+    hx[b] = y1;
 }
 
 extern "C" int cuda_rope(cuda_ctx *ctx, float *x, const int *pos, int T, int n_heads, int head_dim,
@@ -161,22 +162,11 @@ __global__ void rope_kv_store_kernel(float *q, const float *k, const float *v, c
     int hk = h - n_heads;
     const float *src = is_q ? q + ((size_t)b * n_heads + h) * hd : k + (size_t)b * kv_dim + (size_t)hk * hd;
     const float *nw = is_q ? qn : kn;
-    float inv = 1.f;
-    if (nw) {
-        float ss = 0.f;
-        for (int j = lane; j < hd; j += 32) ss = fmaf(src[j], src[j], ss);
-        inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
-    }
+    float inv = nw ? head_inv_rms(src, hd, eps) : 1.f;
     size_t dst = (size_t)rows[b] * kv_dim + (size_t)hk * hd;
     for (int j = lane; j < half; j += 32) {
-        float x0 = src[j], x1 = src[j + half];
-        if (nw) {
-            x0 = x0 * inv * nw[j];
-            x1 = x1 * inv * nw[j + half];
-        }
-        float s, c;
-        sincosf((float)pos[b] * inv_freq[j], &s, &c);
-        float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+        float y0, y1;
+        rope_head_pair(src, j, half, inv, nw, pos[b], inv_freq, y0, y1);
         if (is_q) {
             float *hx = q + ((size_t)b * n_heads + h) * hd;
             hx[j] = y0;

@@ -445,6 +445,118 @@ static void attn_rows_case(int hd, int nkv, int G, int B, const int *trunk, cons
     cuda_free(dL); cuda_free(dN); cuda_free(dq); cuda_free(dout); cuda_free(dsc); cuda_free(dout1); cuda_free(dsc1);
 }
 
+// ---- cuda_attention_decode_rows_rope ----------------------------------------------------------
+// The fused step (RoPE + KV store inside the attention launch) against the two launches it
+// replaces, bit for bit: outputs, captured scores and both caches. Each row has a trunk
+// and a tail of its own (tail 0: the newest key is the trunk's last row); the newest row
+// starts as NaN in both caches, so a missed store or a stale read shows.
+static void upload_poisoned(void **d, const uint16_t *h, int rows, int kv_dim, int newest) {
+    size_t n = (size_t)rows * kv_dim;
+    *d = dalloc(n * 2 + 16);
+    OK(cuda_upload(&C, *d, h, n * 2));
+    if (newest >= 0) OK(cuda_memset(&C, (uint16_t *)*d + (size_t)newest * kv_dim, 0xFF, (size_t)kv_dim * 2));
+}
+
+static void fused_rope_case(int hd, int nkv, int G, int B, const int *trunk, const int *tail, int norm) {
+    int nh = nkv * G, kv_dim = nkv * hd, max_nk = 0, pos[AR_MAX_B], rows[AR_MAX_B];
+    for (int b = 0; b < B; b++) max_nk = trunk[b] + tail[b] > max_nk ? trunk[b] + tail[b] : max_nk;
+    attn_shape s = {nh, nkv, hd, 1.f / sqrtf((float)hd)};
+    int max_keys = 2 * max_nk + 50;
+    size_t nq = (size_t)B * nh * hd, nk = (size_t)B * kv_dim, nsc = (size_t)nh * max_keys;
+    float inv[256];
+    for (int i = 0; i < hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / hd);
+    float *q = fvec(nq, 2.f), *k = fvec(nk, 2.f), *v = fvec(nk, 2.f), *qw = fvec((size_t)hd, 1.f), *kw = fvec((size_t)hd, 1.f);
+    float *dqa = dup_up(q, nq * 4), *dqb = dup_up(q, nq * 4), *dk = dup_up(k, nk * 4), *dv = dup_up(v, nk * 4);
+    float *dinv = dup_up(inv, (size_t)hd / 2 * 4), *dqw = dup_up(qw, (size_t)hd * 4), *dkw = dup_up(kw, (size_t)hd * 4);
+    void *buf[2][AR_MAX_B][4];  // [path][row][k trunk, v trunk, k tail, v tail]
+    cuda_kv_layer L[2][AR_MAX_B];
+    cuda_kv_lens N[AR_MAX_B];
+    for (int b = 0; b < B; b++) {
+        pos[b] = irand(5000);
+        int newest_in_tail = tail[b] > 0;
+        rows[b] = newest_in_tail ? tail[b] - 1 : trunk[b] - 1;
+        N[b] = (cuda_kv_lens){trunk[b], trunk[b] + tail[b]};
+        for (int seg = 0; seg < 4; seg++) {
+            int n = seg < 2 ? trunk[b] : tail[b], newest = (seg < 2) != newest_in_tail ? rows[b] : -1;
+            uint16_t *h = malloc((size_t)n * kv_dim * 2 + 2);
+            float *f = fvec((size_t)n * kv_dim, 1.f);
+            for (size_t j = 0; j < (size_t)n * kv_dim; j++) h[j] = f32_to_bf16(f[j]);
+            for (int path = 0; path < 2; path++) upload_poisoned(&buf[path][b][seg], h, n, kv_dim, newest);
+            free(h); free(f);
+        }
+        for (int path = 0; path < 2; path++) {
+            void **g = buf[path][b];
+            L[path][b] = (cuda_kv_layer){g[0], g[1], tail[b] ? g[2] : NULL, tail[b] ? g[3] : NULL,
+                                         tail[b] ? g[2] : g[0], tail[b] ? g[3] : g[1]};
+        }
+    }
+    cuda_kv_layer *dLa = dup_up(L[0], B * sizeof **L), *dLb = dup_up(L[1], B * sizeof **L);
+    cuda_kv_lens *dN = dup_up(N, B * sizeof *N);
+    int *dpos = dup_up(pos, B * sizeof(int)), *drows = dup_up(rows, B * sizeof(int));
+    float *outa = dalloc(nq * 4), *outb = dalloc(nq * 4), *sca = dalloc((size_t)B * nsc * 4), *scb = dalloc((size_t)B * nsc * 4);
+    OK(cuda_reserve_scratch(&C, cuda_attention_rows_scratch_bytes(&C, max_keys, s, B)));
+    const float *qn = norm ? dqw : NULL, *kn = norm ? dkw : NULL;
+    OK(cuda_rope_kv_store_rows(&C, dqa, dk, dv, dpos, drows, dLa, B, nh, nkv, hd, dinv, qn, kn, 1e-6f));
+    OK(cuda_attention_decode_rows(&C, outa, dqa, dLa, dN, B, max_keys, s, sca));
+    cuda_rope_kv rk = {dk, dv, dpos, drows, dinv, qn, kn, 1e-6f};
+    OK(cuda_attention_decode_rows_rope(&C, outb, dqb, &rk, dLb, dN, B, max_keys, s, scb));
+    char tag[160];
+    snprintf(tag, sizeof tag, "hd=%d kv=%d G=%d B=%d%s", hd, nkv, G, B, norm ? " q/k norm" : "");
+    float *ga = fdown(outa, nq), *gb = fdown(outb, nq), *qb = fdown(dqb, nq);
+    CHECK(!memcmp(ga, gb, nq * 4), NAME("attention_decode_rows_rope out == rope_kv_store + attention %s", tag), "differs");
+    CHECK(!memcmp(qb, q, nq * 4), NAME("attention_decode_rows_rope leaves q as given %s", tag), "q was written");
+    int same_sc = 1, same_kv = 1;
+    for (int b = 0; b < B; b++) {
+        size_t n = (size_t)nh * (trunk[b] + tail[b]) * 4;
+        float *sa = fdown(sca + (size_t)b * nsc, n / 4), *sb = fdown(scb + (size_t)b * nsc, n / 4);
+        same_sc &= !memcmp(sa, sb, n);
+        free(sa); free(sb);
+        for (int seg = 0; seg < 4; seg++) {
+            size_t nb = (size_t)(seg < 2 ? trunk[b] : tail[b]) * kv_dim * 2;
+            if (!nb) continue;
+            uint16_t *ca = malloc(nb), *cb = malloc(nb);
+            OK(cuda_download(&C, ca, buf[0][b][seg], nb));
+            OK(cuda_download(&C, cb, buf[1][b][seg], nb));
+            same_kv &= !memcmp(ca, cb, nb);
+            free(ca); free(cb);
+        }
+    }
+    CHECK(same_sc, NAME("attention_decode_rows_rope scores == two launches %s", tag), "a captured score differs");
+    CHECK(same_kv, NAME("attention_decode_rows_rope caches == rope_kv_store %s", tag), "a cache row differs");
+    int counters = C.att_count_n;  // and with the combine as a launch of its own
+    C.att_count_n = 0;
+    OK(cuda_attention_decode_rows_rope(&C, outb, dqb, &rk, dLb, dN, B, max_keys, s, NULL));
+    C.att_count_n = counters;
+    float *g2 = fdown(outb, nq);
+    CHECK(!memcmp(ga, g2, nq * 4), NAME("attention_decode_rows_rope split + combine launches %s", tag), "differs");
+    for (int path = 0; path < 2; path++)
+        for (int b = 0; b < B; b++)
+            for (int seg = 0; seg < 4; seg++) cuda_free(buf[path][b][seg]);
+    free(q); free(k); free(v); free(qw); free(kw); free(ga); free(gb); free(qb); free(g2);
+    cuda_free(dqa); cuda_free(dqb); cuda_free(dk); cuda_free(dv); cuda_free(dinv); cuda_free(dqw); cuda_free(dkw);
+    cuda_free(dLa); cuda_free(dLb); cuda_free(dN); cuda_free(dpos); cuda_free(drows);
+    cuda_free(outa); cuda_free(outb); cuda_free(sca); cuda_free(scb);
+}
+
+static void test_fused_rope_attention(void) {
+    static const int t1[] = {1}, l1[] = {0};                                     // the first token
+    static const int t3[] = {300, 41, 7}, l3[] = {0, 13, 1};                      // newest in trunk and tails
+    static const int t8[] = {2, 65, 0, 129, 1000, 3, 64, 9}, l8[] = {0, 3, 1, 0, 5, 200, 0, 1};
+    int hds[] = {64, 128, 28}, Gs[] = {1, 4};
+    for (int hi = 0; hi < 3; hi++)
+        for (int gi = 0; gi < 2; gi++)
+            for (int norm = 0; norm < 2; norm++) {
+                fused_rope_case(hds[hi], 2, Gs[gi], 1, t1, l1, norm);
+                fused_rope_case(hds[hi], 2, Gs[gi], 3, t3, l3, norm);
+                fused_rope_case(hds[hi], 2, Gs[gi], 8, t8, l8, norm);
+            }
+    cuda_rope_kv bad = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0.f};
+    attn_shape s = {4, 2, 64, 0.125f};
+    CHECK(cuda_attention_decode_rows_rope(&C, NULL, NULL, &bad, (const cuda_kv_layer *)&C, (const cuda_kv_lens *)&C, 1,
+                                          8, s, NULL) != 0 && strstr(C.err.msg, "cuda_attention_decode_rows_rope"),
+          "cuda_attention_decode_rows_rope refuses missing k/v/pos/rows", "%s", C.err.msg);
+}
+
 static void test_attention_rows(void) {
     // Counters for every (row, KV head) below: the split blocks combine themselves (each
     // case also runs without them and compares).
@@ -487,6 +599,7 @@ int main(void) {
     test_glu_rows();
     test_kv_store_rows();
     test_attention_rows();
+    test_fused_rope_attention();
     cuda_destroy(&C);
     CHECK_DONE();
 }

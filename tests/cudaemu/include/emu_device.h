@@ -216,6 +216,7 @@ static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 static inline float __saturatef(float x) { return x < 0.f ? 0.f : x > 1.f ? 1.f : x; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 
 // ---- atomics: shared memory is touched by one OS thread (the block's fibers take

@@ -118,6 +118,7 @@ void cuda_forward_close(cuda_forward *f) {
     cuda_free(f->d_out);
     if (f->h_cfg) cudaFreeHost(f->h_cfg);
     if (f->h_out) cudaFreeHost(f->h_out);
+    cuda_hooks_free(f);
     cuda_free(f->act);
     cuda_free(f->own.arena);
     free(f->own.layers);
@@ -197,105 +198,184 @@ static int enqueue_stats(cuda_forward *f, int B, step_params dp, verr *err) {
     return 0;
 }
 
-// Queues a prefill chunk of T > 1 tokens (cuBLAS GEMMs, the prefill attention), starting
-// with the step block's upload.
-static int enqueue_prefill(cuda_forward *f, int T, int cap, verr *err) {
+// The attention capture of layer l: the hooks' slot and/or the capture layer's buffer
+// (both: the slot, copied into f->scores after the attention).
+static float *scores_of(cuda_forward *f, int cap, int hk, int l) {
+    float *s = cuda_hooks_scores(f, hk, l);
+    return s ? s : l == cap ? f->scores : NULL;
+}
+
+static int share_scores(cuda_forward *f, int cap, int hk, int l, verr *err) {
+    float *s = cuda_hooks_scores(f, hk, l);
+    if (s && l == cap)
+        CK(cudaMemcpyAsync(f->scores, s, sizeof(float) * f->m->cfg.n_heads * f->max_ctx, cudaMemcpyDeviceToDevice,
+                           f->ctx.stream));
+    return 0;
+}
+
+// A skipped layer on the residual stream x [T, dim]: its captures and control vector.
+static int skip_layer(cuda_forward *f, int hk, int l, int T, verr *err) {
+    const float *cv = cuda_hooks_cvec(f, l);
+    if (cuda_hooks_skipped(f, hk, l, f->x, T, err)) return -1;
+    if (cv) OP(cuda_add_bias(&f->ctx, f->x, (wref){ cv, WT_F32 }, T, f->m->cfg.dim));
+    return cuda_hooks_point(f, hk, l, HOOK_RESID_POST, f->x, T, err);
+}
+
+// Layer l of a prefill chunk of T > 1 tokens: x is the residual stream, xb its norm
+// with this layer's attn_norm; leaves xb normed with the next layer's (or the final) weight.
+static int prefill_layer(cuda_forward *f, int l, int T, int cap, int hk, verr *err) {
     const model_config *c = &f->m->cfg;
     const dev_weights *w = f->w;
+    const dev_layer *L = &w->layers[l];
     cuda_ctx *x = &f->ctx;
     int dim = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, hid = c->hidden_dim;
     int q_dim = nh * hd, kv_dim = nkv * hd;
     float eps = c->norm_eps;
     attn_shape sh = { nh, nkv, hd, 1.0f / sqrtf((float)hd) };
     step_params dp = params(f, f->d_par), hp = params(f, f->h_par);
+    wref next = l + 1 < c->n_layers ? w->layers[l + 1].attn_norm : w->final_norm;
+    if (cuda_hooks_point(f, hk, l, HOOK_RESID_PRE, f->x, T, err)) return -1;
+    if (cuda_hooks_skip(f, l)) {  // the identity: the next layer's norm of the same x
+        if (skip_layer(f, hk, l, T, err)) return -1;
+        OP(cuda_rmsnorm(x, f->xb, f->x, next, T, dim, eps));
+        return 0;
+    }
+    float *q = f->qkv, *k = q + (size_t)T * q_dim, *v = k + (size_t)T * kv_dim;  // [T,q] [T,kv] [T,kv]
+    OP(cuda_matmul(x, q, f->xb, rows_of(L->wqkv, 0, dim), T, dim, q_dim));
+    OP(cuda_matmul(x, k, f->xb, rows_of(L->wqkv, q_dim, dim), T, dim, kv_dim));
+    OP(cuda_matmul(x, v, f->xb, rows_of(L->wqkv, q_dim + kv_dim, dim), T, dim, kv_dim));
+    if (L->bqkv.data) {
+        OP(cuda_add_bias(x, q, rows_of(L->bqkv, 0, 1), T, q_dim));
+        OP(cuda_add_bias(x, k, rows_of(L->bqkv, q_dim, 1), T, kv_dim));
+        OP(cuda_add_bias(x, v, rows_of(L->bqkv, q_dim + kv_dim, 1), T, kv_dim));
+    }
+    if (L->q_norm.data) {  // Qwen3: RMSNorm over each head's vector, before RoPE
+        OP(cuda_rmsnorm(x, q, q, L->q_norm, T * nh, hd, eps));
+        OP(cuda_rmsnorm(x, k, k, L->k_norm, T * nkv, hd, eps));
+    }
+    OP(cuda_rope(x, q, dp.pos, T, nh, hd, w->inv_freq, 0));
+    OP(cuda_rope(x, k, dp.pos, T, nkv, hd, w->inv_freq, 0));
+    const cuda_kv_layer *dl = &dp.layers[(size_t)l * f->rows], *hl = &hp.layers[(size_t)l * f->rows];
+    OP(cuda_kv_store_dev(x, dl, k, v, dp.rows, T, kv_dim));
+    kv_span span = { hl->k_trunk, hl->v_trunk, hp.lens[0].n_trunk, hl->k_tail, hl->v_tail,
+                     hp.lens[0].n_keys - hp.lens[0].n_trunk };
+    OP(cuda_attention(x, f->att, q, span, T, sh, scores_of(f, cap, hk, l)));
+    if (share_scores(f, cap, hk, l, err) || cuda_hooks_ablate(f, l, f->att, T, err)) return -1;
+    OP(cuda_matmul(x, f->y, f->att, L->wo, T, q_dim, dim));
+    if (cuda_hooks_point(f, hk, l, HOOK_ATTN_OUT, f->y, T, err)) return -1;
+    OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, L->ffn_norm, T, dim, eps));
+    if (cuda_hooks_point(f, hk, l, HOOK_RESID_MID, f->x, T, err)) return -1;
+    float *gate = f->hb, *up = f->hb + (size_t)T * hid;
+    OP(cuda_matmul(x, gate, f->xb, rows_of(L->w_gu, 0, dim), T, dim, hid));
+    OP(cuda_matmul(x, up, f->xb, rows_of(L->w_gu, hid, dim), T, dim, hid));
+    OP(cuda_swiglu(x, gate, gate, up, (size_t)T * hid));
+    OP(cuda_matmul(x, f->y, gate, L->w_down, T, hid, dim));
+    if (cuda_hooks_point(f, hk, l, HOOK_MLP_OUT, f->y, T, err)) return -1;
+    const float *cv = cuda_hooks_cvec(f, l);  // x += (mlp_out + vector), as the decode epilogue adds it
+    if (cv) OP(cuda_add_bias(x, f->y, (wref){ cv, WT_F32 }, T, dim));
+    OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, next, T, dim, eps));
+    return cuda_hooks_point(f, hk, l, HOOK_RESID_POST, f->x, T, err);
+}
+
+// Queues a prefill chunk of T > 1 tokens (cuBLAS GEMMs, the prefill attention), starting
+// with the step block's upload. hk: the HK_* captures of the hooks.
+static int enqueue_prefill(cuda_forward *f, int T, int cap, int hk, verr *err) {
+    const model_config *c = &f->m->cfg;
+    const dev_weights *w = f->w;
+    cuda_ctx *x = &f->ctx;
+    int dim = c->dim;
+    step_params dp = params(f, f->d_par);
     CK(cudaMemcpyAsync(f->d_par, f->h_par, f->par_bytes, cudaMemcpyHostToDevice, x->stream));
     OP(cuda_embed(x, f->x, w->embed, dp.ids, T, dim));
-    OP(cuda_rmsnorm(x, f->xb, f->x, w->layers[0].attn_norm, T, dim, eps));
-    for (int l = 0; l < c->n_layers; l++) {
-        const dev_layer *L = &w->layers[l];
-        float *q = f->qkv, *k = q + (size_t)T * q_dim, *v = k + (size_t)T * kv_dim;  // [T,q] [T,kv] [T,kv]
-        OP(cuda_matmul(x, q, f->xb, rows_of(L->wqkv, 0, dim), T, dim, q_dim));
-        OP(cuda_matmul(x, k, f->xb, rows_of(L->wqkv, q_dim, dim), T, dim, kv_dim));
-        OP(cuda_matmul(x, v, f->xb, rows_of(L->wqkv, q_dim + kv_dim, dim), T, dim, kv_dim));
-        if (L->bqkv.data) {
-            OP(cuda_add_bias(x, q, rows_of(L->bqkv, 0, 1), T, q_dim));
-            OP(cuda_add_bias(x, k, rows_of(L->bqkv, q_dim, 1), T, kv_dim));
-            OP(cuda_add_bias(x, v, rows_of(L->bqkv, q_dim + kv_dim, 1), T, kv_dim));
-        }
-        if (L->q_norm.data) {  // Qwen3: RMSNorm over each head's vector, before RoPE
-            OP(cuda_rmsnorm(x, q, q, L->q_norm, T * nh, hd, eps));
-            OP(cuda_rmsnorm(x, k, k, L->k_norm, T * nkv, hd, eps));
-        }
-        OP(cuda_rope(x, q, dp.pos, T, nh, hd, w->inv_freq, 0));
-        OP(cuda_rope(x, k, dp.pos, T, nkv, hd, w->inv_freq, 0));
-        const cuda_kv_layer *dl = &dp.layers[(size_t)l * f->rows], *hl = &hp.layers[(size_t)l * f->rows];
-        OP(cuda_kv_store_dev(x, dl, k, v, dp.rows, T, kv_dim));
-        kv_span span = { hl->k_trunk, hl->v_trunk, hp.lens[0].n_trunk, hl->k_tail, hl->v_tail,
-                         hp.lens[0].n_keys - hp.lens[0].n_trunk };
-        OP(cuda_attention(x, f->att, q, span, T, sh, l == cap ? f->scores : NULL));
-        OP(cuda_matmul(x, f->y, f->att, L->wo, T, q_dim, dim));
-        OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, L->ffn_norm, T, dim, eps));
-        float *gate = f->hb, *up = f->hb + (size_t)T * hid;
-        OP(cuda_matmul(x, gate, f->xb, rows_of(L->w_gu, 0, dim), T, dim, hid));
-        OP(cuda_matmul(x, up, f->xb, rows_of(L->w_gu, hid, dim), T, dim, hid));
-        OP(cuda_swiglu(x, gate, gate, up, (size_t)T * hid));
-        OP(cuda_matmul(x, f->y, gate, L->w_down, T, hid, dim));
-        wref next = l + 1 < c->n_layers ? w->layers[l + 1].attn_norm : w->final_norm;
-        OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, next, T, dim, eps));
-    }
+    OP(cuda_rmsnorm(x, f->xb, f->x, w->layers[0].attn_norm, T, dim, c->norm_eps));
+    for (int l = 0; l < c->n_layers; l++)
+        if (prefill_layer(f, l, T, cap, hk, err)) return -1;
     OP(cuda_matvec(x, f->logits, f->xb + (size_t)(T - 1) * dim, w->lm_head, dim, c->vocab_size));
     return cap >= 0 ? enqueue_stats(f, 1, dp, err) : 0;
 }
 
+// The decode step's o_proj or down projection of rows in [B, n_in] into the residual
+// stream x [B, dim], plus cv (NULL: none) when given: one matvec whose store adds
+// (cv as its bias); with point p captured, the product lands in y first, then the adds.
+static int decode_project(cuda_forward *f, int hk, int l, int p, const float *in, wref W, int n_in, int B,
+                          const float *cv, verr *err) {
+    cuda_ctx *x = &f->ctx;
+    int dim = f->m->cfg.dim;
+    if (!cuda_hooks_wants(f, hk, l, p)) {
+        const cuda_mv_fuse residual = { NULL, 0.f, 1, cv };
+        OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &residual));
+        return 0;
+    }
+    OP(cuda_matvec_rows(x, f->y, in, W, n_in, dim, B, dim, dim));
+    if (cuda_hooks_point(f, hk, l, p, f->y, B, err)) return -1;
+    if (cv) OP(cuda_add_bias(x, f->y, (wref){ cv, WT_F32 }, B, dim));  // the fused store's v + bias
+    OP(cuda_add(x, f->x, f->y, (size_t)B * dim));                       // and its out += v
+    return 0;
+}
+
+// Layer l of a decode step of B rows on the residual stream f->x. Every RMSNorm is
+// folded into the matvec that reads it, and every residual add into the matvec that
+// produces it.
+static int decode_layer(cuda_forward *f, int l, int B, int cap, int hk, step_params dp, verr *err) {
+    const model_config *c = &f->m->cfg;
+    const dev_weights *w = f->w;
+    const dev_layer *L = &w->layers[l];
+    cuda_ctx *x = &f->ctx;
+    int dim = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, hid = c->hidden_dim;
+    int q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim;
+    float eps = c->norm_eps;
+    attn_shape sh = { nh, nkv, hd, 1.0f / sqrtf((float)hd) };
+    if (cuda_hooks_point(f, hk, l, HOOK_RESID_PRE, f->x, B, err)) return -1;
+    if (cuda_hooks_skip(f, l)) return skip_layer(f, hk, l, B, err);  // nothing else launches
+    const cuda_mv_fuse attn_norm = { (const float *)L->attn_norm.data, eps, 0, (const float *)L->bqkv.data };
+    const cuda_mv_fuse ffn_norm = { (const float *)L->ffn_norm.data, eps, 0, NULL };
+    // One matvec over Wqkv, planar output: q [B, q_dim], k [B, kv_dim], v [B, kv_dim].
+    float *q = f->qkv, *k = q + (size_t)B * q_dim, *v = k + (size_t)B * kv_dim;
+    OP(cuda_matvec_rows_fused(x, q, f->x, L->wqkv, dim, qkv_dim, B, q_dim, q_dim + kv_dim, &attn_norm));
+    const cuda_kv_layer *dl = &dp.layers[(size_t)l * f->rows];
+    // Qwen3's per-head q/k RMSNorm, RoPE and the KV store run inside the attention launch.
+    const cuda_rope_kv rk = { k, v, dp.pos, dp.rows, w->inv_freq, (const float *)L->q_norm.data,
+                              (const float *)L->k_norm.data, eps };
+    OP(cuda_attention_decode_rows_rope(x, f->att, q, &rk, dl, dp.lens, B, f->max_ctx, sh,
+                                       scores_of(f, cap, hk, l)));
+    if (share_scores(f, cap, hk, l, err) || cuda_hooks_ablate(f, l, f->att, B, err) ||
+        decode_project(f, hk, l, HOOK_ATTN_OUT, f->att, L->wo, q_dim, B, NULL, err) ||
+        cuda_hooks_point(f, hk, l, HOOK_RESID_MID, f->x, B, err))
+        return -1;
+    float *h = f->hb;  // [B, hid] = silu(gate) * up, one launch (hb holds [B, 2*hid] if it falls back)
+    OP(cuda_matvec_glu_rows(x, h, f->hb, f->x, L->w_gu, dim, hid, B, &ffn_norm));
+    if (decode_project(f, hk, l, HOOK_MLP_OUT, h, L->w_down, hid, B, cuda_hooks_cvec(f, l), err)) return -1;
+    return cuda_hooks_point(f, hk, l, HOOK_RESID_POST, f->x, B, err);
+}
+
 // Queues a decode step of B rows (1 <= B <= f->rows), one token each, every row with its
 // own KV records. Reads per-step values only on the device, so it can be captured.
-static int enqueue_decode(cuda_forward *f, int B, int cap, verr *err) {
+// hk: the HK_* captures of the hooks (single-sequence steps only).
+static int enqueue_decode(cuda_forward *f, int B, int cap, int hk, verr *err) {
     const model_config *c = &f->m->cfg;
     const dev_weights *w = f->w;
     cuda_ctx *x = &f->ctx;
-    int dim = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, hid = c->hidden_dim;
-    int q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim, V = c->vocab_size;
-    float eps = c->norm_eps;
-    attn_shape sh = { nh, nkv, hd, 1.0f / sqrtf((float)hd) };
     step_params dp = params(f, f->d_par);
     CK(cudaMemcpyAsync(f->d_par, f->h_par, f->par_bytes, cudaMemcpyHostToDevice, x->stream));
-    OP(cuda_embed(x, f->x, w->embed, dp.ids, B, dim));
-    // Every RMSNorm is folded into the matvec that reads it, and every residual add into
-    // the matvec that produces it: x is the residual stream throughout.
-    const cuda_mv_fuse residual = { NULL, 0.f, 1, NULL };
-    for (int l = 0; l < c->n_layers; l++) {
-        const dev_layer *L = &w->layers[l];
-        const cuda_mv_fuse attn_norm = { (const float *)L->attn_norm.data, eps, 0, (const float *)L->bqkv.data };
-        const cuda_mv_fuse ffn_norm = { (const float *)L->ffn_norm.data, eps, 0, NULL };
-        // One matvec over Wqkv, planar output: q [B, q_dim], k [B, kv_dim], v [B, kv_dim].
-        float *q = f->qkv, *k = q + (size_t)B * q_dim, *v = k + (size_t)B * kv_dim;
-        OP(cuda_matvec_rows_fused(x, q, f->x, L->wqkv, dim, qkv_dim, B, q_dim, q_dim + kv_dim, &attn_norm));
-        const cuda_kv_layer *dl = &dp.layers[(size_t)l * f->rows];
-        // Qwen3's per-head q/k RMSNorm, RoPE and the KV store run inside the attention launch.
-        const cuda_rope_kv rk = { k, v, dp.pos, dp.rows, w->inv_freq, (const float *)L->q_norm.data,
-                                  (const float *)L->k_norm.data, eps };
-        OP(cuda_attention_decode_rows_rope(x, f->att, q, &rk, dl, dp.lens, B, f->max_ctx, sh,
-                                           l == cap ? f->scores : NULL));
-        OP(cuda_matvec_rows_fused(x, f->x, f->att, L->wo, q_dim, dim, B, dim, dim, &residual));
-        float *h = f->hb;  // [B, hid] = silu(gate) * up, one launch (hb holds [B, 2*hid] if it falls back)
-        OP(cuda_matvec_glu_rows(x, h, f->hb, f->x, L->w_gu, dim, hid, B, &ffn_norm));
-        OP(cuda_matvec_rows_fused(x, f->x, h, L->w_down, hid, dim, B, dim, dim, &residual));
-    }
-    const cuda_mv_fuse final_norm = { (const float *)w->final_norm.data, eps, 0, NULL };
-    OP(cuda_matvec_rows_fused(x, f->logits, f->x, w->lm_head, dim, V, B, V, V, &final_norm));
+    OP(cuda_embed(x, f->x, w->embed, dp.ids, B, c->dim));
+    for (int l = 0; l < c->n_layers; l++)
+        if (decode_layer(f, l, B, cap, hk, dp, err)) return -1;
+    const cuda_mv_fuse final_norm = { (const float *)w->final_norm.data, c->norm_eps, 0, NULL };
+    OP(cuda_matvec_rows_fused(x, f->logits, f->x, w->lm_head, c->dim, c->vocab_size, B, c->vocab_size,
+                              c->vocab_size, &final_norm));
     return cap >= 0 ? enqueue_stats(f, B, dp, err) : 0;
 }
 
 // Replays the captured decode step of B rows; captures it first when there is none for
-// this capture layer (or the scratch moved).
-static int graph_decode(cuda_forward *f, int B, int cap, verr *err) {
+// this capture layer, these hooks and captures, or the scratch moved.
+static int graph_decode(cuda_forward *f, int B, int cap, int hk, verr *err) {
     graph_slot *g = &f->graphs[B];
-    if (!g->exec || g->cap != cap || g->scratch != f->ctx.scratch) {
+    if (!g->exec || g->cap != cap || g->scratch != f->ctx.scratch || g->hook_gen != f->hk.gen || g->hook_cap != hk) {
         if (g->exec) CK(cudaGraphExecDestroy(g->exec));
         g->exec = NULL;
         CK(cudaStreamBeginCapture(f->ctx.stream, cudaStreamCaptureModeThreadLocal));
         long l0 = f->ctx.n_launches;
-        int rc = enqueue_decode(f, B, cap, err);
+        int rc = enqueue_decode(f, B, cap, hk, err);
         g->launches = f->ctx.n_launches - l0;
         cudaGraph_t graph = NULL;
         cudaError_t e = cudaStreamEndCapture(f->ctx.stream, &graph);
@@ -314,7 +394,7 @@ static int graph_decode(cuda_forward *f, int B, int cap, verr *err) {
             cudaGetLastError();
             return -1;
         }
-        g->cap = cap, g->scratch = f->ctx.scratch;
+        g->cap = cap, g->scratch = f->ctx.scratch, g->hook_gen = f->hk.gen, g->hook_cap = hk;
     }
     CK(cudaGraphLaunch(g->exec, f->ctx.stream));
     if (B == 1) f->step = (cuda_step_counts){ g->launches, g->nodes, 0 };
@@ -337,17 +417,19 @@ static void advance(kv_view *kv, int T) {
     if (!kv->tail) kv->n_trunk = kv->trunk->len;
 }
 
-// One prefill chunk (T > 1) or a one-token step of one sequence.
-static int run_chunk(cuda_forward *f, kv_view *kv, const int *ids, int T, int cap, verr *err) {
+// One prefill chunk (T > 1) or a one-token step of one sequence; hk: the HK_* captures
+// of the hooks, handed over before it returns.
+static int run_chunk(cuda_forward *f, kv_view *kv, const int *ids, int T, int cap, int hk, verr *err) {
     if (wait_params(f, err)) return -1;
+    int pos0 = kv_view_len(kv);
     if (T == 1) fill_decode(f, kv, ids, 1);
     else fill_prefill(f, kv, ids, T);
     f->par_pending = 1;
     long l0 = f->ctx.n_launches;
-    int rc = T > 1 ? enqueue_prefill(f, T, cap, err) : f->use_graph ? graph_decode(f, 1, cap, err)
-                                                                     : enqueue_decode(f, 1, cap, err);
+    int rc = T > 1 ? enqueue_prefill(f, T, cap, hk, err) : f->use_graph ? graph_decode(f, 1, cap, hk, err)
+                                                                         : enqueue_decode(f, 1, cap, hk, err);
     if (rc == 0 && T == 1 && !f->use_graph) f->step = (cuda_step_counts){ f->ctx.n_launches - l0, 0, 0 };
-    if (rc) return -1;
+    if (rc || cuda_hooks_deliver(f, hk, T, pos0, f->last_keys, err)) return -1;
     advance(kv, T);
     return 0;
 }
@@ -440,13 +522,15 @@ int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int 
                         kv_view_len(kv), f->max_ctx);
     if (check_view(f, kv, err)) return -1;
     if (cuda_activate(&f->ctx)) return verr_set(err, "%s", f->ctx.err.msg);
-    int cap = capture_layer(f, fw);
+    if (cuda_hooks_sync(f, fw->hooks, err)) return -1;
+    int cap = capture_layer(f, fw), hk = cuda_hooks_captures(f);
     fw->dev_stats = 0;
     kv_cache *dst = kv->tail ? kv->tail : kv->trunk;
     int len0 = dst->len, n_trunk0 = kv->n_trunk, rc = 0;
     for (int done = 0; rc == 0 && done < T; done += f->max_T) {
         int n = T - done < f->max_T ? T - done : f->max_T;
-        rc = run_chunk(f, kv, ids + done, n, done + n == T ? cap : -1, err);
+        int last = done + n == T;  // the attention hooks read the forward's last query
+        rc = run_chunk(f, kv, ids + done, n, last ? cap : -1, last ? hk : hk & ~HK_ATTN, err);
     }
     f->logits_stale = 0, f->logits_valid = 0;
     if (rc == 0)
@@ -501,7 +585,7 @@ static int run_rows(cuda_forward *f, kv_view *views, const int *ids, int B, int 
     if (wait_params(f, err)) return -1;
     fill_decode(f, views, ids, B);
     f->par_pending = 1;
-    int rc = f->use_graph ? graph_decode(f, B, cap, err) : enqueue_decode(f, B, cap, err);
+    int rc = f->use_graph ? graph_decode(f, B, cap, 0, err) : enqueue_decode(f, B, cap, 0, err);
     if (rc || fetch(f, logits, B, cap, 0, err)) return -1;
     for (int b = 0; b < B; b++) {
         advance(&views[b], 1);
@@ -514,6 +598,7 @@ int cuda_forward_batch(cuda_forward *f, forward_state *fw, kv_view *views, const
                        float *stats, verr *err) {
     if (check_batch(f, views, ids, B, err)) return -1;
     if (cuda_activate(&f->ctx)) return verr_set(err, "%s", f->ctx.err.msg);
+    if (cuda_hooks_sync(f, fw->hooks, err)) return -1;  // interventions only: batches capture nothing
     int cap = capture_layer(f, fw), *saved = malloc(2 * sizeof(int) * (size_t)B);
     if (!saved) return verr_set(err, "out of memory");
     for (int b = 0; b < B; b++) {

@@ -49,11 +49,40 @@ typedef struct {
     int *ids, *pos, *rows;     // [max_T] each: the chunk's tokens, or one per decode row
 } step_params;
 
+// The forward hooks (model/hooks.h) as the device runs them (model/forward_cuda_hooks.c):
+// host copies of what decides the launches, the control vectors on the device, and the
+// capture arenas. All zero / NULL until a forward first sees hooks.
+typedef struct {
+    long gen;                  // bumped whenever what decides the launches changes
+    int active;                // the last sync saw hooks (0: the plain pass)
+    const forward_hooks *h;    // the hooks of the current forward call (their callbacks)
+    unsigned char *skip;       // [n_layers]
+    unsigned char *cvec_on;    // [n_layers]
+    unsigned char *ablate;     // [n_layers * n_heads]
+    unsigned char *act_on;     // [n_layers * HOOK_NPOINTS]: the point is captured
+    unsigned char *attn_on;    // [n_layers]: the last query's scores are captured
+    unsigned char *next;       // [the five above]: the sync's scratch
+    size_t flags_bytes;        // of each of skip..attn_on together, and of next
+    float *h_cvec;             // [n_layers, dim]: the values now on the device
+    float *d_cvec;             // device [n_layers, dim]
+    int *act_slot, n_act;      // [n_layers * HOOK_NPOINTS]: slot in the arenas (-1: none)
+    int *attn_slot, n_attn;    // [n_layers]
+    float *d_acts, *h_acts;    // [n_act, T, dim] of a chunk of T rows: device, pinned host
+    float *d_attn, *h_attn;    // [n_attn, n_heads, max_ctx]: device, pinned ([n_attn, n_heads, keys])
+    int acts_cap, attn_cap;    // slots the arenas hold
+} dev_hooks;
+
+// What a step captures for the hooks (bits): activations, last-query attention scores.
+#define HK_ACTS 1
+#define HK_ATTN 2
+
 // A captured decode step of B rows, per capture layer and scratch buffer.
 typedef struct {
     cudaGraphExec_t exec;
     int cap;                   // capture layer it was captured with (-1: none)
     void *scratch;             // ctx.scratch it was captured with
+    long hook_gen;             // dev_hooks.gen it was captured with
+    int hook_cap;              // the HK_* captures it holds
     long launches;             // kernels and cuBLAS calls captured into it
     long nodes;                // its nodes (the launches plus the step block's copy)
 } graph_slot;
@@ -92,6 +121,7 @@ struct cuda_forward {
     sample_cfg *d_cfg, *h_cfg; // [smp_cap] cuda_forward_sample's configurations (device, pinned)
     sample_out *d_out, *h_out; // [smp_cap] and results
     int smp_cap;
+    dev_hooks hk;              // forward hooks (model/forward_cuda_hooks.c)
 };
 
 step_params cuda_forward_params(void *base, int n_layers, int max_T, int rows);
@@ -101,5 +131,35 @@ int cuda_forward_upload(cuda_forward *f, verr *err);
 int cuda_forward_alloc(cuda_forward *f, verr *err);
 // Page-locked fw->logits / fw->attn_scores (optional: skipped when pinning fails).
 void cuda_forward_pin_host(cuda_forward *f);
+
+// ---- forward hooks (model/forward_cuda_hooks.c) ----
+// Resolves h (fw->hooks, NULL: none) into f->hk before a forward call: bumps hk.gen
+// when the launches must change, uploads changed control vectors, sizes the capture
+// arenas. With no hooks before or now, one branch.
+int cuda_hooks_sync(cuda_forward *f, const forward_hooks *h, verr *err);
+// The HK_* captures a single-sequence call makes (batches: none).
+int cuda_hooks_captures(const cuda_forward *f);
+static inline int cuda_hooks_skip(const cuda_forward *f, int l) { return f->hk.active && f->hk.skip[l]; }
+// Layer l's control vector on the device, or NULL.
+static inline const float *cuda_hooks_cvec(const cuda_forward *f, int l) {
+    return f->hk.active && f->hk.cvec_on[l] ? f->hk.d_cvec + (size_t)l * f->m->cfg.dim : NULL;
+}
+// 1 when a step with captures `cap` copies point p of layer l.
+static inline int cuda_hooks_wants(const cuda_forward *f, int cap, int l, int p) {
+    return (cap & HK_ACTS) && f->hk.act_on[l * HOOK_NPOINTS + p];
+}
+// Queues the copy of rows x [T, dim] of layer l's point p into the arena (when wanted).
+int cuda_hooks_point(cuda_forward *f, int cap, int l, int p, const float *x, int T, verr *err);
+// A skipped layer's points before its control vector: x for the residual ones, zeros
+// for the block outputs.
+int cuda_hooks_skipped(cuda_forward *f, int cap, int l, const float *x, int T, verr *err);
+// Where layer l's last-query scores go for the hooks, or NULL.
+float *cuda_hooks_scores(const cuda_forward *f, int cap, int l);
+// Queues zeroing the ablated heads' columns of att [T, n_heads * head_dim] at layer l.
+int cuda_hooks_ablate(cuda_forward *f, int l, float *att, int T, verr *err);
+// After a chunk of T rows at positions pos0.. (keys: the last query's key count): one
+// copy back per capture kind, a wait, then the callbacks in the CPU forward's order.
+int cuda_hooks_deliver(cuda_forward *f, int cap, int T, int pos0, int keys, verr *err);
+void cuda_hooks_free(cuda_forward *f);
 
 #endif

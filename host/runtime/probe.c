@@ -121,9 +121,11 @@ static void head_stats(probe *p, int layer, const float *scores, int keys) {
     p->attn_have[layer] = 1;
 }
 
+// The first layer whose scores a forward hands over (a skipped layer attends to nothing):
+// it writes the forward's position.
 static int first_attn_layer(const probe *p) {
     for (int l = 0; l < p->n_layers; l++)
-        if (p->attn_on[l]) return l;
+        if (p->attn_on[l] && !(p->hooks.skip && p->hooks.skip[l])) return l;
     return -1;
 }
 
@@ -207,8 +209,6 @@ static int open_lens(probe *p, const model_config *c, verr *err) {
 
 int probe_open(probe **out, const probe_spec *sp, session *s, verr *err) {
     *out = NULL;
-    if (s->cu)
-        return verr_set(err, "--dump-acts, --attn-layers, --dump-attn and --logit-lens run on --device cpu only");
     const model_config *c = &s->m.cfg;
     probe *p = calloc(1, sizeof *p);
     if (!p) return verr_set(err, "out of memory");

@@ -30,7 +30,9 @@ typedef struct probe probe;
 
 int probe_spec_active(const probe_spec *sp);
 // Resolves the lists against s's model, opens the output files (created only at
-// probe_close) and installs the hooks on s. The CPU backend only: on CUDA an error.
+// probe_close) and installs the hooks on s. On CUDA the device copies the captured rows
+// back once per forward call and the callbacks below run on the host as on the CPU; the
+// logit lens runs on the host (the final norm and lm_head of the mapped weights).
 int probe_open(probe **out, const probe_spec *sp, session *s, verr *err);
 // A capture that failed during a forward (a full spool disk): -1 with its message.
 int probe_check(const probe *p, verr *err);

@@ -33,8 +33,9 @@ static int open_tokenizer(session *s, const char *dir, verr *err) {
     return s->tok ? 0 : -1;
 }
 
-// The interventions, checked against the loaded model (fw.hooks is set once fw exists).
-static int open_steer(session *s, const steer_spec *sp, int cuda_dev, verr *err) {
+// The interventions, checked against the loaded model (fw.hooks is set once fw exists;
+// the CUDA forward reads the same hooks: model/forward_cuda_hooks.c).
+static int open_steer(session *s, const steer_spec *sp, verr *err) {
     if (!steer_spec_active(sp)) return 0;
     if (!(s->steer = malloc(sizeof *s->steer))) return verr_set(err, "out of memory");
     if (steer_open(s->steer, sp, &s->m, err)) {
@@ -42,8 +43,6 @@ static int open_steer(session *s, const steer_spec *sp, int cuda_dev, verr *err)
         s->steer = NULL;
         return -1;
     }
-    if (cuda_dev >= 0)
-        return verr_set(err, "control vectors, --ablate-head and --skip-layer run on --device cpu only");
     return 0;
 }
 
@@ -83,7 +82,7 @@ int session_open(session *s, const session_opts *o, verr *err) {
         return verr_set(err, "--ctx %d exceeds the model's max_position_embeddings (%d)", o->ctx, max_pos);
     }
     if (o->threads > 0) cpu_set_threads(o->threads);
-    if (open_steer(s, &o->steer, cuda_dev, err)) {
+    if (open_steer(s, &o->steer, err)) {
         session_close(s);
         return -1;
     }

@@ -564,13 +564,18 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
     return cudaSuccess;
 }
 
+// Device to device, or device to pinned host memory (the forward hooks' attention
+// captures come back this way); a pageable destination is refused: CUDA would make the
+// call synchronous, which nothing here relies on.
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t h) {
     if (width > dpitch || width > spitch) return ret(cudaErrorInvalidValue);
     if (width == 0 || height == 0) return cudaSuccess;
-    if (kind != cudaMemcpyDeviceToDevice) return ret(cudaErrorInvalidMemcpyDirection);
+    if (kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDeviceToHost)
+        return ret(cudaErrorInvalidMemcpyDirection);
+    size_t dst_n = dpitch * (height - 1) + width;
     if (check_device_range(src, spitch * (height - 1) + width) != cudaSuccess ||
-        check_device_range(dst, dpitch * (height - 1) + width) != cudaSuccess)
+        (kind == cudaMemcpyDeviceToDevice ? check_device_range(dst, dst_n) != cudaSuccess : !is_pinned(dst, dst_n)))
         return ret(cudaErrorInvalidValue);
     return stream_enqueue(h, op{"memcpy2D", 0, [=] {
                                     for (size_t r = 0; r < height; r++)
@@ -582,6 +587,16 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t h) {
     if (n == 0) return cudaSuccess;
     if (check_device_range(p, n) != cudaSuccess) return ret(cudaErrorInvalidValue);
     return stream_enqueue(h, op{"memset", 0, [p, v, n] { memset(p, v, n); }});
+}
+// height rows of width bytes, pitch bytes apart (the forward hooks zero an ablated
+// head's columns this way).
+cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t width, size_t height, cudaStream_t h) {
+    if (width > pitch) return ret(cudaErrorInvalidValue);
+    if (width == 0 || height == 0) return cudaSuccess;
+    if (check_device_range(p, pitch * (height - 1) + width) != cudaSuccess) return ret(cudaErrorInvalidValue);
+    return stream_enqueue(h, op{"memset2D", 0, [=] {
+                                    for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, v, width);
+                                }});
 }
 cudaError_t cudaMemset(void *p, int v, size_t n) {
     if (refuse_in_capture()) return ret(cudaErrorStreamCaptureUnsupported);

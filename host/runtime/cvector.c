@@ -95,7 +95,6 @@ int cvec_train(session *s, int **pos, int **neg, const int *n, int n_pairs, cvec
                verr *err) {
     const model_config *c = &s->m.cfg;
     int L = c->n_layers - 1, D = c->dim, max_n = 0;
-    if (s->cu) return verr_set(err, "varent cvector runs on --device cpu only");
     if (L < 1) return verr_set(err, "the model has one layer: llama.cpp's format steers blocks 1.. only");
     for (int i = 0; i < n_pairs; i++) max_n = n[i] > max_n ? n[i] : max_n;
     cvec_capture cap = { c->n_layers, D, 0, malloc(sizeof(float) * (size_t)c->n_layers * max_n * D),

@@ -58,7 +58,7 @@ SAN      ?=
 CFLAGS   += $(SAN)
 LDLIBS   += $(SAN)
 
-.PHONY: all deps test tests run bench bench-cpu clean test-asan fuzz fuzz-build fuzz-seeds emu test-emu
+.PHONY: all deps test tests run bench bench-cpu clean test-asan fuzz fuzz-build fuzz-seeds emu test-emu cli-docs
 all: deps $(BIN)
 
 deps:
@@ -101,6 +101,11 @@ test: all $(TEST_BIN) $(REPLAY_BIN)
 # Default model: stories260K from tests/data until the real chat model lands.
 run: all
 	@bash tools/run-default.sh
+
+# docs/cli.md is generated from the commands' option tables (tests/py/test_cli_help.py
+# checks that the committed page is current).
+cli-docs: $(BIN)
+	./$(BIN) help --markdown > docs/cli.md
 
 bench: bench-cpu
 bench-cpu: all

@@ -169,6 +169,8 @@ tokenizer_stream *tokenizer_stream_new(const tokenizer *t, int skip_special) {
     return s;
 }
 
+void tokenizer_stream_continue(tokenizer_stream *s) { s->started = 1; }
+
 void tokenizer_stream_free(tokenizer_stream *s) {
     if (!s) return;
     free(s->pending.p);

@@ -41,6 +41,9 @@ char *tokenizer_decode(const tokenizer *t, const int *ids, int n, int skip_speci
 // Streaming decode: push ids one at a time and receive only complete UTF-8.
 // Text held back (a partial character) comes out on a later push or on flush.
 tokenizer_stream *tokenizer_stream_new(const tokenizer *t, int skip_special);
+// The ids continue text already shown (the prompt): the first one is decoded as a
+// continuation, without the start-of-text strip of a leading space.
+void tokenizer_stream_continue(tokenizer_stream *s);
 // Returns bytes written to *out (points into the stream's buffer, valid until the
 // next call), or -1 with err on an id out of range.
 int tokenizer_stream_push(tokenizer_stream *s, int id, const char **out, verr *err);

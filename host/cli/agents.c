@@ -3,6 +3,7 @@
 // (host/agents/loop.h, docs/agents.md). Logs: JSONL (--log) and the seed's text form
 // (--log-text), each record flushed as written.
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,35 +16,52 @@
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
+#include "host/cli/prompts.h"
 #include "host/decode/generate.h"
 #include "host/util/interrupt.h"
 #include "host/util/json_out.h"
 #include "host/util/outfile.h"
 
-static const char *usage =
-    "usage: varent agents -m DIR (-p TEXT | --ids 1,2,3) [--chat] [options]\n"
-    "  -n N                 tokens to generate (default 128)\n"
-    "  --agents T:K,...     agent configurations (default 8 from 0.3:10 to 1.5:100; K=0: no top-k)\n"
-    "  --top-p P --min-p M  applied by every agent (default off)\n"
-    "  --max-parallel N     agents evaluated at once (default all)\n"
-    "  --check-every N      critic every N steps (default 5, 0: no critic)\n"
-    "  --rollback N         tokens a BAD verdict removes (default 5)\n"
-    "  --critic-model DIR   critic model (default: the same model, second context)\n"
-    "  --lookahead W        each agent extends a W-token branch (default off)\n"
-    "  --devices LIST       cpu, cpu,cpu, cuda:0, 0,1 ... (default cpu)\n"
-    "  --seed S             (default: time)\n"
-    "  --log FILE.jsonl --log-text FILE --dump-logits FILE.f32 --stats\n"
-    "  --force              replace existing log files (kept as they are otherwise)\n"
-    "  --ctx N -t THREADS --batch N --system TEXT --chat-template NAME\n"
-    "  --control-vector FILE --control-vector-scaled FILE S --control-vector-layer-range A B\n"
-    "  --ablate-head L:H --skip-layer L   (docs/research.md)\n"
-    "  --lora DIR, --lora-scaled DIR SCALE   PEFT LoRA adapters (repeatable; docs/research.md)\n";
+static const cli_opt agents_cli_opts[] = {
+    { "-n|--n-predict|--max-tokens", "N", "sampling", "128", "tokens to generate", 0 },
+    { "--agents", "T:K,...", "agents", "8 from 0.3:10 to 1.5:100", "agent configurations: temperature:top-k (K=0: no top-k)", 0 },
+    { "--top-p", "P", "sampling", "1 (off)", "nucleus, applied by every agent", 0 },
+    { "--min-p", "P", "sampling", "0 (off)", "min-p, applied by every agent", 0 },
+    { "-s|--seed", "N", "sampling", "random", "seed of the agents' streams; -1: random (from the OS)", 0 },
+    { "--max-parallel", "N", "agents", "all", "agents evaluated at once", 0 },
+    { "--check-every", "N", "agents", "5", "critic every N steps (0: no critic)", 0 },
+    { "--rollback", "N", "agents", "5", "tokens a BAD verdict removes", 0 },
+    { "--critic-model", "DIR", "agents", "the same model", "the critic's model (a second context)", 0 },
+    { "--lookahead", "W", "agents", "off", "each agent extends a W-token branch", 0 },
+    { "--devices", "LIST", "performance", "cpu", "replicas: cpu, cpu,cpu, cuda:0, 0,1 ...", 0 },
+    { "--log", "FILE", "output", NULL, "JSONL: every step's proposals, critic verdicts, rollbacks", 0 },
+    { "--log-text", "FILE", "output", NULL, "the same as readable text", 0 },
+    { "--dump-logits", "FILE", "output", NULL, "each step's logits, vocab_size float32", 0 },
+    { "--stats", NULL, "output", NULL, "timings, steps, critic checks and the seed on stderr", 0 },
+    { "--force", NULL, "output", NULL, "replace existing log files (kept as they are otherwise)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt agents_session_opts[] = {
+    { "-m|--model", "DIR", "model", NULL, "model directory (config.json, *.safetensors, tokenizer.json) or .gguf file", 0 },
+    { "-c|--ctx|--ctx-size", "N", "model", "the model's, at most 4096", "context length in tokens", 0 },
+    { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
+    { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_lora,   cli_opts_prompt, cli_opts_chat,
+                                                agents_cli_opts,     cli_opts_steer, NULL };
+const cli_spec cli_agents_spec = {
+    "agents", "-m DIR [-p TEXT | -f FILE | --ids LIST] [options]",
+    "Parallel entropy-minimised decoding: agents propose, the lowest-entropy proposal wins, a critic rolls back.",
+    "Docs: docs/agents.md.", agents_tables, NULL, NULL,
+};
 
 typedef struct {
     session_opts so;
-    const char *ids_arg, *text, *system, *chat_template, *agents_spec, *devices, *critic_model;
+    const char *ids_arg, *text, *file, *system, *chat_template, *agents_spec, *devices, *critic_model;
     const char *log_path, *text_path, *dump_path;
-    int chat, stats, lookahead, max_parallel, check_every, rollback, max_new, force;
+    char *owned_text;  // the prompt read from stdin or -f
+    int chat, think, stats, lookahead, max_parallel, check_every, rollback, max_new, force;
     uint64_t seed;
     sampler_params base;
     session_lora lora[CLI_MAX_LORA];  // --lora, --lora-scaled (so.lora points here)
@@ -61,33 +79,33 @@ typedef struct {
     int interrupted;
 } agents_logs;
 
-static int fail(const char *msg) {
-    fprintf(stderr, "varent agents: %s\n", msg);
-    return 1;
-}
+static int fail(const char *msg) { return cli_error("agents", "%s", msg); }
 
 static void read_args(args *a, agents_args *g) {
     memset(g, 0, sizeof *g);
-    g->so.model_dir = args_str(a, "-m|--model", NULL);
-    g->so.ctx = (int)args_int(a, "--ctx", 0);
-    g->so.threads = (int)args_int(a, "-t|--threads", 0);
-    g->so.max_batch = (int)args_int(a, "--batch", 0);
+    g->so.model_dir = args_str(a, "-m", NULL);
+    g->so.ctx = (int)args_int_range(a, "-c", 0, 1, INT_MAX);
+    g->so.threads = (int)args_int_range(a, "-t", 0, 1, cli_cpu_count());
+    g->so.max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
     cli_steer_opts(a, &g->so.steer);
     g->ids_arg = args_str(a, "--ids", NULL);
-    g->text = args_str(a, "-p|--prompt", NULL);
-    g->chat = args_flag(a, "--chat");
-    g->system = args_str(a, "--system", NULL);
-    g->chat_template = args_str(a, "--chat-template", NULL);
-    g->max_new = (int)args_int(a, "-n|--max-tokens", 128);
+    g->text = args_str(a, "-p", NULL);
+    g->file = args_str(a, "-f", NULL);
+    prompt_style ps;
+    prompt_style_read(a, &ps);
+    g->chat = ps.chat, g->think = ps.think, g->system = ps.system, g->chat_template = ps.template_name;
+    g->max_new = (int)args_int_range(a, "-n", 128, 0, INT_MAX);
     g->agents_spec = args_str(a, "--agents", NULL);
     g->base = (sampler_params){ 1, 0, (float)args_float(a, "--top-p", 1.0), (float)args_float(a, "--min-p", 0.0) };
-    g->max_parallel = (int)args_int(a, "--max-parallel", 0);
-    g->check_every = (int)args_int(a, "--check-every", 5);
-    g->rollback = (int)args_int(a, "--rollback", 5);
+    if (!(g->base.top_p > 0 && g->base.top_p <= 1)) args_bad(a, "--top-p %g: must be in (0, 1]", g->base.top_p);
+    if (!(g->base.min_p >= 0 && g->base.min_p < 1)) args_bad(a, "--min-p %g: must be in [0, 1)", g->base.min_p);
+    g->max_parallel = (int)args_int_range(a, "--max-parallel", 0, 1, AGENTS_MAX);
+    g->check_every = (int)args_int_range(a, "--check-every", 5, 0, INT_MAX);
+    g->rollback = (int)args_int_range(a, "--rollback", 5, 1, INT_MAX);
     g->critic_model = args_str(a, "--critic-model", NULL);
-    g->lookahead = (int)args_int(a, "--lookahead", 0);
+    g->lookahead = (int)args_int_range(a, "--lookahead", 0, 0, 256);
     g->devices = args_str(a, "--devices", "cpu");
-    g->seed = (uint64_t)args_int(a, "--seed", (long)time(NULL));
+    g->seed = cli_seed(a);
     g->log_path = args_str(a, "--log", NULL);
     g->text_path = args_str(a, "--log-text", NULL);
     g->dump_path = args_str(a, "--dump-logits", NULL);
@@ -96,24 +114,13 @@ static void read_args(args *a, agents_args *g) {
     g->lora_bad = cli_lora_opts(a, &g->so, g->lora, CLI_MAX_LORA, g->lora_msg, sizeof g->lora_msg);
 }
 
-// Range checks; 0, or -1 with msg naming the option.
-static int check_args(const agents_args *g, char *msg, size_t n) {
-    if (!g->so.model_dir) return snprintf(msg, n, "missing -m MODEL_DIR"), -1;
-    if (g->lora_bad) return snprintf(msg, n, "%.1000s", g->lora_msg), -1;
-    if (g->ids_arg && g->text) return snprintf(msg, n, "give either --ids or -p, not both"), -1;
-    if (g->chat && !g->text) return snprintf(msg, n, "--chat needs a user message with -p"), -1;
-    if (g->max_new < 0) return snprintf(msg, n, "-n %d: must be >= 0", g->max_new), -1;
-    const sampler_params *b = &g->base;
-    if (!(b->top_p > 0 && b->top_p <= 1)) return snprintf(msg, n, "--top-p %g: must be in (0, 1]", b->top_p), -1;
-    if (!(b->min_p >= 0 && b->min_p < 1)) return snprintf(msg, n, "--min-p %g: must be in [0, 1)", b->min_p), -1;
-    if (g->max_parallel < 0)
-        return snprintf(msg, n, "--max-parallel %d: must be >= 1 (0: all agents)", g->max_parallel), -1;
-    if (g->check_every < 0)
-        return snprintf(msg, n, "--check-every %d: must be >= 0 (0: no critic)", g->check_every), -1;
-    if (g->rollback < 1) return snprintf(msg, n, "--rollback %d: must be >= 1", g->rollback), -1;
-    if (g->lookahead < 0 || g->lookahead > 256)
-        return snprintf(msg, n, "--lookahead %d: must be in 0..256", g->lookahead), -1;
-    if (g->critic_model && g->check_every == 0) return snprintf(msg, n, "--critic-model needs --check-every > 0"), -1;
+// Combinations that cannot work: CLI_EXIT_USAGE after the message, else 0.
+static int check_args(const agents_args *g) {
+    if (!g->so.model_dir) return cli_usage_error("agents", "missing -m DIR (the model directory)");
+    if (g->lora_bad) return cli_usage_error("agents", "%.1000s", g->lora_msg);
+    if (g->ids_arg && (g->text || g->file)) return cli_usage_error("agents", "give either --ids or -p/-f, not both");
+    if (g->ids_arg && g->chat) return cli_usage_error("agents", "--chat renders text: give the message with -p, not --ids");
+    if (g->critic_model && g->check_every == 0) return cli_usage_error("agents", "--critic-model needs --check-every > 0");
     return 0;
 }
 
@@ -170,7 +177,8 @@ static void log_step(agents_logs *L, const agents_event *e) {
             fputc('}', L->log);
             free(t);
         }
-        fprintf(L->log, "],\"chosen_agent\":%d,\"token\":%d", e->chosen, w->tok[0]);
+        fprintf(L->log, "],\"chosen_agent\":%d,\"token\":%d,\"seed\":%llu", e->chosen, w->tok[0],
+                (unsigned long long)L->a->seed);
         if (la) fputs(",\"tokens\":", L->log), put_ids(L->log, w->tok, w->n_tok);
         fputs("}\n", L->log);
     }
@@ -190,8 +198,9 @@ static void log_critic(agents_logs *L, const agents_event *e) {
     if (L->log)
         fprintf(L->log,
                 "{\"event\":\"critic\",\"step\":%d,\"pos\":%d,\"verdict\":\"%s\",\"logp_good\":%.17g,\"logp_bad\":%.17g,"
-                "\"action\":\"%s\"}\n",
-                e->step, e->pos, v->good ? "GOOD" : "BAD", v->logp_good, v->logp_bad, action[e->action]);
+                "\"action\":\"%s\",\"seed\":%llu}\n",
+                e->step, e->pos, v->good ? "GOOD" : "BAD", v->logp_good, v->logp_bad, action[e->action],
+                (unsigned long long)L->a->seed);
     if (L->text && e->action == CRITIC_NONE) fprintf(L->text, "Evaluator after step %d: GOOD\n", e->step);
     if (L->text && e->action == CRITIC_ACCEPT)
         fprintf(L->text, "Evaluator after step %d: BAD → accepted (already rolled back %d times at position %d)\n",
@@ -201,8 +210,9 @@ static void log_critic(agents_logs *L, const agents_event *e) {
 static void log_rollback(agents_logs *L, const agents_event *e) {
     int removed = e->from_pos - e->to_pos;
     if (L->log)
-        fprintf(L->log, "{\"event\":\"rollback\",\"step\":%d,\"from_pos\":%d,\"to_pos\":%d,\"tokens_removed\":%d}\n",
-                e->step, e->from_pos, e->to_pos, removed);
+        fprintf(L->log,
+                "{\"event\":\"rollback\",\"step\":%d,\"from_pos\":%d,\"to_pos\":%d,\"tokens_removed\":%d,\"seed\":%llu}\n",
+                e->step, e->from_pos, e->to_pos, removed, (unsigned long long)L->a->seed);
     if (L->text) fprintf(L->text, "Evaluator after step %d: BAD → rolling back %d tokens\n", e->step, removed);
 }
 
@@ -282,7 +292,7 @@ static int close_logs(agents_logs *L, int keep, char *msg, size_t n) {
 static int prompt_ids(session *s, const agents_args *a, int **ids, verr *err) {
     if (a->chat) {
         chat_conv conv;
-        int rc = chat_conv_init(&conv, s, a->chat_template, 1, err);
+        int rc = chat_conv_init(&conv, s, a->chat_template, a->think, err);
         if (rc == 0 && a->system) rc = chat_conv_add(&conv, "system", a->system, err);
         if (rc == 0) rc = chat_conv_add(&conv, "user", a->text, err);
         int n = rc == 0 ? chat_conv_ids(&conv, s, ids, err) : -1;
@@ -451,26 +461,43 @@ static int generate_and_print(agents_rig *g, agents_logs *L, sampler_params *ag,
     return rc ? fail(err.msg) : L->interrupted ? INTERRUPT_EXIT : 0;
 }
 
-int cmd_agents(int argc, char **argv) {
-    args a;
-    args_init(&a, argc, argv);
-    if (args_flag(&a, "-h|--help")) return fputs(usage, stdout), 0;
-    agents_args g;
-    read_args(&a, &g);
-    if (args_finish(&a, 0)) return fprintf(stderr, "varent agents: %s\n%s", a.err, usage), 1;
-    char msg[1200];
-    if (check_args(&g, msg, sizeof msg)) return fail(msg);
+// Everything after the arguments: devices, logs, models, generation.
+static int agents_main(const agents_args *g, char *msg, size_t len) {
     verr err = { { 0 } };
     sampler_params ag[AGENTS_MAX];
-    int n_ag = g.agents_spec ? agents_parse(g.agents_spec, ag, g.base, &err) : agents_default(ag, g.base);
-    if (n_ag < 0) return fail(err.msg);
+    int n_ag = g->agents_spec ? agents_parse(g->agents_spec, ag, g->base, &err) : agents_default(ag, g->base);
+    if (n_ag < 0) return cli_usage_error("agents", "%s", err.msg);
+    agents_rig rig = { .a = g };
+    if ((rig.n_dev = devices_parse(g->devices, rig.dev, &err)) < 0) return cli_usage_error("agents", "%s", err.msg);
     interrupt_install();  // Ctrl-C: stop after the current record, print the text, keep the logs
-    agents_rig rig = { .a = &g };
-    if ((rig.n_dev = devices_parse(g.devices, rig.dev, &err)) < 0) return fail(err.msg);
-    agents_logs L = { .a = &g };
-    if (open_logs(&L, &g, msg, sizeof msg)) return close_logs(&L, 0, msg, 0), fail(msg);
+    agents_logs L = { .a = g };
+    if (open_logs(&L, g, msg, len)) return close_logs(&L, 0, msg, 0), fail(msg);
     int rc = rig_open(&rig, &err) ? fail(err.msg) : generate_and_print(&rig, &L, ag, n_ag);
     rig_close(&rig);
-    if (close_logs(&L, rc == 0 || rc == INTERRUPT_EXIT, msg, sizeof msg) && rc == 0) rc = fail(msg);
+    if (close_logs(&L, rc == 0 || rc == INTERRUPT_EXIT, msg, len) && rc == 0) rc = fail(msg);
     return rc;
+}
+
+// The prompt from -p, -f or stdin; CLI_EXIT_USAGE or CLI_EXIT_RUNTIME after a message, else 0.
+static int read_prompt(agents_args *g) {
+    verr err = { { 0 } };
+    const char *text;
+    if (cli_prompt_text(g->text, g->file, g->ids_arg != NULL, &text, &g->owned_text, &err)) return fail(err.msg);
+    g->text = text;
+    if (g->chat && !g->text) return cli_usage_error("agents", "--chat needs a user message: -p TEXT, -f FILE or stdin");
+    return 0;
+}
+
+int cmd_agents(int argc, char **argv) {
+    args a;
+    int rc0 = args_init(&a, &cli_agents_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
+    agents_args g;
+    read_args(&a, &g);
+    if (args_finish(&a, 0)) return cli_usage_error("agents", "%s", a.err);
+    if ((rc0 = check_args(&g)) || (rc0 = read_prompt(&g))) return free(g.owned_text), rc0;
+    char msg[1200];
+    rc0 = agents_main(&g, msg, sizeof msg);
+    free(g.owned_text);
+    return rc0;
 }

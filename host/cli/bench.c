@@ -5,6 +5,7 @@
 // bandwidth of the same memory: host memcpy on the CPU, device-to-device copy on a CUDA
 // session. Then the full decode loop (generate()) under each named sampler, side by
 // side, with its overhead over the first one.
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,23 +172,50 @@ static int bench_samplers(session *s, const char *list, const char *profile, con
     return rc;
 }
 
+static const cli_opt bench_opts[] = {
+    { "-n|--n-predict", "N", "sampling", "256", "tokens to decode per run", 0 },
+    { "--prompt-len", "N", "prompt", "512", "prompt tokens to prefill per run (random ids)", 0 },
+    { "--runs", "N", "output", "3", "runs; the medians are reported", 0 },
+    { "--sampler", "LIST", "entropix", "standard,entropix", "samplers to time in the full decode loop (standard, "
+      "standard+metrics, entropix), or none", 0 },
+    { "--profile", "NAME", "entropix", "seed", "entropix profile of the sampler runs", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt bench_session_opts[] = {
+    { "-m|--model", "DIR", "model", NULL, "model directory (config.json, *.safetensors)", 0 },
+    { "--device", "DEV", "performance", "cpu", "cpu or cuda[:N]", 0 },
+    { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
+    { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const bench_tables[] = { bench_session_opts, bench_opts, NULL };
+const cli_spec cli_bench_spec = {
+    "bench", "-m DIR [-n 256] [--prompt-len 512] [--runs 3] [options]",
+    "Measure prefill and decode speed and the memory bandwidth achieved, then the decode loop per sampler.",
+    "Greedy decoding from a random prompt; the context is --prompt-len + -n + 1.", bench_tables, NULL, NULL,
+};
+
 int cmd_bench(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
+    int rc0 = args_init(&a, &cli_bench_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
     session_opts so = { 0 };
-    cli_session_opts(&a, &so);
-    int n = (int)args_int(&a, "-n", 256), plen = (int)args_int(&a, "--prompt-len", 512), runs = (int)args_int(&a, "--runs", 3);
+    so.model_dir = args_str(&a, "-m", NULL);
+    so.device = args_str(&a, "--device", "cpu");
+    so.threads = (int)args_int_range(&a, "-t", 0, 1, cli_cpu_count());
+    so.max_batch = (int)args_int_range(&a, "-b", 0, 1, INT_MAX);
+    int n = (int)args_int_range(&a, "-n", 256, 1, 1 << 24), plen = (int)args_int_range(&a, "--prompt-len", 512, 1, 1 << 24);
+    int runs = (int)args_int_range(&a, "--runs", 3, 1, 100);
     const char *samplers = args_str(&a, "--sampler", "standard,entropix"), *profile = args_str(&a, "--profile", "seed");
-    if (args_finish(&a, 0) || !so.model_dir || n < 1 || plen < 1 || runs < 1 || runs > 100) {
-        fprintf(stderr, "varent bench: %s\nusage: varent bench -m DIR [-n 256] [--prompt-len 512] [--runs 3] [--threads N]\n"
-                "                   [--sampler standard,entropix|none] [--profile seed]\n",
-                a.err[0] ? a.err : "bad arguments");
-        return 1;
-    }
+    if (args_finish(&a, 0)) return cli_usage_error("bench", "%s", a.err);
+    if (!so.model_dir) return cli_usage_error("bench", "missing -m DIR (the model directory)");
     verr err = { { 0 } };
     session s;
     so.ctx = plen + n + 1;
-    if (session_open(&s, &so, &err)) return fprintf(stderr, "varent bench: %s\n", err.msg), 1;
+    char ctx_name[96];
+    snprintf(ctx_name, sizeof ctx_name, "--prompt-len %d + -n %d + 1: a context of", plen, n);
+    so.ctx_name = ctx_name;
+    if (session_open(&s, &so, &err)) return cli_error("bench", "%s", err.msg);
     int *prompt = malloc(sizeof(int) * (size_t)plen);
     double *pf = malloc(sizeof(double) * (size_t)runs), *dc = malloc(sizeof(double) * (size_t)runs);
     int rc = prompt && pf && dc ? 0 : verr_set(&err, "out of memory");
@@ -224,6 +252,5 @@ int cmd_bench(int argc, char **argv) {
     else progress_stop(&bp.pg);
     free(prompt), free(pf), free(dc);
     session_close(&s);
-    if (rc) fprintf(stderr, "varent bench: %s\n", err.msg);
-    return rc ? 1 : 0;
+    return rc ? cli_error("bench", "%s", err.msg) : 0;
 }

@@ -4,6 +4,7 @@
 // conversation no longer fits the context, the oldest turns are dropped (the system
 // prompt stays) with a one-line notice. Lines come from host/cli/repl.c: line editing
 // on a terminal, plain lines from a pipe (one message per line, as scripts drive it).
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "host/cli/args.h"
 #include "host/cli/chat_cmds.h"
 #include "host/cli/commands.h"
+#include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
 #include "host/util/interrupt.h"
 
@@ -178,28 +180,43 @@ static int chat_loop(chat_state *c) {
     return 0;
 }
 
+static const cli_opt chat_cli_opts[] = {
+    { "-n|--n-predict|--max-tokens", "N", "sampling", "512", "tokens per reply at most; -1: until EOS or a full context", 0 },
+    { "-sys|--system|--system-prompt", "TEXT", "chat", NULL, "system message, kept across /reset", 0 },
+    { "--chat-template", "NAME", "chat", "the model's", "chat format instead of the detected one", 0 },
+    { "--no-think", NULL, "chat", NULL, "Qwen3: an empty thinking block, no reasoning", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const chat_tables[] = { cli_opts_session,    cli_opts_lora,  chat_cli_opts, cli_opts_sampling,
+                                              cli_opts_logit_bias, cli_opts_steer, NULL };
+const cli_spec cli_chat_spec = {
+    "chat", "-m DIR [options]", "Interactive multi-turn chat in the model's chat template.",
+    "Type a message and Enter; /reset starts over, /quit (or end of input) leaves. Each turn reuses the\n"
+    "cached prefix of the conversation. `varent run -cnv` starts the same chat.",
+    chat_tables, NULL, NULL,
+};
+
 int cmd_chat(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
+    int rc0 = args_init(&a, &cli_chat_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
     session_lora lora[CLI_MAX_LORA];
-    char lora_msg[4400];
-    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fprintf(stderr, "varent chat: %s\n", lora_msg), 1;
+    char lora_msg[4400], bad[256];
+    int lora_rc = cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg);
     chat_state c = { 0 };
-    cli_sampling_opts(&a, &c.g, 512, 0.7f, 0.9f);
+    cli_sampling_opts(&a, &c.g);
     logit_bias bias[CLI_MAX_BIAS];
-    char bad[256];
-    if (cli_logit_bias(&a, &c.g, bias, CLI_MAX_BIAS, bad, sizeof bad)) return fprintf(stderr, "varent chat: %s\n", bad), 1;
-    const char *system = args_str(&a, "--system", NULL), *tmpl = args_str(&a, "--chat-template", NULL);
+    int bias_rc = cli_logit_bias(&a, &c.g, bias, CLI_MAX_BIAS, bad, sizeof bad);
+    long n_max = args_int_range(&a, "-n", 512, -1, INT_MAX);
+    c.g.max_new = n_max < 0 ? INT_MAX : (int)n_max;
+    const char *system = args_str(&a, "-sys", NULL), *tmpl = args_str(&a, "--chat-template", NULL);
     int think = !args_flag(&a, "--no-think");
-    if (args_finish(&a, 0) || !so.model_dir) {
-        fprintf(stderr, "varent chat: %s\nusage: varent chat -m MODEL [--system TEXT] [--chat-template NAME] [--no-think] "
-                        "[-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M] [--seed S] [--ctx N]\n",
-                a.err[0] ? a.err : "missing -m MODEL (a model directory or a .gguf file)");
-        return 1;
-    }
-    if (cli_check_sampling(&c.g, bad, sizeof bad)) return fprintf(stderr, "varent chat: %s\n", bad), 1;
+    if (args_finish(&a, 0)) return cli_usage_error("chat", "%s", a.err);
+    if (!so.model_dir) return cli_usage_error("chat", "missing -m MODEL (a model directory or a .gguf file)");
+    if (lora_rc) return cli_usage_error("chat", "%s", lora_msg);
+    if (bias_rc) return cli_usage_error("chat", "%s", bad);
     verr err = { { 0 } };
     session s;
     if (session_open(&s, &so, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;

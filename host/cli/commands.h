@@ -1,7 +1,10 @@
 // commands.h: the varent subcommands. Each takes the arguments after its name and returns
-// the process exit status. Only CLI code prints to the user and decides exit codes.
+// the process exit status; each has a cli_spec (host/cli/args.h): its option tables and
+// help. Only CLI code prints to the user and decides exit codes.
 #ifndef VARENT_CLI_H
 #define VARENT_CLI_H
+
+#include "host/cli/args.h"
 
 int cmd_run(int argc, char **argv);         // host/cli/run.c
 int cmd_logits(int argc, char **argv);      // host/cli/run.c
@@ -19,5 +22,9 @@ int cmd_plot(int argc, char **argv);        // host/cli/plot.c: entropy plots of
 int cmd_agents(int argc, char **argv);      // host/cli/agents.c: decoding agents + critic
 int cmd_cvector(int argc, char **argv);     // host/cli/cvector.c: control vectors from prompt pairs
 int cmd_lora(int argc, char **argv);        // host/cli/lora.c: merge a LoRA adapter into a model
+
+extern const cli_spec cli_run_spec, cli_logits_spec, cli_info_spec, cli_bench_spec, cli_convert_spec,
+    cli_tokenize_spec, cli_detokenize_spec, cli_chat_spec, cli_template_spec, cli_serve_spec, cli_ppl_spec,
+    cli_compare_spec, cli_plot_spec, cli_agents_spec, cli_cvector_spec, cli_lora_spec;
 
 #endif

@@ -1,14 +1,54 @@
 // common.c: see common.h.
+#define _GNU_SOURCE
 #include "host/cli/common.h"
 
 #include "host/cli/interp_opts.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
-#include <string.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
+
+#include "host/decode/defaults.h"
+#include "host/util/fileio.h"
+
+const cli_opt cli_opts_session[] = {
+    { "-m|--model", "DIR", "model", NULL, "model directory (config.json, *.safetensors, tokenizer.json) or .gguf file", 0 },
+    { "-c|--ctx|--ctx-size", "N", "model", "the model's, at most 4096", "context length in tokens", 0 },
+    { "--device", "DEV", "performance", "cpu", "cpu or cuda[:N]", 0 },
+    { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
+    { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+const cli_opt cli_opts_sampling[] = {
+    { "--temp|--temperature", "T", "sampling", GEN_STR(GEN_DEFAULT_TEMP), "temperature; 0 is greedy", 0 },
+    { "--top-k", "K", "sampling", GEN_STR(GEN_DEFAULT_TOP_K), "keep the K most likely tokens (0: off)", 0 },
+    { "--top-p", "P", "sampling", GEN_STR(GEN_DEFAULT_TOP_P), "nucleus: the smallest set holding P of the mass (1: off)", 0 },
+    { "--min-p", "P", "sampling", GEN_STR(GEN_DEFAULT_MIN_P), "drop tokens below P times the top probability (0: off)", 0 },
+    { "-s|--seed", "N", "sampling", "random", "sampling seed; -1: random (from the OS)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+const cli_opt cli_opts_prompt[] = {
+    { "-p|--prompt", "TEXT", "prompt", NULL, "the prompt; - reads it from stdin (piped stdin is read without -p too)", 0 },
+    { "-f|--file", "FILE", "prompt", NULL, "read the prompt from FILE (one trailing newline dropped)", 0 },
+    { "--ids", "LIST", "prompt", NULL, "the prompt as token ids, e.g. 1,2,3", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+int cli_cpu_count(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
 
 // CLI state: the command's load bar while one is drawn, else a bar per stage.
 static progress *load_pg;
@@ -48,61 +88,159 @@ void cli_load_end(progress *pg, int ok) {
 }
 
 void cli_session_opts(args *a, session_opts *o) {
-    o->model_dir = args_str(a, "-m|--model", NULL);
+    o->model_dir = args_str(a, "-m", NULL);
     o->progress = &model_progress;
-    o->ctx = (int)args_int_range(a, "--ctx", 0, 0, INT_MAX);
-    o->threads = (int)args_int_range(a, "-t|--threads", 0, 0, 4096);
+    o->ctx = (int)args_int_range(a, "-c", 0, 1, INT_MAX);
+    o->threads = (int)args_int_range(a, "-t", 0, 1, cli_cpu_count());
     o->device = args_str(a, "--device", "cpu");
-    o->max_batch = (int)args_int_range(a, "--batch", 0, 0, INT_MAX);
+    o->max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
     cli_steer_opts(a, &o->steer);
 }
 
-void cli_sampling_opts(args *a, gen_opts *g, int def_n, float def_temp, float def_top_p) {
-    g->max_new = (int)args_int(a, "-n|--max-tokens", def_n);
-    g->sp.temperature = (float)args_float(a, "--temp|--temperature", def_temp);
-    g->sp.top_k = (int)args_int(a, "--top-k", 0);
-    g->sp.top_p = (float)args_float(a, "--top-p", def_top_p);
-    g->sp.min_p = (float)args_float(a, "--min-p", 0.0);
-    g->seed = (uint64_t)args_int(a, "--seed", (long)time(NULL));
+uint64_t cli_seed(args *a) {
+    const char *s = args_str(a, "-s", NULL);
+    uint64_t seed = 0;
+    if (s && strcmp(s, "-1") != 0) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (s[0] >= '0' && s[0] <= '9' && !*end && !errno) return (uint64_t)v;
+        if (!a->err[0])
+            snprintf(a->err, sizeof a->err, "%s '%.100s': not a seed (0..18446744073709551615, or -1 for random)",
+                     args_typed(a, "-s"), s);
+        return 0;
+    }
+    // Random: from the OS; the time and pid only if getrandom is unavailable.
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        seed = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ (uint64_t)getpid() << 32;
+    }
+    // 53 bits: exact as a JSON number (jq, JavaScript) and within the server's seed field
+    return seed & ((1ull << 53) - 1);
 }
 
-int cli_check_sampling(const gen_opts *g, char *msg, size_t len) {
-    const sampler_params *p = &g->sp;
-    if (!(p->temperature >= 0)) return snprintf(msg, len, "--temp %g: must be >= 0", p->temperature), -1;
-    if (p->top_k < 0) return snprintf(msg, len, "--top-k %d: must be >= 0 (0 = off)", p->top_k), -1;
-    if (!(p->top_p > 0 && p->top_p <= 1)) return snprintf(msg, len, "--top-p %g: must be in (0, 1]", p->top_p), -1;
-    if (!(p->min_p >= 0 && p->min_p < 1)) return snprintf(msg, len, "--min-p %g: must be in [0, 1)", p->min_p), -1;
-    if (g->max_new < 0) return snprintf(msg, len, "-n %d: must be >= 0", g->max_new), -1;
+// A probability option: in (0, 1] (top-p) or [0, 1) (min-p); -1 when it is not.
+static double prob(args *a, const char *name, double def, int open_low) {
+    double v = args_float(a, name, def);
+    if (open_low ? v > 0 && v <= 1 : v >= 0 && v < 1) return v;
+    args_bad(a, "%s %g: must be in %s", args_typed(a, name), v, open_low ? "(0, 1]" : "[0, 1)");
+    return def;
+}
+
+void cli_sampling_opts(args *a, gen_opts *g) {
+    g->sp.temperature = (float)args_float_range(a, "--temp", GEN_DEFAULT_TEMP, 0, HUGE_VAL);
+    g->sp.top_k = (int)args_int_range(a, "--top-k", GEN_DEFAULT_TOP_K, 0, INT_MAX);
+    g->sp.top_p = (float)prob(a, "--top-p", GEN_DEFAULT_TOP_P, 1);
+    g->sp.min_p = (float)prob(a, "--min-p", GEN_DEFAULT_MIN_P, 0);
+    g->seed = cli_seed(a);
+}
+
+static char *read_stream(FILE *f, const char *what, verr *err) {
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap);
+    while (b) {
+        n += fread(b + n, 1, cap - n - 1, f);
+        if (ferror(f)) {
+            free(b);
+            verr_set(err, "reading %s failed: %s", what, strerror(errno));
+            return NULL;
+        }
+        if (feof(f)) break;
+        char *g = n + 1 >= cap ? realloc(b, cap *= 2) : b;
+        if (!g) free(b);
+        b = g;
+    }
+    if (!b) {
+        verr_set(err, "out of memory reading %s", what);
+        return NULL;
+    }
+    b[n] = 0;
+    if (strlen(b) != n) {
+        free(b);
+        verr_set(err, "%s holds a NUL byte: a prompt is text", what);
+        return NULL;
+    }
+    return b;
+}
+
+static void drop_newline(char *s) {
+    size_t n = strlen(s);
+    if (n && s[n - 1] == '\n') s[--n] = 0;
+    if (n && s[n - 1] == '\r') s[--n] = 0;
+}
+
+int cli_prompt_text(const char *p, const char *file, int other_source, const char **text, char **owned, verr *err) {
+    *text = NULL, *owned = NULL;
+    if (p && file) return verr_set(err, "give the prompt either with -p or with -f, not both");
+    if ((p || file) && other_source) return verr_set(err, "give one prompt source: -p/-f or --ids or a prompts file");
+    if (p && strcmp(p, "-") != 0) {
+        *text = p;
+        return 0;
+    }
+    char *s = NULL;
+    if (file) {
+        s = fileio_read_all(file, err);
+        if (s && strlen(s) == 0) {
+            free(s);
+            return verr_set(err, "-f %s: the file is empty", file);
+        }
+    } else if (p || (!other_source && !isatty(0))) {
+        s = read_stream(stdin, "stdin", err);
+        if (s && !s[0] && p) {
+            free(s);
+            return verr_set(err, "-p -: stdin is empty");
+        }
+    } else {
+        return 0;
+    }
+    if (!s) return -1;
+    drop_newline(s);
+    *owned = s;
+    *text = s[0] ? s : NULL;  // piped but empty: no prompt, as without stdin
     return 0;
 }
+
+const cli_opt cli_opts_logit_bias[] = {
+    { "-l|--logit-bias", "ID(+|-)BIAS", "sampling", NULL, "add BIAS to token ID's logit, before truncation (e.g. 15043+1, "
+      "2-inf)", ARG_REPEAT },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
 
 int cli_logit_bias(args *a, gen_opts *g, logit_bias *buf, int cap, char *msg, size_t len) {
-    int n = 0;
-    for (const char *v; (v = args_str(a, "-l|--logit-bias", NULL));) {  // each call takes the next one
+    int n = 0, rc = 0;
+    for (const char *v; (v = args_each(a, "-l"));) {  // all of them are read, even after a bad one
         verr err;
-        if (n == cap) return snprintf(msg, len, "--logit-bias: more than %d biases", cap), -1;
-        if (logit_bias_parse(v, &buf[n], &err)) return snprintf(msg, len, "%s", err.msg), -1;
-        n++;
+        if (rc) continue;
+        if (n == cap) rc = -1, snprintf(msg, len, "--logit-bias: more than %d biases", cap);
+        else if (logit_bias_parse(v, &buf[n], &err)) rc = -1, snprintf(msg, len, "%s", err.msg);
+        else n++;
     }
     g->bias = buf, g->n_bias = n;
-    return 0;
+    return rc;
 }
 
+const cli_opt cli_opts_lora[] = {
+    { "--lora", "DIR", "model", NULL, "apply a PEFT LoRA adapter, unmerged (docs/research.md)", ARG_REPEAT },
+    { "--lora-scaled", "DIR SCALE", "model", NULL, "the same, its update times SCALE", ARG_REPEAT },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
 int cli_lora_opts(args *a, session_opts *o, session_lora *buf, int cap, char *msg, size_t len) {
-    int n = 0;
-    for (const char *d; (d = args_str(a, "--lora", NULL));) {
-        if (n == cap) return snprintf(msg, len, "--lora: more than %d adapters", cap), -1;
-        buf[n++] = (session_lora){ d, 1.0f };
+    int n = 0, rc = 0;
+    for (const char *d; (d = args_each(a, "--lora"));) {
+        if (!rc && n == cap) rc = -1, snprintf(msg, len, "--lora: more than %d adapters", cap);
+        if (!rc) buf[n++] = (session_lora){ d, 1.0f };
     }
-    const char *scale;
-    for (const char *d; (d = args_str2(a, "--lora-scaled", &scale));) {
+    const char *d, *scale;
+    while (args_each_pair(a, "--lora-scaled", &d, &scale)) {
         char *end;
         double v = strtod(scale, &end);
-        if (end == scale || *end || !isfinite(v))
-            return snprintf(msg, len, "--lora-scaled %s %s: the scale must be a number", d, scale), -1;
-        if (n == cap) return snprintf(msg, len, "--lora: more than %d adapters", cap), -1;
-        buf[n++] = (session_lora){ d, (float)v };
+        if (!rc && (end == scale || *end || !isfinite(v)))
+            rc = -1, snprintf(msg, len, "--lora-scaled %s %s: the scale must be a number", d, scale);
+        if (!rc && n == cap) rc = -1, snprintf(msg, len, "--lora: more than %d adapters", cap);
+        if (!rc) buf[n++] = (session_lora){ d, (float)v };
     }
     o->lora = buf, o->n_lora = n;
-    return 0;
+    return rc;
 }

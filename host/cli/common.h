@@ -1,4 +1,5 @@
-// common.h: options shared by the commands that load a model and sample from it.
+// common.h: options shared by the commands that load a model and sample from it, their
+// tables (host/cli/args.h), and reading a prompt from -p, -f or stdin.
 #ifndef VARENT_CLI_COMMON_H
 #define VARENT_CLI_COMMON_H
 
@@ -6,7 +7,15 @@
 #include "host/decode/generate.h"
 #include "host/util/progress.h"
 
-// -m, --ctx, -t/--threads, --device, --batch, and the interventions of
+// -m, -c/--ctx, -t/--threads, --device, -b/--batch.
+extern const cli_opt cli_opts_session[];
+// --temp, --top-k, --top-p, --min-p, -s/--seed: the one set of defaults (host/decode/defaults.h).
+extern const cli_opt cli_opts_sampling[];
+
+// -p/--prompt, -f/--file, --ids (cli_prompt_text reads the first two).
+extern const cli_opt cli_opts_prompt[];
+
+// -m, -c/--ctx, -t/--threads, --device, -b/--batch, and the interventions of
 // host/cli/interp_opts.h (control vectors, --ablate-head, --skip-layer); a GGUF's first
 // use reports its progress (cli_model_progress).
 void cli_session_opts(args *a, session_opts *o);
@@ -17,17 +26,28 @@ const model_path_progress *cli_model_progress(void);
 void cli_load_begin(progress *pg, int quiet);
 // ok: "load: done" (else the bar is cleared silently, an error follows).
 void cli_load_end(progress *pg, int ok);
-// -n, --temp, --top-k, --top-p, --min-p, --seed with the command's defaults.
-void cli_sampling_opts(args *a, gen_opts *g, int def_n, float def_temp, float def_top_p);
-// -l/--logit-bias ID(+|-)BIAS, repeatable, into buf[cap] (g->bias, g->n_bias point there).
-// 0, or -1 with a message naming the bad value. Ids are checked against the vocab by generate().
+// The sampling options into g (the seed: --seed, or random when absent or -1).
+void cli_sampling_opts(args *a, gen_opts *g);
+// -s/--seed: the seed given, or a random one from the OS for -1 or none.
+uint64_t cli_seed(args *a);
+// The CPUs this process may run on (the most -t accepts).
+int cli_cpu_count(void);
+
+// -l/--logit-bias ID(+|-)BIAS (repeatable): their table and the reader, into buf[cap]
+// (g->bias, g->n_bias point there). 0, or -1 with a message naming the bad value. Ids
+// are checked against the vocab by generate().
 #define CLI_MAX_BIAS 1024
+extern const cli_opt cli_opts_logit_bias[];
 int cli_logit_bias(args *a, gen_opts *g, logit_bias *buf, int cap, char *msg, size_t len);
-// --lora DIR and --lora-scaled DIR SCALE, repeatable, into buf[cap] (o->lora, o->n_lora
-// point there). 0, or -1 with a message naming the bad value.
+// --lora DIR and --lora-scaled DIR SCALE (repeatable): their table and the reader, into
+// buf[cap] (o->lora, o->n_lora point there). 0, or -1 with a message naming the bad value.
 #define CLI_MAX_LORA 16
+extern const cli_opt cli_opts_lora[];
 int cli_lora_opts(args *a, session_opts *o, session_lora *buf, int cap, char *msg, size_t len);
-// Range checks; 0, or -1 with a message naming the option and its value.
-int cli_check_sampling(const gen_opts *g, char *msg, size_t len);
+
+// The prompt text: -p TEXT, "-p -" (stdin), -f FILE, or, when other_source is 0 and
+// stdin is not a terminal, stdin. One trailing newline of stdin or a file is dropped.
+// *text is NULL when there is none; *owned is what to free. 0, or -1 with err.
+int cli_prompt_text(const char *p, const char *file, int other_source, const char **text, char **owned, verr *err);
 
 #endif

@@ -3,6 +3,7 @@
 // tokens/s, mean entropy, quadrant counts, distinct-n and the mean log-probability of
 // the generated tokens under the model (teacher-forced, raw logits: what the model
 // thinks of the text, whatever sampler chose it). Markdown on stdout, JSONL with -o.
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "host/cli/args.h"
 #include "host/decode/batch.h"
 #include "host/cli/commands.h"
+#include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
 #include "host/util/interrupt.h"
 #include "host/util/outfile.h"
@@ -21,10 +23,31 @@
 #define MAX_SAMPLERS 16
 #define MAX_DISTINCT 3
 
-static int fail(const char *msg) {
-    fprintf(stderr, "varent compare: %s\n", msg);
-    return 1;
-}
+static int fail(const char *msg) { return cli_error("compare", "%s", msg); }
+
+static const cli_opt compare_opts[] = {
+    { "--prompts", "FILE", "prompt", NULL, "one prompt per line", 0 },
+    { "--prompt-csv", "FILE", "prompt", NULL, "the prompt column of a CSV file", 0 },
+    { "-n|--n-predict|--max-tokens", "N", "sampling", "64", "tokens to generate per run at most", 0 },
+    { "--samplers", "LIST", "entropix", "standard,greedy,entropix:seed,entropix:jax",
+      "arms: standard (the sampling options), greedy, entropix (--profile) or entropix:PROFILE", 0 },
+    { "--profile", "NAME", "entropix", "seed", "profile of a plain entropix arm, and of the quadrant counts", 0 },
+    { "-o|--out", "FILE", "output", NULL, "also one JSONL row per prompt and sampler, flushed as it finishes", 0 },
+    { "--format", "md|jsonl", "output", "md", "what stdout gets: a markdown table or the JSONL rows", 0 },
+    { "--text-width", "N", "output", "60", "characters of each text in the markdown table", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing -o file", 0 },
+    { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const compare_tables[] = { cli_opts_session, cli_opts_lora,       cli_opts_chat, cli_opts_sampling,
+                                                 compare_opts,     cli_opts_logit_bias, cli_opts_steer, NULL };
+const cli_spec cli_compare_spec = {
+    "compare", "-m DIR (--prompts FILE | --prompt-csv FILE) [--samplers LIST] [options]",
+    "Every prompt under every sampler with the same seed, side by side.",
+    "Per run: the text, decode tok/s, mean entropy, quadrant counts, distinct-n and the mean log-probability\n"
+    "of the generated tokens under the model. Docs: docs/research.md.",
+    compare_tables, NULL, NULL,
+};
 
 typedef struct {
     char name[48];
@@ -321,34 +344,34 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
 
 int cmd_compare(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
+    int rc0 = args_init(&a, &cli_compare_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
     session_lora lora[CLI_MAX_LORA];
-    char lora_msg[4400];
-    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fail(lora_msg);
+    char lora_msg[4400], bad[256];
+    int lora_rc = cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg);
     gen_opts g = { 0 };
-    cli_sampling_opts(&a, &g, 64, 1.0f, 1.0f);
+    cli_sampling_opts(&a, &g);
+    g.max_new = (int)args_int_range(&a, "-n", 64, 0, INT_MAX);
     logit_bias bias[CLI_MAX_BIAS];
-    char bad[256];
-    if (cli_logit_bias(&a, &g, bias, CLI_MAX_BIAS, bad, sizeof bad)) return fail(bad);
+    int bias_rc = cli_logit_bias(&a, &g, bias, CLI_MAX_BIAS, bad, sizeof bad);
     prompt_style ps;
     prompt_style_read(&a, &ps);
     compare_args c = { args_str(&a, "--prompts", NULL), args_str(&a, "--prompt-csv", NULL),
                        args_str(&a, "--samplers", "standard,greedy,entropix:seed,entropix:jax"),
-                       args_str(&a, "--profile", "seed"), args_str(&a, "-o|--out", NULL), args_str(&a, "--format", "md"),
-                       (int)args_int(&a, "--text-width", 60), args_flag(&a, "-q|--quiet"), args_flag(&a, "--force") };
-    if (args_finish(&a, 0)) return fail(a.err);
-    if (!so.model_dir || (!c.prompts == !c.csv))
-        return fail("usage: varent compare -m DIR (--prompts FILE | --prompt-csv FILE) [--samplers LIST] [-n N] "
-                    "[--seed S] [-o OUT.jsonl] [--format md|jsonl]");
-    if (cli_check_sampling(&g, bad, sizeof bad)) return fail(bad);
-    if (strcmp(c.format, "md") && strcmp(c.format, "jsonl")) return fail("--format: use md or jsonl");
-    if (c.width < 4) return fail("--text-width must be at least 4");
+                       args_str(&a, "--profile", "seed"), args_str(&a, "-o", NULL), args_str(&a, "--format", "md"),
+                       (int)args_int_range(&a, "--text-width", 60, 4, 100000), args_flag(&a, "-q"), args_flag(&a, "--force") };
+    if (args_finish(&a, 0)) return cli_usage_error("compare", "%s", a.err);
+    if (!so.model_dir) return cli_usage_error("compare", "missing -m DIR (the model directory)");
+    if (lora_rc) return cli_usage_error("compare", "%s", lora_msg);
+    if (bias_rc) return cli_usage_error("compare", "%s", bad);
+    if (!c.prompts == !c.csv) return cli_usage_error("compare", "give the prompts with --prompts FILE or --prompt-csv FILE");
+    if (strcmp(c.format, "md") && strcmp(c.format, "jsonl")) return cli_usage_error("compare", "--format: use md or jsonl");
     verr err = { { 0 } };
     sampler_spec sp[MAX_SAMPLERS];
     int n_sp = parse_samplers(c.samplers, c.profile, sp, &err);
-    if (n_sp < 0) return fail(err.msg);
+    if (n_sp < 0) return cli_usage_error("compare", "%s", err.msg);
     prompt_list pl;
     if ((c.prompts ? prompts_read_lines : prompts_read_csv)(&pl, c.prompts ? c.prompts : c.csv, &err)) return fail(err.msg);
     int rc = compare(&c, &so, &g, &ps, &pl, sp, n_sp);

@@ -14,35 +14,62 @@ static void on_convert(void *ud, long done, long total) {
     progress_update(p, done, NULL);
 }
 
+static const cli_opt gguf_opts[] = {
+    { "--dtype", "TYPE", "output", "bf16", "weights as bf16 or f32", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const gguf_tables[] = { gguf_opts, NULL };
+static const cli_spec gguf_spec = {
+    "convert gguf", "FILE.gguf OUT_DIR [--dtype bf16|f32]",
+    "Convert a GGUF checkpoint (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q6_K) to a HF model directory.",
+    "Writes config.json, model.safetensors and, for a gpt2 (byte-level BPE) vocabulary, tokenizer.json and\n"
+    "tokenizer_config.json with the chat template (docs/gguf.md).",
+    gguf_tables, NULL, NULL,
+};
+
+static const cli_opt llama2c_opts[] = {
+    { "--dtype", "TYPE", "output", "f32", "weights as f32 or bf16", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const llama2c_tables[] = { llama2c_opts, NULL };
+static const cli_spec llama2c_spec = {
+    "convert llama2c", "CHECKPOINT.bin TOKENIZER.bin OUT_DIR [--dtype f32|bf16]",
+    "Convert a llama2.c checkpoint and its tokenizer.bin to a HF model directory.", NULL, llama2c_tables, NULL, NULL,
+};
+
+static const cli_opt *const no_tables[] = { NULL };
+static const cli_spec *const convert_subs[] = { &gguf_spec, &llama2c_spec, NULL };
+const cli_spec cli_convert_spec = {
+    "convert", "gguf|llama2c ...", "Convert GGUF or llama2.c checkpoints to HF model directories.", NULL, no_tables,
+    NULL, convert_subs,
+};
+
+// The --dtype of a converter: "f32" -> 1, "bf16" -> 0, else -1.
+static int f32_of(const char *dtype) { return !strcmp(dtype, "f32") ? 1 : !strcmp(dtype, "bf16") ? 0 : -1; }
+
 // `varent convert gguf FILE.gguf OUT_DIR [--dtype bf16|f32]`
 static int convert_gguf_cmd(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
+    int rc0 = args_init(&a, &gguf_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
     const char *dtype = args_str(&a, "--dtype", "bf16");
-    int help = args_flag(&a, "-h|--help");
+    if (args_finish(&a, 2)) return cli_usage_error("convert gguf", "%s", a.err);
     const char *in = args_pos(&a, 0), *out = args_pos(&a, 1);
-    if (help || args_finish(&a, 2) || !in || !out) {
-        if (!help && a.err[0]) fprintf(stderr, "error: %s\n", a.err);
-        fprintf(stderr, "usage: varent convert gguf FILE.gguf OUT_DIR [--dtype bf16|f32]\n");
-        return help ? 0 : 2;
-    }
-    if (strcmp(dtype, "bf16") != 0 && strcmp(dtype, "f32") != 0) {
-        fprintf(stderr, "error: --dtype must be bf16 or f32, not '%s'\n", dtype);
-        return 2;
-    }
-    int f32 = strcmp(dtype, "f32") == 0;
-    convert_summary sum = {0};
-    verr err = {{0}};
+    if (!in || !out) return cli_usage_error("convert gguf", "need FILE.gguf and OUT_DIR");
+    int f32 = f32_of(dtype);
+    if (f32 < 0) return cli_usage_error("convert gguf", "--dtype must be bf16 or f32, not '%s'", dtype);
+    convert_summary sum = { 0 };
+    verr err = { { 0 } };
     progress pg;  // tensors, then the write
     progress_start(&pg, "convert", 1, 0);
     convert_progress cp = { on_convert, &pg };
     if (convert_gguf(in, out, f32, &cp, &sum, &err)) {
         progress_stop(&pg);
-        fprintf(stderr, "error: %s\n", err.msg);
-        return 1;
+        return cli_error("convert gguf", "%s", err.msg);
     }
     progress_finish(&pg, NULL);
-    if (!sum.has_tokenizer) fprintf(stderr, "warning: %s: no byte-level BPE (gpt2) vocabulary; tokenizer files not written\n", in);
+    if (!sum.has_tokenizer)
+        fprintf(stderr, "varent convert gguf: warning: %s: no byte-level BPE (gpt2) vocabulary; tokenizer files not written\n", in);
     printf("converted %d tensors of %s (%s, %lld layers) to %s/ as %s\n", sum.n_tensors, in, sum.arch_class,
            sum.n_layers, out, f32 ? "f32" : "bf16");
     return 0;
@@ -51,30 +78,24 @@ static int convert_gguf_cmd(int argc, char **argv) {
 // `varent convert llama2c CHECKPOINT.bin TOKENIZER.bin OUT_DIR [--dtype f32|bf16]`
 static int convert_llama2c_cmd(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
+    int rc0 = args_init(&a, &llama2c_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
     const char *dtype = args_str(&a, "--dtype", "f32");
+    if (args_finish(&a, 3)) return cli_usage_error("convert llama2c", "%s", a.err);
     const char *ckpt = args_pos(&a, 0), *tok = args_pos(&a, 1), *out = args_pos(&a, 2);
-    if (args_finish(&a, 3) || !out) {
-        fprintf(stderr, "varent convert llama2c: %s\nusage: varent convert llama2c CHECKPOINT.bin TOKENIZER.bin OUT_DIR [--dtype f32|bf16]\n",
-                a.err[0] ? a.err : "missing arguments");
-        return 1;
-    }
-    if (strcmp(dtype, "f32") && strcmp(dtype, "bf16")) {
-        fprintf(stderr, "varent convert llama2c: --dtype must be f32 or bf16, not '%s'\n", dtype);
-        return 1;
-    }
-    verr err = {{0}};
-    if (convert_llama2c(ckpt, tok, out, !strcmp(dtype, "bf16"), &err)) {
-        fprintf(stderr, "varent convert llama2c: %s\n", err.msg);
-        return 1;
-    }
+    if (!out) return cli_usage_error("convert llama2c", "need CHECKPOINT.bin, TOKENIZER.bin and OUT_DIR");
+    int f32 = f32_of(dtype);
+    if (f32 < 0) return cli_usage_error("convert llama2c", "--dtype must be f32 or bf16, not '%s'", dtype);
+    verr err = { { 0 } };
+    if (convert_llama2c(ckpt, tok, out, !f32, &err)) return cli_error("convert llama2c", "%s", err.msg);
     return 0;
 }
 
 int cmd_convert(int argc, char **argv) {
     if (argc >= 1 && !strcmp(argv[0], "llama2c")) return convert_llama2c_cmd(argc - 1, argv + 1);
     if (argc >= 1 && !strcmp(argv[0], "gguf")) return convert_gguf_cmd(argc - 1, argv + 1);
-    fprintf(stderr, "usage: varent convert llama2c CHECKPOINT.bin TOKENIZER.bin OUT_DIR [--dtype f32|bf16]\n"
-                    "       varent convert gguf FILE.gguf OUT_DIR [--dtype bf16|f32]\n");
-    return argc == 0 ? 2 : 1;
+    args a;
+    int rc0 = args_init(&a, &cli_convert_spec, argc, argv);  // --help; anything else is a usage error
+    if (rc0 >= 0) return rc0;
+    return cli_usage_error("convert", "%s", argc ? "the format is gguf or llama2c" : "missing the format: gguf or llama2c");
 }

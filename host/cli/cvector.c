@@ -8,14 +8,28 @@
 
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
+#include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
 #include "host/cli/prompts.h"
 #include "host/runtime/cvector.h"
 
-static int fail(const char *msg) {
-    fprintf(stderr, "varent cvector: %s\n", msg);
-    return 1;
-}
+static int fail(const char *msg) { return cli_error("cvector", "%s", msg); }
+
+static const cli_opt cvector_opts[] = {
+    { "--positive", "FILE", "prompt", NULL, "prompts of the direction, one per line (required)", 0 },
+    { "--negative", "FILE", "prompt", NULL, "their contrasts, line i paired with line i (required)", 0 },
+    { "--method", "NAME", "output", "mean", "mean (of the differences) or pca (their first component)", 0 },
+    { "-o|--out", "FILE", "output", NULL, "the control vector, llama.cpp GGUF (required)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const cvector_tables[] = { cli_opts_session, cvector_opts, cli_opts_chat, cli_opts_steer, NULL };
+const cli_spec cli_cvector_spec = {
+    "cvector", "-m DIR --positive P.txt --negative N.txt [--method mean|pca] -o FILE.gguf [options]",
+    "A control vector (llama.cpp's GGUF format) from contrasting prompts.",
+    "Line i of the two files is one pair; each pair is padded to one length with the tokenizer's \" \" token, as\n"
+    "llama.cpp does. Docs: docs/research.md.",
+    cvector_tables, NULL, NULL,
+};
 
 typedef struct {
     session_opts so;
@@ -23,21 +37,22 @@ typedef struct {
     prompt_style style;
 } cvector_args;
 
-static int read_args(int argc, char **argv, cvector_args *c, char *msg, size_t n) {
+// -1 to go on, else the exit status (after --help or a usage error).
+static int read_args(int argc, char **argv, cvector_args *c) {
     args a;
-    args_init(&a, argc, argv);
+    int rc = args_init(&a, &cli_cvector_spec, argc, argv);
+    if (rc >= 0) return rc;
     memset(c, 0, sizeof *c);
     cli_session_opts(&a, &c->so);
     c->pos_path = args_str(&a, "--positive", NULL), c->neg_path = args_str(&a, "--negative", NULL);
-    c->out = args_str(&a, "-o|--out", NULL), c->method = args_str(&a, "--method", "mean");
+    c->out = args_str(&a, "-o", NULL), c->method = args_str(&a, "--method", "mean");
     prompt_style_read(&a, &c->style);
-    if (args_finish(&a, 0)) return snprintf(msg, n, "%s", a.err), -1;
+    if (args_finish(&a, 0)) return cli_usage_error("cvector", "%s", a.err);
     if (!c->so.model_dir || !c->pos_path || !c->neg_path || !c->out)
-        return snprintf(msg, n, "usage: varent cvector -m DIR --positive P.txt --negative N.txt [--method mean|pca] "
-                        "-o FILE.gguf [--chat]"), -1;
+        return cli_usage_error("cvector", "need -m DIR, --positive FILE, --negative FILE and -o FILE.gguf");
     if (strcmp(c->method, "mean") && strcmp(c->method, "pca"))
-        return snprintf(msg, n, "--method: '%s' is not mean or pca", c->method), -1;
-    return 0;
+        return cli_usage_error("cvector", "--method: '%s' is not mean or pca", c->method);
+    return -1;
 }
 
 // Both prompts of pair i as ids, padded to one length with pad.
@@ -84,7 +99,8 @@ static int train(session *s, const cvector_args *c, const prompt_list *pl, const
 int cmd_cvector(int argc, char **argv) {
     cvector_args c;
     char msg[512];
-    if (read_args(argc, argv, &c, msg, sizeof msg)) return fail(msg);
+    int rc0 = read_args(argc, argv, &c);
+    if (rc0 >= 0) return rc0;
     verr err = { { 0 } };
     prompt_list pl = { 0 }, nl = { 0 };
     if (prompts_read_lines(&pl, c.pos_path, &err) || prompts_read_lines(&nl, c.neg_path, &err))

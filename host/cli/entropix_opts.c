@@ -16,9 +16,24 @@ static int read_branch(const char *v, gen_opts *g, verr *err) {
     return 0;
 }
 
-// --set KEY=VALUE, any number of times.
-static int read_sets(args *a, entropix_cli *c, verr *err) {
-    for (const char *kv; (kv = args_str(a, "--set", NULL));) {
+const cli_opt cli_opts_entropix[] = {
+    { "--sampler", "NAME", "entropix", "standard", "standard, or entropix (per-token strategy from the uncertainty)", 0 },
+    { "--profile", "NAME", "entropix", "seed", "entropix thresholds and constants: seed, jax, frog (docs/entropix.md)", 0 },
+    { "--sampler-config", "FILE", "entropix", NULL, "entropix settings from a JSON file, over the profile", 0 },
+    { "--set", "KEY=VALUE", "entropix", NULL, "one entropix setting, over the profile and the file", ARG_REPEAT },
+    { "--attn-layer", "N", "entropix", "the last", "layer of the attention metrics (-1: the last)", 0 },
+    { "--clarifier-token", "ID", "entropix", "\" ...\" encoded", "the token HELV inserts", 0 },
+    { "--branch", "K:B", "entropix", "off", "LEHV branching: K candidates, B steps each", 0 },
+    { "--no-repeat-ngram", "N", "sampling", "0", "never repeat an n-gram of this length (0: off)", 0 },
+    { "--repeat-penalty", "R", "sampling", "1", "divide the logits of tokens already seen by R (1: off)", 0 },
+    { "--metrics-out", "FILE", "output", NULL, "per-token metrics as JSONL, one line per token", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+// --set KEY=VALUE, any number of times, in order.
+static int apply_sets(const char *const *sets, int n, entropix_cli *c, verr *err) {
+    for (int i = 0; i < n; i++) {
+        const char *kv = sets[i];
         const char *eq = strchr(kv, '=');
         char key[128];
         if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof key) return verr_set(err, "--set: '%s' is not KEY=VALUE", kv);
@@ -34,19 +49,24 @@ int entropix_cli_read(args *a, gen_opts *g, entropix_cli *c, verr *err) {
     const char *profile = args_str(a, "--profile", "seed"), *cfg = args_str(a, "--sampler-config", NULL);
     const char *branch = args_str(a, "--branch", NULL);
     c->metrics_path = args_str(a, "--metrics-out", NULL);
-    g->attn_layer = (int)args_int(a, "--attn-layer", -1);
+    g->attn_layer = (int)args_int_range(a, "--attn-layer", -1, -1, 4095);
     g->attn_layer_given = g->attn_layer != -1;  // -1 (or absent): the last layer
-    g->no_repeat_ngram = (int)args_int(a, "--no-repeat-ngram", 0);
-    g->repeat_penalty = (float)args_float(a, "--repeat-penalty", 1.0);
-    c->clarifier = (int)args_int(a, "--clarifier-token", -1);
+    g->no_repeat_ngram = (int)args_int_range(a, "--no-repeat-ngram", 0, 0, 1 << 20);
+    g->repeat_penalty = (float)args_float_range(a, "--repeat-penalty", 1.0, 1e-6, 1e6);
+    c->clarifier = (int)args_int_range(a, "--clarifier-token", -1, -1, 1 << 30);
+    // every --set is read before anything is checked (args_finish then sees them read)
+    const char *sets[64];
+    int n_sets = 0;
+    for (const char *kv; (kv = args_each(a, "--set"));)
+        if (n_sets < 64) sets[n_sets++] = kv;
+    if (n_sets == 64) return verr_set(err, "--set: at most 63 settings");
     if (strcmp(c->sampler_name, "standard") && strcmp(c->sampler_name, "entropix"))
         return verr_set(err, "--sampler: '%s' is not standard or entropix", c->sampler_name);
     g->sampler = strcmp(c->sampler_name, "entropix") ? GEN_STANDARD : GEN_ENTROPIX;
-    if (entropix_profile(profile, &c->ex, err) || (cfg && entropix_load_json(&c->ex, cfg, err)) || read_sets(a, c, err))
+    if (entropix_profile(profile, &c->ex, err) || (cfg && entropix_load_json(&c->ex, cfg, err)) ||
+        apply_sets(sets, n_sets, c, err))
         return -1;
     if (branch && read_branch(branch, g, err)) return -1;
-    if (g->no_repeat_ngram < 0 || g->repeat_penalty <= 0)
-        return verr_set(err, "need --no-repeat-ngram >= 0 and --repeat-penalty > 0");
     g->ex = &c->ex;
     return 0;
 }
@@ -61,6 +81,7 @@ int entropix_cli_open(entropix_cli *c, int force, verr *err) {
 
 int entropix_cli_start(entropix_cli *c, const session *s, gen_opts *g, verr *err) {
     c->s = s;
+    c->seed = g->seed;
     g->clarifier = c->clarifier >= 0 ? c->clarifier : gen_find_clarifier(s);
     if (g->clarifier >= s->m.cfg.vocab_size)
         return verr_set(err, "--clarifier-token %d is out of range (vocab_size %d)", g->clarifier, s->m.cfg.vocab_size);
@@ -94,6 +115,7 @@ int entropix_cli_record(void *ud, const gen_record *r) {
             entropix_quadrant_name(r->q), c->sampler_name, r->sp.temperature, r->sp.top_k, r->sp.top_p, r->sp.min_p);
     if (r->q == Q_ADAPTIVE && r->score != 0) fprintf(f, ",\"score\":%.17g", r->score);
     if (c->probe) probe_json(c->probe, f);
+    fprintf(f, ",\"seed\":%llu", (unsigned long long)c->seed);
     fputs("}\n", f);
     return fflush(f) != 0 || ferror(f);
 }

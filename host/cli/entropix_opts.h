@@ -21,8 +21,11 @@ typedef struct {
     FILE *log;       // out.f while open, else NULL
     const session *s;
     probe *probe;    // per-token attention statistics and logit lens for the log; NULL: none
+    uint64_t seed;   // written in every record
 } entropix_cli;
 
+// The table of these options.
+extern const cli_opt cli_opts_entropix[];
 // Reads the options into c and g (call before args_finish). -1 with err on a bad value.
 int entropix_cli_read(args *a, gen_opts *g, entropix_cli *c, verr *err);
 // Opens the metrics file, before the model loads, so a bad path fails early. An

@@ -7,21 +7,28 @@
 #include "host/cli/common.h"
 #include "model/model.h"
 
+static const cli_opt info_opts[] = {
+    { "-m|--model", "DIR", "model", NULL, "model directory (config.json, *.safetensors)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const info_tables[] = { info_opts, NULL };
+const cli_spec cli_info_spec = {
+    "info", "-m DIR", "Print a model's parsed config, its parameter count and the bytes read per decoded token.",
+    NULL, info_tables, NULL, NULL,
+};
+
 int cmd_info(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
-    const char *dir = args_str(&a, "-m|--model", NULL);
-    if (args_finish(&a, 0) || !dir) {
-        fprintf(stderr, "varent info: %s\nusage: varent info -m MODEL_DIR\n", a.err[0] ? a.err : "missing -m MODEL_DIR");
-        return 1;
-    }
+    int rc0 = args_init(&a, &cli_info_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
+    const char *dir = args_str(&a, "-m", NULL);
+    if (args_finish(&a, 0)) return cli_usage_error("info", "%s", a.err);
+    if (!dir) return cli_usage_error("info", "missing -m DIR (the model directory)");
     verr err = { { 0 } };
     model m;
     model_path mp;
-    if (model_path_resolve(dir, cli_model_progress(), &mp, &err) || model_load(&m, mp.dir, &err)) {
-        fprintf(stderr, "varent info: %s\n", err.msg);
-        return 1;
-    }
+    if (model_path_resolve(dir, cli_model_progress(), &mp, &err) || model_load(&m, mp.dir, &err))
+        return cli_error("info", "%s", err.msg);
     const model_config *c = &m.cfg;
     size_t kv_per_pos = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
     printf("model:          %s%s%s\n", dir, mp.gguf ? " -> " : "", mp.gguf ? mp.dir : "");

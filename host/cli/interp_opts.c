@@ -10,23 +10,6 @@ static void bad(args *a, const char *fmt, const char *flag, const char *v) {
     if (!a->err[0]) snprintf(a->err, sizeof a->err, fmt, flag, v);
 }
 
-// An option with two values ("--flag A B"), the next occurrence not yet read: 1 and the
-// values, 0 when absent (args.h reads one value per option).
-static int take2(args *a, const char *flag, const char **v1, const char **v2) {
-    for (int i = 0; i < a->argc; i++) {
-        if (a->used[i] || strcmp(a->argv[i], flag)) continue;
-        a->used[i] = 1;
-        if (i + 2 >= a->argc) {
-            bad(a, "option %s needs two values%s", flag, "");
-            return 0;
-        }
-        a->used[i + 1] = a->used[i + 2] = 1;
-        *v1 = a->argv[i + 1], *v2 = a->argv[i + 2];
-        return 1;
-    }
-    return 0;
-}
-
 static int to_int(const char *s, int *out) {
     char *end;
     errno = 0;
@@ -36,8 +19,29 @@ static int to_int(const char *s, int *out) {
     return 0;
 }
 
+const cli_opt cli_opts_steer[] = {
+    { "--control-vector", "FILE", "interventions", NULL, "add a control vector (llama.cpp GGUF) to the residual stream",
+      ARG_REPEAT },
+    { "--control-vector-scaled", "FILE SCALE", "interventions", NULL, "the same, times SCALE (vectors sum)", ARG_REPEAT },
+    { "--control-vector-layer-range", "A B", "interventions", "every layer", "apply control vectors to blocks A..B only", 0 },
+    { "--ablate-head", "L:H", "interventions", NULL, "zero head H of layer L's attention output", ARG_REPEAT },
+    { "--skip-layer", "L", "interventions", NULL, "skip block L (the residual passes through)", ARG_REPEAT },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+const cli_opt cli_opts_probe[] = {
+    { "--dump-acts", "FILE", "captures", NULL, "activations of every position to a safetensors file", 0 },
+    { "--dump-layers", "LIST", "captures", "all", "layers --dump-acts writes (e.g. 0,5,11 or all)", 0 },
+    { "--dump-points", "P,P,...", "captures", "resid_post", "where in each block --dump-acts reads (docs/research.md)", 0 },
+    { "--attn-layers", "LIST", "captures", NULL, "per-layer, per-head attention statistics into --metrics-out", 0 },
+    { "--dump-attn", "FILE", "captures", NULL, "attention weights to a safetensors file", 0 },
+    { "--logit-lens", NULL, "captures", NULL, "each layer's top token through the final norm and lm_head, into --metrics-out",
+      0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
 static void read_cvecs(args *a, steer_spec *sp) {
-    for (const char *f; (f = args_str(a, "--control-vector", NULL));) {
+    for (const char *f; (f = args_each(a, "--control-vector"));) {
         if (sp->n_cvec == STEER_MAX) {
             bad(a, "%s: more than 64 files%s", "--control-vector", "");
             return;
@@ -45,7 +49,7 @@ static void read_cvecs(args *a, steer_spec *sp) {
         sp->cvec_path[sp->n_cvec] = f, sp->cvec_scale[sp->n_cvec++] = 1.0f;
     }
     const char *f, *s;
-    while (take2(a, "--control-vector-scaled", &f, &s)) {
+    while (args_each_pair(a, "--control-vector-scaled", &f, &s)) {
         char *end;
         double v = strtod(s, &end);
         if (end == s || *end || !(v > -1e6 && v < 1e6))
@@ -59,7 +63,7 @@ static void read_cvecs(args *a, steer_spec *sp) {
         }
         sp->cvec_path[sp->n_cvec] = f, sp->cvec_scale[sp->n_cvec++] = (float)v;
     }
-    if (take2(a, "--control-vector-layer-range", &f, &s)) {
+    if (args_pair(a, "--control-vector-layer-range", &f, &s)) {
         if (to_int(f, &sp->range_start) || to_int(s, &sp->range_end))
             {
             bad(a, "option %s: want two block indices A B, got '%s ...'", "--control-vector-layer-range", f);
@@ -72,7 +76,7 @@ static void read_cvecs(args *a, steer_spec *sp) {
 void cli_steer_opts(args *a, steer_spec *sp) {
     memset(sp, 0, sizeof *sp);
     read_cvecs(a, sp);
-    for (const char *v; (v = args_str(a, "--ablate-head", NULL));) {
+    for (const char *v; (v = args_each(a, "--ablate-head"));) {
         char l[32];
         const char *colon = strchr(v, ':');
         size_t n = colon ? (size_t)(colon - v) : 0;
@@ -92,7 +96,7 @@ void cli_steer_opts(args *a, steer_spec *sp) {
         }
         sp->n_ablate++;
     }
-    for (const char *v; (v = args_str(a, "--skip-layer", NULL));) {
+    for (const char *v; (v = args_each(a, "--skip-layer"));) {
         if (sp->n_skip == STEER_MAX) {
             bad(a, "%s: more than 64 layers%s", "--skip-layer", "");
             return;

@@ -13,6 +13,10 @@
 #include "host/runtime/probe.h"
 #include "host/runtime/steer.h"
 
+// Their tables (host/cli/args.h): every command that calls cli_session_opts lists
+// cli_opts_steer; run and logits list cli_opts_probe.
+extern const cli_opt cli_opts_steer[], cli_opts_probe[];
+
 void cli_steer_opts(args *a, steer_spec *sp);
 void cli_probe_opts(args *a, probe_spec *p);
 

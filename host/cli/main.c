@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "host/cli/commands.h"
+#include "host/cli/help.h"
 #include "host/util/interrupt.h"
 
 #ifdef VARENT_CUDA
@@ -12,35 +13,49 @@ int cuda_device_count(void);
 #endif
 
 typedef struct {
-    const char *name;
     int (*fn)(int, char **);
-    const char *help;
+    const cli_spec *spec;  // name, summary and options
 } command;
 
 static const command commands[] = {
-    { "run", cmd_run, "generate text from a prompt or token ids" },
-    { "chat", cmd_chat, "interactive multi-turn chat with the model's template" },
-    { "logits", cmd_logits, "write the last position's logits as float32" },
-    { "info", cmd_info, "print a model's config, parameters and bytes per token" },
-    { "bench", cmd_bench, "measure prefill and decode speed" },
-    { "convert", cmd_convert, "convert llama2c or gguf checkpoints to a HF model dir" },
-    { "tokenize", cmd_tokenize, "text to token ids" },
-    { "detokenize", cmd_detokenize, "token ids to text" },
-    { "template", cmd_template, "render a chat template" },
-    { "serve", cmd_serve, "OpenAI-compatible HTTP server with a live entropy page" },
-    { "ppl", cmd_ppl, "perplexity of a text file, with its standard error" },
-    { "compare", cmd_compare, "run prompts under several samplers, side by side" },
-    { "plot", cmd_plot, "plot entropy/varentropy of a metrics or agents log (SVG/PNG)" },
-    { "agents", cmd_agents, "decoding agents: lowest-entropy proposal, critic with rollback" },
-    { "cvector", cmd_cvector, "a control vector (llama.cpp GGUF) from positive/negative prompts" },
-    { "lora", cmd_lora, "lora merge BASE ADAPTER OUT: fold a PEFT LoRA adapter into a model" },
+    { cmd_run, &cli_run_spec },           { cmd_chat, &cli_chat_spec },
+    { cmd_logits, &cli_logits_spec },     { cmd_info, &cli_info_spec },
+    { cmd_bench, &cli_bench_spec },       { cmd_convert, &cli_convert_spec },
+    { cmd_tokenize, &cli_tokenize_spec }, { cmd_detokenize, &cli_detokenize_spec },
+    { cmd_template, &cli_template_spec }, { cmd_serve, &cli_serve_spec },
+    { cmd_ppl, &cli_ppl_spec },           { cmd_compare, &cli_compare_spec },
+    { cmd_plot, &cli_plot_spec },         { cmd_agents, &cli_agents_spec },
+    { cmd_cvector, &cli_cvector_spec },   { cmd_lora, &cli_lora_spec },
 };
+enum { N_COMMANDS = sizeof commands / sizeof *commands };
 
 static void usage(FILE *f) {
     fprintf(f, "usage: varent <command> [options]\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "\nvarent --version prints the version and compiled backends.\n");
+    for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-11s %s\n", commands[i].spec->name, commands[i].spec->summary);
+    fprintf(f, "\nvarent CMD --help (or varent help CMD) lists a command's options; varent --version prints the\n"
+               "version and compiled backends. Docs: docs/cli.md.\n\nConventions:\n");
+    cli_help_conventions(f);
+}
+
+static const command *find_command(const char *name) {
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(name, commands[i].spec->name)) return &commands[i];
+    return NULL;
+}
+
+// varent help [CMD | --markdown]
+static int help(int argc, char **argv) {
+    if (argc < 1) return usage(stdout), 0;
+    if (!strcmp(argv[0], "--markdown")) {
+        const cli_spec *specs[N_COMMANDS];
+        for (int i = 0; i < N_COMMANDS; i++) specs[i] = commands[i].spec;
+        cli_help_markdown(stdout, specs, N_COMMANDS);
+        return 0;
+    }
+    const command *c = find_command(argv[0]);
+    if (!c) return cli_usage_error("help", "unknown command '%s' (varent help lists them)", argv[0]);
+    cli_help_print(stdout, c->spec);
+    return 0;
 }
 
 static void version(void) {
@@ -69,17 +84,14 @@ static void omp_short_spin(char **argv) {
 int main(int argc, char **argv) {
     omp_short_spin(argv);
     interrupt_cleanup_install();  // a signal removes the temporary output files first
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
+    if (argc < 2) return usage(stderr), CLI_EXIT_USAGE;
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return help(argc - 2, argv + 2);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         version();
         return 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 2, argv + 2);
-    fprintf(stderr, "varent: unknown command '%s'\n\n", argv[1]);
-    usage(stderr);
-    return 2;
+    const command *c = find_command(argv[1]);
+    if (c) return c->fn(argc - 2, argv + 2);
+    fprintf(stderr, "varent: unknown command '%s' (varent help lists the commands)\n", argv[1]);
+    return CLI_EXIT_USAGE;
 }

@@ -27,10 +27,21 @@
 
 extern char **environ;
 
-static int fail(const char *msg) {
-    fprintf(stderr, "varent plot: %s\n", msg);
-    return 1;
-}
+static int fail(const char *msg) { return cli_error("plot", "%s", msg); }
+
+static const cli_opt plot_opts[] = {
+    { "-o|--out", "FILE", "output", NULL, "the plot: .svg, or .png (through rsvg-convert) (required)", 0 },
+    { "--title", "TEXT", "output", "FILE: entropy and varentropy per token", "the plot's title", 0 },
+    { "--profile", "NAME", "entropix", "seed", "whose quadrant thresholds to draw", 0 },
+    { "--set", "KEY=VALUE", "entropix", NULL, "one threshold over the profile", ARG_REPEAT },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const plot_tables[] = { plot_opts, NULL };
+const cli_spec cli_plot_spec = {
+    "plot", "FILE.jsonl -o OUT.svg|OUT.png [options]",
+    "Plot entropy and varentropy per token, and the quadrant scatter, of a metrics or agents log.",
+    "FILE is a --metrics-out log of varent run or an agents --log. Docs: docs/research.md.", plot_tables, NULL, NULL,
+};
 
 #define W 1000
 #define H 1010
@@ -311,8 +322,14 @@ static int write_png(const svg *s, const char *out, verr *err) {
 
 // --profile NAME and --set KEY=VALUE (any number).
 static int read_profile(args *a, entropix_config *c, verr *err) {
-    if (entropix_profile(args_str(a, "--profile", "seed"), c, err)) return -1;
-    for (const char *kv; (kv = args_str(a, "--set", NULL));) {
+    const char *profile = args_str(a, "--profile", "seed"), *sets[64];
+    int n = 0;
+    for (const char *kv; (kv = args_each(a, "--set"));)
+        if (n < 64) sets[n++] = kv;
+    if (n == 64) return verr_set(err, "--set: at most 63 settings");
+    if (entropix_profile(profile, c, err)) return -1;
+    for (int i = 0; i < n; i++) {
+        const char *kv = sets[i];
         const char *eq = strchr(kv, '=');
         char key[128];
         if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof key) return verr_set(err, "--set: '%s' is not KEY=VALUE", kv);
@@ -324,17 +341,19 @@ static int read_profile(args *a, entropix_config *c, verr *err) {
 
 int cmd_plot(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
-    const char *out = args_str(&a, "-o|--out", NULL), *title = args_str(&a, "--title", NULL);
+    int rc0 = args_init(&a, &cli_plot_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
+    const char *out = args_str(&a, "-o", NULL), *title = args_str(&a, "--title", NULL);
     entropix_config c;
     verr err = { { 0 } };
     int prc = read_profile(&a, &c, &err);
-    if (args_finish(&a, 1)) return fail(a.err);
+    if (args_finish(&a, 1)) return cli_usage_error("plot", "%s", a.err);
     const char *in = args_pos(&a, 0);
-    if (!in || !out) return fail("usage: varent plot FILE.jsonl -o OUT.svg|OUT.png [--profile NAME] [--set K=V] [--title T]");
-    if (prc) return fail(err.msg);
+    if (!in) return cli_usage_error("plot", "missing FILE.jsonl (a metrics or agents log)");
+    if (!out) return cli_usage_error("plot", "missing -o OUT.svg|OUT.png");
+    if (prc) return cli_usage_error("plot", "%s", err.msg);
     int png = has_ext(out, ".png");
-    if (!png && !has_ext(out, ".svg")) return fail("-o: the output name must end in .svg or .png");
+    if (!png && !has_ext(out, ".svg")) return cli_usage_error("plot", "-o: the output name must end in .svg or .png");
     if (png && !in_path("rsvg-convert"))
         return fail("PNG output needs rsvg-convert (Debian/Ubuntu: apt-get install librsvg2-bin), which is not on "
                     "PATH; write an .svg instead");

@@ -1,12 +1,14 @@
 // ppl.c: `varent ppl -m DIR -f TEXT [--ctx N] [--stride S] [--json] [--per-token FILE.jsonl]`:
 // perplexity of a text file with its standard error (host/decode/perplexity.h documents
 // which tokens are scored with which context), and optionally every token's logprob.
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
+#include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
 #include "host/util/fileio.h"
 #include "host/decode/perplexity.h"
@@ -14,10 +16,22 @@
 #include "host/util/outfile.h"
 #include "host/util/progress.h"
 
-static int fail(const char *msg) {
-    fprintf(stderr, "varent ppl: %s\n", msg);
-    return 1;
-}
+static int fail(const char *msg) { return cli_error("ppl", "%s", msg); }
+
+static const cli_opt ppl_opts[] = {
+    { "-f|--file", "FILE", "prompt", NULL, "the text to score (required)", 0 },
+    { "--stride", "S", "prompt", "ctx / 2", "tokens each window moves on; each scores its last S tokens", 0 },
+    { "--json", NULL, "output", NULL, "one JSON object instead of the PPL line", 0 },
+    { "--per-token", "FILE", "output", NULL, "every token's logprob as JSONL ({pos, id, text, logprob})", 0 },
+    { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const ppl_tables[] = { cli_opts_session, cli_opts_lora, ppl_opts, cli_opts_steer, NULL };
+const cli_spec cli_ppl_spec = {
+    "ppl", "-m DIR -f TEXT [--ctx N] [--stride S] [--json]",
+    "Perplexity of a text file with its standard error, in sliding windows of --ctx tokens.",
+    "docs/research.md says which tokens are scored with which context.", ppl_tables, NULL, NULL,
+};
 
 typedef struct {
     progress p;
@@ -81,18 +95,20 @@ static int write_per_token(const char *path, const session *s, const int *ids, i
 
 int cmd_ppl(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
+    int rc0 = args_init(&a, &cli_ppl_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
     session_lora lora[CLI_MAX_LORA];
     char lora_msg[4400];
-    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fail(lora_msg);
-    const char *path = args_str(&a, "-f|--file", NULL);
-    const char *per_token = args_str(&a, "--per-token", NULL);
-    int stride = (int)args_int(&a, "--stride", 0), json = args_flag(&a, "--json"), quiet = args_flag(&a, "-q|--quiet");
-    if (args_finish(&a, 0)) return fail(a.err);
-    if (!so.model_dir || !path) return fail("usage: varent ppl -m DIR -f TEXT [--ctx N] [--stride S] [--json] [--per-token FILE.jsonl] [-q]");
-    if (so.ctx < 0) return fail("--ctx must be positive");
+    int lora_rc = cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg);
+    const char *path = args_str(&a, "-f", NULL), *per_token = args_str(&a, "--per-token", NULL);
+    int stride = (int)args_int_range(&a, "--stride", 0, 1, INT_MAX), json = args_flag(&a, "--json");
+    int quiet = args_flag(&a, "-q");
+    if (args_finish(&a, 0)) return cli_usage_error("ppl", "%s", a.err);
+    if (!so.model_dir) return cli_usage_error("ppl", "missing -m DIR (the model directory)");
+    if (!path) return cli_usage_error("ppl", "missing -f FILE (the text to score)");
+    if (lora_rc) return cli_usage_error("ppl", "%s", lora_msg);
 
     verr err = { { 0 } };
     char *text = fileio_read_all(path, &err);
@@ -109,6 +125,7 @@ int cmd_ppl(int argc, char **argv) {
     int *ids = NULL, rc = 0;
     int n = session_encode_prompt(&s, text, &ids, &err);
     free(text);
+    if (n < 0) verr_set(&err, "-f %s: %s", path, err.msg);
     int ctx = s.ctx, step = stride > 0 ? stride : ctx / 2 > 0 ? ctx / 2 : 1;
     if (n >= 0 && n < 3)
         verr_set(&err, "%s: the text is %d token%s%s; perplexity needs at least 3 (2 scored)", path, n,

@@ -193,11 +193,20 @@ int prompts_read_csv(prompt_list *l, const char *path, verr *err) {
     return rc;
 }
 
+const cli_opt cli_opts_chat[] = {
+    { "--chat", NULL, "chat", NULL, "the prompt is a user turn in the model's chat template", 0 },
+    { "-sys|--system|--system-prompt", "TEXT", "chat", NULL, "system message (implies --chat)", 0 },
+    { "--chat-template", "NAME", "chat", "the model's", "chat format instead of the detected one (implies --chat)", 0 },
+    { "--no-think", NULL, "chat", NULL, "Qwen3: an empty thinking block, no reasoning (implies --chat)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
 void prompt_style_read(args *a, prompt_style *ps) {
     ps->chat = args_flag(a, "--chat");
     ps->think = !args_flag(a, "--no-think");
     ps->system = args_str(a, "--system", NULL);
     ps->template_name = args_str(a, "--chat-template", NULL);
+    ps->chat |= !ps->think || ps->system || ps->template_name;  // they only mean something in a chat prompt
 }
 
 int prompt_encode(session *s, const prompt_style *ps, const char *text, int **ids, verr *err) {

@@ -31,6 +31,8 @@ typedef struct {
     const char *system, *template_name;
 } prompt_style;
 
+// --chat, -sys/--system, --chat-template, --no-think; the last three imply --chat.
+extern const cli_opt cli_opts_chat[];
 void prompt_style_read(args *a, prompt_style *ps);
 // Plain: session_encode_prompt (BOS per the tokenizer config). Chat: the system and
 // user turns rendered with the template (which also registers its stop tokens).

@@ -2,6 +2,7 @@
 // `varent logits` (dump logits).
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,20 +22,30 @@
 #include "host/util/outfile.h"
 #include "host/util/progress.h"
 #include "host/cli/prompts.h"
+#include "host/decode/stopstr.h"
 
-static int fail(const char *cmd, const char *msg) {
-    fprintf(stderr, "varent %s: %s\n", cmd, msg);
-    return 1;
-}
+static int fail(const char *cmd, const char *msg) { return cli_error(cmd, "%s", msg); }
 
 typedef struct {
     session *s;
     tokenizer_stream *ts;
     int *ids, n_ids;  // prompt and generated ids (for the --dump-acts "ids" tensor)
+    stopstr stop;  // -r: the text is cut before a stop string (n == 0: none)
 } run_out;
+
+// Text to stdout through the stop strings; 1 when one was hit.
+static int put_text(run_out *o, const char *text, size_t n) {
+    if (!o->stop.n) return fwrite(text, 1, n, stdout), 0;
+    const char *safe;
+    size_t k;
+    int hit = stopstr_push(&o->stop, text, n, &safe, &k);
+    if (k) fwrite(safe, 1, k, stdout);
+    return hit != 0;
+}
 
 static int print_token(void *ud, int id) {
     run_out *o = ud;
+    int hit = 0;
     if (o->ids) o->ids[o->n_ids++] = id;
     if (!o->ts) {
         printf("%d ", id);
@@ -42,9 +53,19 @@ static int print_token(void *ud, int id) {
         const char *text;
         verr err;
         int n = tokenizer_stream_push(o->ts, id, &text, &err);
-        if (n > 0) fwrite(text, 1, (size_t)n, stdout);
+        if (n > 0) hit = put_text(o, text, (size_t)n);
     }
-    return fflush(stdout) != 0;  // stdout gone (disk full, closed): stop, run_finish reports it
+    return fflush(stdout) != 0 || hit;  // stdout gone (disk full, closed): stop, run_finish reports it
+}
+
+// The end of the text: the tokenizer's held bytes, then what the stop strings held.
+static void print_tail(run_out *o) {
+    const char *tail;
+    int k = o->ts ? tokenizer_stream_flush(o->ts, &tail) : 0;
+    if (k > 0 && !o->stop.hit) put_text(o, tail, (size_t)k);
+    size_t n = 0;
+    if (o->stop.n && !o->stop.hit) stopstr_flush(&o->stop, &tail, &n);
+    if (n) fwrite(tail, 1, n, stdout);
 }
 
 // After a generation that ran: a log or stdout that could not be written is an error
@@ -196,7 +217,6 @@ static int read_done(const char *path, const prompt_list *pl, unsigned char *ski
 static int open_batch_out(const batch_args *b, const prompt_list *pl, outfile *out, unsigned char **skip,
                           int *n_done, verr *err) {
     if (!b->out_path) return 0;
-    if (b->resume && b->force) return verr_set(err, "give either --resume or --force, not both");
     if (b->resume) {
         *skip = calloc((size_t)pl->n, 1);
         if (!*skip) return verr_set(err, "out of memory");
@@ -212,7 +232,6 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     verr err = { { 0 } };
     prompt_list pl;
     if ((b->lines_path ? prompts_read_lines : prompts_read_csv)(&pl, path, &err)) return fail("run", err.msg);
-    if (!b->out_path && (b->resume || b->force)) return prompts_free(&pl), fail("run", "--resume and --force are for -o FILE");
     outfile out = { 0 };
     unsigned char *skip = NULL;
     int n_before = 0;
@@ -283,103 +302,254 @@ static int start_probe(const probe_spec *p, session *s, gen_opts *g, entropix_cl
     return 0;
 }
 
-int cmd_run(int argc, char **argv) {
-    args a;
-    args_init(&a, argc, argv);
-    session_opts so = { 0 };
-    cli_session_opts(&a, &so);
-    session_lora lora[CLI_MAX_LORA];
-    char lora_msg[4400];
-    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fail("run", lora_msg);
-    const char *ids_arg = args_str(&a, "--ids", NULL), *text = args_str(&a, "-p|--prompt", NULL);
-    gen_opts g = { 0 };
-    cli_sampling_opts(&a, &g, 256, 1.0f, 1.0f);
-    logit_bias bias[CLI_MAX_BIAS];
-    char bad[256];
-    if (cli_logit_bias(&a, &g, bias, CLI_MAX_BIAS, bad, sizeof bad)) return fail("run", bad);
-    int stats = args_flag(&a, "--stats");
-    verr xerr = { { 0 } };
-    entropix_cli ex;  // --sampler, --profile, --metrics-out, ... (host/cli/entropix_opts.h)
-    int ex_rc = entropix_cli_read(&a, &g, &ex, &xerr);
-    prompt_style chat;
-    prompt_style_read(&a, &chat);
-    probe_spec ps;  // --dump-acts, --attn-layers, --dump-attn, --logit-lens (host/cli/interp_opts.h)
-    cli_probe_opts(&a, &ps);
-    batch_args b = { args_str(&a, "--prompts", NULL), args_str(&a, "--prompt-csv", NULL), args_str(&a, "-o|--out", NULL),
-                     args_flag(&a, "-q|--quiet"), stats, args_flag(&a, "--force"), args_flag(&a, "--resume") };
-    if (args_finish(&a, 0)) return fail("run", a.err);
-    if (!so.model_dir) return fail("run", "missing -m MODEL_DIR");
-    if (ids_arg && text) return fail("run", "give either --ids or -p, not both");
-    if (cli_check_sampling(&g, bad, sizeof bad)) return fail("run", bad);
-    if (b.lines_path || b.csv_path) {
-        if (b.lines_path && b.csv_path) return fail("run", "give either --prompts or --prompt-csv, not both");
-        if (ids_arg || text) return fail("run", "--prompts/--prompt-csv take the prompts from the file: drop -p/--ids");
-        if (ex.metrics_path) return fail("run", "--metrics-out is for a single prompt, not a batch run");
-        if (probe_spec_active(&ps))
-            return fail("run", "--dump-acts, --attn-layers, --dump-attn and --logit-lens are for a single prompt");
-        if (ex_rc) return fail("run", xerr.msg);
-        return run_batch(&b, &so, &g, &ex, &chat);
-    }
-    if (b.out_path) return fail("run", "-o/--out is for batch runs (--prompts, --prompt-csv); a single run prints to stdout");
-    if (b.resume) return fail("run", "--resume is for batch runs with -o (--prompts, --prompt-csv)");
-    if (b.quiet) return fail("run", "-q/--quiet is for batch runs (--prompts, --prompt-csv)");
-    if (check_probe(&ps, &g, &ex, bad, sizeof bad)) return fail("run", bad);
+static const cli_opt run_opts[] = {
+    { "-n|--n-predict|--max-tokens", "N", "sampling", "256", "tokens to generate at most; -1: until EOS or a full context", 0 },
+    { "--ignore-eos", NULL, "sampling", NULL, "go on past end-of-sequence tokens (up to -n)", 0 },
+    { "-r|--reverse-prompt|--stop", "TEXT", "sampling", NULL, "stop before TEXT, which is not printed (the server's stop)",
+      ARG_REPEAT },
+    { "-cnv|--conversation|-i|--interactive", NULL, "chat", NULL, "the interactive chat: varent chat with these options", 0 },
+    { "--prompts", "FILE", "prompt", NULL, "batch: one prompt per line", 0 },
+    { "--prompt-csv", "FILE", "prompt", NULL, "batch: the prompt column of a CSV file", 0 },
+    { "-o|--out", "FILE", "output", "stdout", "batch: JSONL results, each record flushed as its prompt finishes", 0 },
+    { "--resume", NULL, "output", NULL, "batch: continue -o FILE, skipping the prompts already in it", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing -o or --metrics-out file", 0 },
+    { "-q|--quiet", NULL, "output", NULL, "batch: no progress on stderr", 0 },
+    { "--stats", NULL, "output", NULL, "timings, the seed and the quadrant counts on stderr", 0 },
+    { "--display-prompt", NULL, "output", NULL, "print the prompt before the generated text (llama.cpp's default)", 0 },
+    { "--no-display-prompt", NULL, "output", "on", "print only the generated text", 0 },
+    { "-v|--verbose", NULL, "output", NULL, "the model, device, context, prompt length, sampler and seed on stderr", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
 
+static const cli_opt *const run_tables[] = { cli_opts_session,   cli_opts_lora, cli_opts_prompt, cli_opts_chat,
+                                             cli_opts_sampling,  cli_opts_logit_bias, run_opts, cli_opts_entropix,
+                                             cli_opts_steer,     cli_opts_probe, NULL };
+
+const cli_spec cli_run_spec = {
+    "run", "-m DIR [-p TEXT | -f FILE | --ids LIST | --prompts FILE [-o OUT.jsonl]] [options]",
+    "Generate text from a prompt, or from each prompt of a file (a batch).",
+    "The text streams to stdout. Without -p, -f or --ids, a piped stdin is the prompt; with none at all,\n"
+    "generation starts from BOS. A batch writes one JSONL record per prompt (to -o FILE or stdout), each\n"
+    "generated exactly as a single run with the same options and seed would be.",
+    run_tables, NULL, NULL,
+};
+
+typedef struct {
+    session_opts so;
+    gen_opts g;
+    entropix_cli ex;
+    int ex_rc;
+    verr xerr;
+    prompt_style chat;
+    batch_args b;
+    probe_spec ps;  // --dump-acts, --attn-layers, --dump-attn, --logit-lens (host/cli/interp_opts.h)
+    session_lora lora[CLI_MAX_LORA];  // --lora, --lora-scaled (so.lora points here)
+    logit_bias bias[CLI_MAX_BIAS];    // -l (g.bias points here)
+    char bad[4400];                   // a bad --lora or -l value
+    int bad_rc;
+    const char *ids_arg, *p, *file, *stop[16];
+    int n_stop, display, verbose, conversation;
+} run_args;
+
+static void run_read(args *a, run_args *r) {
+    memset(r, 0, sizeof *r);
+    cli_session_opts(a, &r->so);
+    r->bad_rc = cli_lora_opts(a, &r->so, r->lora, CLI_MAX_LORA, r->bad, sizeof r->bad);
+    r->ids_arg = args_str(a, "--ids", NULL), r->p = args_str(a, "-p", NULL), r->file = args_str(a, "-f", NULL);
+    cli_sampling_opts(a, &r->g);
+    char msg[256];
+    if (cli_logit_bias(a, &r->g, r->bias, CLI_MAX_BIAS, msg, sizeof msg) && !r->bad_rc)
+        r->bad_rc = -1, snprintf(r->bad, sizeof r->bad, "%s", msg);
+    long n = args_int_range(a, "-n", 256, -1, INT_MAX);
+    r->g.max_new = n < 0 ? INT_MAX : (int)n;
+    r->g.ignore_eos = args_flag(a, "--ignore-eos");
+    for (const char *t; (t = args_each(a, "-r"));)
+        if (r->n_stop < 16) r->stop[r->n_stop++] = t;
+        else r->n_stop = 17;
+    r->conversation = args_flag(a, "-cnv");
+    r->ex_rc = entropix_cli_read(a, &r->g, &r->ex, &r->xerr);
+    prompt_style_read(a, &r->chat);
+    cli_probe_opts(a, &r->ps);
+    r->b = (batch_args){ args_str(a, "--prompts", NULL), args_str(a, "--prompt-csv", NULL), args_str(a, "-o", NULL),
+                         args_flag(a, "-q"), args_flag(a, "--stats"), args_flag(a, "--force"), args_flag(a, "--resume") };
+    r->display = args_bool(a, "--display-prompt", "--no-display-prompt", 0);
+    r->verbose = args_flag(a, "-v");
+}
+
+// Combinations that cannot work: CLI_EXIT_USAGE after the message, else 0.
+static int run_check(const run_args *r) {
+    const batch_args *b = &r->b;
+    if (!r->so.model_dir) return cli_usage_error("run", "missing -m DIR (the model directory)");
+    if (r->bad_rc) return cli_usage_error("run", "%s", r->bad);
+    if (r->n_stop > 16) return cli_usage_error("run", "-r: at most 16 stop strings");
+    for (int i = 0; i < r->n_stop; i++)
+        if (!r->stop[i][0]) return cli_usage_error("run", "-r: a stop string is empty");
+    if (r->ids_arg && (r->p || r->file)) return cli_usage_error("run", "give either --ids or -p/-f, not both");
+    if (r->ids_arg && r->chat.chat) return cli_usage_error("run", "--chat renders text: give the message with -p, not --ids");
+    if (b->lines_path && b->csv_path) return cli_usage_error("run", "give either --prompts or --prompt-csv, not both");
+    if (b->resume && b->force) return cli_usage_error("run", "give either --resume or --force, not both");
+    if (b->lines_path || b->csv_path) {
+        if (r->ids_arg || r->p || r->file)
+            return cli_usage_error("run", "--prompts/--prompt-csv take the prompts from the file: drop -p/-f/--ids");
+        if (r->ex.metrics_path) return cli_usage_error("run", "--metrics-out is for a single prompt, not a batch run");
+        if (r->n_stop) return cli_usage_error("run", "-r/--reverse-prompt is for a single prompt, not a batch run");
+        if (probe_spec_active(&r->ps))
+            return cli_usage_error("run", "--dump-acts, --attn-layers, --dump-attn and --logit-lens are for a single prompt");
+        if (!b->out_path && b->resume) return cli_usage_error("run", "--resume is for -o FILE");
+        return 0;
+    }
+    if (b->out_path) return cli_usage_error("run", "-o/--out is for batch runs (--prompts, --prompt-csv); a single run prints to stdout");
+    if (b->resume) return cli_usage_error("run", "--resume is for batch runs with -o (--prompts, --prompt-csv)");
+    if (b->quiet) return cli_usage_error("run", "-q/--quiet is for batch runs (--prompts, --prompt-csv)");
+    char bad[256];
+    if (check_probe(&r->ps, &r->g, &r->ex, bad, sizeof bad)) return cli_usage_error("run", "%s", bad);
+    return 0;
+}
+
+// -cnv/-i: `varent chat` with the other arguments; the chat reads its messages itself.
+static int run_as_chat(const run_args *r, int argc, char **argv) {
+    if (r->p || r->file || r->ids_arg)
+        return cli_usage_error("run", "-cnv/-i starts the interactive chat, which reads the messages from the terminal: "
+                                      "drop -p/-f/--ids (-sys TEXT sets the system message)");
+    char **rest = malloc(sizeof(char *) * (size_t)(argc + 1));
+    if (!rest) return cli_error("run", "out of memory");
+    int n = 0, opts = 1;
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i];
+        if (opts && !strcmp(s, "--")) opts = 0;
+        if (!(opts && (!strcmp(s, "-cnv") || !strcmp(s, "--conversation") || !strcmp(s, "-i") || !strcmp(s, "--interactive"))))
+            rest[n++] = argv[i];
+    }
+    rest[n] = NULL;
+    int rc = cmd_chat(n, rest);
+    free(rest);
+    return rc;
+}
+
+static void run_verbose(const run_args *r, const session *s, int n_prompt) {
+    const model_config *c = &s->m.cfg;
+    const sampler_params *p = &r->g.sp;
+    fprintf(stderr, "varent run: model %s (%s, %.1f M parameters, %s weights) | device %s | %d threads | context %d | "
+                    "prompt %d tokens%s\n", r->so.model_dir, c->arch_name, s->m.n_params / 1e6, wtype_name(s->m.embed.type),
+            r->so.device, cpu_set_threads(0), s->ctx, n_prompt, r->chat.chat ? " (chat template)" : "");
+    fprintf(stderr, "varent run: sampler %s (profile %s) | temp %g top-k %d top-p %g min-p %g | -n %d%s | seed %llu\n",
+            r->ex.sampler_name, r->ex.ex.name, p->temperature, p->top_k, p->top_p, p->min_p, r->g.max_new,
+            r->g.ignore_eos ? " (ignoring EOS)" : "", (unsigned long long)r->g.seed);
+}
+
+static void run_stats(const session *s, const gen_stats *st, uint64_t seed) {
+    fprintf(stderr, "load %.3f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | seed %llu\n", s->load_s,
+            st->n_prompt, st->n_prompt / (st->prefill_s > 0 ? st->prefill_s : 1e-9), st->n_gen,
+            st->n_gen > 1 ? (st->n_gen - 1) / st->decode_s : 0.0, (unsigned long long)seed);
+}
+
+// --display-prompt: the prompt as given (or its ids decoded), before the text.
+static void display_prompt(const session *s, const char *text, const int *ids, int n) {
+    if (text) {
+        fputs(text, stdout);
+        return;
+    }
+    verr err;
+    char *t = s->tok ? tokenizer_decode(s->tok, ids, n, 1, &err) : NULL;
+    if (t) fputs(t, stdout);
+    free(t);
+}
+
+// One prompt, streamed to stdout.
+static int run_single(run_args *r, const char *text) {
     verr err = { { 0 } };
     session s;
-    if (ex_rc || entropix_cli_open(&ex, b.force, &xerr)) return fail("run", xerr.msg);
+    entropix_cli *ex = &r->ex;
+    if (entropix_cli_open(ex, r->b.force, &r->xerr)) return fail("run", r->xerr.msg);
     interrupt_install();  // Ctrl-C: stop generating, flush, exit 130
-    g.interrupt = interrupt_flag();
-    if (session_open(&s, &so, &err)) return run_close_log(&ex, 0), fail("run", err.msg);
+    r->g.interrupt = interrupt_flag();
+    if (session_open(&s, &r->so, &err)) return run_close_log(ex, 0), fail("run", err.msg);
     int *ids = NULL, rc = 0;
-    int n = chat.chat ? prompt_encode(&s, &chat, text, &ids, &err) : prompt_ids(&s, ids_arg, text, &ids, &err);
-    run_out out = { &s, s.tok ? tokenizer_stream_new(s.tok, 1) : NULL, NULL, 0 };
-    g.on_token = print_token, g.ud = &out, g.want_metrics = stats;
+    int n = r->chat.chat ? prompt_encode(&s, &r->chat, text, &ids, &err) : prompt_ids(&s, r->ids_arg, text, &ids, &err);
+    run_out out = { .s = &s, .ts = s.tok ? tokenizer_stream_new(s.tok, 1) : NULL };
+    stopstr_init(&out.stop, r->stop, r->n_stop);
+    r->g.on_token = print_token, r->g.ud = &out, r->g.want_metrics = r->b.stats;
     probe *pr = NULL;
-    if (n >= 0 && (entropix_cli_start(&ex, &s, &g, &err) || start_probe(&ps, &s, &g, &ex, &out, ids, n, &pr, &err)))
+    if (n >= 0 && (entropix_cli_start(ex, &s, &r->g, &err) || start_probe(&r->ps, &s, &r->g, ex, &out, ids, n, &pr, &err)))
         n = -1;
+    if (n >= 0 && r->verbose) run_verbose(r, &s, n);
+    if (n >= 0 && r->display) {
+        display_prompt(&s, text, ids, n);
+        if (out.ts) tokenizer_stream_continue(out.ts);
+    }
     gen_stats st;
-    if (n < 0 || generate(&s, ids, n, &g, &st, &err) || probe_check(pr, &err)) {
+    if (n < 0 || generate(&s, ids, n, &r->g, &st, &err) || probe_check(pr, &err)) {
         rc = fail("run", err.msg);
     } else {
-        const char *tail;
-        int k = out.ts ? tokenizer_stream_flush(out.ts, &tail) : 0;
-        if (k > 0) fwrite(tail, 1, (size_t)k, stdout);
+        print_tail(&out);
         printf("\n");
         fflush(stdout);  // the text before the stats line, even when both go to one terminal
-        if (stats)
-            fprintf(stderr, "load %.3f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | seed %llu\n",
-                    s.load_s, st.n_prompt, st.n_prompt / (st.prefill_s > 0 ? st.prefill_s : 1e-9), st.n_gen,
-                    st.n_gen > 1 ? (st.n_gen - 1) / st.decode_s : 0.0, (unsigned long long)g.seed);
-        if (stats) entropix_cli_report(&ex, &st);
-        rc = run_finish(&ex, &st);
+        if (r->b.stats) run_stats(&s, &st, r->g.seed), entropix_cli_report(ex, &st);
+        rc = run_finish(ex, &st);
     }
     if (out.ts) tokenizer_stream_free(out.ts);
+    stopstr_free(&out.stop);
     free(ids);
     if (probe_close(pr, rc == 0 || rc == INTERRUPT_EXIT, out.ids, out.n_ids, &err) && rc == 0) rc = fail("run", err.msg);
     free(out.ids);
-    if (run_close_log(&ex, rc == 0 || rc == INTERRUPT_EXIT) && rc == 0) rc = 1;
+    if (run_close_log(ex, rc == 0 || rc == INTERRUPT_EXIT) && rc == 0) rc = 1;
     session_close(&s);
     return rc;
 }
 
+int cmd_run(int argc, char **argv) {
+    args a;
+    int rc = args_init(&a, &cli_run_spec, argc, argv);
+    if (rc >= 0) return rc;
+    run_args r;
+    run_read(&a, &r);
+    if (r.conversation) return run_as_chat(&r, argc, argv);
+    if (args_finish(&a, 0)) return cli_usage_error("run", "%s", a.err);
+    if ((rc = run_check(&r))) return rc;
+    if (r.ex_rc) return cli_usage_error("run", "%s", r.xerr.msg);
+    if (r.b.lines_path || r.b.csv_path) return run_batch(&r.b, &r.so, &r.g, &r.ex, &r.chat);
+    verr err = { { 0 } };
+    const char *text;
+    char *owned;
+    if (cli_prompt_text(r.p, r.file, r.ids_arg != NULL, &text, &owned, &err)) return fail("run", err.msg);
+    if (r.chat.chat && !text) {
+        free(owned);
+        return cli_usage_error("run", "--chat needs a user message: -p TEXT, -f FILE or stdin");
+    }
+    rc = run_single(&r, text);
+    free(owned);
+    return rc;
+}
+
+static const cli_opt logits_opts[] = {
+    { "--ids", "LIST", "prompt", NULL, "token ids, e.g. 1,2,3 (required)", 0 },
+    { "-o|--out", "FILE", "output", NULL, "where the float32 logits go (required)", 0 },
+    { "--chunk", "N", "performance", "all ids at once", "forward the ids N at a time", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const logits_tables[] = { cli_opts_session, cli_opts_lora, logits_opts, cli_opts_steer,
+                                                cli_opts_probe, NULL };
+const cli_spec cli_logits_spec = {
+    "logits", "-m DIR --ids 1,2,3 -o FILE [options]",
+    "Write the last position's logits (vocab_size float32, little-endian) after a forward of the ids.",
+    NULL, logits_tables, NULL, NULL,
+};
+
 int cmd_logits(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
+    int rc0 = args_init(&a, &cli_logits_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
     session_lora lora[CLI_MAX_LORA];
     char lora_msg[4400];
-    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fail("logits", lora_msg);
-    const char *ids_arg = args_str(&a, "--ids", NULL), *out = args_str(&a, "-o|--out", NULL);
-    int chunk = (int)args_int(&a, "--chunk", 0);
+    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return cli_usage_error("logits", "%s", lora_msg);
+    const char *ids_arg = args_str(&a, "--ids", NULL), *out = args_str(&a, "-o", NULL);
+    int chunk = (int)args_int_range(&a, "--chunk", 0, 1, INT_MAX);
     probe_spec ps;
     cli_probe_opts(&a, &ps);
-    if (args_finish(&a, 0)) return fail("logits", a.err);
-    if (!so.model_dir || !ids_arg || !out)
-        return fail("logits", "usage: varent logits -m DIR --ids 1,2,3 --out FILE [--chunk C] [--dump-acts FILE] "
-                    "[--attn-layers LIST] [--dump-attn FILE] [--logit-lens]");
-    if (chunk < 0) return fail("logits", "--chunk must be positive");
+    if (args_finish(&a, 0)) return cli_usage_error("logits", "%s", a.err);
+    if (!so.model_dir || !ids_arg || !out) return cli_usage_error("logits", "need -m DIR, --ids LIST and -o FILE");
     verr err = { { 0 } };
     int *ids = NULL;
     int n = parse_id_list(ids_arg, &ids, &err);

@@ -11,22 +11,46 @@
 
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
+#include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
 #include "host/serve/server.h"
 
-static int fail(const char *msg) {
-    fprintf(stderr, "varent serve: %s\n", msg);
-    return 1;
-}
+static int fail(const char *msg) { return cli_error("serve", "%s", msg); }
 
-static const char usage[] =
-    "usage: varent serve -m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [--max-tokens-limit N]\n"
-    "       [--ctx N] [-t THREADS] [--device cpu] [--sampler standard|entropix] [--profile seed|jax|frog]\n"
-    "       [--chat-template NAME] [--model-id NAME] [--max-body BYTES] [--max-queue N]\n"
-    "       [--max-connections N] [--max-connections-per-ip N] [--timeout S] [--header-timeout S]\n"
-    "       [--drain-timeout S] [--token-delay-ms MS]\n"
-    "       [--allowed-hosts NAME,...] [--cors ORIGIN,...] [-v]\n"
-    "       [--lora DIR] [--lora-scaled DIR S] [--lora-modules NAME=DIR ...]";
+static const cli_opt serve_opts[] = {
+    { "--host", "ADDR", "server", "127.0.0.1", "address to listen on", 0 },
+    { "--port", "N", "server", "8080", "TCP port (0: any free port)", 0 },
+    { "--parallel", "N", "server", "1", "slots: requests generated at once", 0 },
+    { "--model-id", "NAME", "server", "the model directory's name", "the model's name in /v1/models", 0 },
+    { "--chat-template", "NAME", "chat", "the model's", "chat format for /v1/chat/completions", 0 },
+    { "--sampler", "NAME", "entropix", "standard", "sampler of requests that name none: standard or entropix", 0 },
+    { "--profile", "NAME", "entropix", "seed", "entropix profile of requests that name none", 0 },
+    { "--max-tokens-limit", "N", "limits", "4096", "a request asking for more tokens gets a 400", 0 },
+    { "--max-body", "BYTES", "limits", "1048576", "a larger request body gets a 413", 0 },
+    { "--max-queue", "N", "limits", "256", "waiting requests beyond this get a 429", 0 },
+    { "--max-connections", "N", "limits", "256", "open connections at most", 0 },
+    { "--max-connections-per-ip", "N", "limits", "64", "open connections from one client address", 0 },
+    { "--timeout", "S", "limits", "60", "idle connection timeout once a request's headers are in (0: none)", 0 },
+    { "--header-timeout", "S", "limits", "5", "idle timeout while waiting for a request's headers", 0 },
+    { "--drain-timeout", "S", "limits", "60", "after SIGINT/SIGTERM, wait this long for requests to finish", 0 },
+    { "--token-delay-ms", "MS", "limits", "0", "sleep per generated token (demos and tests)", 0 },
+    { "--allowed-hosts", "LIST", "security", NULL, "comma-separated Host names a loopback server also answers to", 0 },
+    { "--cors", "LIST", "security", NULL, "comma-separated browser Origins allowed besides the page's own (*: any)", 0 },
+    { "--escape-special", NULL, "security", NULL, "special-token text in chat messages is plain text", 0 },
+    { "-v|--verbose", NULL, "output", NULL, "one stderr line per request", 0 },
+    { "--lora-modules", "NAME=DIR", "model", NULL, "a LoRA adapter a request selects with \"model\": NAME (vLLM's flag)",
+      ARG_REPEAT },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_lora, serve_opts, cli_opts_steer, NULL };
+const cli_spec cli_serve_spec = {
+    "serve", "-m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [options]",
+    "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) with a live entropy page.",
+    "A request that omits a sampling field gets the defaults of varent run and chat (docs/cli.md). SIGINT or\n"
+    "SIGTERM stops accepting and lets running requests finish; a second signal cancels them. Docs:\n"
+    "docs/server.md.",
+    serve_tables, NULL, NULL,
+};
 
 // --lora-modules NAME=DIR, repeatable (vLLM's flag; a request selects one with "model": NAME).
 typedef struct {
@@ -35,19 +59,24 @@ typedef struct {
     char names[CLI_MAX_LORA][256];
 } lora_modules;
 
+// Every occurrence is read; 0, or -1 with msg for the first bad one.
 static int read_lora_modules(args *a, server_opts *o, lora_modules *lm, char *msg, size_t len) {
-    int n = 0;
-    for (const char *v; (v = args_str(a, "--lora-modules", NULL));) {
+    int n = 0, rc = 0;
+    for (const char *v; (v = args_each(a, "--lora-modules"));) {
         const char *eq = strchr(v, '=');
+        if (rc) continue;
         if (!eq || eq == v || !eq[1] || (size_t)(eq - v) >= sizeof lm->names[0])
-            return snprintf(msg, len, "--lora-modules '%.300s': expected NAME=DIR", v), -1;
-        if (n == CLI_MAX_LORA) return snprintf(msg, len, "--lora-modules: more than %d adapters", CLI_MAX_LORA), -1;
-        snprintf(lm->names[n], sizeof lm->names[n], "%.*s", (int)(eq - v), v);
-        lm->name[n] = lm->names[n], lm->spec[n] = (lora_spec){ eq + 1, 1.0f };
-        n++;
+            rc = -1, snprintf(msg, len, "--lora-modules '%.300s': expected NAME=DIR", v);
+        else if (n == CLI_MAX_LORA)
+            rc = -1, snprintf(msg, len, "--lora-modules: more than %d adapters", CLI_MAX_LORA);
+        else {
+            snprintf(lm->names[n], sizeof lm->names[n], "%.*s", (int)(eq - v), v);
+            lm->name[n] = lm->names[n], lm->spec[n] = (lora_spec){ eq + 1, 1.0f };
+            n++;
+        }
     }
     o->lora_modules = lm->spec, o->lora_names = lm->name, o->n_lora_modules = n;
-    return 0;
+    return rc;
 }
 
 // Reads everything but the session options; 0, or -1 with msg.
@@ -70,7 +99,7 @@ static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t
     o->allowed_hosts = args_str(a, "--allowed-hosts", NULL);
     o->cors = args_str(a, "--cors", NULL);
     o->escape_special = args_flag(a, "--escape-special");
-    o->verbose = args_flag(a, "-v|--verbose");
+    o->verbose = args_flag(a, "-v");
     *drain_s = args_float_range(a, "--drain-timeout", 60, 0, 86400);
     if (strcmp(smp, "standard") && strcmp(smp, "entropix"))
         return snprintf(msg, len, "--sampler '%s': use standard or entropix", smp), -1;
@@ -108,12 +137,13 @@ static void drain(server *srv, const sigset_t *set, double drain_s) {
 
 int cmd_serve(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
+    int rc0 = args_init(&a, &cli_serve_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
     session_opts so = { 0 };
     cli_session_opts(&a, &so);
     session_lora lora[CLI_MAX_LORA];
     char lora_msg[4400];
-    if (cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg)) return fail(lora_msg);
+    int lora_rc = cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg);
     server_opts o = { 0 };
     double drain_s;
     char msg[512];
@@ -121,9 +151,10 @@ int cmd_serve(int argc, char **argv) {
     char lm_msg[512];
     int bad = read_opts(&a, &o, &drain_s, msg, sizeof msg), lm_bad = read_lora_modules(&a, &o, &lm, lm_msg, sizeof lm_msg);
     if (!bad && lm_bad) bad = lm_bad, snprintf(msg, sizeof msg, "%s", lm_msg);
-    if (args_finish(&a, 0)) return fail(a.err);
-    if (!so.model_dir) return fail(usage);
-    if (bad) return fail(msg);
+    if (args_finish(&a, 0)) return cli_usage_error("serve", "%s", a.err);
+    if (!so.model_dir) return cli_usage_error("serve", "missing -m DIR (the model directory)");
+    if (lora_rc) return cli_usage_error("serve", "%s", lora_msg);
+    if (bad) return cli_usage_error("serve", "%s", msg);
     // Signals go to sigwait below: block them before any thread (OpenMP, slots,
     // libmicrohttpd) starts, so every thread inherits the mask.
     sigset_t set;

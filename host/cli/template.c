@@ -14,15 +14,24 @@
 #include "host/util/err.h"
 #include "tokenizer/chat.h"
 
-static const char *template_usage =
-    "usage: varent template -t PATH --messages FILE.json [--chat-template NAME]\n"
-    "                       [--no-generation-prompt] [--no-think] [--date STRING]\n"
-    "  -t, --template PATH    model dir, tokenizer_config.json, or a .jinja template file\n"
-    "  --messages FILE        JSON array of {\"role\",\"content\"[,\"reasoning_content\"]}; - = stdin\n"
-    "  --chat-template NAME   llama3, llama3.1, llama3.2, chatml, qwen2.5, smollm2, qwen3, llama2\n"
-    "  --no-generation-prompt omit the assistant turn opener\n"
-    "  --no-think             Qwen3: render the empty <think> block (enable_thinking=false)\n"
-    "  --date STRING          Llama 3.1+: the 'Today Date' value (e.g. \"26 Jul 2024\")\n";
+static const char *const template_moved[] = { "-t", "-t is --threads everywhere; give the template with -m PATH", NULL,
+                                              NULL };
+static const cli_opt template_opts[] = {
+    { "-m|--model|--template", "PATH", "model", NULL, "model dir, tokenizer_config.json, or a .jinja template file", 0 },
+    { "--messages", "FILE", "prompt", NULL, "JSON array of {\"role\", \"content\"[, \"reasoning_content\"]}; - is stdin", 0 },
+    { "--chat-template", "NAME", "chat", "detected",
+      "llama3, llama3.1, llama3.2, chatml, qwen2.5, smollm2, qwen3 or llama2 (then -m is optional)", 0 },
+    { "--no-generation-prompt", NULL, "chat", NULL, "omit the assistant turn opener", 0 },
+    { "--no-think", NULL, "chat", NULL, "Qwen3: render the empty <think> block (enable_thinking=false)", 0 },
+    { "--date", "STRING", "chat", "the template's (Llama 3.2: today)", "Llama 3.1+: the 'Today Date' value (e.g. \"26 Jul 2024\")", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const template_tables[] = { template_opts, NULL };
+const cli_spec cli_template_spec = {
+    "template", "-m PATH --messages FILE.json [options]",
+    "Render a conversation with a model's chat template and print the exact prompt (no trailing newline).",
+    "Docs: docs/chat.md.", template_tables, template_moved, NULL,
+};
 
 // Parse JSON, reporting the line and byte offset of a syntax error.
 static cJSON *parse_json(const char *text, const char *path, verr *err) {
@@ -185,32 +194,19 @@ done:
 
 int cmd_template(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
-    if (args_flag(&a, "-h|--help")) {
-        fputs(template_usage, stdout);
-        return 0;
-    }
-    const char *tpath = args_str(&a, "-t|--template", NULL);
+    int rc0 = args_init(&a, &cli_template_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
+    const char *tpath = args_str(&a, "-m", NULL);
     const char *mpath = args_str(&a, "--messages", NULL);
     const char *name = args_str(&a, "--chat-template", NULL);
     chat_opts o = chat_opts_default();
     o.add_generation_prompt = !args_flag(&a, "--no-generation-prompt");
     o.enable_thinking = !args_flag(&a, "--no-think");
     o.date_string = args_str(&a, "--date", NULL);
-    if (args_finish(&a, 0)) {
-        fprintf(stderr, "varent template: %s\n%s", a.err, template_usage);
-        return 2;
-    }
-    if (!mpath || (!tpath && !name)) {
-        fprintf(stderr, "varent template: %s\n%s",
-                !mpath ? "--messages FILE is required" : "-t PATH or --chat-template NAME is required",
-                template_usage);
-        return 2;
-    }
-    verr err = {{0}};
-    if (render_and_print(tpath, mpath, name, o, &err)) {
-        fprintf(stderr, "varent template: %s\n", err.msg);
-        return 1;
-    }
+    if (args_finish(&a, 0)) return cli_usage_error("template", "%s", a.err);
+    if (!mpath) return cli_usage_error("template", "--messages FILE is required");
+    if (!tpath && !name) return cli_usage_error("template", "-m PATH or --chat-template NAME is required");
+    verr err = { { 0 } };
+    if (render_and_print(tpath, mpath, name, o, &err)) return cli_error("template", "%s", err.msg);
     return 0;
 }

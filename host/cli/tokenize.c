@@ -23,13 +23,13 @@ static double cpu_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static char *read_all(FILE *f, const char *what, size_t *len) {
+static char *read_all(const char *cmd, FILE *f, const char *what, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *b = malloc(cap);
     while (b) {
         n += fread(b + n, 1, cap - n - 1, f);
         if (ferror(f)) {
-            fprintf(stderr, "error: reading %s failed\n", what);
+            cli_error(cmd, "reading %s failed", what);
             free(b);
             return NULL;
         }
@@ -39,7 +39,7 @@ static char *read_all(FILE *f, const char *what, size_t *len) {
         b = g;
     }
     if (!b) {
-        fprintf(stderr, "error: out of memory reading %s\n", what);
+        cli_error(cmd, "out of memory reading %s", what);
         return NULL;
     }
     b[n] = 0;
@@ -58,7 +58,7 @@ static int encode_print(const tokenizer *t, const char *text, size_t len, int sp
     verr err;
     int n = tokenizer_encode(t, text, len, special, &ids, &err);
     if (n < 0) {
-        fprintf(stderr, "error: %s: %s\n", where, err.msg);
+        cli_error("tokenize", "%s: %s", where, err.msg);
         return 1;
     }
     print_ids(ids, n);
@@ -69,7 +69,7 @@ static int encode_print(const tokenizer *t, const char *text, size_t len, int sp
 // One JSON object with a "text" string per line in, one id array per line out.
 static int tokenize_jsonl(const tokenizer *t, int special) {
     size_t len;
-    char *all = read_all(stdin, "stdin", &len);
+    char *all = read_all("tokenize", stdin, "stdin", &len);
     if (!all) return 1;
     int rc = 0, lineno = 0;
     for (char *line = all, *nl; rc == 0 && line < all + len; line = nl + 1) {
@@ -83,7 +83,7 @@ static int tokenize_jsonl(const tokenizer *t, int special) {
         char where[64];
         snprintf(where, sizeof where, "stdin line %d", lineno);
         if (!cJSON_IsString(text)) {
-            fprintf(stderr, "error: %s: not a JSON object with a \"text\" string\n", where);
+            cli_error("tokenize", "%s: not a JSON object with a \"text\" string", where);
             rc = 1;
         } else {
             rc = encode_print(t, text->valuestring, strlen(text->valuestring), special, where);
@@ -104,11 +104,11 @@ static int tokenize_bench(const char *tok_path, const char *file, int special) {
     verr err;
     FILE *f = fileio_fopen_input(file, &err);
     if (!f) {
-        fprintf(stderr, "error: bench input %s\n", err.msg);
+        cli_error("tokenize", "--bench: %s", err.msg);
         return 1;
     }
     size_t len;
-    char *text = read_all(f, file, &len);
+    char *text = read_all("tokenize", f, file, &len);
     fclose(f);
     if (!text) return 1;
     enum { RUNS = 5 };
@@ -125,7 +125,7 @@ static int tokenize_bench(const char *tok_path, const char *file, int special) {
         free(ids);
         tokenizer_free(t);
         if (n < 0) {
-            fprintf(stderr, "error: %s\n", err.msg);
+            cli_error("tokenize", "%s", err.msg);
             free(text);
             return 1;
         }
@@ -141,33 +141,63 @@ static int tokenize_bench(const char *tok_path, const char *file, int special) {
     return 0;
 }
 
-int cmd_tokenize(int argc, char **argv) {
-    args a;
-    args_init(&a, argc, argv);
-    const char *path = args_str(&a, "-t|--tokenizer", NULL);
-    int jsonl = args_flag(&a, "--jsonl"), no_special = args_flag(&a, "--no-special");
-    int special = args_flag(&a, "--special");
-    const char *bench = args_str(&a, "--bench", NULL);
-    const char *text = args_pos(&a, 0);
-    if (args_finish(&a, 1) < 0 || !path || (special && no_special)) {
-        fprintf(stderr, "error: %s\nusage: varent tokenize -t TOKENIZER [--special|--no-special] "
-                "[TEXT | --jsonl | --bench FILE]\n", a.err[0] ? a.err : "need -t TOKENIZER (tokenizer.json or model dir)");
-        return 1;
-    }
-    special = !no_special;
-    if (bench) return tokenize_bench(path, bench, special);
+// -t used to name the tokenizer here; now it is --threads everywhere, and -m the model.
+static const char *const tok_moved[] = { "-t", "-t is --threads everywhere; give the tokenizer with -m DIR|tokenizer.json",
+                                         NULL, NULL };
+static const cli_opt tok_model_opts[] = {
+    { "-m|--model|--tokenizer", "PATH", "model", NULL, "a model directory or its tokenizer.json", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt tokenize_opts[] = {
+    { "--special", NULL, "prompt", "on", "special-token text (<|im_start|>) becomes its id", 0 },
+    { "--no-special", NULL, "prompt", NULL, "special-token text is plain text", 0 },
+    { "--jsonl", NULL, "prompt", NULL, "stdin is JSONL with a \"text\" field per line; one id array per line out", 0 },
+    { "--bench", "FILE", "output", NULL, "time loading and encoding FILE (median of 5) instead", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const tokenize_tables[] = { tok_model_opts, tokenize_opts, NULL };
+const cli_spec cli_tokenize_spec = {
+    "tokenize", "-m PATH [--special|--no-special] [TEXT | --jsonl | --bench FILE]",
+    "Text to token ids, as a JSON array: TEXT, or stdin without it.", NULL, tokenize_tables, tok_moved, NULL,
+};
+
+static const cli_opt detokenize_opts[] = {
+    { "--skip-special", NULL, "output", NULL, "leave special tokens (BOS, EOS, <|im_end|>) out of the text", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const detokenize_tables[] = { tok_model_opts, detokenize_opts, NULL };
+const cli_spec cli_detokenize_spec = {
+    "detokenize", "-m PATH [--skip-special] [IDS]",
+    "Token ids (1,2,3 or [1, 2, 3]; stdin without IDS) to text.", NULL, detokenize_tables, tok_moved, NULL,
+};
+
+static tokenizer *load(const char *cmd, const char *path) {
     verr err;
     tokenizer *t = tokenizer_load(path, &err);
-    if (!t) {
-        fprintf(stderr, "error: %s\n", err.msg);
-        return 1;
-    }
+    if (!t) cli_error(cmd, "%s", err.msg);
+    return t;
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    args a;
+    int rc0 = args_init(&a, &cli_tokenize_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
+    const char *path = args_str(&a, "-m", NULL);
+    int jsonl = args_flag(&a, "--jsonl"), special = args_bool(&a, "--special", "--no-special", 1);
+    const char *bench = args_str(&a, "--bench", NULL);
+    if (args_finish(&a, 1)) return cli_usage_error("tokenize", "%s", a.err);
+    const char *text = args_pos(&a, 0);
+    if (!path) return cli_usage_error("tokenize", "missing -m PATH (a model directory or tokenizer.json)");
+    if (!!jsonl + !!bench + !!text > 1) return cli_usage_error("tokenize", "give one input: TEXT, --jsonl or --bench FILE");
+    if (bench) return tokenize_bench(path, bench, special);
+    tokenizer *t = load("tokenize", path);
+    if (!t) return 1;
     int rc;
     if (jsonl) rc = tokenize_jsonl(t, special);
     else if (text) rc = encode_print(t, text, strlen(text), special, "text");
     else {
         size_t len;
-        char *in = read_all(stdin, "stdin", &len);
+        char *in = read_all("tokenize", stdin, "stdin", &len);
         rc = in ? encode_print(t, in, len, special, "stdin") : 1;
         free(in);
     }
@@ -187,7 +217,7 @@ static int parse_ids(const char *s, int **out) {
         char *end;
         long v = strtol(s, &end, 10);
         if (end == s) {
-            fprintf(stderr, "error: ids: '%.20s' is not an integer (want e.g. 1,2,3)\n", s);
+            cli_error("detokenize", "ids: '%.20s' is not an integer (want e.g. 1,2,3)", s);
             free(ids);
             return -1;
         }
@@ -200,37 +230,33 @@ static int parse_ids(const char *s, int **out) {
         ids[n++] = v < -1 || v > 0x7fffffff ? -1 : (int)v;
         s = end;
     }
-    if (!ids) fprintf(stderr, "error: out of memory\n");
+    if (!ids) cli_error("detokenize", "out of memory");
     *out = ids;
     return ids ? n : -1;
 }
 
 int cmd_detokenize(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
-    const char *path = args_str(&a, "-t|--tokenizer", NULL);
+    int rc0 = args_init(&a, &cli_detokenize_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
+    const char *path = args_str(&a, "-m", NULL);
     int skip = args_flag(&a, "--skip-special");
+    if (args_finish(&a, 1)) return cli_usage_error("detokenize", "%s", a.err);
     const char *list = args_pos(&a, 0);
-    if (args_finish(&a, 1) < 0 || !path) {
-        fprintf(stderr, "error: %s\nusage: varent detokenize -t TOKENIZER [--skip-special] [IDS, e.g. 1,2,3; "
-                "default: stdin]\n", a.err[0] ? a.err : "need -t TOKENIZER");
-        return 1;
-    }
+    if (!path) return cli_usage_error("detokenize", "missing -m PATH (a model directory or tokenizer.json)");
     char *in = NULL;
     size_t len;
-    if (!list && !(list = in = read_all(stdin, "stdin", &len))) return 1;
+    if (!list && !(list = in = read_all("detokenize", stdin, "stdin", &len))) return 1;
     int *ids = NULL, n = parse_ids(list, &ids);
     free(in);
     if (n < 0) return 1;
     verr err;
-    tokenizer *t = tokenizer_load(path, &err);
+    tokenizer *t = load("detokenize", path);
     char *text = t ? tokenizer_decode(t, ids, n, skip, &err) : NULL;
     free(ids);
+    if (t && !text) cli_error("detokenize", "%s", err.msg);
     tokenizer_free(t);
-    if (!text) {
-        fprintf(stderr, "error: %s\n", err.msg);
-        return 1;
-    }
+    if (!text) return 1;
     fputs(text, stdout);
     putchar('\n');
     free(text);

@@ -79,7 +79,8 @@ int session_open(session *s, const session_opts *o, verr *err) {
     if (o->ctx > c->max_pos) {
         int max_pos = c->max_pos;  // c points into the model model_free clears
         model_free(&s->m);
-        return verr_set(err, "--ctx %d exceeds the model's max_position_embeddings (%d)", o->ctx, max_pos);
+        return verr_set(err, "%s %d exceeds the model's max_position_embeddings (%d)", o->ctx_name ? o->ctx_name : "--ctx",
+                        o->ctx, max_pos);
     }
     if (o->threads > 0) cpu_set_threads(o->threads);
     if (open_steer(s, &o->steer, err)) {

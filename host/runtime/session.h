@@ -25,6 +25,7 @@ typedef struct {
     steer_spec steer; // control vectors, head ablation, layer skipping (host/runtime/steer.h)
     const session_lora *lora;  // [n_lora] adapters loaded and applied to every pass (model/lora.h)
     int n_lora;
+    const char *ctx_name;  // what set ctx, for messages (NULL: "--ctx")
 } session_opts;
 
 typedef struct {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/decode/defaults.h"
 #include "host/decode/entropix.h"
 #include "host/decode/generate.h"
 
@@ -327,7 +328,7 @@ static int parse_fields(server_request *r, const cJSON *o, verr *err) {
     // a missing prompt or messages first: a chat body with a "prompt" lacks its messages
     if (r->chat ? parse_messages(r, o, err) : parse_prompt(r, o, err)) return -1;
     if (check_field_names(r, o, err)) return -1;
-    int64_t max_tokens = -1, top_k = 0, n = 1, seed = -1;
+    int64_t max_tokens = -1, top_k = GEN_DEFAULT_TOP_K, n = 1, seed = -1;
     const char *max_name = r->chat && field(o, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (get_bool(r, o, "echo", &r->echo, err)) return -1;
     const cJSON *mt = field(o, max_name);
@@ -399,7 +400,9 @@ static int find_escaped_nul(const char *s, char *path, size_t cap) {
 
 int server_parse_request(const char *body, size_t len, int chat, server_request *out, verr *err) {
     memset(out, 0, sizeof *out);
-    out->chat = chat, out->max_tokens = -1, out->temperature = 1, out->top_p = 1, out->n = 1;
+    out->chat = chat, out->max_tokens = -1, out->n = 1;
+    // the defaults of varent run and chat (host/decode/defaults.h)
+    out->temperature = GEN_DEFAULT_TEMP, out->top_p = GEN_DEFAULT_TOP_P, out->min_p = GEN_DEFAULT_MIN_P;
     out->sampler = -1, out->metrics = 1, out->escape_special = -1;
     // NUL-terminated copy: cJSON's length-limited parse cannot reject trailing bytes.
     char *buf = malloc(len + 1);

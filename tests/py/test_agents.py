@@ -98,7 +98,7 @@ def replay(recs, n_prompt, prompt_ids=None, stops=(2,)):
 
 
 def stories_prompt_ids(d):
-    r = vtest.varent("tokenize", "-t", d, "--no-special", PROMPT)
+    r = vtest.varent("tokenize", "-m", d, "--no-special", PROMPT)
     return [1] + json.loads(r.stdout)  # stories260K adds BOS = 1
 
 
@@ -306,7 +306,7 @@ def test_critic_reference(d, tmp):
 def tok(d, text, special):
     """Token ids of text (str or raw bytes) by `varent tokenize`."""
     arg = text if isinstance(text, bytes) else text.encode("utf-8")
-    r = subprocess.run([vtest.VARENT, "tokenize", "-t", d, "--special" if special else "--no-special", arg],
+    r = subprocess.run([vtest.VARENT, "tokenize", "-m", d, "--special" if special else "--no-special", arg],
                        capture_output=True, timeout=60)
     if r.returncode != 0:
         raise RuntimeError(r.stderr)
@@ -323,7 +323,7 @@ def detok_bytes(d, ids):
     """The decoded text as raw bytes (random ids can make invalid UTF-8); the command ends it with a newline."""
     if not ids:
         return b""
-    r = subprocess.run([vtest.VARENT, "detokenize", "-t", d, "--skip-special", ",".join(map(str, ids))],
+    r = subprocess.run([vtest.VARENT, "detokenize", "-m", d, "--skip-special", ",".join(map(str, ids))],
                        capture_output=True, timeout=60)
     if r.returncode != 0:
         raise RuntimeError(r.stderr)
@@ -553,7 +553,7 @@ def test_chat_critic(tmp):
     recs = res[0]
     msgs = os.path.join(tmp, "msgs.json")
     json.dump([{"role": "user", "content": "@@Q@@"}], open(msgs, "w"))
-    rendered = vtest.varent("template", "-t", d, "--messages", msgs).stdout
+    rendered = vtest.varent("template", "-m", d, "--messages", msgs).stdout
     pre, post = rendered.split("@@Q@@")
     n_prompt = len(tok(d, pre + "Tell me a story." + post, True))
     steps = [r for r in recs if r["event"] == "step"]
@@ -601,11 +601,14 @@ def test_bad_inputs(d, tmp):
     ]
     if cuda_devices() == 0:  # no usable GPU: cuda:0 is refused before anything runs
         cases.append(("devices_cuda", ("--devices", "cuda:0"), "cuda:0"))
+    # a bad option or combination is a usage error (exit 2); a model or device that is
+    # not there, a runtime error (exit 1)
+    runtime = ("devices_gpu_index", "critic_model_missing", "devices_cuda")
     for name, extra, needle in cases:
         if os.path.exists(log):
             os.remove(log)
         r = vtest.varent("agents", "-m", d, "-p", PROMPT, "-n", 3, "--log", log, *map(str, extra))
-        check(r.returncode == 1 and needle in r.stderr and not r.stdout and not os.path.exists(log),
+        check(r.returncode == (1 if name in runtime else 2) and needle in r.stderr and not r.stdout and not os.path.exists(log),
               f"bad_{name}", f"rc {r.returncode}, stderr {r.stderr.strip()[:200]!r}, log left {os.path.exists(log)}")
     for opt in ("--log", "--log-text", "--dump-logits"):
         r = vtest.varent("agents", "-m", d, "-p", PROMPT, "-n", 3, opt, "/nonexistent-dir/x.out")

@@ -148,7 +148,8 @@ expect_fail("unknown_device", ["run", "-m", base, "--device", "tpu"], "tpu")
 for cmd in ("run", "chat"):
     for flag, val in (("--top-p", "5"), ("--temp", "-1"), ("--min-p", "1.5"), ("--top-k", "-3")):
         r = varent(cmd, "-m", base, flag, val, "-n", "2", stdin="")
-        check(r.returncode == 1 and flag in r.stderr, f"{cmd}_rejects_{flag[2:]}_{val}", f"rc={r.returncode} {r.stderr!r}")
+        # a bad option value is a usage error: exit 2 (issue 23)
+        check(r.returncode == 2 and flag in r.stderr, f"{cmd}_rejects_{flag[2:]}_{val}", f"rc={r.returncode} {r.stderr!r}")
 check(not os.path.exists(os.path.join(work, "out.bin")) and not os.path.exists(os.path.join(work, "out.bin.tmp")),
       "no_partial_logits_file")
 

@@ -101,11 +101,12 @@ check([x["line"] for x in cres] == [2, 3, 5], "batch_csv_record_lines", str([x["
 compare_to_single("batch_csv_equal_single_runs", cres, want)
 
 
-def bad(name, args, want_msg):
+def bad(name, args, want_msg, rc=1):
+    """rc: 1 for a bad file, 2 for options that do not go together (a usage error)."""
     dest = os.path.join(work, f"bad-{name}.jsonl")
     rr = varent("run", "-m", model, "-n", 4, "-o", dest, *args)
     left = [f for f in os.listdir(work) if f.startswith(f"bad-{name}")]
-    check(rr.returncode == 1 and want_msg in rr.stderr and not left and not rr.stdout, name,
+    check(rr.returncode == rc and want_msg in rr.stderr and not left and not rr.stdout, name,
           f"rc {rr.returncode} {rr.stderr!r} left {left}")
 
 
@@ -128,9 +129,9 @@ bad("batch_csv_junk_after_quote", ["--prompt-csv", write("j.csv", 'prompt\n"a"b\
 bad("batch_csv_empty_prompt", ["--prompt-csv", write("ep.csv", "id,prompt\n1,\n")], "ep.csv:2: empty prompt")
 bad("batch_prompt_too_long", ["--prompts", write("long.txt", "short\n" + "a b c d e f g h i j k l\n"), "--ctx", "8"],
     "long.txt:2: the prompt is")
-bad("batch_with_p", ["--prompts", lines_path, "-p", "hi"], "drop -p")
-bad("batch_both_sources", ["--prompts", lines_path, "--prompt-csv", csv_path], "not both")
-bad("batch_metrics_out", ["--prompts", lines_path, "--metrics-out", os.path.join(work, "bad-m.jsonl")], "--metrics-out")
+bad("batch_with_p", ["--prompts", lines_path, "-p", "hi"], "drop -p", rc=2)
+bad("batch_both_sources", ["--prompts", lines_path, "--prompt-csv", csv_path], "not both", rc=2)
+bad("batch_metrics_out", ["--prompts", lines_path, "--metrics-out", os.path.join(work, "bad-m.jsonl")], "--metrics-out", rc=2)
 rr = varent("run", "-m", model, "--prompts", lines_path, "-o", os.path.join(work, "no", "dir", "x.jsonl"))
 check(rr.returncode == 1 and "cannot create" in rr.stderr and not rr.stdout, "batch_unwritable_out", rr.stderr)
 # Ctrl-C during a batch with -o: exit 130, the finished records kept whole (each one
@@ -150,6 +151,6 @@ check(p.returncode == 130 and "interrupted after" in err and f"after {len(kept)}
       and not [f for f in os.listdir(work) if f.startswith("interrupted") and ".tmp" in f],
       "batch_interrupt_keeps_finished_records", f"rc {p.returncode} {first!r} {err[-200:]!r}")
 rr = varent("run", "-m", model, "-p", "hi", "-o", os.path.join(work, "bad-single.jsonl"))
-check(rr.returncode == 1 and "batch" in rr.stderr, "run_out_needs_batch", rr.stderr)
+check(rr.returncode == 2 and "batch" in rr.stderr, "run_out_needs_batch", rr.stderr)
 
 vtest.done()

@@ -28,7 +28,7 @@ def render(messages):
 
 
 def ids_of(text):
-    r = varent("tokenize", "-t", model, text)
+    r = varent("tokenize", "-m", model, text)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -62,5 +62,5 @@ check(r.returncode == 1 and "chat_template" in r.stderr, "no_template_error", r.
 r = varent("run", "-m", model, "--chat", "--chat-template", "nope", "-p", "hi")
 check(r.returncode == 1 and "nope" in r.stderr, "unknown_template_name", r.stderr)
 r = varent("run", "-m", model, "--chat")
-check(r.returncode == 1 and "-p" in r.stderr, "chat_needs_prompt", r.stderr)
+check(r.returncode == 2 and "-p" in r.stderr, "chat_needs_prompt", r.stderr)
 done()

@@ -129,7 +129,7 @@ def test_real_templates():
                     want = jinja_render(text, CONVS[cname], TOKENS[tok], gen, kwargs)
                     gflags = [] if gen else ["--no-generation-prompt"]
                     name = f"{fname[:-6]}/{cname}/{vname}/{'gen' if gen else 'nogen'}"
-                    compare(name, ["-t", os.path.join(TPL_DIR, fname)], CONVS[cname], flags + gflags, want)
+                    compare(name, ["-m", os.path.join(TPL_DIR, fname)], CONVS[cname], flags + gflags, want)
 
 
 def test_llama2_alternation():
@@ -138,7 +138,7 @@ def test_llama2_alternation():
     bad = [msg("user", "a"), msg("user", "b")]
     want = jinja_render(text, bad, TOKENS["llama2"], True, {})
     vtest.check(isinstance(want, Exception), "llama2/alternation/jinja-raises", "expected a raise")
-    compare("llama2/alternation", ["-t", os.path.join(TPL_DIR, "meta-llama-Llama-2-chat.jinja")], bad, [], want)
+    compare("llama2/alternation", ["-m", os.path.join(TPL_DIR, "meta-llama-Llama-2-chat.jinja")], bad, [], want)
 
 
 def test_config_sources():
@@ -149,7 +149,7 @@ def test_config_sources():
     path = write_json("l2_tokenizer_config.json", cfg)
     conv = CONVS["multi"]
     want = jinja_render(l2, conv, {"bos_token": "<BOS>", "eos_token": "<EOS>"}, True, {})
-    compare("config/json-file", ["-t", path], conv, [], want)
+    compare("config/json-file", ["-m", path], conv, [], want)
     with open(os.path.join(TPL_DIR, "Qwen-Qwen2.5-7B-Instruct.jinja"), encoding="utf-8") as f:
         q = f.read()
     model = os.path.join(TMP, "qwen-model")
@@ -158,7 +158,7 @@ def test_config_sources():
         json.dump({"eos_token": "<|im_end|>", "chat_template": [{"name": "tool_use", "template": "x"},
                                                                  {"name": "default", "template": q}]}, f)
     want = jinja_render(q, conv, TOKENS["qwen"], True, {})
-    compare("config/model-dir-template-list", ["-t", model], conv, [], want)
+    compare("config/model-dir-template-list", ["-m", model], conv, [], want)
     # Newer checkpoints keep the template in chat_template.jinja beside the config.
     model2 = os.path.join(TMP, "qwen3-model")
     os.makedirs(model2, exist_ok=True)
@@ -170,7 +170,7 @@ def test_config_sources():
         f.write(q3)
     conv = CONVS["think-history"]
     want = jinja_render(q3, conv, TOKENS["qwen"], True, {"enable_thinking": False})
-    compare("config/model-dir-chat_template.jinja", ["-t", model2], conv, ["--no-think"], want)
+    compare("config/model-dir-chat_template.jinja", ["-m", model2], conv, ["--no-think"], want)
     # Messages from stdin.
     r = vtest.varent("template", "--chat-template", "qwen3", "--messages", "-", stdin=json.dumps(conv))
     want = jinja_render(q3, conv, TOKENS["qwen"], True, {})
@@ -206,7 +206,7 @@ def test_errors():
     unknown = os.path.join(TMP, "gemma.jinja")
     with open(unknown, "w") as f:
         f.write("{% for m in messages %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}")
-    expect_error("error/unknown-template", ["-t", unknown, "--messages", good], "not recognised")
+    expect_error("error/unknown-template", ["-m", unknown, "--messages", good], "not recognised")
     expect_error("error/unknown-name", ["--chat-template", "gemma", "--messages", good], "unknown chat template name")
     bad = os.path.join(TMP, "bad.json")
     with open(bad, "w") as f:
@@ -218,7 +218,7 @@ def test_errors():
     expect_error("error/no-content", ["--chat-template", "chatml", "--messages", nocontent], "message 0")
     empty = write_json("empty.json", [])
     expect_error("error/no-messages", ["--chat-template", "chatml", "--messages", empty], "no messages")
-    expect_error("error/missing-file", ["-t", os.path.join(TMP, "nope.jinja"), "--messages", good], "nope.jinja")
+    expect_error("error/missing-file", ["-m", os.path.join(TMP, "nope.jinja"), "--messages", good], "nope.jinja")
     expect_error("error/typo-option", ["--chat-template", "chatml", "--messages", good, "--no-thinking"],
                  "--no-thinking")
 

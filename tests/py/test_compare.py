@@ -90,7 +90,7 @@ check(rows and not bad, "compare_distinct_n_recomputed", str(bad))
 m = ref_model.Model(model)
 worst = 0.0
 for row in rows:
-    ptoks = [1] + json.loads(varent("tokenize", "-t", model, row["prompt"]).stdout)
+    ptoks = [1] + json.loads(varent("tokenize", "-m", model, row["prompt"]).stdout)
     ids = ptoks + row["ids"]
     lg = ref_model.forward(m, ids)
     lp = lg - lg.max(axis=1, keepdims=True)
@@ -106,17 +106,18 @@ check(r.returncode == 0 and len(lines) == 2 and json.loads(lines[1])["sampler"] 
       "compare_format_jsonl_stdout", r.stdout[:200] + r.stderr)
 
 
-def bad_input(name, args, want):
+def bad_input(name, args, want, rc=1):
+    """rc: 1 for a bad file, 2 for a bad option value (a usage error)."""
     dest = os.path.join(work, f"bad-{name}.jsonl")
     rr = varent("compare", "-m", model, "-o", dest, *args)
-    check(rr.returncode == 1 and want in rr.stderr and not os.path.exists(dest)
+    check(rr.returncode == rc and want in rr.stderr and not os.path.exists(dest)
           and not [f for f in os.listdir(work) if f.startswith(f"bad-{name}")], name, f"rc {rr.returncode} {rr.stderr!r}")
 
 
 empty = os.path.join(work, "empty.txt")
 open(empty, "w").close()
-bad_input("compare_unknown_sampler", ["--prompts", prompts, "--samplers", "greedy,nucleus"], "unknown sampler 'nucleus'")
-bad_input("compare_unknown_profile", ["--prompts", prompts, "--samplers", "entropix:nope"], "unknown profile 'nope'")
+bad_input("compare_unknown_sampler", ["--prompts", prompts, "--samplers", "greedy,nucleus"], "unknown sampler 'nucleus'", rc=2)
+bad_input("compare_unknown_profile", ["--prompts", prompts, "--samplers", "entropix:nope"], "unknown profile 'nope'", rc=2)
 bad_input("compare_missing_prompts", ["--prompts", os.path.join(work, "none.txt")], "none.txt")
 bad_input("compare_empty_prompts", ["--prompts", empty], "no prompts")
 rr = varent("compare", "-m", model, "--prompts", prompts, "-o", os.path.join(work, "no", "such", "dir", "x.jsonl"))

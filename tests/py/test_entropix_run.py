@@ -163,9 +163,9 @@ def test_config_and_errors(d, tmp):
     check(r.returncode == 1 and "/nonexistent-dir/m.jsonl" in r.stderr and not r.stdout.strip(),
           "metrics_out_unwritable", f"rc {r.returncode}, stderr {r.stderr.strip()!r}, stdout {r.stdout[:80]!r}")
     r = vtest.varent("run", "-m", d, "--ids", "1,2", "-n", 3, "--sampler", "entropix", "--set", "bogus.key=1")
-    check(r.returncode == 1 and "bogus.key" in r.stderr, "unknown_constant_named", r.stderr.strip())
+    check(r.returncode == 2 and "bogus.key" in r.stderr, "unknown_constant_named", r.stderr.strip())  # usage
     r = vtest.varent("run", "-m", d, "--ids", "1,2", "-n", 3, "--profile", "nope")
-    check(r.returncode == 1 and "nope" in r.stderr, "unknown_profile_named", r.stderr.strip())
+    check(r.returncode == 2 and "nope" in r.stderr, "unknown_profile_named", r.stderr.strip())
     r = vtest.varent("run", "-m", d, "--ids", "1,2", "-n", 3, "--sampler", "entropix", "--attn-layer", 9)
     check(r.returncode == 1 and "attn-layer" in r.stderr, "attn_layer_range", r.stderr.strip())
     # same seed, same tokens (entropix, no branching); stats line

@@ -52,7 +52,7 @@ for tid in (2**24, 2**31):
     os.makedirs(d)
     with open(os.path.join(d, "tokenizer.json"), "w") as f:
         json.dump({"model": {"type": "BPE", "vocab": {"a": 0, "big": tid}, "merges": []}}, f)
-    r = varent("tokenize", "-t", d, "ab")
+    r = varent("tokenize", "-m", d, "ab")
     expect_fail(f"tokenizer_vocab_id_{tid}", r, "tokenizer.json", '"big"', str(tid), "16777216",
                 absent=("invalid JSON",))
 
@@ -94,7 +94,7 @@ tok["normalizer"] = {"type": "Sequence", "normalizers": bomb}
 json.dump(tok, open(os.path.join(d, "tokenizer.json"), "w"))
 t0 = time.time()
 try:
-    r = subprocess.run([VARENT, "tokenize", "-t", d, "Once upon a time"], capture_output=True, text=True,
+    r = subprocess.run([VARENT, "tokenize", "-m", d, "Once upon a time"], capture_output=True, text=True,
                        timeout=60, preexec_fn=limited)
 except subprocess.TimeoutExpired as e:
     r = subprocess.CompletedProcess(e.cmd, -9, "", "timed out after 60 s")
@@ -110,6 +110,6 @@ expect_fail("run_normalizer_one_step_over_limit", r, "normalizer", "Replace", "l
 # A normal normalizer within the bound is unaffected.
 tok["normalizer"] = {"type": "Replace", "pattern": {"String": "e"}, "content": "eee"}
 json.dump(tok, open(os.path.join(d, "tokenizer.json"), "w"))
-r = varent("tokenize", "-t", d, "see " * 50)
+r = varent("tokenize", "-m", d, "see " * 50)
 check(r.returncode == 0 and r.stdout.strip(), "tokenizer_normalizer_within_limit", r.stderr[-300:])
 done()

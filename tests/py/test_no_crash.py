@@ -123,7 +123,7 @@ def fifo_case(name, fname, args):
 run_args = lambda d: ("run", "-m", d, "-p", "Once upon a time", "-n", "2")  # noqa: E731
 for fname in ("config.json", "model.safetensors", "tokenizer.json"):
     fifo_case(fname.split(".")[0], fname, run_args)
-fifo_case("tokenize_tokenizer", "tokenizer.json", lambda d: ("tokenize", "-t", d, "hello"))
+fifo_case("tokenize_tokenizer", "tokenizer.json", lambda d: ("tokenize", "-m", d, "hello"))
 fifo_case("logits_safetensors", "model.safetensors", lambda d: ("logits", "-m", d, "--ids", "1,2", "--out",
                                                                os.path.join(work, "fifo.logits")))
 # tokenizer_config.json is optional, but one that is there must be readable

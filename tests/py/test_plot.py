@@ -152,14 +152,14 @@ check(r.returncode == 1 and "rsvg-convert" in r.stderr and not os.path.exists(no
 check(not [f for f in os.listdir(work) if ".tmp." in f], "plot_no_temp_files_left")
 
 
-def bad(name, content, want, out_name=None):
+def bad(name, content, want, out_name=None, rc=1):
     src = os.path.join(work, f"in-{name}.jsonl")
     if content is not None:
         with open(src, "w") as f:
             f.write(content)
     dest = os.path.join(work, out_name or f"bad-{name}.svg")
     rr = varent("plot", src, "-o", dest)
-    check(rr.returncode == 1 and want in rr.stderr and not os.path.exists(dest) and
+    check(rr.returncode == rc and want in rr.stderr and not os.path.exists(dest) and
           not [f for f in os.listdir(work) if f.startswith(f"bad-{name}")], f"plot_bad_{name}", f"rc {rr.returncode} {rr.stderr!r}")
 
 
@@ -171,10 +171,10 @@ bad("no_tokens", json.dumps({"event": "done", "text": "", "tokens": 0}) + "\n", 
 bad("empty", "", "no tokens to plot")
 bad("step_without_chosen", json.dumps({"event": "step", "step": 1, "pos": 1, "proposals": [], "chosen_agent": 2,
                                        "token": 5}) + "\n", "no proposal of the chosen_agent")
-bad("extension", good, "must end in .svg or .png", out_name="bad-extension.pdf")
+bad("extension", good, "must end in .svg or .png", out_name="bad-extension.pdf", rc=2)  # an option's value: usage
 rr = varent("plot", log, "-o", os.path.join(work, "no", "dir", "x.svg"))
 check(rr.returncode == 1 and "cannot create" in rr.stderr, "plot_bad_unwritable_out", rr.stderr)
 rr = varent("plot", log, "-o", os.path.join(work, "x.svg"), "--profile", "nope")
-check(rr.returncode == 1 and "nope" in rr.stderr and not os.path.exists(os.path.join(work, "x.svg")), "plot_bad_profile", rr.stderr)
+check(rr.returncode == 2 and "nope" in rr.stderr and not os.path.exists(os.path.join(work, "x.svg")), "plot_bad_profile", rr.stderr)
 
 vtest.done()

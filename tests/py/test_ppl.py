@@ -32,7 +32,7 @@ with open(text_path, "w") as f:
 
 
 def ids_of(model_dir, text):
-    r = varent("tokenize", "-t", model_dir, text)
+    r = varent("tokenize", "-m", model_dir, text)
     assert r.returncode == 0, r.stderr
     return [1] + json.loads(r.stdout)  # both tokenizers here add BOS = 1
 
@@ -77,9 +77,9 @@ check_ppl("ppl_random_one_window", rnd, mr, ids, None, None)
 check_ppl("ppl_random_ctx16_stride7", rnd, mr, ids, 16, 7)
 
 
-def bad(name, args, want):
+def bad(name, args, want, rc=1):
     r = varent("ppl", *args)
-    check(r.returncode == 1 and want in r.stderr and not r.stdout, name, f"rc {r.returncode} {r.stderr!r}")
+    check(r.returncode == rc and want in r.stderr and not r.stdout, name, f"rc {r.returncode} {r.stderr!r}")
 
 
 short = os.path.join(work, "short.txt")
@@ -90,7 +90,7 @@ bad("ppl_text_too_short", ["-m", stories, "-f", short], "at least 3")
 bad("ppl_stride_not_below_ctx", ["-m", stories, "-f", text_path, "--ctx", "16", "--stride", "16"], "--stride 16")
 bad("ppl_ctx_one", ["-m", stories, "-f", text_path, "--ctx", "1"], "--ctx 1")
 bad("ppl_ctx_beyond_model", ["-m", stories, "-f", text_path, "--ctx", "100000"], "--ctx 100000")
-bad("ppl_missing_f", ["-m", stories], "usage")
+bad("ppl_missing_f", ["-m", stories], "missing -f FILE", rc=2)  # a usage error
 
 # Progress: plain lines when stderr is not a terminal, a bar on a terminal.
 r = varent("ppl", "-m", stories, "-f", text_path, "--ctx", "16", "--stride", "8")

@@ -36,7 +36,7 @@ def tok_dir(name, doc):
 
 def tok_case(name, doc, *needles):
     d = tok_dir(name, doc)
-    expect_fail("tokenizer_" + name, varent("tokenize", "-t", d, "ab"), "tokenizer.json", *needles)
+    expect_fail("tokenizer_" + name, varent("tokenize", "-m", d, "ab"), "tokenizer.json", *needles)
 
 
 tok_case("missing_model", {"added_tokens": []}, 'missing "model"')

@@ -111,7 +111,7 @@ def test_completion_shape(srv):
         and c["logprobs"] is None and len(c["metrics"]) == u["completion_tokens"] \
         and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
     check(ok, "completion_shape", json.dumps(r)[:400])
-    ids = json.loads(vtest.varent("tokenize", "-t", srv.model_dir, PROMPT).stdout)
+    ids = json.loads(vtest.varent("tokenize", "-m", srv.model_dir, PROMPT).stdout)
     check(st == 200 and u["prompt_tokens"] == len(ids) + 1, "usage_prompt_tokens_bos_plus_tokenize",
           f"{u} vs {len(ids)} ids + BOS")
     check(st == 200 and (u["completion_tokens"] == 12 or c["finish_reason"] == "stop"), "completion_max_tokens",

@@ -95,7 +95,7 @@ def row16_flags():
         except subprocess.TimeoutExpired:
             check(False, name, "still running after 5 s: the value was accepted")
             continue
-        check(r.returncode == 1 and needle in r.stderr and value in r.stderr, name,
+        check(r.returncode == 2 and needle in r.stderr and value in r.stderr, name,
               f"rc={r.returncode} stderr={r.stderr[-300:]!r}")
 
 

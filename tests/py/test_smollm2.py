@@ -41,7 +41,7 @@ def test_tokenizer_vs_gguf_vocab():
     _, kv, _ = gguf_np.read_gguf(GGUF)
     bpe = gpt2_bpe.ByteLevelBPE.from_gguf_kv(kv)
     texts = SAMPLES + extra_samples()
-    r = varent("tokenize", "-t", MODEL, "--jsonl", stdin="".join(json.dumps({"text": t}) + "\n" for t in texts))
+    r = varent("tokenize", "-m", MODEL, "--jsonl", stdin="".join(json.dumps({"text": t}) + "\n" for t in texts))
     if not check(r.returncode == 0, "smollm2 tokenize --jsonl runs", r.stderr[-300:]):
         return
     got = [json.loads(line) for line in r.stdout.splitlines()]

@@ -40,7 +40,7 @@ def run(digits, texts):
     d = tmpdir("bytelevel-digits" if digits else "bytelevel")
     tokens = write_tokenizer(os.path.join(d, "tokenizer.json"), digits)
     ref = gpt2_bpe.ByteLevelBPE(tokens, MERGES, individual_digits=digits)
-    r = varent("tokenize", "-t", d, "--jsonl", stdin="".join(json.dumps({"text": t}) + "\n" for t in texts))
+    r = varent("tokenize", "-m", d, "--jsonl", stdin="".join(json.dumps({"text": t}) + "\n" for t in texts))
     name = "bytelevel" + ("+digits" if digits else "")
     if not check(r.returncode == 0, f"{name} tokenize runs", r.stderr[-300:]):
         return

@@ -25,25 +25,25 @@ def main():
     with lzma.open(os.path.join(TESTDATA, "tokenizers", "vectors", "qwen3.jsonl.xz"), "rt") as f:
         cases = [json.loads(line) for line in f if line.strip()]
     stdin = "".join(json.dumps({"text": c["text"]}) + "\n" for c in cases)
-    r = varent("tokenize", "-t", d, "--jsonl", stdin=stdin)
+    r = varent("tokenize", "-m", d, "--jsonl", stdin=stdin)
     got = [json.loads(line) for line in r.stdout.splitlines()]
     bad = [c["id"] for c, g in zip(cases, got) if g != c["ids"]]
     check(r.returncode == 0 and len(got) == len(cases) and not bad, "cli_jsonl_qwen3_vectors",
           f"rc={r.returncode} lines={len(got)}/{len(cases)} mismatched ids {bad[:5]} {r.stderr[-300:]}")
 
-    r = varent("tokenize", "-t", os.path.join(d, "tokenizer.json"), "Hello world<|im_end|>")
+    r = varent("tokenize", "-m", os.path.join(d, "tokenizer.json"), "Hello world<|im_end|>")
     check(r.stdout.strip() == "[9707,1879,151645]", "cli_tokenize_text_special", r.stdout + r.stderr)
-    r = varent("tokenize", "-t", d, "--no-special", "<|im_end|>")
+    r = varent("tokenize", "-m", d, "--no-special", "<|im_end|>")
     ids = json.loads(r.stdout or "[]")
     check(r.returncode == 0 and 151645 not in ids and len(ids) > 1, "cli_tokenize_no_special", r.stdout + r.stderr)
-    r = varent("tokenize", "-t", d, "")
+    r = varent("tokenize", "-m", d, "")
     check(r.returncode == 0 and r.stdout.strip() == "[]", "cli_tokenize_empty", r.stdout + r.stderr)
 
-    r = varent("detokenize", "-t", d, "9707,1879,151645")
+    r = varent("detokenize", "-m", d, "9707,1879,151645")
     check(r.returncode == 0 and r.stdout == "Hello world<|im_end|>\n", "cli_detokenize", repr(r.stdout) + r.stderr)
-    r = varent("detokenize", "-t", d, "9707,999999")
+    r = varent("detokenize", "-m", d, "9707,999999")
     check(r.returncode == 1 and "out of range" in r.stderr, "cli_detokenize_out_of_range", r.stderr)
-    r = varent("tokenize", "-t", os.path.join(d, "missing.json"), "x")
+    r = varent("tokenize", "-m", os.path.join(d, "missing.json"), "x")
     check(r.returncode == 1 and "missing.json" in r.stderr, "cli_tokenize_missing_file", r.stderr)
 
 

@@ -118,6 +118,7 @@ static void read_args(args *a, agents_args *g) {
 static int check_args(const agents_args *g) {
     if (!g->so.model_dir) return cli_usage_error("agents", "missing -m DIR (the model directory)");
     if (g->lora_bad) return cli_usage_error("agents", "%.1000s", g->lora_msg);
+    if (g->text && g->file) return cli_usage_error("agents", "give the prompt either with -p or with -f, not both");
     if (g->ids_arg && (g->text || g->file)) return cli_usage_error("agents", "give either --ids or -p/-f, not both");
     if (g->ids_arg && g->chat) return cli_usage_error("agents", "--chat renders text: give the message with -p, not --ids");
     if (g->critic_model && g->check_every == 0) return cli_usage_error("agents", "--critic-model needs --check-every > 0");

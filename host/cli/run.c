@@ -269,7 +269,8 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     }
     outfile_abort(&out);
     if (rc == 0 && b->stats)
-        fprintf(stderr, "batch: %d prompts, %ld tokens in %.2f s\n", pl.n, n_tok, gen_now() - t0);
+        fprintf(stderr, "batch: %d prompts, %ld tokens in %.2f s | seed %llu\n", pl.n, n_tok, gen_now() - t0,
+                (unsigned long long)g->seed);
     for (int i = 0; ids && i < pl.n; i++) free(ids[i]);
     free(ids), free(n), free(skip);
     prompts_free(&pl);
@@ -384,6 +385,7 @@ static int run_check(const run_args *r) {
     if (r->n_stop > 16) return cli_usage_error("run", "-r: at most 16 stop strings");
     for (int i = 0; i < r->n_stop; i++)
         if (!r->stop[i][0]) return cli_usage_error("run", "-r: a stop string is empty");
+    if (r->p && r->file) return cli_usage_error("run", "give the prompt either with -p or with -f, not both");
     if (r->ids_arg && (r->p || r->file)) return cli_usage_error("run", "give either --ids or -p/-f, not both");
     if (r->ids_arg && r->chat.chat) return cli_usage_error("run", "--chat renders text: give the message with -p, not --ids");
     if (b->lines_path && b->csv_path) return cli_usage_error("run", "give either --prompts or --prompt-csv, not both");

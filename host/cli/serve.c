@@ -13,6 +13,7 @@
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
+#include "host/decode/defaults.h"
 #include "host/serve/server.h"
 
 static int fail(const char *msg) { return cli_error("serve", "%s", msg); }
@@ -46,7 +47,9 @@ static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_lora, 
 const cli_spec cli_serve_spec = {
     "serve", "-m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [options]",
     "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) with a live entropy page.",
-    "A request that omits a sampling field gets the defaults of varent run and chat (docs/cli.md). SIGINT or\n"
+    "A request that omits a sampling field gets the defaults of varent run and chat (docs/cli.md):\n"
+    "temperature " GEN_STR(GEN_DEFAULT_TEMP) ", top_k " GEN_STR(GEN_DEFAULT_TOP_K) " (off), top_p " GEN_STR(GEN_DEFAULT_TOP_P)
+    ", min_p " GEN_STR(GEN_DEFAULT_MIN_P) " (off), a new seed per request. SIGINT or\n"
     "SIGTERM stops accepting and lets running requests finish; a second signal cancels them. Docs:\n"
     "docs/server.md.",
     serve_tables, NULL, NULL,

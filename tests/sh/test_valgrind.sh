@@ -57,5 +57,5 @@ memcheck() {  # name, varent args...
 }
 memcheck run run -m "$model" -n 24 --temp 0 -p "Once upon a time"
 memcheck run_metrics run -m "$model" -n 12 --seed 1 --sampler entropix --metrics-out "$TMP/valgrind-metrics.jsonl"
-memcheck tokenize tokenize -t "$model" "Once upon a time, there was a little girl named Lily. 日本"
+memcheck tokenize tokenize -m "$model" "Once upon a time, there was a little girl named Lily. 日本"
 rm -f "$TMP/valgrind-metrics.jsonl"

@@ -278,9 +278,9 @@ def check_cvector_cmd(tmp):
     for a, b in zip(open(pos).read().split("\n"), open(neg).read().split("\n")):
         if not a.strip():
             continue
-        ia = [int(x) for x in vtest.varent("tokenize", "-t", d, a).stdout.strip().strip("[]").split(",")]
-        ib = [int(x) for x in vtest.varent("tokenize", "-t", d, b).stdout.strip().strip("[]").split(",")]
-        sp = [int(x) for x in vtest.varent("tokenize", "-t", d, " ").stdout.strip().strip("[]").split(",")][-1]
+        ia = [int(x) for x in vtest.varent("tokenize", "-m", d, a).stdout.strip().strip("[]").split(",")]
+        ib = [int(x) for x in vtest.varent("tokenize", "-m", d, b).stdout.strip().strip("[]").split(",")]
+        sp = [int(x) for x in vtest.varent("tokenize", "-m", d, " ").stdout.strip().strip("[]").split(",")][-1]
         bos = [model.cfg.raw.get("bos_token_id", 1)]
         ia, ib = bos + ia, bos + ib
         n = max(len(ia), len(ib))

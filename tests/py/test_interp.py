@@ -201,7 +201,7 @@ def check_bad(d, D, L, tmp):
                               ("--attn-layers", "0,9", "--attn-layers"), ("--dump-points", "nope", "--dump-points")):
         extra = [flag, val] + (["--dump-acts", os.path.join(tmp, "a.st")] if flag == "--dump-points" else [])
         r, got = logits(d, [1, 2, 3], out, *extra)
-        vtest.expect_fail(f"interp_bad_flag{flag}_{val}", r, needle)
+        vtest.expect_fail(f"interp_bad_flag{flag}_{val}", r, needle, rc=2 if val == "x" else 1)  # x: a usage error
         check(not os.path.exists(out) and not os.path.exists(os.path.join(tmp, "a.st")),
               f"interp_bad_flag{flag}_{val}_nothing_written", "an output file was written")
 

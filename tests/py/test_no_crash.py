@@ -159,7 +159,7 @@ except subprocess.TimeoutExpired:
 
 # --- Row 6: a first generated token that is EOS appends an empty text (sb_put(b, NULL, 0),
 # undefined behaviour that aborted the sanitizer build's server) ----------------------
-EOS_FIRST = {"prompt": "Once upon a time", "max_tokens": 1, "temperature": 100, "seed": 392}
+EOS_FIRST = {"prompt": "Once upon a time", "max_tokens": 1, "temperature": 100, "top_p": 1, "seed": 392}
 srv = Server(base, name="nocrash-serve")
 try:
     st, body = srv.post("/v1/completions", EOS_FIRST)
@@ -167,7 +167,7 @@ try:
     check(st == 200 and ch.get("finish_reason") == "stop" and ch.get("text") == "", "eos_first_completion",
           f"status {st} body {json.dumps(body)[:300]}")
     chat = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 1, "temperature": 100,
-            "seed": 392}
+            "top_p": 1, "seed": 392}
     st, body = srv.post("/v1/chat/completions", chat)
     ch = (body.get("choices") or [{}])[0]
     check(st == 200 and ch.get("message", {}).get("content") == "", "eos_first_chat",

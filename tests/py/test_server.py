@@ -445,7 +445,7 @@ def test_cli_errors(model):
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
     cases = [
-        ("missing_model", [], "usage"),
+        ("missing_model", [], "missing -m"),
         ("no_such_dir", ["-m", os.path.join(no_tok, "nope")], "nope"),
         ("no_tokenizer", ["-m", no_tok], "tokenizer.json"),
         ("bad_port", ["-m", model, "--port", "70000"], "--port"),
@@ -458,9 +458,12 @@ def test_cli_errors(model):
         ("port_in_use", ["-m", model, "--port", busy.getsockname()[1]], "cannot listen"),
         ("bad_host", ["-m", model, "--host", "no.such.host.invalid"], "--host"),
     ]
+    # a bad option is a usage error (exit 2); a model, port or host that does not work, 1
+    usage = ("missing_model", "bad_port", "bad_parallel", "bad_sampler", "bad_profile", "bad_max_tokens_limit",
+             "unknown_option")
     for name, args, want in cases:
         r = vtest.varent("serve", *args, timeout=30)
-        check(r.returncode == 1 and want in r.stderr and "listening" not in r.stderr, "cli_error_" + name,
+        check(r.returncode == (2 if name in usage else 1) and want in r.stderr and "listening" not in r.stderr, "cli_error_" + name,
               f"exit {r.returncode}: {r.stderr.strip()[-200:]}")
     busy.close()
 

@@ -79,7 +79,7 @@ void cli_help_print(FILE *f, const cli_spec *spec) {
 
 static const char conventions[] =
     "- `-h`/`--help` after any command prints its options, grouped, with their defaults; `varent help CMD` "
-    "does the same, and `varent help --markdown` writes this page.\n"
+    "does the same, and `varent help --markdown` writes docs/cli.md.\n"
     "- Options are `-x VALUE`, `--name VALUE` or `--name=VALUE`; `--` ends the options. An option given "
     "twice: the last one wins (options marked *repeatable* add up instead).\n"
     "- A missing value, or a value that is itself an option (`-p -n 5`), is an error that says so; write "
@@ -106,7 +106,10 @@ static const char conventions[] =
     "`-sys/--system-prompt`, `-r/--reverse-prompt`, `--ignore-eos`, `-cnv/-i` (the interactive chat), "
     "`--no-display-prompt`, `-v/--verbose`, `--temperature`, `--n-predict`.\n";
 
-void cli_help_conventions(FILE *f) { fputs(conventions, f); }
+void cli_help_conventions(FILE *f) {
+    for (const char *p = conventions; *p; p++)  // the terminal gets them without markdown's backticks
+        if (*p != '`') fputc(*p, f);
+}
 
 // A markdown table cell: '|' escaped, as the table needs.
 static void md_cell(FILE *f, const char *s) {

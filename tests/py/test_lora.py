@@ -183,9 +183,10 @@ def test_merge(tmp, d, model, out, ad):
     check(r.returncode == 1 and not os.path.exists(m_bad) and "lora_A" in r.stderr, "lora_merge_bad_adapter_writes_nothing",
           f"rc {r.returncode} exists {os.path.exists(m_bad)} {r.stderr[-300:]}")
     r = varent("lora", "merge", d, ad, d)
-    expect_fail("lora_merge_into_base_refused", r, "new directory")
-    expect_fail("lora_merge_usage", varent("lora", "merge", d), "usage")
-    expect_fail("lora_unknown_subcommand", varent("lora", "frob"), "unknown subcommand 'frob'")
+    # usage errors (the arguments themselves) exit 2, as every command's (docs/cli.md)
+    expect_fail("lora_merge_into_base_refused", r, "new directory", rc=2)
+    expect_fail("lora_merge_usage", varent("lora", "merge", d), "need BASE_DIR", rc=2)
+    expect_fail("lora_unknown_subcommand", varent("lora", "frob"), "unknown subcommand 'frob'", rc=2)
 
 
 def test_bad_adapters(tmp, d):
@@ -251,9 +252,9 @@ def test_bad_adapters(tmp, d):
     else:
         skip("lora_cuda_refused_clearly", f"{emu} not built (make emu)")
     expect_fail("lora_scaled_needs_two", varent("logits", "-m", d, "--ids", "1", "--out", out, "--lora-scaled", "x"),
-                "--lora-scaled")
+                "--lora-scaled", rc=2)
     expect_fail("lora_scaled_bad_number", varent("logits", "-m", d, "--ids", "1", "--out", out, "--lora-scaled",
-                                                 bin_dir, "abc"), "scale must be a number")
+                                                 bin_dir, "abc"), "scale must be a number", rc=2)
 
 
 def test_server(tmp):
@@ -282,7 +283,7 @@ def test_server(tmp):
     finally:
         srv.stop()
     r = varent("serve", "-m", stories, "--port", 0, "--lora-modules", "noequals")
-    expect_fail("lora_server_bad_module_syntax", r, "--lora-modules", "NAME=DIR")
+    expect_fail("lora_server_bad_module_syntax", r, "--lora-modules", "NAME=DIR", rc=2)
     r = varent("serve", "-m", stories, "--port", 0, "--lora-modules", f"x={tmp}/nope")
     expect_fail("lora_server_missing_module_dir", r, "--lora-modules x", "nope/adapter_config.json")
 

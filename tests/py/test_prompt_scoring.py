@@ -45,7 +45,7 @@ def close(a, b, tol=1e-4):
 
 
 def ids_of(model_dir, text):
-    r = varent("tokenize", "-t", model_dir, text)
+    r = varent("tokenize", "-m", model_dir, text)
     assert r.returncode == 0, r.stderr
     return [1] + json.loads(r.stdout)  # both tokenizers here add BOS = 1
 
@@ -308,11 +308,11 @@ def test_cli_errors(model_dir):
                               ("double_sign", "5+-1", "not a number"), ("too_big", "5+101", "-100..100"),
                               ("plus_inf", "5+inf", "not a number"), ("nan", "5+nan", "not a number"),
                               ("negative_id", "-5+1", "TOKEN_ID+BIAS")):
-        expect_fail(f"cli_logit_bias_{name}", varent(*base, "-l", val), "--logit-bias", needle)
+        expect_fail(f"cli_logit_bias_{name}", varent(*base, "-l", val), "--logit-bias", needle, rc=2)  # usage
     expect_fail("cli_logit_bias_outside_vocab", varent(*base, "-l", "100000+1"), "token id 100000", "vocabulary")
-    expect_fail("cli_logit_bias_chat_bad", varent("chat", "-m", model_dir, "--logit-bias", "x"), "--logit-bias")
+    expect_fail("cli_logit_bias_chat_bad", varent("chat", "-m", model_dir, "--logit-bias", "x"), "--logit-bias", rc=2)
     expect_fail("cli_logit_bias_compare_bad", varent("compare", "-m", model_dir, "--prompts", "/dev/null",
-                                                     "-l", "1+"), "--logit-bias")
+                                                     "-l", "1+"), "--logit-bias", rc=2)
 
 
 def test_ppl_per_token(model_dir, model, tag, tmp):

@@ -47,7 +47,7 @@ total = 0
 for cmd in commands:
     for flag in ("--help", "-h"):
         r = varent(cmd, flag)
-        check(r.returncode == 0 and r.stdout.startswith(("usage: varent", "Convert")) and not r.stderr,
+        check(r.returncode == 0 and "usage: varent " in r.stdout and not r.stderr,
               f"{cmd}_{flag.strip('-')}_exits_0", f"rc={r.returncode} {r.stderr[-300:]!r}")
     r = varent(cmd, "--help")
     check(f"docs/cli.md#varent-{cmd}" in r.stdout, f"{cmd}_help_points_to_docs", r.stdout[-300:])

@@ -189,12 +189,12 @@ def check_step_counts(d, tmp):
     D = json.load(open(os.path.join(d, "config.json")))["hidden_size"]
     cv = os.path.join(tmp, "steps_cv.gguf")
     write_cvec(cv, D, {il: np.ones(D, np.float32) for il in range(1, L)})
-    plain = 2 + 6 * L  # test_emu_cli.py's count
+    plain = 2 + 5 * L  # test_emu_cli.py's count
     for name, flags, launches, extra_nodes in (
-            ("skip", ("--skip-layer", "0"), plain - 6, 0),
+            ("skip", ("--skip-layer", "0"), plain - 5, 0),
             ("cvec", ("--control-vector", cv), plain, 0),
             ("ablate", ("--ablate-head", "0:1", "--ablate-head", f"{L - 1}:2"), plain, 2),
-            ("cvec_on_skipped", ("--control-vector", cv, "--skip-layer", "1"), plain - 6 + 1, 0)):
+            ("cvec_on_skipped", ("--control-vector", cv, "--skip-layer", "1"), plain - 5 + 1, 0)):
         n, nodes, syncs, line = step_line(d, *flags)
         check(n == launches and nodes == launches + 1 + extra_nodes and syncs == 1.0, f"interp_cuda_bench_step_{name}",
               f"{line!r}: want {launches} launches, {launches + 1 + extra_nodes} graph nodes, 1.00 host syncs")

@@ -1,6 +1,7 @@
 // common.c: see common.h.
 #define _GNU_SOURCE
 #include "host/cli/common.h"
+#include "host/util/seed.h"
 
 #include "host/cli/interp_opts.h"
 
@@ -11,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -99,7 +99,6 @@ void cli_session_opts(args *a, session_opts *o) {
 
 uint64_t cli_seed(args *a) {
     const char *s = args_str(a, "-s", NULL);
-    uint64_t seed = 0;
     if (s && strcmp(s, "-1") != 0) {
         char *end;
         errno = 0;
@@ -110,14 +109,7 @@ uint64_t cli_seed(args *a) {
                      args_typed(a, "-s"), s);
         return 0;
     }
-    // Random: from the OS; the time and pid only if getrandom is unavailable.
-    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) != (ssize_t)sizeof seed) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        seed = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ (uint64_t)getpid() << 32;
-    }
-    // 53 bits: exact as a JSON number (jq, JavaScript) and within the server's seed field
-    return seed & ((1ull << 53) - 1);
+    return seed_from_os();
 }
 
 // A probability option: in (0, 1] (top-p) or [0, 1) (min-p); -1 when it is not.

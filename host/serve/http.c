@@ -23,6 +23,7 @@
 
 #include "host/decode/chat_prompt.h"
 #include "host/serve/internal.h"
+#include "host/util/seed.h"
 #include "kernels/ops.h"
 
 extern const char web_index_html[];
@@ -371,7 +372,7 @@ static int prepare_job(server *s, server_job *j, char *msg, size_t len, const ch
     j->sampler = q->sampler >= 0 ? (gen_sampler)q->sampler : s->o.sampler;
     if (entropix_profile(q->profile[0] ? q->profile : s->o.profile, &j->ex, &err))
         return snprintf(msg, len, "%s", err.msg), *param = "profile", 400;
-    j->seed = q->has_seed ? q->seed : (uint64_t)time(NULL) * 1000003u + atomic_fetch_add(&s->seed_counter, 1);
+    j->seed = q->has_seed ? q->seed : seed_from_os();
     return 0;
 }
 

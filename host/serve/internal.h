@@ -87,7 +87,6 @@ struct server {
     int threads_per_slot;
     lora_adapter *mods;       // --lora-modules, [n_mods] (names in o.lora_names)
     int n_mods;
-    atomic_ulong seed_counter;
     long created;
 };
 

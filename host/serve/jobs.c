@@ -353,6 +353,7 @@ static void put_head(sbuf *b, server_job *j, int chunk) {
     sb_printf(b, "{\"id\":\"%s%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->req.chat ? "chatcmpl-" : "cmpl-",
               j->id, obj, j->created);
     sb_put(b, j->srv->model_json.p, j->srv->model_json.len);
+    sb_printf(b, ",\"seed\":%llu", (unsigned long long)j->seed);  // the request's, or the one drawn for it
 }
 
 static void push_out(server_job *j, const char *s, size_t n) {

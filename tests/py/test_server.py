@@ -116,6 +116,21 @@ def test_completion_shape(srv):
           f"{u} vs {len(ids)} ids + BOS")
     check(st == 200 and (u["completion_tokens"] == 12 or c["finish_reason"] == "stop"), "completion_max_tokens",
           str(u))
+    check(st == 200 and r.get("seed") == 3, "completion_reports_given_seed", str(r.get("seed")))
+
+
+def test_default_seed(srv):
+    # Without a seed each request draws one from the OS (not the clock: two requests in the
+    # same second used to share one), reports it, and that seed reproduces the text.
+    body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 1.0}
+    got = [srv.post("/v1/completions", body) for _ in range(3)]
+    seeds = [r.get("seed") for st, r in got if st == 200]
+    check(len(seeds) == 3 and all(isinstance(x, int) and 0 <= x < 2 ** 53 for x in seeds) and len(set(seeds)) == 3,
+          "default_seed_fresh_per_request", f"{seeds}")
+    if seeds:
+        st, again = srv.post("/v1/completions", dict(body, seed=seeds[0]))
+        check(st == 200 and completion_text(again) == completion_text(got[0][1]), "default_seed_reproduces",
+              f"{completion_text(again)!r} vs {completion_text(got[0][1])!r}")
 
 
 def test_metrics_and_logprobs_vs_reference(srv, model):
@@ -477,6 +492,7 @@ def main():
         test_get_routes(srv, model)
         test_completion_matches_cli(srv, model)
         test_completion_shape(srv)
+        test_default_seed(srv)
         test_metrics_and_logprobs_vs_reference(srv, model)
         test_streaming(srv)
         test_chat(srv)

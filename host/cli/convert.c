@@ -87,7 +87,14 @@ static int convert_llama2c_cmd(int argc, char **argv) {
     int f32 = f32_of(dtype);
     if (f32 < 0) return cli_usage_error("convert llama2c", "--dtype must be f32 or bf16, not '%s'", dtype);
     verr err = { { 0 } };
-    if (convert_llama2c(ckpt, tok, out, !f32, &err)) return cli_error("convert llama2c", "%s", err.msg);
+    progress pg;  // tensors, then the write
+    progress_start(&pg, "convert", 1, 0);
+    convert_progress cp = { on_convert, &pg };
+    if (convert_llama2c(ckpt, tok, out, !f32, &cp, &err)) {
+        progress_stop(&pg);
+        return cli_error("convert llama2c", "%s", err.msg);
+    }
+    progress_finish(&pg, NULL);
     return 0;
 }
 

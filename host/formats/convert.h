@@ -26,6 +26,8 @@ typedef struct {
 int convert_gguf(const char *gguf_path, const char *out_dir, int f32, const convert_progress *prog,
                  convert_summary *sum, verr *err);
 // A llama2.c legacy (v0) checkpoint and its tokenizer.bin to out_dir, as f32 or bf16.
-int convert_llama2c(const char *ckpt, const char *tok, const char *out_dir, int bf16, verr *err);
+// prog may be NULL.
+int convert_llama2c(const char *ckpt, const char *tok, const char *out_dir, int bf16, const convert_progress *prog,
+                    verr *err);
 
 #endif

@@ -27,7 +27,13 @@ typedef struct {
     int bf16;  // output dtype
     st_writer *w;
     verr *err;
+    const convert_progress *prog;  // after each tensor; NULL: none
+    long done, total;              // tensors read, and all steps (tensors + the write)
 } l2c_reader;
+
+static void l2c_report(l2c_reader *r) {
+    if (r->prog && r->prog->fn) r->prog->fn(r->prog->ud, r->done, r->total);
+}
 
 // Reads rows*cols floats and adds them as an HF tensor; permute_heads > 0 applies
 // the interleaved -> rotate-half row permutation for that many heads.
@@ -61,6 +67,10 @@ static int add_tensor(l2c_reader *r, const char *name, int rows, int cols, int p
         }
     }
     free(x), free(y);
+    if (rc == 0) {
+        r->done++;
+        l2c_report(r);
+    }
     return rc;
 }
 
@@ -132,14 +142,17 @@ static int read_header(l2c_reader *r, l2c_config *c, int *shared) {
 
 // Everything is read and built in memory first; only then is anything written
 // (host/formats/model_dir.h), so a bad checkpoint or tokenizer leaves OUT as it was.
-int convert_llama2c(const char *ckpt, const char *tok, const char *out, int bf16, verr *err) {
-    l2c_reader r = { .path = ckpt, .bf16 = bf16, .err = err };
+int convert_llama2c(const char *ckpt, const char *tok, const char *out, int bf16, const convert_progress *prog,
+                    verr *err) {
+    l2c_reader r = { .path = ckpt, .bf16 = bf16, .err = err, .prog = prog };
     r.f = fileio_fopen_input(ckpt, err);
     if (!r.f) return -1;
     l2c_config c = { 0 };
     int shared = 0, rc = read_header(&r, &c, &shared);
     r.w = rc ? NULL : st_writer_new();
     if (rc == 0 && !r.w) rc = verr_set(err, "out of memory");
+    r.total = 2 + 9L * c.n_layers + (shared ? 0 : 1) + 1;  // embed, 9 per layer, norm, lm_head, the write
+    if (rc == 0) l2c_report(&r);
     if (rc == 0) rc = read_weights(&r, &c, shared);
     fclose(r.f);
     if (rc == 0) rc = st_writer_meta(r.w, "format", "pt", err);
@@ -150,6 +163,10 @@ int convert_llama2c(const char *ckpt, const char *tok, const char *out, int bf16
         model_dir_file files[] = { { "config.json", cfg }, { "generation_config.json", gen_config },
                                    { "tokenizer.json", tok_json }, { "tokenizer_config.json", llama2c_vocab_config_json() } };
         rc = model_dir_write(out, files, 4, r.w, err);
+    }
+    if (rc == 0) {
+        r.done = r.total;
+        l2c_report(&r);
     }
     free(tok_json);
     if (r.w) st_writer_free(r.w);

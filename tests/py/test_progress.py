@@ -4,6 +4,7 @@ of work takes longer; batch records written to the terminal's stdout never share
 with the bar. Piped, progress is plain lines with an ETA. Batch `run -o` keeps its finished
 records on Ctrl-C and `--resume` runs only the missing indices."""
 import json
+import lzma
 import os
 import pty
 import re
@@ -91,6 +92,14 @@ check(r.returncode == 0 and "\r" not in r.stderr and any("ETA" in l for l in lin
 gguf = os.path.join(os.environ.get("TESTDATA", "tests/data"), "gguf-tiny", "tiny.gguf")
 r = varent("convert", "gguf", gguf, os.path.join(work, "conv"))
 check(r.returncode == 0 and "convert: done" in r.stderr and "\r" not in r.stderr, "piped_convert_progress", r.stderr)
+# llama2c: the stories260K checkpoint, unpacked here
+l2c = os.path.join(work, "stories260K.bin")
+with lzma.open(os.path.join(os.environ.get("TESTDATA", "tests/data"), "stories260K", "stories260K.bin.xz")) as f:
+    open(l2c, "wb").write(f.read())
+tok = os.path.join(os.environ.get("TESTDATA", "tests/data"), "stories260K", "tok512.bin")
+r = varent("convert", "llama2c", l2c, tok, os.path.join(work, "conv2"))
+check(r.returncode == 0 and "convert: done" in r.stderr and "\r" not in r.stderr, "piped_convert_llama2c_progress",
+      r.stderr)
 
 # run -o: Ctrl-C keeps the finished records; --resume runs only the missing indices.
 outp = os.path.join(work, "out.jsonl")

@@ -12,6 +12,7 @@
 
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
+#include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
 #include "host/decode/generate.h"
 #include "host/runtime/session_cuda.h"
@@ -188,7 +189,7 @@ static const cli_opt bench_session_opts[] = {
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const bench_tables[] = { bench_session_opts, bench_opts, NULL };
+static const cli_opt *const bench_tables[] = { bench_session_opts, bench_opts, cli_opts_steer, NULL };
 const cli_spec cli_bench_spec = {
     "bench", "-m DIR [-n 256] [--prompt-len 512] [--runs 3] [options]",
     "Measure prefill and decode speed and the memory bandwidth achieved, then the decode loop per sampler.",
@@ -204,6 +205,7 @@ int cmd_bench(int argc, char **argv) {
     so.device = args_str(&a, "--device", "cpu");
     so.threads = (int)args_int_range(&a, "-t", 0, 1, cli_cpu_count());
     so.max_batch = (int)args_int_range(&a, "-b", 0, 1, INT_MAX);
+    cli_steer_opts(&a, &so.steer);  // what an intervention costs a step (tests/py/test_interp_cuda.py)
     int n = (int)args_int_range(&a, "-n", 256, 1, 1 << 24), plen = (int)args_int_range(&a, "--prompt-len", 512, 1, 1 << 24);
     int runs = (int)args_int_range(&a, "--runs", 3, 1, 100);
     const char *samplers = args_str(&a, "--sampler", "standard,entropix"), *profile = args_str(&a, "--profile", "seed");

@@ -1,19 +1,26 @@
-// sampler.c: see sampler.h. Probabilities are computed in double so truncation
-// thresholds and the inverse CDF are exact to the last bit that matters.
+// sampler.c: see sampler.h. The generator, the argmax, the extras and the draws that
+// take whole candidate lists; the distribution and the draw are in sampler_dist.c.
 #include "host/runtime/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 int sampler_init(sampler *s, int vocab) {
-    s->n = vocab, s->n_cand = 0;
+    memset(s, 0, sizeof *s);
+    s->n = vocab;
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
-    return s->cand ? 0 : -1;
+    s->p = malloc((size_t)vocab * sizeof *s->p);
+    s->bucket_end = malloc(SAMPLER_BUCKETS * sizeof *s->bucket_end);
+    s->bucket_mass = malloc(SAMPLER_BUCKETS * sizeof *s->bucket_mass);
+    if (s->cand && s->p && s->bucket_end && s->bucket_mass) return 0;
+    sampler_free(s);
+    return -1;
 }
 
 void sampler_free(sampler *s) {
-    free(s->cand);
-    s->cand = NULL;
+    free(s->cand), free(s->p), free(s->bucket_end), free(s->bucket_mass);
+    s->cand = NULL, s->p = NULL, s->bucket_end = NULL, s->bucket_mass = NULL;
 }
 
 static uint64_t splitmix64(uint64_t x) {
@@ -28,123 +35,23 @@ double rng_uniform(rng *r) {
     return (double)(x >> 11) * 0x1.0p-53;
 }
 
-// NaN never wins (as in kernels/cpu/sample.c); 0 when every logit is NaN.
+// NaN never wins (as in kernels/cpu/sample.c); 0 when every logit is NaN. The largest
+// value first, in 16 lanes the compiler vectorises (x > m is false for NaN), then the
+// first index that holds it: the first largest, as a scan with > finds it.
 int sampler_argmax(const float *logits, int n) {
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (!isnan(logits[i]) && (best < 0 || logits[i] > logits[best])) best = i;
-    return best < 0 ? 0 : best;
-}
-
-// The one-hot distribution on the argmax: greedy decoding, and the fallback when there
-// is nothing to draw from (a non-finite top logit, or a truncation that kept nothing).
-static double one_hot(sampler *s, const float *logits) {
-    s->cand[0] = (sampler_cand){ 1.0, sampler_argmax(logits, s->n) };
-    s->n_cand = 1;
+    float lane[16], mx = -INFINITY;
+    for (int j = 0; j < 16; j++) lane[j] = -INFINITY;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) lane[j] = logits[i + j] > lane[j] ? logits[i + j] : lane[j];
+    for (; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
+    for (int j = 0; j < 16; j++) mx = lane[j] > mx ? lane[j] : mx;
+    for (i = 0; i < n; i++)
+        if (logits[i] == mx) return i;
     return 0;
 }
 
-static int cand_cmp(const void *a, const void *b) {
-    const sampler_cand *x = a, *y = b;
-    if (x->p != y->p) return x->p > y->p ? -1 : 1;
-    return x->id - y->id;
-}
-
-// Moves the k first candidates in cand_cmp order to the front, unsorted (quickselect):
-// top-k then sorts only k entries instead of the whole vocab. cand_cmp is a total
-// order, so the result equals a full sort truncated to k.
-static void select_top(sampler_cand *c, int n, int k) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        sampler_cand pivot = c[lo + (hi - lo) / 2];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (cand_cmp(&c[i], &pivot) < 0) i++;
-            while (cand_cmp(&c[j], &pivot) > 0) j--;
-            if (i <= j) {
-                sampler_cand t = c[i];
-                c[i++] = c[j], c[j--] = t;
-            }
-        }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else break;
-    }
-}
-
-// Keeps candidates with p >= thr, preserving order.
-static int keep_at_least(sampler_cand *c, int n, double thr) {
-    int m = 0;
-    for (int i = 0; i < n; i++)
-        if (c[i].p >= thr) c[m++] = c[i];
-    return m;
-}
-
-// Top-p needs only the head of the sorted list: find a threshold whose survivors
-// already hold top_p of the mass, so the sort touches few candidates.
-static int nucleus_prefilter(sampler_cand *c, int n, double total, double top_p) {
-    for (double eps = 1e-3; eps > 1e-300; eps *= 1e-3) {
-        double mass = 0;
-        for (int i = 0; i < n; i++)
-            if (c[i].p >= eps) mass += c[i].p;
-        if (mass >= top_p * total) return keep_at_least(c, n, eps);
-    }
-    return n;
-}
-
-double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
-    sampler_cand *c = s->cand;
-    int n = s->n;
-    float mx = logits[sampler_argmax(logits, n)];
-    if (!(p.temperature > 0) || !isfinite(mx)) return one_hot(s, logits);
-    double total = 0, inv_t = 1.0 / p.temperature;
-    for (int i = 0; i < n; i++) {
-        c[i] = (sampler_cand){ isnan(logits[i]) ? 0 : exp(((double)logits[i] - mx) * inv_t), i };
-        total += c[i].p;
-    }
-    if (p.min_p > 0) n = keep_at_least(c, n, fmin(p.min_p, 1.0));  // p_max is exp(0) = 1: the top always stays
-    if (n == 0) return one_hot(s, logits);  // a NaN min-p keeps nothing
-    // The nucleus is a share of the mass left after min-p and top-k; the prefilter
-    // only shortens the sort, so the total is taken before it.
-    double kept = -1;
-    if (p.top_p < 1 && !(p.top_k > 0 && p.top_k < n)) {
-        kept = 0;
-        for (int i = 0; i < n; i++) kept += c[i].p;
-        n = nucleus_prefilter(c, n, kept, p.top_p);
-    }
-    if (p.top_k > 0 && p.top_k < n) select_top(c, n, p.top_k), n = p.top_k;
-    qsort(c, (size_t)n, sizeof *c, cand_cmp);
-    total = 0;
-    for (int i = 0; i < n; i++) total += c[i].p;
-    if (kept >= 0) total = kept;
-    if (p.top_p < 1) {  // smallest prefix whose mass reaches top_p
-        double cum = 0;
-        int m = 0;
-        while (m < n && cum < p.top_p * total) cum += c[m++].p;
-        n = m > 0 ? m : 1;
-        total = 0;
-        for (int i = 0; i < n; i++) total += c[i].p;
-    }
-    double h = 0;
-    for (int i = 0; i < n; i++) {
-        c[i].p /= total;
-        if (c[i].p > 0) h -= c[i].p * log2(c[i].p);
-    }
-    s->n_cand = n;
-    return h;
-}
-
-int sampler_draw(const sampler *s, rng *r) { return sampler_draw_u(s, rng_uniform(r)); }
-
-int sampler_draw_u(const sampler *s, double u) {
-    if (s->n_cand <= 0) return -1;  // no distribution built
-    double cum = 0;
-    for (int i = 0; i < s->n_cand; i++) {
-        cum += s->cand[i].p;
-        if (u < cum) return s->cand[i].id;
-    }
-    return s->cand[s->n_cand - 1].id;  // u beyond the rounded total
-}
+int sampler_draw(sampler *s, rng *r) { return sampler_draw_u(s, rng_uniform(r)); }
 
 static int taken(const int *out, int n, int id) {
     for (int i = 0; i < n; i++)
@@ -152,8 +59,9 @@ static int taken(const int *out, int n, int id) {
     return 0;
 }
 
-int sampler_draw_distinct(const sampler *s, rng *r, int k, int *out) {
+int sampler_draw_distinct(sampler *s, rng *r, int k, int *out) {
     int n = 0;
+    sampler_materialize(s);
     while (n < k && n < s->n_cand) {
         double left = 0, cum = 0, u;
         for (int i = 0; i < s->n_cand; i++)

@@ -25,10 +25,26 @@ typedef struct {
     int id;
 } sampler_cand;
 
+// The distribution left by sampler_distribution. Kept sets that a truncation made small
+// (top-k, the top-p nucleus, min-p, or a small vocab) are sorted in full: cand[0..n_cand)
+// holds them, normalised. A large untruncated set (temperature alone, or a min-p that
+// keeps many) is "lazy": cand[0..n_sorted) holds its most probable candidates sorted,
+// with raw masses, and a draw walks them with error bounds (sampler_dist.c);
+// sampler_materialize sorts the rest when a caller needs the whole list.
+#define SAMPLER_BUCKETS 512
 typedef struct {
     int n;               // vocab size
     sampler_cand *cand;  // [n] kept candidates, most probable first (ties: lower id)
     int n_cand;          // candidates kept by the last truncation
+    double *p;           // [n] every logit's mass exp((x - max) / T), 0 for NaN
+    int lazy;            // 1: only cand[0..n_sorted) is sorted, with raw masses
+    int n_sorted;        // lazy: sorted head; n_head + bucketed tail once bucketed
+    int n_head;          // lazy: candidates with p >= the head threshold
+    int bucketed;        // lazy: the tail below the head is in buckets
+    double total;        // lazy: index-order sum of the kept masses
+    double keep_min;     // lazy: the kept set is p >= keep_min (0: every logit)
+    int *bucket_end;     // [SAMPLER_BUCKETS] lazy tail: end of each bucket in cand
+    double *bucket_mass; // [SAMPLER_BUCKETS] lazy tail: each bucket's mass
 } sampler;
 
 int sampler_init(sampler *s, int vocab);
@@ -37,18 +53,25 @@ double rng_uniform(rng *r);  // [0, 1), 53 bits
 // The first index of the largest logit; NaN never wins; 0 when every logit is NaN.
 int sampler_argmax(const float *logits, int n);
 // Builds the truncated, renormalised distribution in s->cand and returns its
-// entropy in bits. Temperature <= 0 (or NaN) gives the one-hot argmax distribution, and
+// entropy in bits. O(vocab): one exp per logit, then only what the truncations keep
+// (or, lazily, what a draw reaches) is sorted. Tokens, kept counts and candidate
+// lists are bit-identical to a full sort (tests/c/sampler_ref.h); so is the entropy of
+// a fully sorted set, and a lazy set's is ln S - sum(p ln p) / S over its raw masses,
+// equal to the sorted sum within their rounding (n_cand ulps, relative). Temperature <= 0 (or NaN) gives the one-hot argmax distribution, and
 // so do logits whose largest is +-inf (or all NaN): the sampler never draws from zero
 // candidates, s->n_cand >= 1 afterwards. NaN logits are never drawn. (The CPU forward
 // already refuses non-finite logits, naming the position; this is the last line.)
 double sampler_distribution(sampler *s, const float *logits, sampler_params p);
 // Draws from the distribution last built by sampler_distribution (-1 when none was built).
-int sampler_draw(const sampler *s, rng *r);
+int sampler_draw(sampler *s, rng *r);
 // The same with the uniform u in [0, 1) given (one rng_uniform of the caller's stream).
-int sampler_draw_u(const sampler *s, double u);
+int sampler_draw_u(sampler *s, double u);
 // Draws up to k distinct ids without replacement from that distribution (each draw
 // renormalised over what is left); returns how many (fewer when fewer candidates).
-int sampler_draw_distinct(const sampler *s, rng *r, int k, int *out);
+int sampler_draw_distinct(sampler *s, rng *r, int k, int *out);
+// Sorts and normalises a lazy distribution in full, so that cand[0..n_cand) holds it
+// (a no-op otherwise). O(n log n): for callers that read the whole candidate list.
+void sampler_materialize(sampler *s);
 // HF-style stock extras on logits[n] in place, given the ids so far: with
 // repeat_penalty R (> 0, != 1) each seen id's logit is divided by R when positive and
 // multiplied by R otherwise; no_repeat_ngram N (> 0) bans every id that would repeat an

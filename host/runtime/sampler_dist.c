@@ -1,0 +1,402 @@
+// sampler_dist.c: sampler_distribution and the draw, in O(vocab) with the results of a
+// full sort (tests/c/sampler_ref.h keeps the sort-based original as the reference).
+//
+// One pass computes every mass p = exp((x - max) / T) exactly as the sort did, the kept
+// count, their index-order sum, and gathers the head: the kept candidates with
+// p >= HEAD_TAU, in index order. Then:
+//  - top-k sorts the k best of the head (or of a deeper threshold when the head holds
+//    fewer than k);
+//  - top-p's prefilter (the smallest 1e-3^j threshold whose mass reaches top_p) is
+//    usually the head itself, whose index-order mass the sort also summed;
+//  - a small untruncated set is sorted in full;
+//  - a large untruncated one stays lazy: the draw walks the sorted head, then the tail
+//    in buckets of p's high bits (sorting only the bucket it lands in), and decides
+//    only where error bounds prove the sort's rounded cumulative sums would decide the
+//    same; otherwise (about 1e-10 of draws) it sorts everything and walks as the sort did.
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/runtime/sampler.h"
+
+#define HEAD_TAU 1e-3  // the nucleus prefilter's first threshold (kept as it was)
+#define EAGER_MAX 1024 // untruncated kept sets up to this size are sorted at once
+#define HEAD_SORT_MAX 1024 // a lazy set's head is sorted at once up to this size
+
+static int cand_cmp(const void *a, const void *b) {
+    const sampler_cand *x = a, *y = b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id - y->id;
+}
+
+static void sort_cands(sampler_cand *c, int n) { qsort(c, (size_t)n, sizeof *c, cand_cmp); }
+
+// Moves the k first candidates in cand_cmp order to the front, unsorted (quickselect).
+// cand_cmp is a total order, so the k chosen are those of a full sort.
+static void select_top(sampler_cand *c, int n, int k) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        sampler_cand pivot = c[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (cand_cmp(&c[i], &pivot) < 0) i++;
+            while (cand_cmp(&c[j], &pivot) > 0) j--;
+            if (i <= j) {
+                sampler_cand t = c[i];
+                c[i++] = c[j], c[j--] = t;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+static double one_hot(sampler *s, const float *logits) {
+    s->cand[0] = (sampler_cand){ 1.0, sampler_argmax(logits, s->n) };
+    s->n_cand = 1;
+    return 0;
+}
+
+// Gathers the kept candidates (p >= keep_min) with p >= thr into cand, in index order.
+static int gather(sampler *s, double keep_min, double thr) {
+    const double *p = s->p;
+    double t = fmax(keep_min, thr);
+    int m = 0;
+    for (int i = 0; i < s->n; i++)
+        if (p[i] >= t) s->cand[m++] = (sampler_cand){ p[i], i };
+    return m;
+}
+
+// The end of the sort's path on cand[0..n), sorted: total (the index-order kept sum
+// when top-p was set up on it, else the sorted sum), the nucleus, normalisation and
+// the entropy, in the same order of operations.
+static double finish_sorted(sampler *s, int n, double kept, float top_p) {
+    sampler_cand *c = s->cand;
+    double total = 0;
+    for (int i = 0; i < n; i++) total += c[i].p;
+    if (kept >= 0) total = kept;
+    if (top_p < 1) {  // smallest prefix whose mass reaches top_p
+        double cum = 0;
+        int m = 0;
+        while (m < n && cum < top_p * total) cum += c[m++].p;
+        n = m > 0 ? m : 1;
+        total = 0;
+        for (int i = 0; i < n; i++) total += c[i].p;
+    }
+    double h = 0;
+    for (int i = 0; i < n; i++) {
+        c[i].p /= total;
+        if (c[i].p > 0) h -= c[i].p * log2(c[i].p);
+    }
+    s->n_cand = n, s->lazy = 0;
+    return h;
+}
+
+typedef struct {
+    int nk, nh;      // kept candidates; those in the head (cand[0..nh), index order)
+    double kept, pd; // index-order sum of the kept masses; sum of p d over them
+} mass_pass;
+
+// Every mass into s->p (the sort's own expression, so the same bits), and the counts
+// and sums above. keep_min 0 keeps every logit (NaN ones with p = 0, as the sort did).
+static void run_mass_pass(sampler *s, const float *x, float mx, double inv_t, double keep_min, mass_pass *m) {
+    double *p = s->p, kept = 0, pd = 0;
+    int nk = 0, nh = 0;
+    for (int i = 0; i < s->n; i++) {
+        double d = ((double)x[i] - mx) * inv_t, pi = isnan(x[i]) ? 0 : exp(d);
+        p[i] = pi;
+        if (!(pi >= keep_min)) continue;
+        nk++, kept += pi;
+        if (pi > 0) pd += pi * d;
+        if (pi >= HEAD_TAU) s->cand[nh++] = (sampler_cand){ pi, i };
+    }
+    *m = (mass_pass){ nk, nh, kept, pd };
+}
+
+// Top-k of the kept set (k < nk): the k best lie in the head when it holds k, else
+// above the first of a few deeper thresholds that holds k, counted in one pass.
+static double dist_top_k(sampler *s, const mass_pass *m, double keep_min, int k, float top_p) {
+    int n = m->nh;
+    if (n < k) {
+        static const double thr[] = { 1e-6, 1e-10, 1e-16, 1e-30, 1e-100 };
+        enum { NT = sizeof thr / sizeof thr[0] };
+        int cnt[NT] = { 0 }, j = 0;
+        for (int i = 0; i < s->n; i++)
+            if (s->p[i] >= keep_min)
+                for (int t = 0; t < NT; t++) cnt[t] += s->p[i] >= thr[t];
+        while (j < NT && cnt[j] < k) j++;
+        n = gather(s, keep_min, j < NT ? thr[j] : 0);
+    }
+    select_top(s->cand, n, k);
+    sort_cands(s->cand, k);
+    return finish_sorted(s, k, -1, top_p);
+}
+
+// Top-p without top-k: the sort's prefilter, the first threshold 1e-3, 1e-6, ... whose
+// index-order mass reaches top_p of the kept sum; 1e-3 is the head, summed here in the
+// same order, and the deeper ones (flat distributions) are summed as the sort did.
+static double dist_top_p(sampler *s, const mass_pass *m, double keep_min, float top_p) {
+    double need = top_p * m->kept, mass = 0;
+    for (int i = 0; i < m->nh; i++) mass += s->cand[i].p;
+    int n = m->nh;
+    if (!(mass >= need)) {
+        n = -1;
+        for (double eps = HEAD_TAU * 1e-3; eps > 1e-300 && n < 0; eps *= 1e-3) {
+            mass = 0;
+            for (int i = 0; i < s->n; i++)
+                if (s->p[i] >= keep_min && s->p[i] >= eps) mass += s->p[i];
+            if (mass >= need) n = gather(s, keep_min, eps);
+        }
+        if (n < 0) n = gather(s, keep_min, 0);
+    }
+    sort_cands(s->cand, n);
+    return finish_sorted(s, n, m->kept, top_p);
+}
+
+// Temperature (and min-p) alone: sorted in full when small, else lazy, with the
+// entropy from the raw masses: H = (ln S - sum(p d) / S) / ln 2, d = ln p.
+static double dist_untruncated(sampler *s, const mass_pass *m, double keep_min) {
+    if (m->nk <= EAGER_MAX) {
+        int n = m->nh == m->nk ? m->nh : gather(s, keep_min, 0);
+        sort_cands(s->cand, n);
+        return finish_sorted(s, n, -1, 1);
+    }
+    // A small head (the usual peaked distribution) is sorted now; a large one (flat
+    // rows) is left to the buckets with the rest.
+    int head = m->nh <= HEAD_SORT_MAX ? m->nh : 0;
+    sort_cands(s->cand, head);
+    s->lazy = 1, s->bucketed = 0;
+    s->n_cand = m->nk, s->n_sorted = s->n_head = head;
+    s->total = m->kept, s->keep_min = keep_min;
+    double h = (log(m->kept) - m->pd / m->kept) / log(2.0);
+    return h > 0 ? h : 0;
+}
+
+// The sort's path from its kept list on: cand[0..n) holds the candidates that passed
+// min-p, in index order, with their masses. Used where that list is short (a min-p
+// that keeps few) and for temperatures whose 1/T is 0 or infinite (NaN masses, which
+// only the same operations on the same array reproduce).
+static double finish_kept(sampler *s, int n, sampler_params p) {
+    sampler_cand *c = s->cand;
+    double kept = -1;
+    if (p.top_p < 1 && !(p.top_k > 0 && p.top_k < n)) {
+        kept = 0;
+        for (int i = 0; i < n; i++) kept += c[i].p;
+        for (double eps = HEAD_TAU; eps > 1e-300; eps *= 1e-3) {
+            double mass = 0;
+            for (int i = 0; i < n; i++)
+                if (c[i].p >= eps) mass += c[i].p;
+            if (mass >= p.top_p * kept) {
+                int m = 0;
+                for (int i = 0; i < n; i++)
+                    if (c[i].p >= eps) c[m++] = c[i];
+                n = m;
+                break;
+            }
+        }
+    }
+    if (p.top_k > 0 && p.top_k < n) select_top(c, n, p.top_k), n = p.top_k;
+    sort_cands(c, n);
+    return finish_sorted(s, n, kept, p.top_p);
+}
+
+static double dist_degenerate(sampler *s, const float *logits, float mx, sampler_params p) {
+    double inv_t = 1.0 / p.temperature;
+    int n = 0;
+    for (int i = 0; i < s->n; i++) {
+        double pi = isnan(logits[i]) ? 0 : exp(((double)logits[i] - mx) * inv_t);
+        if (!(p.min_p > 0) || pi >= fmin(p.min_p, 1.0)) s->cand[n++] = (sampler_cand){ pi, i };
+    }
+    return n == 0 ? one_hot(s, logits) : finish_kept(s, n, p);
+}
+
+// Candidates decided in logit space. exp and log err by less than an ulp, so two
+// logits whose d = (x - max) / T differ by more than D_SLACK (relative to |d| + 1)
+// have masses in the same order; only those within it need their exact mass.
+#define D_SLACK 0x1p-30
+#define WINDOW_MAX 4096  // larger windows go through the full mass pass
+
+// Gathers every logit with d >= dmin, with its exact mass, into cand in index order;
+// -1 when more than cap qualify. A block of 16 is looked at only when one passes.
+static int gather_window(sampler *s, const float *x, float mx, double inv_t, double dmin, int cap) {
+    int m = 0, n = s->n, i = 0;
+    for (; i < n; i += 16) {
+        int any = 0, e = i + 16 < n ? i + 16 : n;
+        for (int j = i; j < e; j++) any |= ((double)x[j] - mx) * inv_t >= dmin;
+        if (!any) continue;
+        for (int j = i; j < e; j++) {
+            double d = ((double)x[j] - mx) * inv_t;
+            if (!(d >= dmin)) continue;
+            if (m == cap) return -1;
+            s->cand[m++] = (sampler_cand){ exp(d), j };
+        }
+    }
+    return m;
+}
+
+// min-p: every mass >= keep_min has d >= ln keep_min, so the kept list is the window
+// above it, filtered by exact mass. 0 when the window is too large (a tiny min-p).
+static int dist_min_p(sampler *s, const float *x, float mx, double inv_t, sampler_params p, double keep_min,
+                      double *h) {
+    if (!(keep_min >= 1e-300)) return 0;
+    double lk = log(keep_min);
+    int m = gather_window(s, x, mx, inv_t, lk - D_SLACK * (1 - lk), WINDOW_MAX), n = 0;
+    if (m < 0) return 0;
+    for (int i = 0; i < m; i++)
+        if (s->cand[i].p >= keep_min) s->cand[n++] = s->cand[i];
+    *h = finish_kept(s, n, p);
+    return 1;
+}
+
+// The k-th largest logit (NaN never counts; -inf when fewer than k are finite), from a
+// min-heap of the k best seen. heap: scratch [k].
+static float kth_logit(const float *x, int n, int k, float *heap) {
+    for (int j = 0; j < k; j++) heap[j] = -INFINITY;
+    for (int i = 0; i < n; i += 16) {
+        int any = 0, e = i + 16 < n ? i + 16 : n;
+        for (int j = i; j < e; j++) any |= x[j] > heap[0];
+        for (int j = i; any && j < e; j++) {
+            if (!(x[j] > heap[0])) continue;
+            int at = 0;  // replace the root and sift it down
+            for (;;) {
+                int c = 2 * at + 1;
+                if (c >= k) break;
+                if (c + 1 < k && heap[c + 1] < heap[c]) c++;
+                if (!(heap[c] < x[j])) break;
+                heap[at] = heap[c], at = c;
+            }
+            heap[at] = x[j];
+        }
+    }
+    return heap[0];
+}
+
+// Top-k without min-p: every one of the k best has d >= d(L), L the k-th largest
+// logit, so they lie in the window above it. 0 when L's mass is not a normal double
+// (ties at zero mass fall to the id: only the full pass orders them).
+static int dist_top_k_window(sampler *s, const float *x, float mx, double inv_t, sampler_params p, double *h) {
+    enum { K_MAX = 1024 };
+    float heap[K_MAX];
+    if (p.top_k > K_MAX) return 0;
+    double dl = ((double)kth_logit(x, s->n, p.top_k, heap) - mx) * inv_t;
+    if (!(dl > -650)) return 0;
+    int m = gather_window(s, x, mx, inv_t, dl - D_SLACK * (1 - dl), WINDOW_MAX);
+    if (m < p.top_k) return 0;
+    select_top(s->cand, m, p.top_k);
+    sort_cands(s->cand, p.top_k);
+    *h = finish_sorted(s, p.top_k, -1, p.top_p);
+    return 1;
+}
+
+double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
+    s->lazy = 0;
+    int am = sampler_argmax(logits, s->n);
+    float mx = logits[am];
+    if (!(p.temperature > 0) || !isfinite(mx)) return one_hot(s, logits);
+    double inv_t = 1.0 / p.temperature;
+    if (!(inv_t > 0 && inv_t < INFINITY)) return dist_degenerate(s, logits, mx, p);
+    // p_max is exp(0) = 1, so the top always passes min-p; a NaN min-p filters nothing.
+    double keep_min = p.min_p > 0 ? fmin(p.min_p, 1.0) : 0, h;
+    if (keep_min > 0 && dist_min_p(s, logits, mx, inv_t, p, keep_min, &h)) return h;
+    if (keep_min == 0 && p.top_k > 0 && p.top_k < s->n && dist_top_k_window(s, logits, mx, inv_t, p, &h)) return h;
+    mass_pass m;
+    run_mass_pass(s, logits, mx, inv_t, keep_min, &m);
+    if (m.nk == 0) return one_hot(s, logits);
+    if (p.top_k > 0 && p.top_k < m.nk) return dist_top_k(s, &m, keep_min, p.top_k, p.top_p);
+    if (p.top_p < 1) return dist_top_p(s, &m, keep_min, p.top_p);
+    return dist_untruncated(s, &m, keep_min);
+}
+
+void sampler_materialize(sampler *s) {
+    if (!s->lazy) return;
+    int n = gather(s, s->keep_min, 0);
+    sort_cands(s->cand, n);
+    finish_sorted(s, n, -1, 1);
+}
+
+// Masses per bucket of p's top 12 bits (exponent and 3 mantissa bits, so a bucket
+// spans a factor 2^(1/8)), counted down from p = 1: buckets cover p >= 2^-64.
+static uint64_t bucket_of(double p) {
+    uint64_t b, one;
+    double x = 1.0;
+    memcpy(&b, &p, sizeof b);
+    memcpy(&one, &x, sizeof one);
+    return (one >> 49) - (b >> 49);
+}
+
+// Counting-sorts the kept candidates the sorted head does not hold (all of them when
+// there is none) into buckets after it in cand, each bucket's mass beside it. Masses
+// below the last bucket are left out: a draw that reaches them falls back to the sort.
+static void bucket_tail(sampler *s) {
+    int nb = SAMPLER_BUCKETS, *end = s->bucket_end;
+    double *mass = s->bucket_mass, lo = fmax(s->keep_min, 1e-300), hi = s->n_head > 0 ? HEAD_TAU : INFINITY;
+    memset(end, 0, sizeof(int) * (size_t)nb);
+    memset(mass, 0, sizeof(double) * (size_t)nb);
+    for (int i = 0; i < s->n; i++) {
+        double pi = s->p[i];
+        uint64_t b = bucket_of(pi);
+        if (pi >= lo && pi < hi && b < (uint64_t)nb) end[b]++, mass[b] += pi;
+    }
+    int at = s->n_head;
+    for (int b = 0; b < nb; b++) at += end[b], end[b] = at;  // one past bucket b
+    for (int i = s->n - 1; i >= 0; i--) {
+        double pi = s->p[i];
+        uint64_t b = bucket_of(pi);
+        if (pi >= lo && pi < hi && b < (uint64_t)nb) s->cand[--end[b]] = (sampler_cand){ pi, i };
+    }
+    for (int b = 0; b < nb; b++) end[b] = b + 1 < nb ? end[b + 1] : at;  // starts -> ends
+    s->n_sorted = at, s->bucketed = 1;
+}
+
+// One step of the lazy walk: 1 when u is surely at or past the sort's cumulative sum
+// through this candidate, 0 when surely before it, -1 when too close to tell.
+static int past(double u, double cum, double total, double margin) {
+    double q = cum / total;
+    return u >= q + margin ? 1 : u < q - margin ? 0 : -1;
+}
+
+// The sort's draw (first candidate whose rounded cumulative normalised mass exceeds u)
+// on a lazy distribution. Its cumulative sums are within margin of cum / total, where
+// cum sums the same raw masses in any order and total is their index-order sum: both
+// have at most n_cand terms, so each is off by at most n_cand ulps (relative), and the
+// sort's normalisation adds as many again; margin doubles that.
+static int lazy_draw(sampler *s, double u) {
+    double margin = (4.0 * s->n_cand + 64) * 0x1p-53, cum = 0;
+    if (!(u < 1 - margin)) return -1;  // the sort may walk off its rounded end
+    for (int k = 0; k < s->n_head; k++) {
+        int r = past(u, cum += s->cand[k].p, s->total, margin);
+        if (r <= 0) return r == 0 ? s->cand[k].id : -1;
+    }
+    if (!s->bucketed) bucket_tail(s);
+    int start = s->n_head;
+    for (int b = 0; b < SAMPLER_BUCKETS; start = s->bucket_end[b++]) {
+        int end = s->bucket_end[b];
+        if (end == start || past(u, cum + s->bucket_mass[b], s->total, margin) == 1) {
+            cum += s->bucket_mass[b];
+            continue;
+        }
+        sort_cands(s->cand + start, end - start);
+        for (int k = start; k < end; k++) {
+            int r = past(u, cum += s->cand[k].p, s->total, margin);
+            if (r <= 0) return r == 0 ? s->cand[k].id : -1;
+        }
+    }
+    return -1;  // past every bucket: only the full sort knows
+}
+
+int sampler_draw_u(sampler *s, double u) {
+    if (s->n_cand <= 0) return -1;  // no distribution built
+    if (s->lazy) {
+        int id = lazy_draw(s, u);
+        if (id >= 0) return id;
+        sampler_materialize(s);
+    }
+    double cum = 0;
+    for (int i = 0; i < s->n_cand; i++) {
+        cum += s->cand[i].p;
+        if (u < cum) return s->cand[i].id;
+    }
+    return s->cand[s->n_cand - 1].id;  // u beyond the rounded total
+}

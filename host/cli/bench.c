@@ -3,8 +3,12 @@
 // Reports medians over runs: prefill tok/s, decode tok/s and ms/token, and the
 // achieved bandwidth (weight + KV bytes per token / time) against a measured copy
 // bandwidth of the same memory: host memcpy on the CPU, device-to-device copy on a CUDA
-// session. Then the full decode loop (generate()) under each named sampler, side by
-// side, with its overhead over the first one.
+// session. On the CPU, the host sampler's time per token under common settings, timed
+// on rows of logits the decode produced, as a share of the decode step. Then the full
+// decode loop (generate()) under each named sampler, side by side, with its overhead
+// over the first one; --temp/--top-k/--top-p/--min-p set the standard sampler's draw
+// (default: the profile's T0 and P0), so `--sampler standard --temp 1.0` times the
+// decode loop of `varent run --temp 1.0`.
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,8 +98,10 @@ static void bench_tick(bench_progress *bp, long tokens) {
     progress_update(&bp->pg, bp->done, NULL);
 }
 
+// keep: when not NULL, the logits of the first n_keep decode steps (CPU), for the
+// host sampler's cost on real rows.
 static int bench_once(session *s, const int *prompt, int prompt_len, int n, double *prefill_s, double *decode_s,
-                      long *syncs, bench_progress *bp, verr *err) {
+                      long *syncs, bench_progress *bp, float *keep, int n_keep, verr *err) {
     s->kv.len = 0;
     kv_view kv = kv_view_of(&s->kv);
     sample_cfg greedy = { 0 };
@@ -107,7 +113,9 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
     bench_tick(bp, prompt_len);
     t0 = gen_now();
     long s0 = device_syncs(s);
+    size_t V = (size_t)s->m.cfg.vocab_size;
     for (int i = 0; rc == 0 && i < n; i++) {
+        if (keep && i < n_keep) memcpy(keep + i * V, s->fw.logits, V * sizeof *keep);
         rc = session_sample(s, &greedy, 1, &next, err) || session_forward(s, &kv, &next.token, 1, err) ? -1 : 0;
         if ((i & 31) == 31) bench_tick(bp, 32);
     }
@@ -127,11 +135,11 @@ static void print_step_counts(const session *s, long syncs, int n) {
 }
 
 // Decode seconds of one generate() run of n tokens under the named sampler.
-static int bench_sampler(session *s, const char *name, const entropix_config *ex, const int *prompt, int plen, int n,
-                         double *decode_s, verr *err) {
+// sp: the standard sampler's settings.
+static int bench_sampler(session *s, const char *name, const entropix_config *ex, sampler_params sp, const int *prompt,
+                         int plen, int n, double *decode_s, verr *err) {
     gen_opts g = { 0 };
-    g.max_new = n, g.seed = 42, g.ignore_eos = 1, g.ex = ex;
-    g.sp = (sampler_params){ (float)ex->temp, 0, (float)ex->top_p, 0 };  // the profile's T0 and P0
+    g.max_new = n, g.seed = 42, g.ignore_eos = 1, g.ex = ex, g.sp = sp;
     if (!strcmp(name, "entropix")) g.sampler = GEN_ENTROPIX, g.clarifier = gen_find_clarifier(s);
     else if (!strcmp(name, "standard+metrics")) g.want_metrics = 1;
     else if (strcmp(name, "standard") != 0)
@@ -145,10 +153,16 @@ static int bench_sampler(session *s, const char *name, const entropix_config *ex
 
 // --sampler LIST: each sampler's median ms/token and overhead over the first. Runs
 // interleave the samplers so drift (clocks, caches) hits them alike.
-static int bench_samplers(session *s, const char *list, const char *profile, const int *prompt, int plen, int n,
-                          int runs, bench_progress *bp, verr *err) {
+static int bench_samplers(session *s, const char *list, const char *profile, const sampler_params *given,
+                          const int *prompt, int plen, int n, int runs, bench_progress *bp, verr *err) {
     entropix_config ex;
     if (entropix_profile(profile, &ex, err)) return -1;
+    // The standard sampler: the profile's T0 and P0 unless --temp/--top-k/--top-p/--min-p say otherwise.
+    sampler_params sp = { (float)ex.temp, 0, (float)ex.top_p, 0 };
+    if (given->temperature >= 0) sp.temperature = given->temperature;
+    if (given->top_k >= 0) sp.top_k = given->top_k;
+    if (given->top_p >= 0) sp.top_p = given->top_p;
+    if (given->min_p >= 0) sp.min_p = given->min_p;
     char buf[256], *save = NULL, *names[8];
     int k = 0;
     snprintf(buf, sizeof buf, "%s", list);
@@ -159,18 +173,51 @@ static int bench_samplers(session *s, const char *list, const char *profile, con
     int rc = 0;
     for (int r = 0; rc == 0 && r < runs; r++)
         for (int i = 0; rc == 0 && i < k; i++) {
-            rc = bench_sampler(s, names[i], &ex, prompt, plen, n, &t[i * runs + r], err);
+            rc = bench_sampler(s, names[i], &ex, sp, prompt, plen, n, &t[i * runs + r], err);
             bench_tick(bp, plen + n);
         }
     progress_pause(&bp->pg);
     for (int i = 0; rc == 0 && i < k; i++) {
         double ms = 1e3 * median(t + i * runs, runs), base = 1e3 * median(t, runs);
-        printf("sampler     %-16s %.3f ms/token  %+.1f%% vs %s (median of %d, profile %s)\n", names[i], ms,
-               100.0 * (ms / base - 1), names[0], runs, profile);
+        printf("sampler     %-16s %.3f ms/token  %+.1f%% vs %s (median of %d, profile %s; standard: temp %g top-k %d "
+               "top-p %g min-p %g)\n", names[i], ms, 100.0 * (ms / base - 1), names[0], runs, profile, sp.temperature,
+               sp.top_k, sp.top_p, sp.min_p);
     }
     progress_resume(&bp->pg);
     free(t);
     return rc;
+}
+
+// The host sampler's cost per token under common settings, timed on rows of logits
+// the decode produced, as a share of the measured decode step (CPU sessions).
+static void bench_host_sampler(session *s, const float *rows, int n_rows, double step_ms, const entropix_config *ex) {
+    static const char *name[] = { "greedy", "temp 1.0", "temp 0.7 top-p 0.9", "temp 0.8 top-k 40", "temp 1.0 min-p 0.05",
+                                  "entropix base" };
+    sample_cfg set[6] = { { 0, 0, 1, 0, 0 },     { 1.0f, 0, 1, 0, 0 },     { 0.7f, 0, 0.9f, 0, 0 },
+                          { 0.8f, 40, 1, 0, 0 }, { 1.0f, 0, 1, 0.05f, 0 }, { 0, 0, 1, 0, 0 } };
+    sampler_params b = entropix_base_params(ex);
+    set[5] = (sample_cfg){ b.temperature, b.top_k, b.top_p, b.min_p, 0 };
+    size_t V = (size_t)s->m.cfg.vocab_size;
+    enum { PASSES = 3 };
+    int nt = PASSES * n_rows;
+    double *t = malloc(sizeof(double) * (size_t)nt);
+    if (!t) return;
+    rng r = { 42, 0 };
+    for (int c = 0; c < 6; c++) {
+        double sum = 0;
+        for (int k = 0; k < nt; k++) {
+            sample_cfg cfg = set[c];
+            sample_out o;
+            cfg.u = rng_uniform(&r);
+            double t0 = gen_now();
+            sampler_sample_n(&s->smp, rows + (k % n_rows) * V, &cfg, 1, &o);
+            sum += t[k] = gen_now() - t0;
+        }
+        double mean = 1e6 * sum / nt, med = 1e6 * median(t, nt);
+        printf("host sampler %-20s %8.1f us/token  %5.2f%% of the decode step (mean; median %.1f us; %d draws on %d "
+               "decode rows)\n", name[c], mean, 100.0 * mean / (1e3 * step_ms), med, nt, n_rows);
+    }
+    free(t);
 }
 
 static const cli_opt bench_opts[] = {
@@ -180,6 +227,10 @@ static const cli_opt bench_opts[] = {
     { "--sampler", "LIST", "entropix", "standard,entropix", "samplers to time in the full decode loop (standard, "
       "standard+metrics, entropix), or none", 0 },
     { "--profile", "NAME", "entropix", "seed", "entropix profile of the sampler runs", 0 },
+    { "--temp", "T", "sampling", "the profile's", "the standard sampler's temperature", 0 },
+    { "--top-k", "K", "sampling", "0", "the standard sampler's top-k", 0 },
+    { "--top-p", "P", "sampling", "the profile's", "the standard sampler's top-p", 0 },
+    { "--min-p", "M", "sampling", "0", "the standard sampler's min-p", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt bench_session_opts[] = {
@@ -209,6 +260,9 @@ int cmd_bench(int argc, char **argv) {
     int n = (int)args_int_range(&a, "-n", 256, 1, 1 << 24), plen = (int)args_int_range(&a, "--prompt-len", 512, 1, 1 << 24);
     int runs = (int)args_int_range(&a, "--runs", 3, 1, 100);
     const char *samplers = args_str(&a, "--sampler", "standard,entropix"), *profile = args_str(&a, "--profile", "seed");
+    // The standard sampler's settings (-1: the profile's T0 and P0, no top-k or min-p).
+    sampler_params sp = { (float)args_float_range(&a, "--temp", -1, 0, 100), (int)args_int_range(&a, "--top-k", -1, 0, INT_MAX),
+                          (float)args_float_range(&a, "--top-p", -1, 0, 1), (float)args_float_range(&a, "--min-p", -1, 0, 1) };
     if (args_finish(&a, 0)) return cli_usage_error("bench", "%s", a.err);
     if (!so.model_dir) return cli_usage_error("bench", "missing -m DIR (the model directory)");
     verr err = { { 0 } };
@@ -224,12 +278,16 @@ int cmd_bench(int argc, char **argv) {
     uint64_t x = 12345;
     for (int i = 0; rc == 0 && i < plen; i++) x = x * 6364136223846793005ull + 1, prompt[i] = (int)((x >> 33) % (uint64_t)s.m.cfg.vocab_size);
     long syncs = 0;
+    int n_keep = !s.cu && strcmp(samplers, "none") != 0 ? (n < 32 ? n : 32) : 0;
+    float *keep = n_keep ? malloc(sizeof(float) * (size_t)n_keep * (size_t)s.m.cfg.vocab_size) : NULL;
+    if (n_keep && !keep) rc = verr_set(&err, "out of memory");
     // Tokens of every run: the greedy loop, then each sampler of --sampler.
     int n_samplers = strcmp(samplers, "none") == 0 ? 0 : 1;
     for (const char *c = samplers; n_samplers && *c; c++) n_samplers += *c == ',';
     bench_progress bp = { .done = 0 };
     progress_start(&bp.pg, "bench", (long)runs * (1 + n_samplers) * (plen + n), 0);
-    for (int r = 0; rc == 0 && r < runs; r++) rc = bench_once(&s, prompt, plen, n, &pf[r], &dc[r], &syncs, &bp, &err);
+    for (int r = 0; rc == 0 && r < runs; r++)
+        rc = bench_once(&s, prompt, plen, n, &pf[r], &dc[r], &syncs, &bp, r == runs - 1 ? keep : NULL, n_keep, &err);
     bench_mem mem;
     if (rc == 0) rc = bench_mem_of(&s, &mem, &err);
     if (rc == 0) {
@@ -247,12 +305,16 @@ int cmd_bench(int argc, char **argv) {
         printf("bandwidth   %.1f GB/s achieved; %s %.1f GB/s (read+write); ratio %.2f\n", gbs, mem.copy, copy,
                copy > 0 ? gbs / copy : 0);
         if (s.cu) print_step_counts(&s, syncs, n);
+        entropix_config ex;
+        if (keep && entropix_profile(profile, &ex, &err) == 0) bench_host_sampler(&s, keep, n_keep, 1e3 * d / n, &ex);
+        fflush(stdout);
         progress_resume(&bp.pg);
-        if (strcmp(samplers, "none") != 0) rc = bench_samplers(&s, samplers, profile, prompt, plen, n, runs, &bp, &err);
+        if (strcmp(samplers, "none") != 0)
+            rc = bench_samplers(&s, samplers, profile, &sp, prompt, plen, n, runs, &bp, &err);
     }
     if (rc == 0) progress_finish(&bp.pg, NULL);
     else progress_stop(&bp.pg);
-    free(prompt), free(pf), free(dc);
+    free(prompt), free(pf), free(dc), free(keep);
     session_close(&s);
     return rc ? cli_error("bench", "%s", err.msg) : 0;
 }

@@ -88,3 +88,41 @@ int ppl_eval(session *s, const int *ids, int n, int ctx, int stride, double *log
     if (lp != logp) free(lp);
     return rc;
 }
+
+int ppl_count_chunks(int n, int ctx, int max_chunks, verr *err) {
+    if (ctx < 3)
+        return verr_set(err, "--ctx %d: --protocol llamacpp scores the second half of each chunk, which needs at "
+                        "least 3 tokens", ctx);
+    if (n < 2 * ctx)
+        return verr_set(err, "the text is %d tokens; --protocol llamacpp needs at least 2 x --ctx = %d (one chunk is "
+                        "scored from its second half, and llama-perplexity asks for two)", n, 2 * ctx);
+    int c = n / ctx;
+    return max_chunks > 0 && max_chunks < c ? max_chunks : c;
+}
+
+int ppl_eval_chunks(session *s, const int *ids, int n, int ctx, int bos, int max_chunks, double *logp, ppl_window_fn fn,
+                    void *ud, ppl_result *r, verr *err) {
+    *r = (ppl_result){ .n_tokens = n };
+    int n_chunks = ppl_count_chunks(n, ctx, max_chunks, err);
+    if (n_chunks < 0) return -1;
+    if (ctx > s->ctx) return verr_set(err, "--ctx %d exceeds the session's context (%d)", ctx, s->ctx);
+    int *chunk = malloc(sizeof(int) * (size_t)ctx);
+    double *lp = malloc(sizeof(double) * (size_t)ctx);
+    if (!chunk || !lp) return free(chunk), free(lp), verr_set(err, "out of memory");
+    int rc = 0, first = ctx / 2;
+    for (int c = 0; rc == 0 && c < n_chunks; c++) {
+        const int *src = ids + (size_t)c * ctx;
+        for (int j = 0; j < ctx; j++) chunk[j] = src[j];
+        if (bos >= 0) chunk[0] = bos;
+        rc = ppl_score(s, chunk, ctx, first + 1, lp, err);
+        for (int j = first + 1; rc == 0 && j < ctx; j++) {
+            r->sum_nll -= lp[j], r->sum_nll2 += lp[j] * lp[j], r->n_scored++;
+            if (logp) logp[(size_t)c * ctx + j] = lp[j];
+        }
+        r->n_windows = c + 1;
+        ppl_finish(r);
+        if (rc == 0 && fn && fn(ud, c, n_chunks, r)) rc = verr_set(err, "stopped");
+    }
+    free(chunk), free(lp);
+    return rc;
+}

@@ -43,6 +43,17 @@ int ppl_count_windows(int n, int ctx, int stride, verr *err);
 // logp (optional, n entries) receives each scored token's log-probability.
 int ppl_eval(session *s, const int *ids, int n, int ctx, int stride, double *logp, ppl_window_fn fn, void *ud,
              ppl_result *r, verr *err);
+// llama-perplexity's protocol (--protocol llamacpp): the text is cut into
+// floor(n / ctx) non-overlapping chunks of ctx tokens (at most max_chunks when > 0; a
+// shorter tail is dropped), each evaluated from an empty cache with its first token
+// replaced by BOS when the tokenizer adds one (bos >= 0), and only the second half is
+// scored: chunk tokens ctx/2 + 1 .. ctx - 1, each given the chunk before it. Needs
+// ctx >= 3 and n >= 2 ctx, as llama-perplexity does. The sums, PPL and its standard
+// error are as above; n_windows counts chunks. logp (optional, n entries) receives
+// each scored token's log-probability at its index in ids.
+int ppl_count_chunks(int n, int ctx, int max_chunks, verr *err);
+int ppl_eval_chunks(session *s, const int *ids, int n, int ctx, int bos, int max_chunks, double *logp, ppl_window_fn fn,
+                    void *ud, ppl_result *r, verr *err);
 // Fills nll_mean, nll_se, ppl and ppl_se from the sums.
 void ppl_finish(ppl_result *r);
 

@@ -13,14 +13,15 @@ int sampler_init(sampler *s, int vocab) {
     s->p = malloc((size_t)vocab * sizeof *s->p);
     s->bucket_end = malloc(SAMPLER_BUCKETS * sizeof *s->bucket_end);
     s->bucket_mass = malloc(SAMPLER_BUCKETS * sizeof *s->bucket_mass);
-    if (s->cand && s->p && s->bucket_end && s->bucket_mass) return 0;
+    s->x = malloc((size_t)vocab * sizeof *s->x);
+    if (s->cand && s->p && s->bucket_end && s->bucket_mass && s->x) return 0;
     sampler_free(s);
     return -1;
 }
 
 void sampler_free(sampler *s) {
-    free(s->cand), free(s->p), free(s->bucket_end), free(s->bucket_mass);
-    s->cand = NULL, s->p = NULL, s->bucket_end = NULL, s->bucket_mass = NULL;
+    free(s->cand), free(s->p), free(s->bucket_end), free(s->bucket_mass), free(s->x);
+    s->cand = NULL, s->p = NULL, s->bucket_end = NULL, s->bucket_mass = NULL, s->x = NULL;
 }
 
 static uint64_t splitmix64(uint64_t x) {

@@ -38,6 +38,9 @@ typedef struct {
     int n_cand;          // candidates kept by the last truncation
     double *p;           // [n] every logit's mass exp((x - max) / T), 0 for NaN
     int lazy;            // 1: only cand[0..n_sorted) is sorted, with raw masses
+    int approx;          // lazy: p holds masses within 2^-40 (a vectorised exp), not exact
+    float *x, mx;        // lazy: a copy of the logits and their max, for exact masses later
+    double inv_t;        // lazy: 1 / T
     int n_sorted;        // lazy: sorted head; n_head + bucketed tail once bucketed
     int n_head;          // lazy: candidates with p >= the head threshold
     int bucketed;        // lazy: the tail below the head is in buckets
@@ -69,6 +72,9 @@ int sampler_draw_u(sampler *s, double u);
 // Draws up to k distinct ids without replacement from that distribution (each draw
 // renormalised over what is left); returns how many (fewer when fewer candidates).
 int sampler_draw_distinct(sampler *s, rng *r, int k, int *out);
+// e^d within 2^-45 relative for d <= 0 (0 below -708, for -inf and for NaN), in
+// straight-line code the compiler vectorises. Exposed for tests/c/test_sampler_exact.c.
+double sampler_exp_fast(double d);
 // Sorts and normalises a lazy distribution in full, so that cand[0..n_cand) holds it
 // (a no-op otherwise). O(n log n): for callers that read the whole candidate list.
 void sampler_materialize(sampler *s);

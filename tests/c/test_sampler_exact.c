@@ -193,12 +193,13 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-// Median microseconds per token (distribution + one draw) over LM-like rows.
+// Mean and median microseconds per token (distribution + one draw) over LM-like rows,
+// the new sampler and the sort interleaved.
 static void bench(void) {
     static const int vocabs[] = { 32000, 49152, 128256, 151936 };
     static const sampler_params set[] = { { 1.0f, 0, 1, 0 }, { 0.7f, 0, 0.9f, 0 }, { 0.8f, 40, 1, 0 }, { 1.0f, 0, 1, 0.05f } };
     static const char *set_name[] = { "temp 1.0", "temp 0.7 top-p 0.9", "temp 0.8 top-k 40", "temp 1.0 min-p 0.05" };
-    enum { ROWS = 9, REPS = 21 };
+    enum { ROWS = 9, REPS = 45 };
     for (int v = 0; v < 4; v++) {
         int n = vocabs[v];
         float *x = malloc(sizeof(float) * (size_t)n * ROWS);
@@ -207,21 +208,22 @@ static void bench(void) {
         sampler_init(&s, n), ref_init(&r, n);
         for (int i = 0; i < ROWS; i++) make_row(x + (size_t)i * n, n, R_LM);
         for (int c = 0; c < 4; c++) {
-            double tn[REPS], tr[REPS];
+            double tn[REPS], tr[REPS], sn = 0, sr = 0;
             rng g = { 5, 0 };
             for (int k = 0; k < REPS; k++) {  // interleaved: new, then the sort
                 const float *row = x + (size_t)(k % ROWS) * n;
                 double u = rng_uniform(&g), t0 = now();
                 sampler_distribution(&s, row, set[c]);
                 sampler_draw_u(&s, u);
-                tn[k] = now() - t0, t0 = now();
+                sn += tn[k] = now() - t0, t0 = now();
                 ref_distribution(&r, row, set[c]);
                 ref_draw_u(&r, u);
-                tr[k] = now() - t0;
+                sr += tr[k] = now() - t0;
             }
             qsort(tn, REPS, sizeof *tn, cmp_d), qsort(tr, REPS, sizeof *tr, cmp_d);
-            printf("bench sampler vocab %6d %-22s %8.1f us/token (sort: %8.1f us, %.1fx)\n", n, set_name[c],
-                   tn[REPS / 2] * 1e6, tr[REPS / 2] * 1e6, tr[REPS / 2] / tn[REPS / 2]);
+            printf("bench sampler vocab %6d %-22s mean %7.1f us/token, median %7.1f (sort: mean %8.1f, median %8.1f; "
+                   "%.0fx)\n", n, set_name[c], sn / REPS * 1e6, tn[REPS / 2] * 1e6, sr / REPS * 1e6, tr[REPS / 2] * 1e6,
+                   sr / sn);
         }
         free(x), sampler_free(&s), ref_free(&r);
     }

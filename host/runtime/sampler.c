@@ -14,14 +14,18 @@ int sampler_init(sampler *s, int vocab) {
     s->bucket_end = malloc(SAMPLER_BUCKETS * sizeof *s->bucket_end);
     s->bucket_mass = malloc(SAMPLER_BUCKETS * sizeof *s->bucket_mass);
     s->x = malloc((size_t)vocab * sizeof *s->x);
-    if (s->cand && s->p && s->bucket_end && s->bucket_mass && s->x) return 0;
+    s->scratch = malloc((size_t)vocab * sizeof *s->scratch);
+    s->bidx = malloc((size_t)vocab * sizeof *s->bidx);
+    if (s->cand && s->p && s->bucket_end && s->bucket_mass && s->x && s->scratch && s->bidx) return 0;
     sampler_free(s);
     return -1;
 }
 
 void sampler_free(sampler *s) {
-    free(s->cand), free(s->p), free(s->bucket_end), free(s->bucket_mass), free(s->x);
-    s->cand = NULL, s->p = NULL, s->bucket_end = NULL, s->bucket_mass = NULL, s->x = NULL;
+    free(s->cand), free(s->p), free(s->bucket_end), free(s->bucket_mass), free(s->x), free(s->scratch);
+    free(s->bidx);
+    s->cand = NULL, s->p = NULL, s->bucket_end = NULL, s->bucket_mass = NULL, s->x = NULL, s->scratch = NULL;
+    s->bidx = NULL;
 }
 
 static uint64_t splitmix64(uint64_t x) {

@@ -28,7 +28,7 @@ typedef struct {
 // The distribution left by sampler_distribution. Kept sets that a truncation made small
 // (top-k, the top-p nucleus, min-p, or a small vocab) are sorted in full: cand[0..n_cand)
 // holds them, normalised. A large untruncated set (temperature alone, or a min-p that
-// keeps many) is "lazy": cand[0..n_sorted) holds its most probable candidates sorted,
+// keeps many) is "lazy": cand[0..n_head) holds its most probable candidates sorted,
 // with raw masses, and a draw walks them with error bounds (sampler_dist.c);
 // sampler_materialize sorts the rest when a caller needs the whole list.
 #define SAMPLER_BUCKETS 512
@@ -37,17 +37,18 @@ typedef struct {
     sampler_cand *cand;  // [n] kept candidates, most probable first (ties: lower id)
     int n_cand;          // candidates kept by the last truncation
     double *p;           // [n] every logit's mass exp((x - max) / T), 0 for NaN
-    int lazy;            // 1: only cand[0..n_sorted) is sorted, with raw masses
+    int lazy;            // 1: only cand[0..n_head) is sorted, with raw masses
     int approx;          // lazy: p holds masses within 2^-40 (a vectorised exp), not exact
     float *x, mx;        // lazy: a copy of the logits and their max, for exact masses later
     double inv_t;        // lazy: 1 / T
-    int n_sorted;        // lazy: sorted head; n_head + bucketed tail once bucketed
     int n_head;          // lazy: candidates with p >= the head threshold
     int bucketed;        // lazy: the tail below the head is in buckets
     double total;        // lazy: index-order sum of the kept masses
     double keep_min;     // lazy: the kept set is p >= keep_min (0: every logit)
-    int *bucket_end;     // [SAMPLER_BUCKETS] lazy tail: end of each bucket in cand
+    int *bucket_end;     // [SAMPLER_BUCKETS] lazy tail: each bucket's count
     double *bucket_mass; // [SAMPLER_BUCKETS] lazy tail: each bucket's mass
+    uint16_t *bidx;      // [n] lazy tail: each logit's bucket (SAMPLER_BUCKETS: none)
+    sampler_cand *scratch; // [n] lazy draws: room to split a bucket
 } sampler;
 
 int sampler_init(sampler *s, int vocab);

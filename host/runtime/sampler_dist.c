@@ -19,8 +19,8 @@
 #include <string.h>
 
 #include "host/runtime/sampler.h"
+#include "host/runtime/sampler_impl.h"
 
-#define HEAD_TAU 1e-3  // the nucleus prefilter's first threshold (kept as it was)
 #define EAGER_MAX 1024 // untruncated kept sets up to this size are sorted at once
 #define HEAD_SORT_MAX 1024 // a lazy set's head is sorted at once up to this size
 
@@ -30,7 +30,7 @@ static int cand_cmp(const void *a, const void *b) {
     return x->id - y->id;
 }
 
-static void sort_cands(sampler_cand *c, int n) { qsort(c, (size_t)n, sizeof *c, cand_cmp); }
+void sampler_sort_cands(sampler_cand *c, int n) { qsort(c, (size_t)n, sizeof *c, cand_cmp); }
 
 // Moves the k first candidates in cand_cmp order to the front, unsorted (quickselect).
 // cand_cmp is a total order, so the k chosen are those of a full sort.
@@ -60,7 +60,7 @@ static double one_hot(sampler *s, const float *logits) {
 }
 
 // Gathers the kept candidates (p >= keep_min) with p >= thr into cand, in index order.
-static int gather(sampler *s, double keep_min, double thr) {
+int sampler_gather(sampler *s, double keep_min, double thr) {
     const double *p = s->p;
     double t = fmax(keep_min, thr);
     int m = 0;
@@ -72,7 +72,7 @@ static int gather(sampler *s, double keep_min, double thr) {
 // The end of the sort's path on cand[0..n), sorted: total (the index-order kept sum
 // when top-p was set up on it, else the sorted sum), the nucleus, normalisation and
 // the entropy, in the same order of operations.
-static double finish_sorted(sampler *s, int n, double kept, float top_p) {
+double sampler_finish_sorted(sampler *s, int n, double kept, float top_p) {
     sampler_cand *c = s->cand;
     double total = 0;
     for (int i = 0; i < n; i++) total += c[i].p;
@@ -133,16 +133,15 @@ double sampler_exp_fast(double d) {
     return d >= -708 ? e * scale : 0;
 }
 
-#define FAST_EXP_ERR 0x1p-40  // the bound the decisions below allow sampler_exp_fast
-
 typedef struct {
     int nh;          // the exact head (kept p >= HEAD_TAU, exact masses) in cand, index order
     double kept, pd; // the approximate masses' sum, and sum of p d (p > 0)
 } fast_pass;
 
 // Without min-p or top-k: approximate masses into s->p (vectorised), their sums, and
-// the head with exact masses (a wider approximate threshold, then the exact test).
-static void run_fast_pass(sampler *s, const float *x, float mx, double inv_t, fast_pass *f) {
+// the head with exact masses (a wider approximate threshold, then the exact test); nh
+// is -1 when more than cap candidates would be in it.
+static void run_fast_pass(sampler *s, const float *x, float mx, double inv_t, int cap, fast_pass *f) {
     double kept = 0, pd = 0, *p = s->p, lo = HEAD_TAU * (1 - 2 * FAST_EXP_ERR);
     int n = s->n, nh = 0;
 #pragma omp simd reduction(+ : kept, pd)
@@ -150,7 +149,12 @@ static void run_fast_pass(sampler *s, const float *x, float mx, double inv_t, fa
         double d = ((double)x[i] - mx) * inv_t, pa = sampler_exp_fast(d);
         p[i] = pa, kept += pa, pd += pa > 0 ? pa * d : 0;
     }
+    int over = 0;
     for (int i = 0; i < n; i += 16) {
+        int e = i + 16 < n ? i + 16 : n;
+        for (int j = i; j < e; j++) over += p[j] >= lo;
+    }
+    for (int i = 0; i < n && over <= cap; i += 16) {
         int any = 0, e = i + 16 < n ? i + 16 : n;
         for (int j = i; j < e; j++) any |= p[j] >= lo;
         for (int j = i; any && j < e; j++) {
@@ -158,6 +162,7 @@ static void run_fast_pass(sampler *s, const float *x, float mx, double inv_t, fa
             if (pe >= HEAD_TAU) s->cand[nh++] = (sampler_cand){ pe, j };
         }
     }
+    if (over > cap) nh = -1;
     *f = (fast_pass){ nh, kept, pd };
 }
 
@@ -183,32 +188,26 @@ static int fast_top_p(sampler *s, const fast_pass *f, float top_p, double *h) {
     double eps = fast_eps(s->n), need = top_p * f->kept, mass = 0;
     for (int i = 0; i < f->nh; i++) mass += s->cand[i].p;
     if (!(mass >= need * (1 + eps))) return 0;
-    sort_cands(s->cand, f->nh);
+    sampler_sort_cands(s->cand, f->nh);
     if (!nucleus_certain(s, f->nh, top_p, f->kept, eps)) return 0;
-    *h = finish_sorted(s, f->nh, f->kept, top_p);
+    *h = sampler_finish_sorted(s, f->nh, f->kept, top_p);
     return 1;
 }
 
 // Temperature alone over a large vocabulary: lazy on the fast pass's masses, with the
 // logits kept for exact masses should a draw need the tail.
 static double fast_lazy(sampler *s, const float *x, float mx, double inv_t, const fast_pass *f) {
-    int head = f->nh <= HEAD_SORT_MAX ? f->nh : 0;
-    sort_cands(s->cand, head);
+    int head = f->nh >= 0 ? f->nh : 0;
+    sampler_sort_cands(s->cand, head);
     memcpy(s->x, x, sizeof(float) * (size_t)s->n);
     s->mx = mx, s->inv_t = inv_t, s->approx = 1;
     s->lazy = 1, s->bucketed = 0;
-    s->n_cand = s->n, s->n_sorted = s->n_head = head;
+    s->n_cand = s->n, s->n_head = head;
     s->total = f->kept, s->keep_min = 0;
     double hh = (log(f->kept) - f->pd / f->kept) / log(2.0);
     return hh > 0 ? hh : 0;
 }
 
-// The exact masses of a lazy set built on the fast pass.
-static void exact_masses(sampler *s) {
-    if (!s->approx) return;
-    for (int i = 0; i < s->n; i++) s->p[i] = isnan(s->x[i]) ? 0 : exp(((double)s->x[i] - s->mx) * s->inv_t);
-    s->approx = 0;
-}
 
 // Top-k of the kept set (k < nk): the k best lie in the head when it holds k, else
 // above the first of a few deeper thresholds that holds k, counted in one pass.
@@ -222,11 +221,11 @@ static double dist_top_k(sampler *s, const mass_pass *m, double keep_min, int k,
             if (s->p[i] >= keep_min)
                 for (int t = 0; t < NT; t++) cnt[t] += s->p[i] >= thr[t];
         while (j < NT && cnt[j] < k) j++;
-        n = gather(s, keep_min, j < NT ? thr[j] : 0);
+        n = sampler_gather(s, keep_min, j < NT ? thr[j] : 0);
     }
     select_top(s->cand, n, k);
-    sort_cands(s->cand, k);
-    return finish_sorted(s, k, -1, top_p);
+    sampler_sort_cands(s->cand, k);
+    return sampler_finish_sorted(s, k, -1, top_p);
 }
 
 // Top-p without top-k: the sort's prefilter, the first threshold 1e-3, 1e-6, ... whose
@@ -242,28 +241,28 @@ static double dist_top_p(sampler *s, const mass_pass *m, double keep_min, float 
             mass = 0;
             for (int i = 0; i < s->n; i++)
                 if (s->p[i] >= keep_min && s->p[i] >= eps) mass += s->p[i];
-            if (mass >= need) n = gather(s, keep_min, eps);
+            if (mass >= need) n = sampler_gather(s, keep_min, eps);
         }
-        if (n < 0) n = gather(s, keep_min, 0);
+        if (n < 0) n = sampler_gather(s, keep_min, 0);
     }
-    sort_cands(s->cand, n);
-    return finish_sorted(s, n, m->kept, top_p);
+    sampler_sort_cands(s->cand, n);
+    return sampler_finish_sorted(s, n, m->kept, top_p);
 }
 
 // Temperature (and min-p) alone: sorted in full when small, else lazy, with the
 // entropy from the raw masses: H = (ln S - sum(p d) / S) / ln 2, d = ln p.
 static double dist_untruncated(sampler *s, const mass_pass *m, double keep_min) {
     if (m->nk <= EAGER_MAX) {
-        int n = m->nh == m->nk ? m->nh : gather(s, keep_min, 0);
-        sort_cands(s->cand, n);
-        return finish_sorted(s, n, -1, 1);
+        int n = m->nh == m->nk ? m->nh : sampler_gather(s, keep_min, 0);
+        sampler_sort_cands(s->cand, n);
+        return sampler_finish_sorted(s, n, -1, 1);
     }
     // A small head (the usual peaked distribution) is sorted now; a large one (flat
     // rows) is left to the buckets with the rest.
     int head = m->nh <= HEAD_SORT_MAX ? m->nh : 0;
-    sort_cands(s->cand, head);
+    sampler_sort_cands(s->cand, head);
     s->lazy = 1, s->bucketed = 0, s->approx = 0;
-    s->n_cand = m->nk, s->n_sorted = s->n_head = head;
+    s->n_cand = m->nk, s->n_head = head;
     s->total = m->kept, s->keep_min = keep_min;
     double h = (log(m->kept) - m->pd / m->kept) / log(2.0);
     return h > 0 ? h : 0;
@@ -293,8 +292,8 @@ static double finish_kept(sampler *s, int n, sampler_params p) {
         }
     }
     if (p.top_k > 0 && p.top_k < n) select_top(c, n, p.top_k), n = p.top_k;
-    sort_cands(c, n);
-    return finish_sorted(s, n, kept, p.top_p);
+    sampler_sort_cands(c, n);
+    return sampler_finish_sorted(s, n, kept, p.top_p);
 }
 
 static double dist_degenerate(sampler *s, const float *logits, float mx, sampler_params p) {
@@ -380,8 +379,8 @@ static int dist_top_k_window(sampler *s, const float *x, float mx, double inv_t,
     int m = gather_window(s, x, mx, inv_t, dl - D_SLACK * (1 - dl), WINDOW_MAX);
     if (m < p.top_k) return 0;
     select_top(s->cand, m, p.top_k);
-    sort_cands(s->cand, p.top_k);
-    *h = finish_sorted(s, p.top_k, -1, p.top_p);
+    sampler_sort_cands(s->cand, p.top_k);
+    *h = sampler_finish_sorted(s, p.top_k, -1, p.top_p);
     return 1;
 }
 
@@ -398,7 +397,7 @@ double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
     if (keep_min == 0 && p.top_k > 0 && p.top_k < s->n && dist_top_k_window(s, logits, mx, inv_t, p, &h)) return h;
     if (keep_min == 0 && !(p.top_k > 0 && p.top_k < s->n) && (p.top_p < 1 || s->n > EAGER_MAX)) {
         fast_pass f;
-        run_fast_pass(s, logits, mx, inv_t, &f);
+        run_fast_pass(s, logits, mx, inv_t, p.top_p < 1 ? s->n : HEAD_SORT_MAX, &f);
         if (!(p.top_p < 1)) return fast_lazy(s, logits, mx, inv_t, &f);
         if (fast_top_p(s, &f, p.top_p, &h)) return h;
     }
@@ -410,96 +409,4 @@ double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
     return dist_untruncated(s, &m, keep_min);
 }
 
-void sampler_materialize(sampler *s) {
-    if (!s->lazy) return;
-    exact_masses(s);
-    int n = gather(s, s->keep_min, 0);
-    sort_cands(s->cand, n);
-    finish_sorted(s, n, -1, 1);
-}
 
-// Masses per bucket of p's top 12 bits (exponent and 3 mantissa bits, so a bucket
-// spans a factor 2^(1/8)), counted down from p = 1: buckets cover p >= 2^-64.
-static uint64_t bucket_of(double p) {
-    uint64_t b, one;
-    double x = 1.0;
-    memcpy(&b, &p, sizeof b);
-    memcpy(&one, &x, sizeof one);
-    return (one >> 49) - (b >> 49);
-}
-
-// Counting-sorts the kept candidates the sorted head does not hold (all of them when
-// there is none) into buckets after it in cand, each bucket's mass beside it. Masses
-// below the last bucket are left out: a draw that reaches them falls back to the sort.
-static void bucket_tail(sampler *s) {
-    int nb = SAMPLER_BUCKETS, *end = s->bucket_end;
-    double *mass = s->bucket_mass, lo = fmax(s->keep_min, 1e-300), hi = s->n_head > 0 ? HEAD_TAU : INFINITY;
-    memset(end, 0, sizeof(int) * (size_t)nb);
-    memset(mass, 0, sizeof(double) * (size_t)nb);
-    exact_masses(s);
-    for (int i = 0; i < s->n; i++) {
-        double pi = s->p[i];
-        uint64_t b = bucket_of(pi);
-        if (pi >= lo && pi < hi && b < (uint64_t)nb) end[b]++, mass[b] += pi;
-    }
-    int at = s->n_head;
-    for (int b = 0; b < nb; b++) at += end[b], end[b] = at;  // one past bucket b
-    for (int i = s->n - 1; i >= 0; i--) {
-        double pi = s->p[i];
-        uint64_t b = bucket_of(pi);
-        if (pi >= lo && pi < hi && b < (uint64_t)nb) s->cand[--end[b]] = (sampler_cand){ pi, i };
-    }
-    for (int b = 0; b < nb; b++) end[b] = b + 1 < nb ? end[b + 1] : at;  // starts -> ends
-    s->n_sorted = at, s->bucketed = 1;
-}
-
-// One step of the lazy walk: 1 when u is surely at or past the sort's cumulative sum
-// through this candidate, 0 when surely before it, -1 when too close to tell.
-static int past(double u, double cum, double total, double margin) {
-    double q = cum / total;
-    return u >= q + margin ? 1 : u < q - margin ? 0 : -1;
-}
-
-// The sort's draw (first candidate whose rounded cumulative normalised mass exceeds u)
-// on a lazy distribution. Its cumulative sums are within margin of cum / total, where
-// cum sums the same raw masses in any order and total is their index-order sum: both
-// have at most n_cand terms, so each is off by at most n_cand ulps (relative), and the
-// sort's normalisation adds as many again; margin doubles that.
-static int lazy_draw(sampler *s, double u) {
-    double margin = (4.0 * s->n_cand + 64) * 0x1p-53 + 2 * FAST_EXP_ERR, cum = 0;
-    if (!(u < 1 - margin)) return -1;  // the sort may walk off its rounded end
-    for (int k = 0; k < s->n_head; k++) {
-        int r = past(u, cum += s->cand[k].p, s->total, margin);
-        if (r <= 0) return r == 0 ? s->cand[k].id : -1;
-    }
-    if (!s->bucketed) bucket_tail(s);
-    int start = s->n_head;
-    for (int b = 0; b < SAMPLER_BUCKETS; start = s->bucket_end[b++]) {
-        int end = s->bucket_end[b];
-        if (end == start || past(u, cum + s->bucket_mass[b], s->total, margin) == 1) {
-            cum += s->bucket_mass[b];
-            continue;
-        }
-        sort_cands(s->cand + start, end - start);
-        for (int k = start; k < end; k++) {
-            int r = past(u, cum += s->cand[k].p, s->total, margin);
-            if (r <= 0) return r == 0 ? s->cand[k].id : -1;
-        }
-    }
-    return -1;  // past every bucket: only the full sort knows
-}
-
-int sampler_draw_u(sampler *s, double u) {
-    if (s->n_cand <= 0) return -1;  // no distribution built
-    if (s->lazy) {
-        int id = lazy_draw(s, u);
-        if (id >= 0) return id;
-        sampler_materialize(s);
-    }
-    double cum = 0;
-    for (int i = 0; i < s->n_cand; i++) {
-        cum += s->cand[i].p;
-        if (u < cum) return s->cand[i].id;
-    }
-    return s->cand[s->n_cand - 1].id;  // u beyond the rounded total
-}

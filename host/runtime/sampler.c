@@ -16,16 +16,18 @@ int sampler_init(sampler *s, int vocab) {
     s->x = malloc((size_t)vocab * sizeof *s->x);
     s->scratch = malloc((size_t)vocab * sizeof *s->scratch);
     s->bidx = malloc((size_t)vocab * sizeof *s->bidx);
-    if (s->cand && s->p && s->bucket_end && s->bucket_mass && s->x && s->scratch && s->bidx) return 0;
+    s->bucket_pd_buf = malloc(SAMPLER_BUCKETS * sizeof *s->bucket_pd_buf);
+    if (s->cand && s->p && s->bucket_end && s->bucket_mass && s->x && s->scratch && s->bidx && s->bucket_pd_buf)
+        return 0;
     sampler_free(s);
     return -1;
 }
 
 void sampler_free(sampler *s) {
     free(s->cand), free(s->p), free(s->bucket_end), free(s->bucket_mass), free(s->x), free(s->scratch);
-    free(s->bidx);
+    free(s->bidx), free(s->bucket_pd_buf);
     s->cand = NULL, s->p = NULL, s->bucket_end = NULL, s->bucket_mass = NULL, s->x = NULL, s->scratch = NULL;
-    s->bidx = NULL;
+    s->bidx = NULL, s->bucket_pd_buf = NULL;
 }
 
 static uint64_t splitmix64(uint64_t x) {

@@ -48,6 +48,11 @@ typedef struct {
     int *bucket_end;     // [SAMPLER_BUCKETS] lazy tail: each bucket's count
     double *bucket_mass; // [SAMPLER_BUCKETS] lazy tail: each bucket's mass
     uint16_t *bidx;      // [n] lazy tail: each logit's bucket (SAMPLER_BUCKETS: none)
+    double *bucket_pd;   // lazy nucleus: bucket_pd_buf while its entropy is summed, else NULL
+    double *bucket_pd_buf; // [SAMPLER_BUCKETS]
+    int nucleus;         // lazy: a top-p nucleus, ending at `last`
+    float top_p;         // lazy nucleus: its top-p
+    sampler_cand last;   // lazy nucleus: its last candidate
     sampler_cand *scratch; // [n] lazy draws: room to split a bucket
 } sampler;
 

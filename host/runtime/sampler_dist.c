@@ -23,14 +23,15 @@
 
 #define EAGER_MAX 1024 // untruncated kept sets up to this size are sorted at once
 #define HEAD_SORT_MAX 1024 // a lazy set's head is sorted at once up to this size
+#define NUCLEUS_SORT_MAX 2048 // top-p sorts a head up to this size; a larger one walks lazily
 
-static int cand_cmp(const void *a, const void *b) {
+int sampler_cand_cmp(const void *a, const void *b) {
     const sampler_cand *x = a, *y = b;
     if (x->p != y->p) return x->p > y->p ? -1 : 1;
     return x->id - y->id;
 }
 
-void sampler_sort_cands(sampler_cand *c, int n) { qsort(c, (size_t)n, sizeof *c, cand_cmp); }
+void sampler_sort_cands(sampler_cand *c, int n) { qsort(c, (size_t)n, sizeof *c, sampler_cand_cmp); }
 
 // Moves the k first candidates in cand_cmp order to the front, unsorted (quickselect).
 // cand_cmp is a total order, so the k chosen are those of a full sort.
@@ -40,8 +41,8 @@ static void select_top(sampler_cand *c, int n, int k) {
         sampler_cand pivot = c[lo + (hi - lo) / 2];
         int i = lo, j = hi;
         while (i <= j) {
-            while (cand_cmp(&c[i], &pivot) < 0) i++;
-            while (cand_cmp(&c[j], &pivot) > 0) j--;
+            while (sampler_cand_cmp(&c[i], &pivot) < 0) i++;
+            while (sampler_cand_cmp(&c[j], &pivot) > 0) j--;
             if (i <= j) {
                 sampler_cand t = c[i];
                 c[i++] = c[j], c[j--] = t;
@@ -136,6 +137,7 @@ double sampler_exp_fast(double d) {
 typedef struct {
     int nh;          // the exact head (kept p >= HEAD_TAU, exact masses) in cand, index order
     double kept, pd; // the approximate masses' sum, and sum of p d (p > 0)
+    double head_lo;  // the approximate mass of those surely in the head
 } fast_pass;
 
 // Without min-p or top-k: approximate masses into s->p (vectorised), their sums, and
@@ -150,10 +152,9 @@ static void run_fast_pass(sampler *s, const float *x, float mx, double inv_t, in
         p[i] = pa, kept += pa, pd += pa > 0 ? pa * d : 0;
     }
     int over = 0;
-    for (int i = 0; i < n; i += 16) {
-        int e = i + 16 < n ? i + 16 : n;
-        for (int j = i; j < e; j++) over += p[j] >= lo;
-    }
+    double head_lo = 0, sure = HEAD_TAU * (1 + 2 * FAST_EXP_ERR);
+#pragma omp simd reduction(+ : over, head_lo)
+    for (int i = 0; i < n; i++) over += p[i] >= lo, head_lo += p[i] >= sure ? p[i] : 0;
     for (int i = 0; i < n && over <= cap; i += 16) {
         int any = 0, e = i + 16 < n ? i + 16 : n;
         for (int j = i; j < e; j++) any |= p[j] >= lo;
@@ -163,7 +164,7 @@ static void run_fast_pass(sampler *s, const float *x, float mx, double inv_t, in
         }
     }
     if (over > cap) nh = -1;
-    *f = (fast_pass){ nh, kept, pd };
+    *f = (fast_pass){ nh, kept, pd, head_lo };
 }
 
 // The relative error of the fast pass's kept sum: n roundings and the exp's error.
@@ -184,8 +185,15 @@ static int nucleus_certain(const sampler *s, int n, float top_p, double kept, do
 // Top-p from the fast pass, when its approximate kept sum decides as the exact one
 // would: the head must hold top_p of the mass (the sort's first prefilter threshold)
 // and every step of the nucleus walk must be clear of the error. 0 otherwise.
-static int fast_top_p(sampler *s, const fast_pass *f, float top_p, double *h) {
+static int fast_top_p(sampler *s, const float *x, float mx, double inv_t, const fast_pass *f, float top_p,
+                      double *h) {
     double eps = fast_eps(s->n), need = top_p * f->kept, mass = 0;
+    if (f->nh < 0) {  // a large head (flat rows): the nucleus by a lazy walk, if it lies in the head
+        if (!(f->head_lo * (1 - 2 * FAST_EXP_ERR) >= need * (1 + eps))) return 0;
+        memcpy(s->x, x, sizeof(float) * (size_t)s->n);
+        s->mx = mx, s->inv_t = inv_t, s->approx = 1, s->top_p = top_p;
+        return sampler_lazy_nucleus(s, top_p, f->kept, h);
+    }
     for (int i = 0; i < f->nh; i++) mass += s->cand[i].p;
     if (!(mass >= need * (1 + eps))) return 0;
     sampler_sort_cands(s->cand, f->nh);
@@ -201,7 +209,7 @@ static double fast_lazy(sampler *s, const float *x, float mx, double inv_t, cons
     sampler_sort_cands(s->cand, head);
     memcpy(s->x, x, sizeof(float) * (size_t)s->n);
     s->mx = mx, s->inv_t = inv_t, s->approx = 1;
-    s->lazy = 1, s->bucketed = 0;
+    s->lazy = 1, s->bucketed = 0, s->nucleus = 0;
     s->n_cand = s->n, s->n_head = head;
     s->total = f->kept, s->keep_min = 0;
     double hh = (log(f->kept) - f->pd / f->kept) / log(2.0);
@@ -249,6 +257,12 @@ static double dist_top_p(sampler *s, const mass_pass *m, double keep_min, float 
     return sampler_finish_sorted(s, n, m->kept, top_p);
 }
 
+void sampler_exact_top_p(sampler *s) {
+    mass_pass m;
+    run_mass_pass(s, s->x, s->mx, s->inv_t, 0, &m);
+    dist_top_p(s, &m, 0, s->top_p);
+}
+
 // Temperature (and min-p) alone: sorted in full when small, else lazy, with the
 // entropy from the raw masses: H = (ln S - sum(p d) / S) / ln 2, d = ln p.
 static double dist_untruncated(sampler *s, const mass_pass *m, double keep_min) {
@@ -261,7 +275,7 @@ static double dist_untruncated(sampler *s, const mass_pass *m, double keep_min) 
     // rows) is left to the buckets with the rest.
     int head = m->nh <= HEAD_SORT_MAX ? m->nh : 0;
     sampler_sort_cands(s->cand, head);
-    s->lazy = 1, s->bucketed = 0, s->approx = 0;
+    s->lazy = 1, s->bucketed = 0, s->approx = 0, s->nucleus = 0;
     s->n_cand = m->nk, s->n_head = head;
     s->total = m->kept, s->keep_min = keep_min;
     double h = (log(m->kept) - m->pd / m->kept) / log(2.0);
@@ -397,9 +411,9 @@ double sampler_distribution(sampler *s, const float *logits, sampler_params p) {
     if (keep_min == 0 && p.top_k > 0 && p.top_k < s->n && dist_top_k_window(s, logits, mx, inv_t, p, &h)) return h;
     if (keep_min == 0 && !(p.top_k > 0 && p.top_k < s->n) && (p.top_p < 1 || s->n > EAGER_MAX)) {
         fast_pass f;
-        run_fast_pass(s, logits, mx, inv_t, p.top_p < 1 ? s->n : HEAD_SORT_MAX, &f);
+        run_fast_pass(s, logits, mx, inv_t, p.top_p < 1 ? NUCLEUS_SORT_MAX : HEAD_SORT_MAX, &f);
         if (!(p.top_p < 1)) return fast_lazy(s, logits, mx, inv_t, &f);
-        if (fast_top_p(s, &f, p.top_p, &h)) return h;
+        if (fast_top_p(s, logits, mx, inv_t, &f, p.top_p, &h)) return h;
     }
     mass_pass m;
     run_mass_pass(s, logits, mx, inv_t, keep_min, &m);

@@ -16,5 +16,11 @@ int sampler_gather(sampler *s, double keep_min, double thr);
 double sampler_finish_sorted(sampler *s, int n, double kept, float top_p);
 // The exact (libm) mass of logit i of a lazy set built on approximate masses.
 double sampler_exact_mass(const sampler *s, int i);
+// cand_cmp: most probable first, ties to the lower id.
+int sampler_cand_cmp(const void *a, const void *b);
+// A lazy top-p nucleus on the fast pass's masses (sampler_lazy.c); 0 when undecided.
+int sampler_lazy_nucleus(sampler *s, float top_p, double kept_approx, double *h);
+// The sort's top-p path on s->x (a lazy nucleus's logits), materialised in full.
+void sampler_exact_top_p(sampler *s);
 
 #endif

@@ -1,18 +1,15 @@
-// sampler_dist.c: sampler_distribution and the draw, in O(vocab) with the results of a
-// full sort (tests/c/sampler_ref.h keeps the sort-based original as the reference).
-//
-// One pass computes every mass p = exp((x - max) / T) exactly as the sort did, the kept
-// count, their index-order sum, and gathers the head: the kept candidates with
-// p >= HEAD_TAU, in index order. Then:
-//  - top-k sorts the k best of the head (or of a deeper threshold when the head holds
-//    fewer than k);
-//  - top-p's prefilter (the smallest 1e-3^j threshold whose mass reaches top_p) is
-//    usually the head itself, whose index-order mass the sort also summed;
-//  - a small untruncated set is sorted in full;
-//  - a large untruncated one stays lazy: the draw walks the sorted head, then the tail
-//    in buckets of p's high bits (sorting only the bucket it lands in), and decides
-//    only where error bounds prove the sort's rounded cumulative sums would decide the
-//    same; otherwise (about 1e-10 of draws) it sorts everything and walks as the sort did.
+// sampler_dist.c: sampler_distribution in O(vocab), with the results of a full sort
+// (tests/c/sampler_ref.h keeps the sort-based original as the reference; docs/sampler.md).
+//  - min-p and top-k decide in logit space: masses are monotone in the logit up to an
+//    ulp, so only a window above the threshold (or above the k-th largest logit) needs
+//    exact masses; the short kept list then goes through the sort's steps.
+//  - top-p and temperature alone take a vectorised approximate exp over the vocabulary
+//    (sampler_exp_fast), exact masses for the head (p >= HEAD_TAU, the sort's first
+//    prefilter threshold) and error-bounded decisions: the head is sorted and the
+//    nucleus walked as the sort did; a large untruncated set (or a nucleus in a large
+//    head) stays lazy and the draw walks it by buckets (sampler_lazy.c).
+//  - Wherever a bound cannot decide, one exact pass of libm masses and the sort's own
+//    steps follow.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -189,7 +186,7 @@ static int fast_top_p(sampler *s, const float *x, float mx, double inv_t, const 
                       double *h) {
     double eps = fast_eps(s->n), need = top_p * f->kept, mass = 0;
     if (f->nh < 0) {  // a large head (flat rows): the nucleus by a lazy walk, if it lies in the head
-        if (!(f->head_lo * (1 - 2 * FAST_EXP_ERR) >= need * (1 + eps))) return 0;
+        if (!(f->head_lo * (1 - eps) >= need * (1 + eps))) return 0;
         memcpy(s->x, x, sizeof(float) * (size_t)s->n);
         s->mx = mx, s->inv_t = inv_t, s->approx = 1, s->top_p = top_p;
         return sampler_lazy_nucleus(s, top_p, f->kept, h);
@@ -215,7 +212,6 @@ static double fast_lazy(sampler *s, const float *x, float mx, double inv_t, cons
     double hh = (log(f->kept) - f->pd / f->kept) / log(2.0);
     return hh > 0 ? hh : 0;
 }
-
 
 // Top-k of the kept set (k < nk): the k best lie in the head when it holds k, else
 // above the first of a few deeper thresholds that holds k, counted in one pass.

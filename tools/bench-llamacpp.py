@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""bench-llamacpp.py: varent against llama.cpp on the same BF16 weights, the same threads,
-interleaved, with medians and ratios (issue 19):
+"""bench-llamacpp.py: varent against llama.cpp on the same BF16 weights, the same threads and
+the same OpenMP spin count (GOMP_SPINCOUNT=1000, varent's default, unless OMP_WAIT_POLICY
+or GOMP_SPINCOUNT is set), interleaved, with medians and ratios (issue 19):
 
     pp512                     prefill of 512 tokens
     tg128 @ depth 0/512/4096  128 single-token decode steps after a prefill of that many
@@ -287,10 +288,16 @@ def machine():
     return f"{name}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
+def omp_env():
+    return ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if os.environ.get(k))
+
+
 def report(args, results, ppl, versions):
     lines = [f"Date {datetime.date.today()}; machine: {machine()}; {args.threads} threads on both sides.",
              f"llama.cpp {versions['commit']} via llama-cpp-python {versions['python']} (built with {CMAKE_ARGS}); "
              f"system info: {versions['system']}",
+             f"OpenMP: both engines with {omp_env()} (varent's default; libgomp's own 300000 spin rounds collapse "
+             "under contention).",
              f"Command: `{' '.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}`; {args.reps} interleaved "
              f"repetitions, medians; load average {args.load_before} before, {os.getloadavg()[0]:.1f} after "
              f"(the machine is shared: other jobs ran during the measurement).", "",
@@ -340,6 +347,10 @@ def main():
     for path, what in ((args.model, "--model"), (args.source_gguf, "--source-gguf"), (args.varent, "--varent")):
         if not os.path.exists(path):
             die(f"{what} {path} does not exist (make run fetches SmolLM2 into weights/; make builds varent)")
+    # Both engines use libgomp: give llama.cpp the spin count varent runs with by default
+    # (host/cli/main.c), unless the caller chose a policy for both.
+    if not os.environ.get("OMP_WAIT_POLICY") and not os.environ.get("GOMP_SPINCOUNT"):
+        os.environ["GOMP_SPINCOUNT"] = "1000"
     try:
         import llama_cpp  # noqa: F401  (inside the venv)
     except ImportError:

@@ -134,7 +134,6 @@ double sampler_exp_fast(double d) {
 typedef struct {
     int nh;          // the exact head (kept p >= HEAD_TAU, exact masses) in cand, index order
     double kept, pd; // the approximate masses' sum, and sum of p d (p > 0)
-    double head_lo;  // the approximate mass of those surely in the head
 } fast_pass;
 
 // Without min-p or top-k: approximate masses into s->p (vectorised), their sums, and
@@ -149,9 +148,8 @@ static void run_fast_pass(sampler *s, const float *x, float mx, double inv_t, in
         p[i] = pa, kept += pa, pd += pa > 0 ? pa * d : 0;
     }
     int over = 0;
-    double head_lo = 0, sure = HEAD_TAU * (1 + 2 * FAST_EXP_ERR);
-#pragma omp simd reduction(+ : over, head_lo)
-    for (int i = 0; i < n; i++) over += p[i] >= lo, head_lo += p[i] >= sure ? p[i] : 0;
+#pragma omp simd reduction(+ : over)
+    for (int i = 0; i < n; i++) over += p[i] >= lo;
     for (int i = 0; i < n && over <= cap; i += 16) {
         int any = 0, e = i + 16 < n ? i + 16 : n;
         for (int j = i; j < e; j++) any |= p[j] >= lo;
@@ -161,7 +159,7 @@ static void run_fast_pass(sampler *s, const float *x, float mx, double inv_t, in
         }
     }
     if (over > cap) nh = -1;
-    *f = (fast_pass){ nh, kept, pd, head_lo };
+    *f = (fast_pass){ nh, kept, pd };
 }
 
 // The relative error of the fast pass's kept sum: n roundings and the exp's error.
@@ -180,23 +178,26 @@ static int nucleus_certain(const sampler *s, int n, float top_p, double kept, do
 }
 
 // Top-p from the fast pass, when its approximate kept sum decides as the exact one
-// would: the head must hold top_p of the mass (the sort's first prefilter threshold)
-// and every step of the nucleus walk must be clear of the error. 0 otherwise.
+// would. A head (p >= HEAD_TAU, the sort's first prefilter) of up to NUCLEUS_SORT_MAX
+// that surely holds top_p of the mass is sorted and the nucleus walked as the sort did,
+// if every step of that walk is clear of the error. Otherwise (a large head, or a
+// nucleus reaching below it) the nucleus is found by a lazy walk over every candidate:
+// the sort's prefilter set, whichever threshold it stopped at, holds every candidate
+// up to the one where the walk surely crosses, so its nucleus is the same. 0 when
+// neither can decide.
 static int fast_top_p(sampler *s, const float *x, float mx, double inv_t, const fast_pass *f, float top_p,
                       double *h) {
     double eps = fast_eps(s->n), need = top_p * f->kept, mass = 0;
-    if (f->nh < 0) {  // a large head (flat rows): the nucleus by a lazy walk, if it lies in the head
-        if (!(f->head_lo * (1 - eps) >= need * (1 + eps))) return 0;
-        memcpy(s->x, x, sizeof(float) * (size_t)s->n);
-        s->mx = mx, s->inv_t = inv_t, s->approx = 1, s->top_p = top_p;
-        return sampler_lazy_nucleus(s, top_p, f->kept, h);
+    for (int i = 0; f->nh >= 0 && i < f->nh; i++) mass += s->cand[i].p;
+    if (f->nh >= 0 && mass >= need * (1 + eps)) {
+        sampler_sort_cands(s->cand, f->nh);
+        if (!nucleus_certain(s, f->nh, top_p, f->kept, eps)) return 0;
+        *h = sampler_finish_sorted(s, f->nh, f->kept, top_p);
+        return 1;
     }
-    for (int i = 0; i < f->nh; i++) mass += s->cand[i].p;
-    if (!(mass >= need * (1 + eps))) return 0;
-    sampler_sort_cands(s->cand, f->nh);
-    if (!nucleus_certain(s, f->nh, top_p, f->kept, eps)) return 0;
-    *h = sampler_finish_sorted(s, f->nh, f->kept, top_p);
-    return 1;
+    memcpy(s->x, x, sizeof(float) * (size_t)s->n);
+    s->mx = mx, s->inv_t = inv_t, s->approx = 1, s->top_p = top_p;
+    return sampler_lazy_nucleus(s, top_p, f->kept, h);
 }
 
 // Temperature alone over a large vocabulary: lazy on the fast pass's masses, with the

@@ -179,9 +179,9 @@ static int lazy_walk(sampler *s, walk *w) {
     return W_UNSURE;  // past every bucket: only the full sort knows
 }
 
-// Top-p over a large kept set (sampler_dist.c has checked that the prefilter's head
-// holds the nucleus): the nucleus is the sorted prefix whose cumulative mass first
-// reaches need = top_p * kept, found by the same walk in raw masses. The sort's sums
+// Top-p without sorting: the nucleus is the sorted prefix whose cumulative mass first
+// reaches need = top_p * kept, found by the same walk in raw masses (sampler_dist.c's
+// fast_top_p says why the sort's prefilter does not change it). The sort's sums
 // (kept in index order, the prefix in sorted order) are each within n ulps of exact
 // and kept_approx within FAST_EXP_ERR more. Its size and total and the entropy from
 // the raw masses; 0 when the walk cannot tell (the caller takes the exact path).

@@ -382,7 +382,7 @@ def main():
                          str(args.ppl_ctx), "--chunks", str(args.ppl_chunks or 1 << 30), "--json", "-q",
                          "--threads", str(args.threads))
         vr = float(re.search(r'"ppl":([\d.eE+-]+)', out).group(1))
-        vids = [int(t) for t in re.findall(r"-?\d+", run_varent(args, "tokenize", "-t", args.model, text))]
+        vids = [int(t) for t in re.findall(r"-?\d+", run_varent(args, "tokenize", "-m", args.model, text))]
         same = vids == (got["ids"][1:] if got["add_bos"] else got["ids"])
         ppl = dict(lc=got["ppl"], vr=vr, scored=got["scored"], chunks=got["chunks"], same_ids=same)
     text = report(args, results, ppl, versions)

@@ -214,8 +214,8 @@ static void bench_host_sampler(session *s, const float *rows, int n_rows, double
             sum += t[k] = gen_now() - t0;
         }
         double mean = 1e6 * sum / nt, med = 1e6 * median(t, nt);
-        printf("host sampler %-20s %8.1f us/token  %5.2f%% of the decode step (mean; median %.1f us; %d draws on %d "
-               "decode rows)\n", name[c], mean, 100.0 * mean / (1e3 * step_ms), med, nt, n_rows);
+        printf("sampling    %-20s %8.1f us/token  %5.2f%% of a decoding step (the host sampler's mean; median %.1f us; "
+               "%d draws on %d decoded rows)\n", name[c], mean, 100.0 * mean / (1e3 * step_ms), med, nt, n_rows);
     }
     free(t);
 }

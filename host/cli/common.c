@@ -129,26 +129,9 @@ void cli_sampling_opts(args *a, gen_opts *g) {
 }
 
 static char *read_stream(FILE *f, const char *what, verr *err) {
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap);
-    while (b) {
-        n += fread(b + n, 1, cap - n - 1, f);
-        if (ferror(f)) {
-            free(b);
-            verr_set(err, "reading %s failed: %s", what, strerror(errno));
-            return NULL;
-        }
-        if (feof(f)) break;
-        char *g = n + 1 >= cap ? realloc(b, cap *= 2) : b;
-        if (!g) free(b);
-        b = g;
-    }
-    if (!b) {
-        verr_set(err, "out of memory reading %s", what);
-        return NULL;
-    }
-    b[n] = 0;
-    if (strlen(b) != n) {
+    size_t n;
+    char *b = fileio_read_stream(f, what, &n, err);
+    if (b && strlen(b) != n) {
         free(b);
         verr_set(err, "%s holds a NUL byte: a prompt is text", what);
         return NULL;

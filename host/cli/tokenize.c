@@ -24,26 +24,9 @@ static double cpu_s(void) {
 }
 
 static char *read_all(const char *cmd, FILE *f, const char *what, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap);
-    while (b) {
-        n += fread(b + n, 1, cap - n - 1, f);
-        if (ferror(f)) {
-            cli_error(cmd, "reading %s failed", what);
-            free(b);
-            return NULL;
-        }
-        if (feof(f)) break;
-        char *g = n + 1 >= cap ? realloc(b, cap *= 2) : b;
-        if (!g) free(b);
-        b = g;
-    }
-    if (!b) {
-        cli_error(cmd, "out of memory reading %s", what);
-        return NULL;
-    }
-    b[n] = 0;
-    *len = n;
+    verr err = { { 0 } };
+    char *b = fileio_read_stream(f, what, len, &err);
+    if (!b) cli_error(cmd, "%s", err.msg);
     return b;
 }
 

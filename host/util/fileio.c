@@ -46,9 +46,7 @@ FILE *fileio_fopen_input(const char *path, verr *err) {
     return fp;
 }
 
-char *fileio_read_all(const char *path, verr *err) {
-    FILE *fp = strcmp(path, "-") ? fileio_fopen_input(path, err) : stdin;
-    if (!fp) return NULL;
+char *fileio_read_stream(FILE *fp, const char *what, size_t *len, verr *err) {
     size_t n = 0, cap = 4096;
     char *buf = malloc(cap);
     while (buf) {
@@ -65,13 +63,24 @@ char *fileio_read_all(const char *path, verr *err) {
         n += got;
         if (got == 0) break;
     }
-    const char *bad = !buf ? "out of memory" : ferror(fp) ? "read error" : NULL;
-    if (fp != stdin) fclose(fp);
-    if (bad) {
+    if (!buf) {
+        verr_set(err, "%s: out of memory", what);
+        return NULL;
+    }
+    if (ferror(fp)) {
         free(buf);
-        verr_set(err, "%s: %s", path, bad);
+        verr_set(err, "%s: read error: %s", what, strerror(errno));
         return NULL;
     }
     buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+char *fileio_read_all(const char *path, verr *err) {
+    FILE *fp = strcmp(path, "-") ? fileio_fopen_input(path, err) : stdin;
+    if (!fp) return NULL;
+    char *buf = fileio_read_stream(fp, path, NULL, err);
+    if (fp != stdin) fclose(fp);
     return buf;
 }

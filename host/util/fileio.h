@@ -19,5 +19,8 @@ FILE *fileio_fopen_input(const char *path, verr *err);
 // "-" is stdin, read until EOF (pipes work there); any other path goes through
 // fileio_open_input, so it must be a regular file.
 char *fileio_read_all(const char *path, verr *err);
+// The rest of an open stream as a malloc'd NUL-terminated buffer (*len: its bytes, which
+// may include NULs; len may be NULL), or NULL with err naming what ("stdin", a path).
+char *fileio_read_stream(FILE *fp, const char *what, size_t *len, verr *err);
 
 #endif

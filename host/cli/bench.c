@@ -156,7 +156,7 @@ static int bench_sampler(session *s, const char *name, const entropix_config *ex
 static int bench_samplers(session *s, const char *list, const char *profile, const sampler_params *given,
                           const int *prompt, int plen, int n, int runs, bench_progress *bp, verr *err) {
     entropix_config ex;
-    if (entropix_profile(profile, &ex, err)) return -1;
+    if (entropix_profile_load(profile, &ex, err)) return -1;
     // The standard sampler: the profile's T0 and P0 unless --temp/--top-k/--top-p/--min-p say otherwise.
     sampler_params sp = { (float)ex.temp, 0, (float)ex.top_p, 0 };
     if (given->temperature >= 0) sp.temperature = given->temperature;
@@ -226,7 +226,7 @@ static const cli_opt bench_opts[] = {
     { "--runs", "N", "output", "3", "runs; the medians are reported", 0 },
     { "--sampler", "LIST", "entropix", "standard,entropix", "samplers to time in the full decode loop (standard, "
       "standard+metrics, entropix), or none", 0 },
-    { "--profile", "NAME", "entropix", "seed", "entropix profile of the sampler runs", 0 },
+    { "--profile", "NAME|FILE", "entropix", "seed", "entropix profile of the sampler runs: a stock name or a profile file NAME.json", 0 },
     { "--temp", "T", "sampling", "the profile's", "the standard sampler's temperature", 0 },
     { "--top-k", "K", "sampling", "0", "the standard sampler's top-k", 0 },
     { "--top-p", "P", "sampling", "the profile's", "the standard sampler's top-p", 0 },

@@ -31,7 +31,7 @@ static const cli_opt compare_opts[] = {
     { "-n|--n-predict|--max-tokens", "N", "sampling", "64", "tokens to generate per run at most", 0 },
     { "--samplers", "LIST", "entropix", "standard,greedy,entropix:seed,entropix:jax",
       "arms: standard (the sampling options), greedy, entropix (--profile) or entropix:PROFILE", 0 },
-    { "--profile", "NAME", "entropix", "seed", "profile of a plain entropix arm, and of the quadrant counts", 0 },
+    { "--profile", "NAME|FILE", "entropix", "seed", "profile (stock name or NAME.json) of a plain entropix arm, and of the quadrant counts", 0 },
     { "-o|--out", "FILE", "output", NULL, "also one JSONL row per prompt and sampler, flushed as it finishes", 0 },
     { "--format", "md|jsonl", "output", "md", "what stdout gets: a markdown table or the JSONL rows", 0 },
     { "--text-width", "N", "output", "60", "characters of each text in the markdown table", 0 },
@@ -77,8 +77,7 @@ static int parse_one(const char *spec, const char *def_profile, sampler_spec *o,
     } else {
         return verr_set(err, "--samplers: unknown sampler '%s' (use standard, greedy, entropix or entropix:PROFILE)", spec);
     }
-    if (entropix_profile(profile, &o->ex, err))
-        return verr_set(err, "--samplers: '%s': unknown profile '%s' (profiles: %s)", spec, profile, entropix_profile_names());
+    if (entropix_profile_load(profile, &o->ex, err)) return verr_set(err, "--samplers: '%s': %.900s", spec, err->msg);
     return 0;
 }
 

@@ -18,7 +18,7 @@ static int read_branch(const char *v, gen_opts *g, verr *err) {
 
 const cli_opt cli_opts_entropix[] = {
     { "--sampler", "NAME", "entropix", "standard", "standard, or entropix (per-token strategy from the uncertainty)", 0 },
-    { "--profile", "NAME", "entropix", "seed", "entropix thresholds and constants: seed, jax, frog (docs/entropix.md)", 0 },
+    { "--profile", "NAME|FILE", "entropix", "seed", "entropix thresholds and constants: seed, jax, frog, or a profile file NAME.json (docs/entropix.md)", 0 },
     { "--sampler-config", "FILE", "entropix", NULL, "entropix settings from a JSON file, over the profile", 0 },
     { "--set", "KEY=VALUE", "entropix", NULL, "one entropix setting, over the profile and the file", ARG_REPEAT },
     { "--attn-layer", "N", "entropix", "the last", "layer of the attention metrics (-1: the last)", 0 },
@@ -63,7 +63,7 @@ int entropix_cli_read(args *a, gen_opts *g, entropix_cli *c, verr *err) {
     if (strcmp(c->sampler_name, "standard") && strcmp(c->sampler_name, "entropix"))
         return verr_set(err, "--sampler: '%s' is not standard or entropix", c->sampler_name);
     g->sampler = strcmp(c->sampler_name, "entropix") ? GEN_STANDARD : GEN_ENTROPIX;
-    if (entropix_profile(profile, &c->ex, err) || (cfg && entropix_load_json(&c->ex, cfg, err)) ||
+    if (entropix_profile_load(profile, &c->ex, err) || (cfg && entropix_load_json(&c->ex, cfg, err)) ||
         apply_sets(sets, n_sets, c, err))
         return -1;
     if (branch && read_branch(branch, g, err)) return -1;

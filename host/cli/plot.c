@@ -32,7 +32,7 @@ static int fail(const char *msg) { return cli_error("plot", "%s", msg); }
 static const cli_opt plot_opts[] = {
     { "-o|--out", "FILE", "output", NULL, "the plot: .svg, or .png (through rsvg-convert) (required)", 0 },
     { "--title", "TEXT", "output", "FILE: entropy and varentropy per token", "the plot's title", 0 },
-    { "--profile", "NAME", "entropix", "seed", "whose quadrant thresholds to draw", 0 },
+    { "--profile", "NAME|FILE", "entropix", "seed", "whose quadrant thresholds to draw (stock name or NAME.json)", 0 },
     { "--set", "KEY=VALUE", "entropix", NULL, "one threshold over the profile", ARG_REPEAT },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
@@ -327,7 +327,7 @@ static int read_profile(args *a, entropix_config *c, verr *err) {
     for (const char *kv; (kv = args_each(a, "--set"));)
         if (n < 64) sets[n++] = kv;
     if (n == 64) return verr_set(err, "--set: at most 63 settings");
-    if (entropix_profile(profile, c, err)) return -1;
+    if (entropix_profile_load(profile, c, err)) return -1;
     for (int i = 0; i < n; i++) {
         const char *kv = sets[i];
         const char *eq = strchr(kv, '=');

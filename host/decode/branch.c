@@ -77,6 +77,7 @@ static int extend_all(branch_set *bs, int k, session *s, sampler_params base, in
         int n = gather_rows(bs, k, s, j);
         if (n == 0) break;
         if (session_forward_batch(s, bs->views, bs->ids, n, bs->logits, bs->m, ws, &bs->bw, err)) return -1;
+        bs->fed += n;
         for (int q = 0; q < n; q++) {
             int i = bs->row[q], *tok = bs->tok + (size_t)i * (bs->b + 1);
             gen_record *g = &bs->rec[(size_t)i * (bs->b + 1) + j];

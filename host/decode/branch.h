@@ -24,6 +24,7 @@ typedef struct {
     token_metrics *m;   // [k]
     unsigned char *live;// [k] 0 once a branch drew a stop id
     batch_ws bw;
+    long fed;           // forward rows run so far (the cost of branching)
 } branch_set;
 
 // The stock penalties (and logit biases) inside branches: each branch step sees the committed history

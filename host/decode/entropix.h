@@ -60,12 +60,19 @@ sampler_params entropix_base_params(const entropix_config *c);
 int entropix_n_samples(const entropix_config *c);
 // Copies the named profile ("seed", "jax", "frog"); -1 with err for an unknown name.
 int entropix_profile(const char *name, entropix_config *c, verr *err);
+// A stock profile by name, or a profile file: a name that is not a stock profile and
+// ends in ".json" or contains '/' is read with entropix_load_json on top of the seed
+// profile (`varent calibrate` writes such files). For the CLI only: a file name from
+// a network request must never reach it.
+int entropix_profile_load(const char *name_or_path, entropix_config *c, verr *err);
 // Lists profile names, comma-separated, for error messages.
 const char *entropix_profile_names(void);
 // Sets one constant by its documented key ("temperature", "HELV.entropy.min",
 // "order", ...). -1 with err naming the key when it does not exist or the value is bad.
 int entropix_set(entropix_config *c, const char *key, const char *value, verr *err);
-// Applies a JSON object of key: value pairs (numbers, or a string for "order"/"profile").
+// Applies a JSON object of key: value pairs (numbers, or a string for "order"/"profile"
+// (a stock name) or "name" (the profile's name)); the key "calibration" is metadata and
+// is skipped.
 int entropix_load_json(entropix_config *c, const char *path, verr *err);
 
 // The quadrant the metrics fall in, by the profile's boxes and order.

@@ -236,6 +236,7 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
         rc = session_forward(s, &kv, &unfed, 1, err);
     }
     st->decode_s = gen_now() - t0;
+    st->branch_fed = c.bs.fed;
     s->fw.lazy_logits = 0;
     ctx_free(&c);
     return rc;

@@ -57,6 +57,7 @@ typedef struct {
     int quadrant_count[Q_COUNT];  // per generated token, when metrics were computed
     double sum_entropy;
     int n_metrics;
+    long branch_fed;              // forward rows the LEHV branches ran (kept and discarded)
 } gen_stats;
 
 int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen_stats *st, verr *err);

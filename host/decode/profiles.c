@@ -91,6 +91,23 @@ int entropix_profile(const char *name, entropix_config *c, verr *err) {
     return verr_set(err, "unknown entropix profile '%s' (profiles: %s)", name, entropix_profile_names());
 }
 
+int entropix_profile_load(const char *name, entropix_config *c, verr *err) {
+    for (int p = 0; p < N_PROFILES; p++)
+        if (!strcmp(PROFILES[p].name, name)) return entropix_profile(name, c, err);
+    size_t n = strlen(name);
+    if (!strchr(name, '/') && !(n > 5 && !strcmp(name + n - 5, ".json")))
+        return verr_set(err, "unknown profile '%s' (profiles: %s, or a profile file NAME.json)", name,
+                        entropix_profile_names());
+    entropix_profile("seed", c, NULL);
+    if (entropix_load_json(c, name, err)) return -1;
+    for (int p = 0; p < N_PROFILES; p++)
+        if (!strcmp(PROFILES[p].name, c->name)) {  // no "name" in the file: its base name
+            const char *base = strrchr(name, '/');
+            snprintf(c->name, sizeof c->name, "%s", base ? base + 1 : name);
+        }
+    return 0;
+}
+
 typedef struct {
     const char *key;
     size_t off;
@@ -167,7 +184,12 @@ static int apply_json(entropix_config *c, const cJSON *root, const char *path, v
     if (p && (!cJSON_IsString(p) || entropix_profile(p->valuestring, c, err)))
         return p && !cJSON_IsString(p) ? verr_set(err, "%s: \"profile\" must be a string", path) : -1;
     for (const cJSON *it = root->child; it; it = it->next) {
-        if (!strcmp(it->string, "profile")) continue;
+        if (!strcmp(it->string, "profile") || !strcmp(it->string, "calibration")) continue;
+        if (!strcmp(it->string, "name")) {
+            if (!cJSON_IsString(it)) return verr_set(err, "%s: \"name\" must be a string", path);
+            snprintf(c->name, sizeof c->name, "%s", it->valuestring);
+            continue;
+        }
         char num[64];
         const char *v = cJSON_IsString(it) ? it->valuestring : NULL;
         if (cJSON_IsNumber(it)) snprintf(num, sizeof num, "%.17g", it->valuedouble), v = num;

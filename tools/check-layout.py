@@ -18,7 +18,10 @@ import sys
 # tokenizer and util below everything that uses them.
 BASE = ["kernels", "tokenizer", "host/formats", "host/util"]
 ALLOWED = {
-    "host/cli": ["host/serve", "host/agents", "host/report", "host/decode", "host/runtime", "model"] + BASE,
+    "host/cli": ["host/eval", "host/serve", "host/agents", "host/report", "host/decode", "host/runtime", "model"] + BASE,
+    # eval runs every way of decoding (stock, entropix, branching, the agents) on tasks,
+    # so it sits above agents; nothing but the CLI uses it.
+    "host/eval": ["host/agents", "host/decode", "host/runtime", "model"] + BASE,
     "host/serve": ["host/decode", "host/runtime", "model"] + BASE,
     "host/agents": ["host/decode", "host/runtime", "model"] + BASE,
     "host/report": ["host/decode", "host/runtime", "model"] + BASE,

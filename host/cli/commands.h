@@ -22,9 +22,12 @@ int cmd_plot(int argc, char **argv);        // host/cli/plot.c: entropy plots of
 int cmd_agents(int argc, char **argv);      // host/cli/agents.c: decoding agents + critic
 int cmd_cvector(int argc, char **argv);     // host/cli/cvector.c: control vectors from prompt pairs
 int cmd_lora(int argc, char **argv);        // host/cli/lora.c: merge a LoRA adapter into a model
+int cmd_eval(int argc, char **argv);        // host/cli/eval.c: accuracy of decoding arms on tasks
+int cmd_calibrate(int argc, char **argv);   // host/cli/calibrate.c: an entropix profile from the model's metrics
 
 extern const cli_spec cli_run_spec, cli_logits_spec, cli_info_spec, cli_bench_spec, cli_convert_spec,
     cli_tokenize_spec, cli_detokenize_spec, cli_chat_spec, cli_template_spec, cli_serve_spec, cli_ppl_spec,
-    cli_compare_spec, cli_plot_spec, cli_agents_spec, cli_cvector_spec, cli_lora_spec;
+    cli_compare_spec, cli_plot_spec, cli_agents_spec, cli_cvector_spec, cli_lora_spec,
+    cli_eval_spec, cli_calibrate_spec;
 
 #endif

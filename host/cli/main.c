@@ -26,6 +26,7 @@ static const command commands[] = {
     { cmd_ppl, &cli_ppl_spec },           { cmd_compare, &cli_compare_spec },
     { cmd_plot, &cli_plot_spec },         { cmd_agents, &cli_agents_spec },
     { cmd_cvector, &cli_cvector_spec },   { cmd_lora, &cli_lora_spec },
+    { cmd_eval, &cli_eval_spec },         { cmd_calibrate, &cli_calibrate_spec },
 };
 enum { N_COMMANDS = sizeof commands / sizeof *commands };
 

@@ -22,6 +22,7 @@
 #include "host/decode/entropix.h"
 #include "host/util/interrupt.h"
 #include "host/util/outfile.h"
+#include "host/report/eval_chart.h"
 #include "host/report/plot_log.h"
 #include "host/report/svg.h"
 
@@ -357,12 +358,18 @@ int cmd_plot(int argc, char **argv) {
     if (png && !in_path("rsvg-convert"))
         return fail("PNG output needs rsvg-convert (Debian/Ubuntu: apt-get install librsvg2-bin), which is not on "
                     "PATH; write an .svg instead");
+    svg s = { 0 };
+    if (eval_chart_detect(in)) {  // `varent eval -o` records: accuracy vs compute per arm
+        int erc = eval_chart_draw(&s, in, title, &err);
+        if (erc == 0) erc = png ? write_png(&s, out, &err) : write_svg(&s, out, &err);
+        svg_free(&s);
+        return erc ? fail(err.msg) : 0;
+    }
     plot_log l;
     if (plot_log_read(&l, in, &err)) return fail(err.msg);
     char def_title[512];
     const char *base = strrchr(in, '/');
     snprintf(def_title, sizeof def_title, "%s: entropy and varentropy per token", base ? base + 1 : in);
-    svg s;
     draw(&s, &l, &c, title ? title : def_title);
     int rc = png ? write_png(&s, out, &err) : write_svg(&s, out, &err);
     svg_free(&s);

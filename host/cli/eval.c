@@ -1,0 +1,374 @@
+// eval.c: `varent eval -m DIR --tasks LIST [--samplers LIST]`: accuracy of decoding
+// arms on tasks with known answers, every arm on the same items, prompts and seeds,
+// with intervals and paired tests (docs/research.md). Per-trial JSONL with -o, a
+// markdown summary on stdout (or --summary FILE). `--write FILE` writes the tasks'
+// items as JSONL and stops (no model needed).
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/cli/args.h"
+#include "host/cli/commands.h"
+#include "host/cli/common.h"
+#include "host/eval/arm.h"
+#include "host/eval/builtin.h"
+#include "host/eval/match.h"
+#include "host/eval/prompt.h"
+#include "host/eval/summary.h"
+#include "host/util/interrupt.h"
+#include "host/util/json_out.h"
+#include "host/util/outfile.h"
+#include "host/util/progress.h"
+
+static const char *usage =
+    "usage: varent eval -m DIR --tasks LIST [options]   (docs/research.md)\n"
+    "  --tasks LIST         built-in tasks (add2, add3, decimal, count-letters, count-items, recall,\n"
+    "                       decimal-choice; all = the first six) and/or task files FILE.jsonl\n"
+    "  --items N            items per built-in task (default 200)\n"
+    "  --seed S             item generator and decoding seed (default 0)\n"
+    "  --write FILE.jsonl   write the tasks' items and exit\n"
+    "  --samplers LIST      arms: greedy, standard, entropix[:PROFILE], branch[:PROFILE], agents\n"
+    "                       (default greedy,standard,entropix; PROFILE: seed, jax, frog or a FILE.json)\n"
+    "  --repeats R          runs per item and arm, each with its own seed (default 1)\n"
+    "  -n N                 tokens per answer at most (default 48)\n"
+    "  --temp T --top-p P --top-k K --min-p M   the standard arm (default 0.7, 0.9, 0, 0)\n"
+    "  --profile NAME|FILE  profile of entropix and branch arms without :PROFILE (default seed)\n"
+    "  --branch K:B         branching of branch arms (default 3:8; adds a branch arm)\n"
+    "  --agents T:K,...     the agents arm's agents (default 8; adds an agents arm)\n"
+    "  --check-every N --rollback N   the agents' critic (default 5, 5; 0: no critic)\n"
+    "  --chat --system TEXT --chat-template NAME --no-think   prompts as a chat turn\n"
+    "  -o FILE.jsonl        one record per item, repeat and arm (--force replaces a file)\n"
+    "  --summary FILE       the summary: markdown, or JSON when FILE ends in .json (default: markdown on stdout)\n"
+    "  --from FILE,...      no model: summarize the trial records of earlier -o files\n"
+    "  --ctx N -t THREADS --device DEV -q\n";
+
+static int fail(const char *msg) {
+    fprintf(stderr, "varent eval: %s\n", msg);
+    return 1;
+}
+
+typedef struct {
+    session_opts so;
+    const char *tasks, *write, *samplers, *branch, *agents, *out, *summary, *from;
+    int items, repeats, quiet, force;
+    uint64_t seed;
+    eval_prompter pr;
+    eval_arm_opts ao;
+} eval_args;
+
+// Every option, read in one place (the CLI's option tables will replace this).
+static int read_args(args *a, eval_args *e) {
+    memset(e, 0, sizeof *e);
+    cli_session_opts(a, &e->so);
+    e->tasks = args_str(a, "--tasks", NULL);
+    e->items = (int)args_int_range(a, "--items", 200, 1, 1000000);
+    e->seed = (uint64_t)args_int_range(a, "--seed", 0, 0, LONG_MAX);
+    e->write = args_str(a, "--write", NULL);
+    e->samplers = args_str(a, "--samplers", "greedy,standard,entropix");
+    e->repeats = (int)args_int_range(a, "--repeats", 1, 1, 1000);
+    e->ao.max_new = (int)args_int_range(a, "-n|--max-tokens", 48, 1, 1 << 20);
+    e->ao.sp.temperature = (float)args_float_range(a, "--temp|--temperature", 0.7, 0, 100);
+    e->ao.sp.top_p = (float)args_float_range(a, "--top-p", 0.9, 1e-9, 1);
+    e->ao.sp.top_k = (int)args_int_range(a, "--top-k", 0, 0, 1 << 30);
+    e->ao.sp.min_p = (float)args_float_range(a, "--min-p", 0, 0, 0.999999);
+    e->ao.profile = args_str(a, "--profile", "seed");
+    e->branch = args_str(a, "--branch", NULL);
+    e->agents = args_str(a, "--agents", NULL);
+    e->ao.check_every = (int)args_int_range(a, "--check-every", 5, 0, 1 << 20);
+    e->ao.rollback = (int)args_int_range(a, "--rollback", 5, 1, 1 << 20);
+    e->pr.chat = args_flag(a, "--chat");
+    e->pr.system = args_str(a, "--system", NULL);
+    e->pr.template_name = args_str(a, "--chat-template", NULL);
+    e->pr.think = !args_flag(a, "--no-think");
+    e->out = args_str(a, "-o|--out", NULL);
+    e->summary = args_str(a, "--summary", NULL);
+    e->from = args_str(a, "--from", NULL);
+    e->force = args_flag(a, "--force");
+    e->quiet = args_flag(a, "-q|--quiet");
+    return 0;
+}
+
+// --tasks: built-in names (and "all") or JSONL files, comma-separated.
+static int load_tasks(const eval_args *e, eval_set *set, verr *err) {
+    char buf[4096];
+    if (strlen(e->tasks) >= sizeof buf) return verr_set(err, "--tasks: list too long");
+    snprintf(buf, sizeof buf, "%s", e->tasks);
+    memset(set, 0, sizeof *set);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        while (*t == ' ') t++;
+        if (!*t) continue;
+        int rc;
+        if (!strcmp(t, "all")) {
+            char all[256];
+            snprintf(all, sizeof all, "%s", eval_builtin_all());
+            rc = 0;
+            for (char *s2 = NULL, *b = strtok_r(all, ",", &s2); rc == 0 && b; b = strtok_r(NULL, ",", &s2))
+                rc = eval_builtin(set, b, e->items, e->seed, err);
+        } else if (eval_builtin_known(t)) {
+            rc = eval_builtin(set, t, e->items, e->seed, err);
+        } else if (strchr(t, '/') || strchr(t, '.')) {
+            rc = eval_set_read(set, t, err);
+        } else {
+            rc = verr_set(err, "--tasks: unknown task '%s' (built-in: %s, all; or a FILE.jsonl)", t, eval_builtin_names());
+        }
+        if (rc) return eval_set_free(set), -1;
+    }
+    if (set->n == 0) return verr_set(err, "--tasks: empty list");
+    return 0;
+}
+
+static int write_tasks(const eval_args *e, const eval_set *set) {
+    verr err = { { 0 } };
+    outfile o;
+    outfile_opts oo = { .flag = "--write" };
+    if (outfile_open(&o, e->write, &oo, &err)) return fail(err.msg);
+    for (int i = 0; i < set->n; i++) eval_item_write(o.f, &set->it[i]), fputc('\n', o.f);
+    if (outfile_commit(&o, &err)) return fail(err.msg);
+    fprintf(stderr, "varent eval: wrote %d items to %s\n", set->n, e->write);
+    return 0;
+}
+
+// The arms: --samplers plus a branch arm for --branch and an agents arm for --agents
+// when the list has none.
+static int build_arms(eval_args *e, eval_arm *arms, verr *err) {
+    e->ao.branch_k = 3, e->ao.branch_b = 8;
+    if (e->branch) {
+        char *end;
+        long k = strtol(e->branch, &end, 10), b = *end == ':' ? strtol(end + 1, &end, 10) : -1;
+        if (*end || k < 1 || k > 64 || b < 1 || b > 1024)
+            return verr_set(err, "--branch: '%s' is not K:B with 1 <= K <= 64 and 1 <= B <= 1024 (e.g. 3:8)", e->branch);
+        e->ao.branch_k = (int)k, e->ao.branch_b = (int)b;
+    }
+    sampler_params base = { 1, 0, 1, 0 };
+    e->ao.n_agents = e->agents ? agents_parse(e->agents, e->ao.agents, base, err) : agents_default(e->ao.agents, base);
+    if (e->ao.n_agents < 0) return -1;
+    char list[4200];
+    snprintf(list, sizeof list, "%s", e->samplers);
+    int n = eval_arms_parse(list, &e->ao, arms, err);
+    if (n < 0) return -1;
+    int has_branch = 0, has_agents = 0;
+    for (int i = 0; i < n; i++) has_branch |= arms[i].branch, has_agents |= arms[i].kind == ARM_AGENTS;
+    if ((e->branch && !has_branch) || (e->agents && !has_agents)) {
+        snprintf(list, sizeof list, "%s%s%s", e->samplers, e->branch && !has_branch ? ",branch" : "",
+                 e->agents && !has_agents ? ",agents" : "");
+        n = eval_arms_parse(list, &e->ao, arms, err);
+    }
+    return n;
+}
+
+static uint64_t trial_seed(uint64_t seed, int item, int rep) {
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t)item * 0xbf58476d1ce4e5b9ull + (uint64_t)rep * 0x94d049bb133111ebull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (z ^ (z >> 31)) & 0x7fffffffffffffffull;
+}
+
+typedef struct {
+    eval_args *e;
+    const eval_set *set;
+    const eval_arm *arms;
+    int n_arms;
+    eval_outcome *res;
+    FILE *jsonl;
+    session *s;
+    eval_runner run;
+} eval_ctx;
+
+static void record_head(FILE *f, const eval_item *it, int item, int rep, const eval_arm *a, uint64_t seed, int n_prompt) {
+    fputs("{\"task\":", f), json_out_str(f, it->task);
+    fputs(",\"id\":", f), json_out_str(f, it->id ? it->id : "");
+    fprintf(f, ",\"item\":%d,\"line\":%d,\"repeat\":%d,\"arm\":", item, it->line, rep);
+    json_out_str(f, a->name);
+    fprintf(f, ",\"profile\":\"%s\",\"seed\":%llu,\"prompt_tokens\":%d", a->ex.name, (unsigned long long)seed, n_prompt);
+}
+
+static void record_gen(FILE *f, const eval_item *it, const eval_gen *g, const char *extracted, const eval_outcome *o) {
+    fputs(",\"answer\":", f), json_out_str(f, it->answer);
+    fprintf(f, ",\"match\":\"%s\",\"output\":", eval_match_name(it->match));
+    json_out_str(f, g->text ? g->text : "");
+    fputs(",\"extracted\":", f), json_out_str(f, extracted);
+    fprintf(f, ",\"correct\":%s,\"tokens\":%d,\"compute\":%ld,\"wall_s\":", o->correct ? "true" : "false", o->tokens,
+            o->compute);
+    json_out_num(f, o->wall_s);
+    fputs(",\"entropy\":", f), json_out_num(f, o->h);
+    fputs(",\"varentropy\":", f), json_out_num(f, o->v);
+    fprintf(f, ",\"stop\":\"%s\",\"rollbacks\":%d}\n", g->stop, g->rollbacks);
+}
+
+static void record_choice(FILE *f, const eval_item *it, const double *ll, const int *nt, int chosen, double wall) {
+    fputs(",\"choices\":[", f);
+    for (int c = 0; c < it->n_choices; c++) fputs(c ? "," : "", f), json_out_str(f, it->choices[c]);
+    fprintf(f, "],\"gold\":%d,\"loglik\":[", it->gold);
+    for (int c = 0; c < it->n_choices; c++) fputs(c ? "," : "", f), json_out_num(f, ll[c]);
+    fputs("],\"choice_tokens\":[", f);
+    for (int c = 0; c < it->n_choices; c++) fprintf(f, c ? ",%d" : "%d", nt[c]);
+    fprintf(f, "],\"chosen\":%d,\"correct\":%s,\"tokens\":0,\"compute\":0,\"wall_s\":", chosen,
+            chosen == it->gold ? "true" : "false");
+    json_out_num(f, wall);
+    fputs(",\"entropy\":null,\"varentropy\":null}\n", f);
+}
+
+// A choice item: scored once (no arm changes a log-likelihood), the same outcome for every trial.
+static int run_choice(eval_ctx *c, int i, const int *ids, int n, verr *err) {
+    const eval_item *it = &c->set->it[i];
+    double ll[256], t0 = gen_now();
+    int nt[256], best = 0;
+    if (it->n_choices > 256) return verr_set(err, "at most 256 choices");
+    if (eval_choices(c->s, it, ids, n, ll, nt, err)) return -1;
+    for (int k = 1; k < it->n_choices; k++)
+        if (ll[k] > ll[best]) best = k;
+    double wall = gen_now() - t0;
+    for (int r = 0; r < c->e->repeats; r++)
+        for (int a = 0; a < c->n_arms; a++) {
+            eval_outcome *o = &c->res[((long)i * c->e->repeats + r) * c->n_arms + a];
+            *o = (eval_outcome){ 1, best == it->gold, 0, 0, wall, NAN, NAN };
+            if (!c->jsonl) continue;
+            record_head(c->jsonl, it, i, r, &c->arms[a], trial_seed(c->e->seed, i, r), n);
+            record_choice(c->jsonl, it, ll, nt, best, wall);
+        }
+    return 0;
+}
+
+static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr *err) {
+    const eval_item *it = &c->set->it[i];
+    const eval_arm *arm = &c->arms[a];
+    eval_outcome *o = &c->res[((long)i * c->e->repeats + r) * c->n_arms + a];
+    uint64_t seed = trial_seed(c->e->seed, i, r);
+    eval_gen g;
+    if (eval_generate(&c->run, arm, it, ids, n, seed, &g, err)) return -1;
+    char extracted[256];
+    *o = (eval_outcome){ 1, eval_judge(it, g.text ? g.text : "", extracted, sizeof extracted), g.n, g.compute,
+                         g.wall_s, g.n_metrics ? g.sum_h / g.n_metrics : NAN, g.n_metrics ? g.sum_v / g.n_metrics : NAN };
+    if (c->jsonl) {
+        record_head(c->jsonl, it, i, r, arm, seed, n);
+        record_gen(c->jsonl, it, &g, extracted, o);
+    }
+    eval_gen_free(&g);
+    return 0;
+}
+
+// Every item, repeat and arm. 1 when interrupted (the finished trials are kept).
+static int run_all(eval_ctx *c, verr *err) {
+    const eval_set *set = c->set;
+    long total = (long)set->n * c->e->repeats * c->n_arms, done = 0, right = 0;
+    progress pg;
+    progress_start(&pg, "eval", total, c->e->quiet);
+    for (int i = 0; i < set->n; i++) {
+        const eval_item *it = &set->it[i];
+        int *ids = NULL, n = eval_prompt_ids(&c->e->pr, c->s, it, &ids, err);
+        int rc = n < 0 ? -1 : 0;
+        if (rc == 0 && it->n_choices) rc = run_choice(c, i, ids, n, err), done += (long)c->e->repeats * c->n_arms;
+        for (int r = 0; rc == 0 && !it->n_choices && r < c->e->repeats; r++)
+            for (int a = 0; rc == 0 && a < c->n_arms; a++) {
+                if (interrupt_requested()) rc = 1;
+                else rc = run_gen(c, i, r, a, ids, n, err);
+                if (rc == 0) done++, right += c->res[((long)i * c->e->repeats + r) * c->n_arms + a].correct;
+            }
+        free(ids);
+        if (rc < 0) return verr_set(err, "%s item %d%s%.0d: %.900s", it->task, i, it->line ? " line " : "", it->line, err->msg);
+        if (c->jsonl && fflush(c->jsonl)) return verr_set(err, "-o: write failed");
+        char detail[96];
+        snprintf(detail, sizeof detail, "%s: %ld right", it->task, right);
+        progress_update(&pg, done, detail);
+        if (rc == 1) {
+            progress_finish(&pg, "interrupted");
+            return 1;
+        }
+    }
+    progress_finish(&pg, NULL);
+    return 0;
+}
+
+static int write_summary(const eval_args *e, const eval_set *set, const eval_arm *arms, int n_arms,
+                         const eval_outcome *res, const eval_meta *m, verr *err) {
+    if (!e->summary) {
+        eval_summary_md(stdout, set, arms, n_arms, res, m);
+        return fflush(stdout) ? verr_set(err, "stdout: write failed") : 0;
+    }
+    size_t n = strlen(e->summary);
+    int json = n > 5 && !strcmp(e->summary + n - 5, ".json");
+    outfile o;
+    outfile_opts oo = { .flag = "--summary" };
+    if (outfile_open(&o, e->summary, &oo, err)) return -1;
+    (json ? eval_summary_json : eval_summary_md)(o.f, set, arms, n_arms, res, m);
+    return outfile_commit(&o, err);
+}
+
+// --from: a summary of earlier trial records, without a model.
+static int summarize_records(const eval_args *e) {
+    char buf[4096];
+    verr err = { { 0 } };
+    eval_results r = { 0 };
+    snprintf(buf, sizeof buf, "%s", e->from);
+    int rc = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); rc == 0 && t; t = strtok_r(NULL, ",", &save))
+        rc = eval_results_read(&r, t, &err);
+    if (rc == 0) rc = eval_results_finish(&r, &err);
+    char label[4200];
+    snprintf(label, sizeof label, "records %s", e->from);
+    eval_meta m = { label, e->seed, r.repeats, e->ao.max_new, "as recorded" };
+    if (rc == 0) rc = write_summary(e, &r.set, r.arms, r.n_arms, r.res, &m, &err);
+    eval_results_free(&r);
+    return rc ? fail(err.msg) : 0;
+}
+
+static int evaluate(eval_args *e, const eval_set *set, const eval_arm *arms, int n_arms) {
+    verr err = { { 0 } };
+    outfile out = { 0 };
+    outfile_opts oo = { .records = 1, .force = e->force, .flag = "-o" };
+    if (e->out && outfile_open(&out, e->out, &oo, &err)) return fail(err.msg);
+    eval_outcome *res = calloc((size_t)set->n * e->repeats * n_arms, sizeof *res);
+    int need_agents = 0, rc = res ? 0 : verr_set(&err, "out of memory");
+    for (int a = 0; a < n_arms; a++) need_agents |= arms[a].kind == ARM_AGENTS;
+    session s;
+    progress pg;
+    progress_start(&pg, "load", 1, e->quiet);
+    if (rc == 0 && (rc = session_open(&s, &e->so, &err)) == 0) {
+        progress_finish(&pg, NULL);
+        eval_ctx c = { e, set, arms, n_arms, res, out.f, &s, { 0 } };
+        interrupt_install();  // Ctrl-C: stop after the current trial; the summary covers the finished ones
+        rc = eval_prompter_open(&e->pr, &s, set, &err);
+        if (rc == 0 && (rc = eval_runner_open(&c.run, &s, &e->ao, need_agents, &err)) == 0) {
+            rc = run_all(&c, &err);
+            eval_runner_close(&c.run);
+        }
+        eval_prompter_close(&e->pr);
+        session_close(&s);
+        eval_meta m = { e->so.model_dir, e->seed, e->repeats, e->ao.max_new, e->pr.chat ? "on" : "off" };
+        if (rc >= 0 && write_summary(e, set, arms, n_arms, res, &m, &err)) rc = -1;
+    }
+    if (rc >= 0 && out.f) {
+        verr cerr = { { 0 } };
+        if (outfile_commit(&out, &cerr)) err = cerr, rc = -1;
+    }
+    outfile_abort(&out);
+    free(res);
+    if (rc == 1) return fprintf(stderr, "varent eval: interrupted; the summary covers the finished trials\n"), INTERRUPT_EXIT;
+    return rc ? fail(err.msg) : 0;
+}
+
+int cmd_eval(int argc, char **argv) {
+    args a;
+    args_init(&a, argc, argv);
+    if (args_flag(&a, "-h|--help")) return fputs(usage, stdout), 0;
+    eval_args e;
+    read_args(&a, &e);
+    if (args_finish(&a, 0)) return fprintf(stderr, "varent eval: %s\n%s", a.err, usage), 1;
+    if (e.from) return e.tasks || e.so.model_dir ? fail("--from summarizes records: no --tasks or -m with it") : summarize_records(&e);
+    if (!e.tasks) return fprintf(stderr, "varent eval: missing --tasks\n%s", usage), 1;
+    verr err = { { 0 } };
+    eval_set set;
+    if (load_tasks(&e, &set, &err)) return fail(err.msg);
+    if (e.write) {
+        int rc = write_tasks(&e, &set);
+        eval_set_free(&set);
+        return rc;
+    }
+    eval_arm arms[EVAL_MAX_ARMS];
+    int n_arms = e.so.model_dir ? build_arms(&e, arms, &err) : verr_set(&err, "missing -m MODEL_DIR");
+    int rc = n_arms < 0 ? fail(err.msg) : evaluate(&e, &set, arms, n_arms);
+    eval_set_free(&set);
+    return rc;
+}

@@ -143,20 +143,19 @@ static void gen_recall(gen_rng *r, draft *d) {
 typedef struct {
     const char *name;
     void (*fn)(gen_rng *, draft *);
-    int lo, hi;  // add: operand range
 } builtin;
 
 static void add2(gen_rng *r, draft *d) { gen_add(r, d, 10, 99); }
 static void add3(gen_rng *r, draft *d) { gen_add(r, d, 100, 999); }
 
 static const builtin BUILTINS[] = {
-    { "add2", add2, 0, 0 },
-    { "add3", add3, 0, 0 },
-    { "decimal", gen_decimal, 0, 0 },
-    { "count-letters", gen_count_letters, 0, 0 },
-    { "count-items", gen_count_items, 0, 0 },
-    { "recall", gen_recall, 0, 0 },
-    { "decimal-choice", gen_decimal_choice, 0, 0 },
+    { "add2", add2 },
+    { "add3", add3 },
+    { "decimal", gen_decimal },
+    { "count-letters", gen_count_letters },
+    { "count-items", gen_count_items },
+    { "recall", gen_recall },
+    { "decimal-choice", gen_decimal_choice },
 };
 #define N_BUILTINS ((int)(sizeof BUILTINS / sizeof *BUILTINS))
 

@@ -104,6 +104,8 @@ static int read_choices(const at *a, const cJSON *o, eval_item *it) {
     const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, "gold");
     if (string_array(a, cJSON_GetObjectItemCaseSensitive(o, "choices"), "choices", &it->choices, &it->n_choices, 0))
         return -1;
+    for (int i = 0; i < it->n_choices; i++)  // an empty continuation would score 0, above every real one
+        if (!it->choices[i][0]) return verr_set(a->err, "%s:%d: choices[%d]: is empty", a->where, a->line, i);
     if (!g) return bad(a, "an item with choices needs \"gold\", the index of the right choice", NULL);
     if (!cJSON_IsNumber(g) || g->valuedouble != (int)g->valuedouble || g->valueint < 0 || g->valueint >= it->n_choices)
         return verr_set(a->err, "%s:%d: gold: must be an index into choices (0..%d)", a->where, a->line,
@@ -149,9 +151,11 @@ static int read_body(const at *a, const cJSON *o, eval_item *it, const char *tas
         return verr_set(a->err, "%s:%d: %s", a->where, a->line, a->err->msg);
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(o, "stop");
     char **stop = NULL;
-    if (st && string_array(a, st, "stop", &stop, &it->n_stop, EVAL_MAX_STOP)) return free(stop), -1;
-    for (int i = 0; i < it->n_stop; i++) it->stop[i] = stop[i];
+    int n_stop = 0, rc = st ? string_array(a, st, "stop", &stop, &n_stop, EVAL_MAX_STOP) : 0;
+    for (int i = 0; stop && i < n_stop; i++) it->stop[i] = stop[i];  // eval_item_free frees them
+    it->n_stop = stop ? n_stop : 0;
     free(stop);
+    if (rc) return -1;
     for (int i = 0; i < it->n_stop; i++)
         if (!it->stop[i][0]) return bad(a, "an empty stop string", "stop");
     return 0;

@@ -384,4 +384,9 @@ with open(path("badprof.json"), "w") as f:
     f.write('{"LELV.entropy.max": "x"}')
 expect_fail("profile_file_bad_value", varent("run", "-m", stories, "-p", "a", "--profile", path("badprof.json")),
             "badprof.json", "LELV.entropy.max")
+for cmd in ("eval", "calibrate"):
+    r = varent(cmd, "--help")
+    check(r.returncode == 0 and r.stdout.startswith(f"usage: varent {cmd}"), f"{cmd}_help", r.stderr)
+expect_fail("eval_missing_tasks", varent("eval", "-m", stories), "missing --tasks")
+expect_fail("calibrate_missing_model", varent("calibrate"), "missing -m")
 vtest.done()

@@ -186,7 +186,10 @@ static void record_head(FILE *f, const eval_item *it, int item, int rep, const e
 
 static void record_gen(FILE *f, const eval_item *it, const eval_gen *g, const char *extracted, const eval_outcome *o) {
     fputs(",\"answer\":", f), json_out_str(f, it->answer);
-    fprintf(f, ",\"match\":\"%s\",\"output\":", eval_match_name(it->match));
+    fprintf(f, ",\"match\":\"%s\"", eval_match_name(it->match));
+    if (it->match == MATCH_NUMBER) fprintf(f, ",\"pick\":\"%s\"", it->pick_last ? "last" : "first");
+    if (it->nocase) fputs(",\"nocase\":true", f);
+    fputs(",\"output\":", f);
     json_out_str(f, g->text ? g->text : "");
     fputs(",\"extracted\":", f), json_out_str(f, extracted);
     fprintf(f, ",\"correct\":%s,\"tokens\":%d,\"compute\":%ld,\"wall_s\":", o->correct ? "true" : "false", o->tokens,

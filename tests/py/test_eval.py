@@ -82,11 +82,11 @@ def judge(rec):
     if rule == "contains":
         return ans in out
     if rule == "regex":
-        return re.search(ans, out) is not None
+        return re.search(ans, out, re.I if rec.get("nocase") else 0) is not None
     nums = [m.group(0) for m in re.finditer(r"(?<![A-Za-z0-9.])-?\d+(?:,\d{3}(?!\d))*(?:\.\d+)?", out)]
     if not nums:
         return False
-    x = float(nums[-1 if rec.get("pick", "last") == "last" else 0].replace(",", ""))
+    x = float(nums[-1 if rec["pick"] == "last" else 0].replace(",", ""))
     return abs(x - float(ans)) <= 1e-9 * max(1, abs(float(ans)))
 
 

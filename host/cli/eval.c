@@ -32,6 +32,7 @@ static const char *usage =
     "  --samplers LIST      arms: greedy, standard, entropix[:PROFILE], branch[:PROFILE], agents\n"
     "                       (default greedy,standard,entropix; PROFILE: seed, jax, frog or a FILE.json)\n"
     "  --repeats R          runs per item and arm, each with its own seed (default 1)\n"
+    "  --skip N             leave out the first N items of the run (finish a run split across machines)\n"
     "  -n N                 tokens per answer at most (default 48)\n"
     "  --temp T --top-p P --top-k K --min-p M   the standard arm (default 0.7, 0.9, 0, 0)\n"
     "  --profile NAME|FILE  profile of entropix and branch arms without :PROFILE (default seed)\n"
@@ -52,7 +53,7 @@ static int fail(const char *msg) {
 typedef struct {
     session_opts so;
     const char *tasks, *write, *samplers, *branch, *agents, *out, *summary, *from;
-    int items, repeats, quiet, force;
+    int items, repeats, quiet, force, skip;
     uint64_t seed;
     eval_prompter pr;
     eval_arm_opts ao;
@@ -68,6 +69,7 @@ static int read_args(args *a, eval_args *e) {
     e->write = args_str(a, "--write", NULL);
     e->samplers = args_str(a, "--samplers", "greedy,standard,entropix");
     e->repeats = (int)args_int_range(a, "--repeats", 1, 1, 1000);
+    e->skip = (int)args_int_range(a, "--skip", 0, 0, INT_MAX);
     e->ao.max_new = (int)args_int_range(a, "-n|--max-tokens", 48, 1, 1 << 20);
     e->ao.sp.temperature = (float)args_float_range(a, "--temp|--temperature", 0.7, 0, 100);
     e->ao.sp.top_p = (float)args_float_range(a, "--top-p", 0.9, 1e-9, 1);
@@ -255,10 +257,11 @@ static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr
 // Every item, repeat and arm. 1 when interrupted (the finished trials are kept).
 static int run_all(eval_ctx *c, verr *err) {
     const eval_set *set = c->set;
-    long total = (long)set->n * c->e->repeats * c->n_arms, done = 0, right = 0;
+    int first = c->e->skip < set->n ? c->e->skip : set->n;
+    long total = (long)(set->n - first) * c->e->repeats * c->n_arms, done = 0, right = 0;
     progress pg;
     progress_start(&pg, "eval", total, c->e->quiet);
-    for (int i = 0; i < set->n; i++) {
+    for (int i = first; i < set->n; i++) {  // items keep their index (and seed) when skipping
         const eval_item *it = &set->it[i];
         int *ids = NULL, n = eval_prompt_ids(&c->e->pr, c->s, it, &ids, err);
         int rc = n < 0 ? -1 : 0;

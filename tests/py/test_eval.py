@@ -305,6 +305,14 @@ for k, it in enumerate(gen_items):
     g = [x for x in gens if x["arm"] == "greedy" and x["item"] == len(choice_items) + k]
     check(rr.returncode == 0 and g and all(x["output"] == rr.stdout.rstrip("\n") for x in g), f"greedy_arm_is_run_temp0_{k}",
           f"{rr.stdout!r} vs {[x['output'] for x in g]}")
+r = varent("eval", "-m", stories, "--tasks", path("tiny.jsonl"), "--samplers", "greedy,standard", "-n", "12", "--seed", "3",
+           "--repeats", "2", "--skip", "3", "-o", path("tiny-skip.jsonl"), "-t", "1", "-q")
+skipped = [json.loads(line) for line in open(path("tiny-skip.jsonl"))] if r.returncode == 0 else []
+full = {(x["item"], x["repeat"], x["arm"]): x for x in out if x["arm"] in ("greedy", "standard")}
+same = all(full[(x["item"], x["repeat"], x["arm"])].get("output") == x.get("output") and
+           full[(x["item"], x["repeat"], x["arm"])]["seed"] == x["seed"] for x in skipped)
+check(skipped and min(x["item"] for x in skipped) == 3 and len(skipped) == (6 - 3) * 2 * 2 and same,
+      "skip_keeps_indices_and_seeds", r.stderr[-300:])
 summ = json.load(open(path("tiny-sum.json"))) if r.returncode == 0 else {"tasks": [{"arms": []}]}
 check([a["arm"] for a in summ["tasks"][0]["arms"]] == ARMS.split(","), "summary_arm_order")
 

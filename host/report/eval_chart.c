@@ -139,7 +139,7 @@ static void draw(svg *s, const chart *c, const char *title, const char *path) {
     xmax *= 1.1;
     svg_begin(s, W, H);
     svg_text(s, X0, 30, "font-size=\"15\" font-weight=\"bold\"", "%s", title ? title : "accuracy vs compute per arm");
-    svg_text(s, X1, 30, "text-anchor=\"end\" fill=\"#555\" font-size=\"11\"", "%s", path);
+    svg_text(s, X0, 48, "fill=\"#555\" font-size=\"11\"", "%s", path);
     axes(s, xmax);
     svg_printf(s, "<g id=\"task-marks\">\n");
     for (int i = 0; i < c->n; i++) {

@@ -11,6 +11,8 @@
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
+#include "host/cli/interp_opts.h"
+#include "host/cli/prompts.h"
 #include "host/eval/builtin.h"
 #include "host/eval/calibration.h"
 #include "host/eval/prompt.h"
@@ -18,24 +20,30 @@
 #include "host/util/outfile.h"
 #include "host/util/progress.h"
 
-static const char *usage =
-    "usage: varent calibrate -m DIR [-f CORPUS.txt] [-o PROFILE.json] [options]   (docs/entropix.md)\n"
-    "  -f FILE           text corpus, scored teacher-forced (- reads stdin); default: the model's own\n"
-    "                    generations from built-in prompts\n"
-    "  --max-tokens N    corpus positions measured at most (default 4096; 0: all)\n"
-    "  -n N              tokens generated per built-in prompt (default 64)\n"
-    "  --seed S          generation seed (default 0)\n"
-    "  --low Q --high Q  the quantiles of the cut points (default 0.25, 0.75)\n"
-    "  --name NAME       the profile's name (default calibrated)\n"
-    "  -o FILE.json      the profile (default calibrated.json)\n"
-    "  --dump FILE.jsonl every measured token's six metrics\n"
-    "  --chat --system TEXT --chat-template NAME --no-think   built-in prompts as a chat turn\n"
-    "  --ctx N -t THREADS --device DEV -q\n";
+static const cli_opt calibrate_opts[] = {
+    { "-f|--file", "FILE", "corpus", "generations", "text corpus, scored teacher-forced (- reads stdin); default: the "
+      "model's own generations from built-in prompts", 0 },
+    { "--max-tokens", "N", "corpus", "4096", "corpus positions measured at most (0: all)", 0 },
+    { "-n|--max-new", "N", "corpus", "64", "tokens generated per built-in prompt", 0 },
+    { "-s|--seed", "S", "corpus", "0", "generation seed", 0 },
+    { "--low", "Q", "profile", "0.25", "the quantile of the lower cut points", 0 },
+    { "--high", "Q", "profile", "0.75", "the quantile of the upper cut points", 0 },
+    { "--name", "NAME", "profile", "calibrated", "the profile's name", 0 },
+    { "-o|--out", "FILE", "output", "calibrated.json", "the profile (JSON; --profile FILE loads it)", 0 },
+    { "--dump", "FILE", "output", NULL, "every measured token's six metrics as JSONL", 0 },
+    { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const calibrate_tables[] = { cli_opts_session, calibrate_opts, cli_opts_chat, cli_opts_steer, NULL };
+const cli_spec cli_calibrate_spec = {
+    "calibrate", "-m DIR [-f CORPUS.txt] [-o PROFILE.json] [options]",
+    "An entropix profile whose thresholds sit at quantiles of the model's own metrics.",
+    "Measures entropy, varentropy and the attention statistics over a corpus (teacher-forced) or over the model's "
+    "generations from built-in prompts (as a chat turn with --chat), and writes a profile file. docs/entropix.md.",
+    calibrate_tables, NULL, NULL,
+};
 
-static int fail(const char *msg) {
-    fprintf(stderr, "varent calibrate: %s\n", msg);
-    return 1;
-}
+static int fail(const char *msg) { return cli_error("calibrate", "%s", msg); }
 
 typedef struct {
     session_opts so;
@@ -47,14 +55,14 @@ typedef struct {
     eval_prompter pr;
 } calib_args;
 
-// Every option, read in one place (the CLI's option tables will replace this).
+// Every option, read in one place.
 static void read_args(args *a, calib_args *c) {
     memset(c, 0, sizeof *c);
     cli_session_opts(a, &c->so);
     c->corpus = args_str(a, "-f|--file", NULL);
     c->max_tokens = args_int_range(a, "--max-tokens", 4096, 0, LONG_MAX);
     c->n_gen = (int)args_int_range(a, "-n|--max-new", 64, 1, 1 << 20);
-    c->seed = (uint64_t)args_int_range(a, "--seed", 0, 0, LONG_MAX);
+    c->seed = (uint64_t)args_int_range(a, "-s|--seed", 0, 0, LONG_MAX);
     c->lo = args_float_range(a, "--low", 0.25, 1e-9, 1 - 1e-9);
     c->hi = args_float_range(a, "--high", 0.75, 1e-9, 1 - 1e-9);
     c->name = args_str(a, "--name", "calibrated");
@@ -64,6 +72,7 @@ static void read_args(args *a, calib_args *c) {
     c->pr.system = args_str(a, "--system", NULL);
     c->pr.template_name = args_str(a, "--chat-template", NULL);
     c->pr.think = !args_flag(a, "--no-think");
+    c->pr.chat |= !c->pr.think || c->pr.system || c->pr.template_name;  // they only mean something in a chat prompt
     c->quiet = args_flag(a, "-q|--quiet");
 }
 
@@ -174,13 +183,13 @@ static int write_outputs(calib_args *c, const calib_samples *cs, verr *err) {
 
 int cmd_calibrate(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
-    if (args_flag(&a, "-h|--help")) return fputs(usage, stdout), 0;
+    int rc0 = args_init(&a, &cli_calibrate_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
     calib_args c;
     read_args(&a, &c);
-    if (args_finish(&a, 0)) return fprintf(stderr, "varent calibrate: %s\n%s", a.err, usage), 1;
-    if (!c.so.model_dir) return fprintf(stderr, "varent calibrate: missing -m MODEL_DIR\n%s", usage), 1;
-    if (!(c.lo < c.hi)) return fail("--low must be below --high");
+    if (args_finish(&a, 0)) return cli_usage_error("calibrate", "%s", a.err);
+    if (!c.so.model_dir) return cli_usage_error("calibrate", "missing -m DIR (the model directory)");
+    if (!(c.lo < c.hi)) return cli_usage_error("calibrate", "--low must be below --high");
     verr err = { { 0 } };
     session s;
     if (session_open(&s, &c.so, &err)) return fail(err.msg);

@@ -12,6 +12,8 @@
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
+#include "host/cli/interp_opts.h"
+#include "host/cli/prompts.h"
 #include "host/eval/arm.h"
 #include "host/eval/builtin.h"
 #include "host/eval/match.h"
@@ -22,33 +24,44 @@
 #include "host/util/outfile.h"
 #include "host/util/progress.h"
 
-static const char *usage =
-    "usage: varent eval -m DIR --tasks LIST [options]   (docs/research.md)\n"
-    "  --tasks LIST         built-in tasks (add2, add3, decimal, count-letters, count-items, recall,\n"
-    "                       decimal-choice; all = the first six) and/or task files FILE.jsonl\n"
-    "  --items N            items per built-in task (default 200)\n"
-    "  --seed S             item generator and decoding seed (default 0)\n"
-    "  --write FILE.jsonl   write the tasks' items and exit\n"
-    "  --samplers LIST      arms: greedy, standard, entropix[:PROFILE], branch[:PROFILE], agents\n"
-    "                       (default greedy,standard,entropix; PROFILE: seed, jax, frog or a FILE.json)\n"
-    "  --repeats R          runs per item and arm, each with its own seed (default 1)\n"
-    "  --skip N             leave out the first N items of the run (finish a run split across machines)\n"
-    "  -n N                 tokens per answer at most (default 48)\n"
-    "  --temp T --top-p P --top-k K --min-p M   the standard arm (default 0.7, 0.9, 0, 0)\n"
-    "  --profile NAME|FILE  profile of entropix and branch arms without :PROFILE (default seed)\n"
-    "  --branch K:B         branching of branch arms (default 3:8; adds a branch arm)\n"
-    "  --agents T:K,...     the agents arm's agents (default 8; adds an agents arm)\n"
-    "  --check-every N --rollback N   the agents' critic (default 5, 5; 0: no critic)\n"
-    "  --chat --system TEXT --chat-template NAME --no-think   prompts as a chat turn\n"
-    "  -o FILE.jsonl        one record per item, repeat and arm (--force replaces a file)\n"
-    "  --summary FILE       the summary: markdown, or JSON when FILE ends in .json (default: markdown on stdout)\n"
-    "  --from FILE,...      no model: summarize the trial records of earlier -o files\n"
-    "  --ctx N -t THREADS --device DEV -q\n";
+static const cli_opt eval_opts[] = {
+    { "--tasks", "LIST", "tasks", NULL,
+      "built-in tasks (add2, add3, decimal, count-letters, count-items, recall, decimal-choice; all = the first six) "
+      "and/or task files FILE.jsonl, comma-separated", 0 },
+    { "--items", "N", "tasks", "200", "items per built-in task", 0 },
+    { "-s|--seed", "S", "tasks", "0", "item generator and decoding seed", 0 },
+    { "--write", "FILE", "tasks", NULL, "write the tasks' items as JSONL and exit (no model needed)", 0 },
+    { "--skip", "N", "tasks", "0", "leave out the first N items of the run (finish a run split across machines)", 0 },
+    { "--samplers", "LIST", "arms", "greedy,standard,entropix",
+      "arms: greedy, standard, entropix[:PROFILE], branch[:PROFILE], agents (PROFILE: seed, jax, frog or a FILE.json)", 0 },
+    { "--repeats", "R", "arms", "1", "runs per item and arm, each with its own seed", 0 },
+    { "-n|--n-predict|--max-tokens", "N", "arms", "48", "tokens per answer at most", 0 },
+    { "--temp|--temperature", "T", "arms", "0.7", "temperature of the standard arm", 0 },
+    { "--top-p", "P", "arms", "0.9", "top-p of the standard arm", 0 },
+    { "--top-k", "K", "arms", "0", "top-k of the standard arm (0: off)", 0 },
+    { "--min-p", "P", "arms", "0", "min-p of the standard arm (0: off)", 0 },
+    { "--profile", "NAME|FILE", "arms", "seed", "profile of entropix and branch arms without :PROFILE", 0 },
+    { "--branch", "K:B", "arms", "3:8", "branching of branch arms (adds a branch arm)", 0 },
+    { "--agents", "T:K,...", "arms", "8 agents", "the agents arm's agents (adds an agents arm)", 0 },
+    { "--check-every", "N", "arms", "5", "the agents' critic: every N steps (0: no critic)", 0 },
+    { "--rollback", "N", "arms", "5", "the agents' critic: tokens rolled back on BAD", 0 },
+    { "-o|--out", "FILE", "output", NULL, "one JSONL record per item, repeat and arm", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing -o file", 0 },
+    { "--summary", "FILE", "output", "markdown on stdout", "the summary: markdown, or JSON when FILE ends in .json", 0 },
+    { "--from", "FILE,...", "output", NULL, "no model: summarize the trial records of earlier -o files", 0 },
+    { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+static const cli_opt *const eval_tables[] = { cli_opts_session, eval_opts, cli_opts_chat, cli_opts_steer, NULL };
+const cli_spec cli_eval_spec = {
+    "eval", "-m DIR --tasks LIST [--samplers LIST] [options]",
+    "Accuracy of decoding arms on tasks with known answers, with intervals and paired tests.",
+    "Every arm sees the same items, prompts and seeds. Per-trial JSONL with -o, a markdown summary on stdout "
+    "(or --summary FILE); --write and --from need no model. docs/research.md.",
+    eval_tables, NULL, NULL,
+};
 
-static int fail(const char *msg) {
-    fprintf(stderr, "varent eval: %s\n", msg);
-    return 1;
-}
+static int fail(const char *msg) { return cli_error("eval", "%s", msg); }
 
 typedef struct {
     session_opts so;
@@ -59,13 +72,13 @@ typedef struct {
     eval_arm_opts ao;
 } eval_args;
 
-// Every option, read in one place (the CLI's option tables will replace this).
+// Every option, read in one place.
 static int read_args(args *a, eval_args *e) {
     memset(e, 0, sizeof *e);
     cli_session_opts(a, &e->so);
     e->tasks = args_str(a, "--tasks", NULL);
     e->items = (int)args_int_range(a, "--items", 200, 1, 1000000);
-    e->seed = (uint64_t)args_int_range(a, "--seed", 0, 0, LONG_MAX);
+    e->seed = (uint64_t)args_int_range(a, "-s|--seed", 0, 0, LONG_MAX);
     e->write = args_str(a, "--write", NULL);
     e->samplers = args_str(a, "--samplers", "greedy,standard,entropix");
     e->repeats = (int)args_int_range(a, "--repeats", 1, 1, 1000);
@@ -84,6 +97,7 @@ static int read_args(args *a, eval_args *e) {
     e->pr.system = args_str(a, "--system", NULL);
     e->pr.template_name = args_str(a, "--chat-template", NULL);
     e->pr.think = !args_flag(a, "--no-think");
+    e->pr.chat |= !e->pr.think || e->pr.system || e->pr.template_name;  // they only mean something in a chat prompt
     e->out = args_str(a, "-o|--out", NULL);
     e->summary = args_str(a, "--summary", NULL);
     e->from = args_str(a, "--from", NULL);
@@ -357,13 +371,15 @@ static int evaluate(eval_args *e, const eval_set *set, const eval_arm *arms, int
 
 int cmd_eval(int argc, char **argv) {
     args a;
-    args_init(&a, argc, argv);
-    if (args_flag(&a, "-h|--help")) return fputs(usage, stdout), 0;
+    int rc0 = args_init(&a, &cli_eval_spec, argc, argv);
+    if (rc0 >= 0) return rc0;
     eval_args e;
     read_args(&a, &e);
-    if (args_finish(&a, 0)) return fprintf(stderr, "varent eval: %s\n%s", a.err, usage), 1;
-    if (e.from) return e.tasks || e.so.model_dir ? fail("--from summarizes records: no --tasks or -m with it") : summarize_records(&e);
-    if (!e.tasks) return fprintf(stderr, "varent eval: missing --tasks\n%s", usage), 1;
+    if (args_finish(&a, 0)) return cli_usage_error("eval", "%s", a.err);
+    if (e.from)
+        return e.tasks || e.so.model_dir ? cli_usage_error("eval", "--from summarizes records: no --tasks or -m with it")
+                                         : summarize_records(&e);
+    if (!e.tasks) return cli_usage_error("eval", "missing --tasks");
     verr err = { { 0 } };
     eval_set set;
     if (load_tasks(&e, &set, &err)) return fail(err.msg);
@@ -372,8 +388,9 @@ int cmd_eval(int argc, char **argv) {
         eval_set_free(&set);
         return rc;
     }
+    if (!e.so.model_dir) return eval_set_free(&set), cli_usage_error("eval", "missing -m DIR (the model directory)");
     eval_arm arms[EVAL_MAX_ARMS];
-    int n_arms = e.so.model_dir ? build_arms(&e, arms, &err) : verr_set(&err, "missing -m MODEL_DIR");
+    int n_arms = build_arms(&e, arms, &err);
     int rc = n_arms < 0 ? fail(err.msg) : evaluate(&e, &set, arms, n_arms);
     eval_set_free(&set);
     return rc;

@@ -41,7 +41,9 @@ static const cli_opt *const plot_tables[] = { plot_opts, NULL };
 const cli_spec cli_plot_spec = {
     "plot", "FILE.jsonl -o OUT.svg|OUT.png [options]",
     "Plot entropy and varentropy per token, and the quadrant scatter, of a metrics or agents log.",
-    "FILE is a --metrics-out log of varent run or an agents --log. Docs: docs/research.md.", plot_tables, NULL, NULL,
+    "FILE is a --metrics-out log of varent run or an agents --log; for `varent eval -o` trial records it draws "
+    "accuracy against compute per arm (--title applies; the entropix options do not). Docs: docs/research.md.",
+    plot_tables, NULL, NULL,
 };
 
 #define W 1000
@@ -350,7 +352,7 @@ int cmd_plot(int argc, char **argv) {
     int prc = read_profile(&a, &c, &err);
     if (args_finish(&a, 1)) return cli_usage_error("plot", "%s", a.err);
     const char *in = args_pos(&a, 0);
-    if (!in) return cli_usage_error("plot", "missing FILE.jsonl (a metrics or agents log)");
+    if (!in) return cli_usage_error("plot", "missing FILE.jsonl (a metrics or agents log, or eval records)");
     if (!out) return cli_usage_error("plot", "missing -o OUT.svg|OUT.png");
     if (prc) return cli_usage_error("plot", "%s", err.msg);
     int png = has_ext(out, ".png");

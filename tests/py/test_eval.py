@@ -243,7 +243,7 @@ model = ref_model.Model(stories)
 
 
 def ids_of(text, bos=True):
-    r = varent("tokenize", "-t", stories, text)
+    r = varent("tokenize", "-m", stories, text)
     assert r.returncode == 0, r.stderr
     return ([1] if bos else []) + json.loads(r.stdout)
 
@@ -325,7 +325,7 @@ expect_fail("unknown_arm", varent("eval", "-m", stories, "--tasks", "add2", "--s
 expect_fail("bad_branch", varent("eval", "-m", stories, "--tasks", "add2", "--branch", "3x"), "--branch")
 expect_fail("missing_profile_file", varent("eval", "-m", stories, "--tasks", "add2", "--samplers", "entropix:" + path("no.json")),
             "no.json")
-expect_fail("from_with_model", varent("eval", "--from", path("recs.jsonl"), "-m", stories), "--from")
+expect_fail("from_with_model", varent("eval", "--from", path("recs.jsonl"), "-m", stories), "--from", rc=2)
 
 # ---- 5. calibrate ----
 
@@ -386,15 +386,15 @@ check(ms and not mism, "profile_file_drives_run", str(mism[:3]) + r.stderr[-300:
 r = varent("calibrate", "-m", stories, "-n", "3", "-o", path("gen.json"), "-t", "1", "-q")
 g = json.load(open(path("gen.json"))) if r.returncode == 0 else {}
 check(r.returncode == 0 and g.get("calibration", {}).get("tokens", 0) > 0, "calibrate_generated_runs", r.stderr[-300:])
-expect_fail("calibrate_bad_quantiles", varent("calibrate", "-m", stories, "--low", "0.8", "--high", "0.2"), "--low")
+expect_fail("calibrate_bad_quantiles", varent("calibrate", "-m", stories, "--low", "0.8", "--high", "0.2"), "--low", rc=2)
 expect_fail("calibrate_missing_corpus", varent("calibrate", "-m", stories, "-f", path("none.txt")), "none.txt")
 with open(path("badprof.json"), "w") as f:
     f.write('{"LELV.entropy.max": "x"}')
 expect_fail("profile_file_bad_value", varent("run", "-m", stories, "-p", "a", "--profile", path("badprof.json")),
-            "badprof.json", "LELV.entropy.max")
+            "badprof.json", "LELV.entropy.max", rc=2)
 for cmd in ("eval", "calibrate"):
     r = varent(cmd, "--help")
     check(r.returncode == 0 and r.stdout.startswith(f"usage: varent {cmd}"), f"{cmd}_help", r.stderr)
-expect_fail("eval_missing_tasks", varent("eval", "-m", stories), "missing --tasks")
-expect_fail("calibrate_missing_model", varent("calibrate"), "missing -m")
+expect_fail("eval_missing_tasks", varent("eval", "-m", stories), "missing --tasks", rc=2)
+expect_fail("calibrate_missing_model", varent("calibrate"), "missing -m", rc=2)
 vtest.done()

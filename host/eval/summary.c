@@ -85,15 +85,21 @@ static void pair_table(FILE *f, const eval_set *set, const char *task, const eva
         }
 }
 
-void eval_summary_md(FILE *f, const eval_set *set, const eval_arm *arms, int n_arms, const eval_outcome *res,
-                     const eval_meta *m) {
-    const char *tasks[256];
+// The distinct task names of the set, in their first order (at most cap).
+static int task_names(const eval_set *set, const char **tasks, int cap) {
     int n_tasks = 0;
-    for (int i = 0; i < set->n && n_tasks < 256; i++) {
+    for (int i = 0; i < set->n && n_tasks < cap; i++) {
         int seen = 0;
         for (int t = 0; t < n_tasks && !seen; t++) seen = !strcmp(tasks[t], set->it[i].task);
         if (!seen) tasks[n_tasks++] = set->it[i].task;
     }
+    return n_tasks;
+}
+
+void eval_summary_md(FILE *f, const eval_set *set, const eval_arm *arms, int n_arms, const eval_outcome *res,
+                     const eval_meta *m) {
+    const char *tasks[256];
+    int n_tasks = task_names(set, tasks, 256);
     fprintf(f, "## varent eval: %s\n\n%d items, %d repeat%s, seed %llu, up to %d tokens, chat %s; arms:", m->model, set->n,
             m->repeats, m->repeats == 1 ? "" : "s", (unsigned long long)m->seed, m->max_new, m->chat);
     for (int a = 0; a < n_arms; a++) fprintf(f, "%s %s", a ? "," : "", arms[a].name);
@@ -152,12 +158,7 @@ static void json_task(FILE *f, const eval_set *set, const char *task, const eval
 void eval_summary_json(FILE *f, const eval_set *set, const eval_arm *arms, int n_arms, const eval_outcome *res,
                        const eval_meta *m) {
     const char *tasks[256];
-    int n_tasks = 0;
-    for (int i = 0; i < set->n && n_tasks < 256; i++) {
-        int seen = 0;
-        for (int t = 0; t < n_tasks && !seen; t++) seen = !strcmp(tasks[t], set->it[i].task);
-        if (!seen) tasks[n_tasks++] = set->it[i].task;
-    }
+    int n_tasks = task_names(set, tasks, 256);
     fprintf(f, "{\"seed\":%llu,\"repeats\":%d,\"tasks\":[", (unsigned long long)m->seed, m->repeats);
     for (int t = 0; t <= n_tasks; t++) {
         if (t == n_tasks && n_tasks == 1) break;

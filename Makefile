@@ -175,7 +175,7 @@ test-emu: emu
 ASAN_BUILD ?= $(BUILD)/asan
 ASAN_SAN   := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer
 test-asan: deps
-	ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 \
+	ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 EMU_SCHEDULES=forward \
 	$(MAKE) CUDA=0 BUILD=$(ASAN_BUILD) BIN=$(ASAN_BUILD)/varent OPT=-O1 SAN="$(ASAN_SAN)" test
 

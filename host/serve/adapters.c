@@ -24,7 +24,7 @@ int server_adapters_load(server *s, verr *err) {
     }
     // Slot 0 runs on the base session's forward state (copied by value): size its LoRA
     // scratch for every adapter now, so a request never reallocates what base shares.
-    memcpy(all, s->base->lora, sizeof *all * (size_t)s->base->n_adapters);
+    if (s->base->n_adapters) memcpy(all, s->base->lora, sizeof *all * (size_t)s->base->n_adapters);  // lora: NULL without
     for (int i = 0; i < s->n_mods; i++) all[s->base->n_adapters + i] = (lora_use){ &s->mods[i], 1.0f };
     int rc = session_set_lora(s->base, all, s->base->n_adapters + s->n_mods, err) ||
              session_set_lora(s->base, s->base->lora, s->base->n_adapters, err);

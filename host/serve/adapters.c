@@ -49,7 +49,7 @@ int server_job_adapters(server *s, server_job *j, int module, verr *err) {
     if (n == 0) return 0;
     j->lora = malloc(sizeof *j->lora * (size_t)n);
     if (!j->lora) return verr_set(err, "out of memory");
-    memcpy(j->lora, s->base->lora, sizeof *j->lora * (size_t)s->base->n_adapters);
+    if (s->base->n_adapters) memcpy(j->lora, s->base->lora, sizeof *j->lora * (size_t)s->base->n_adapters);
     if (module >= 0) j->lora[n - 1] = (lora_use){ &s->mods[module], 1.0f };
     j->n_lora = n;
     return 0;

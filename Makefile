@@ -30,17 +30,30 @@ endif
 
 # libedit (line editing and history in `varent chat`, host/cli/repl.c) when libedit-dev
 # is installed; without it the chat reads plain lines. Probed after install-deps into
-# build/gen/config.mk (make restarts on it); `make LIBEDIT=0` builds without it.
+# build/gen/config.mk (make restarts on it, and probes again when the Makefile changes);
+# `make LIBEDIT=0` builds without it.
 -include $(BUILD)/gen/config.mk
-$(BUILD)/gen/config.mk: | deps
+$(BUILD)/gen/config.mk: Makefile | deps
 	@mkdir -p $(dir $@)
-	@if [ -e /usr/include/histedit.h ]; then echo 'HAVE_LIBEDIT := 1'; else echo 'HAVE_LIBEDIT := 0'; fi >$@
+	@{ if [ -e /usr/include/histedit.h ]; then echo 'HAVE_LIBEDIT := 1'; else echo 'HAVE_LIBEDIT := 0'; fi; \
+	   if command -v mpicc >/dev/null 2>&1 && mpicc --showme:compile >/dev/null 2>&1; then \
+	     echo 'HAVE_MPI := 1'; echo "MPI_CFLAGS := $$(mpicc --showme:compile)"; echo "MPI_LIBS := $$(mpicc --showme:link)"; \
+	   else echo 'HAVE_MPI := 0'; fi; } >$@
 ifeq ($(LIBEDIT),0)
   HAVE_LIBEDIT := 0
 endif
 ifeq ($(HAVE_LIBEDIT),1)
   CFLAGS += -DVARENT_LIBEDIT
   LDLIBS += -ledit
+endif
+# MPI (tensor parallelism and agents across processes, host/runtime/tp_mpi.c) when Open
+# MPI's mpicc is installed (tools/install-deps.sh installs it); `make MPI=0` leaves it out.
+ifeq ($(MPI),0)
+  HAVE_MPI := 0
+endif
+ifeq ($(HAVE_MPI),1)
+  CFLAGS += -DVARENT_MPI $(MPI_CFLAGS)
+  LDLIBS += $(MPI_LIBS)
 endif
 
 # host/ by role (docs/architecture.md); every .c of these folders is in the library

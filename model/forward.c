@@ -32,6 +32,24 @@ int forward_init(forward_state *s, const model *m, int max_T, int ctx, verr *err
     return 0;
 }
 
+int forward_set_comm(forward_state *s, tp_comm *c, verr *err) {
+    const tp_shard *t = &s->m->tp;
+    if (!c || c->size <= 1) return 0;
+    if (c->size != t->size || c->rank != t->rank)
+        return verr_set(err, "forward: the model holds rank %d of %d's share, the communicator is rank %d of %d",
+                        t->rank, t->size, c->rank, c->size);
+    size_t gathered = (size_t)TP_ROWS * t->max_vocab, heads = (size_t)t->max_heads * s->ctx;
+    if (heads > gathered) gathered = heads;
+    s->tp_logits = malloc(sizeof(float) * (size_t)TP_ROWS * t->max_vocab);
+    s->tp_scores = malloc(sizeof(float) * heads);
+    s->tp_gather = malloc(sizeof(float) * gathered * (size_t)c->size);
+    if (!s->tp_logits || !s->tp_scores || !s->tp_gather)
+        return verr_set(err, "out of memory allocating the tensor-parallel gather buffers (%zu floats)",
+                        gathered * (size_t)c->size);
+    s->comm = c;
+    return 0;
+}
+
 int forward_set_lora(forward_state *s, const lora_use *u, int n, verr *err) {
     const model_config *c = &s->m->cfg;
     int r = lora_max_rank(u, n);
@@ -56,6 +74,7 @@ void forward_free(forward_state *s) {
     free(s->x), free(s->xb), free(s->q), free(s->k), free(s->v), free(s->att);
     free(s->hb), free(s->hb2), free(s->pos), free(s->logits), free(s->attn_scores);
     free(s->lora_tmp), free(s->lora_dy);
+    free(s->tp_logits), free(s->tp_scores), free(s->tp_gather);
     memset(s, 0, sizeof *s);
 }
 
@@ -90,10 +109,11 @@ static int hook_attn(const forward_state *s, const chunk *ch, int l) {
 // --ablate-head: zero the ablated heads' slices of att [T, n_heads * head_dim].
 static void ablate_heads(const forward_state *s, int l, float *att, int T) {
     const model_config *c = &s->m->cfg;
-    const unsigned char *a = s->hooks->ablate + (size_t)l * c->n_heads;
-    for (int h = 0; h < c->n_heads; h++)
+    const tp_shard *tp = &s->m->tp;  // att holds this rank's heads
+    const unsigned char *a = s->hooks->ablate + (size_t)l * c->n_heads + tp->head0;
+    for (int h = 0; h < tp->n_heads; h++)
         for (int t = 0; a[h] && t < T; t++)
-            memset(att + ((size_t)t * c->n_heads + h) * c->head_dim, 0, sizeof(float) * (size_t)c->head_dim);
+            memset(att + ((size_t)t * tp->n_heads + h) * c->head_dim, 0, sizeof(float) * (size_t)c->head_dim);
 }
 
 // The keys and values a view sees at layer l once its n new positions are stored.
@@ -107,9 +127,55 @@ static kv_span span_of(const kv_view *kv, int l, int n) {
     };
 }
 
+// Tensor parallelism: x[n] summed over the ranks (the partial outputs of wo and down).
+// A failure is kept for forward_run to report; later collectives are skipped.
+static void tp_sum(forward_state *s, float *x, size_t n) {
+    if (!s->comm || s->tp_failed) return;
+    if (s->comm->sum(s->comm, x, n, &s->tp_err)) s->tp_failed = 1;
+}
+
+// Tensor parallelism: every rank's slice of `rows` rows, gathered into full rows. Rank
+// r's slice of a row is count(r) values at first(r) (query heads times keys, vocabulary
+// rows); part holds this rank's [rows, pad], out receives [rows, total].
+static void tp_gather_rows(forward_state *s, const float *part, int rows, size_t pad, int per_head, size_t unit,
+                           float *out, size_t total) {
+    if (s->tp_failed) return;
+    tp_comm *c = s->comm;
+    size_t block = (size_t)rows * pad;
+    if (c->gather(c, part, sizeof(float) * block, s->tp_gather, &s->tp_err)) {
+        s->tp_failed = 1;
+        return;
+    }
+    for (int r = 0; r < c->size; r++) {
+        tp_shard o;
+        tp_shard_plan(&s->m->cfg, r, c->size, &o, NULL);
+        size_t first = per_head ? (size_t)o.head0 * unit : (size_t)o.vocab0;
+        size_t count = per_head ? (size_t)o.n_heads * unit : (size_t)o.n_vocab;
+        for (int i = 0; i < rows; i++)
+            memcpy(out + (size_t)i * total + first, s->tp_gather + (size_t)r * block + (size_t)i * pad,
+                   sizeof(float) * count);
+    }
+}
+
+// The attention of sequence i's n new rows, with its capture of the last query (cap,
+// [n_heads, keys], whole over every rank's heads) when cap is set.
+static void attend(forward_state *s, float *out, const float *q, kv_span span, int n, float *cap) {
+    const model_config *c = &s->m->cfg;
+    const tp_shard *tp = &s->m->tp;
+    attn_shape shape = { tp->n_heads, tp->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
+    if (!cap || !s->comm) {
+        cpu_attention(out, q, span, n, shape, cap);
+        return;
+    }
+    size_t keys = (size_t)span.n_trunk + span.n_tail;
+    cpu_attention(out, q, span, n, shape, s->tp_scores);
+    tp_gather_rows(s, s->tp_scores, 1, (size_t)tp->max_heads * keys, 1, keys, cap, (size_t)c->n_heads * keys);
+}
+
 static void attention_block(forward_state *s, const layer_weights *w, int l, const chunk *ch, int T) {
     const model_config *c = &s->m->cfg;
-    int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim, batch = ch->n_seq > 1;
+    const tp_shard *tp = &s->m->tp;  // this rank's heads (all of them in one process)
+    int q_dim = tp->n_heads * c->head_dim, kv_dim = tp->n_kv_heads * c->head_dim, batch = ch->n_seq > 1;
     // One sequence's new keys and values are written straight into the cache rows they
     // belong to; a batch's go to scratch first, then each row to its own sequence.
     kv_cache *dst = write_target(&ch->views[0]);
@@ -131,11 +197,11 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, con
         cpu_add_bias(vdst, w->bv, T, kv_dim);
     }
     if (c->qk_norm) {  // Qwen3: RMSNorm over each head's vector, before RoPE
-        cpu_rmsnorm(s->q, s->q, w->q_norm, T * c->n_heads, c->head_dim, c->norm_eps);
-        cpu_rmsnorm(kdst, kdst, w->k_norm, T * c->n_kv_heads, c->head_dim, c->norm_eps);
+        cpu_rmsnorm(s->q, s->q, w->q_norm, T * tp->n_heads, c->head_dim, c->norm_eps);
+        cpu_rmsnorm(kdst, kdst, w->k_norm, T * tp->n_kv_heads, c->head_dim, c->norm_eps);
     }
-    cpu_rope(s->q, s->pos, T, c->n_heads, c->head_dim, s->m->inv_freq, 0);
-    cpu_rope(kdst, s->pos, T, c->n_kv_heads, c->head_dim, s->m->inv_freq, 0);
+    cpu_rope(s->q, s->pos, T, tp->n_heads, c->head_dim, s->m->inv_freq, 0);
+    cpu_rope(kdst, s->pos, T, tp->n_kv_heads, c->head_dim, s->m->inv_freq, 0);
     for (int b = 0; batch && b < T; b++) {
         kv_cache *d = write_target(&ch->views[b]);
         size_t at = (size_t)d->len * kv_dim, row = (size_t)b * kv_dim;
@@ -143,7 +209,6 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, con
         memcpy(kv_cache_v(d, l) + at, s->v + row, sizeof(float) * (size_t)kv_dim);
     }
 
-    attn_shape shape = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
     int n = T / ch->n_seq;  // rows per sequence
     float *hcap = hook_attn(s, ch, l) ? s->hooks->attn_buf : NULL;  // n_seq == 1
     for (int i = 0; i < ch->n_seq; i++) {
@@ -151,18 +216,19 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, con
         float *cap = l == s->attn_layer && ch->scores ? ch->scores + (size_t)i * c->n_heads * s->ctx : NULL;
         if (cap && hcap) hcap = cap;  // one capture serves both
         size_t off = (size_t)i * n * q_dim;
-        cpu_attention(s->att + off, s->q + off, span, n, shape, cap ? cap : hcap);
+        attend(s, s->att + off, s->q + off, span, n, cap ? cap : hcap);
         if (cap) ch->keys[i] = span.n_trunk + span.n_tail;
         if (hcap) s->hooks->on_attn(s->hooks->ud, l, hcap, span.n_trunk + span.n_tail);
     }
     if (s->hooks && s->hooks->ablate) ablate_heads(s, l, s->att, T);
     cpu_matmul(s->xb, s->att, w->wo, T, q_dim, c->dim);  // the block's output; the caller adds it
     if (s->n_lora) lora_apply(s->lora, s->n_lora, l, LORA_O, s->xb, s->att, T, q_dim, c->dim, s->lora_tmp, s->lora_dy);
+    tp_sum(s, s->xb, (size_t)T * c->dim);
 }
 
 static void mlp_block(forward_state *s, const layer_weights *w, int l, int T) {
     const model_config *c = &s->m->cfg;
-    int hid = c->hidden_dim;
+    int hid = s->m->tp.n_ffn;  // this rank's intermediate columns
     cpu_rmsnorm(s->xb, s->x, w->ffn_norm, T, c->dim, c->norm_eps);
     cpu_matmul(s->hb, s->xb, w->w_gate, T, c->dim, hid);
     cpu_matmul(s->hb2, s->xb, w->w_up, T, c->dim, hid);
@@ -173,6 +239,7 @@ static void mlp_block(forward_state *s, const layer_weights *w, int l, int T) {
     cpu_swiglu(s->hb, s->hb, s->hb2, (size_t)T * hid);
     cpu_matmul(s->xb, s->hb, w->w_down, T, hid, c->dim);  // the caller adds it
     if (s->n_lora) lora_apply(s->lora, s->n_lora, l, LORA_DOWN, s->xb, s->hb, T, hid, c->dim, s->lora_tmp, s->lora_dy);
+    tp_sum(s, s->xb, (size_t)T * c->dim);
 }
 
 // One decoder block on the residual stream s->x, with the hooks' interventions and captures.
@@ -207,6 +274,26 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
+// out[T, vocab] = the logits of normed rows x[T, dim]; a shard computes its vocabulary
+// rows and gathers the rest, TP_ROWS rows per collective.
+static void lm_head(forward_state *s, float *out, const float *x, int T) {
+    const model_config *c = &s->m->cfg;
+    const tp_shard *tp = &s->m->tp;
+    if (!s->comm) {
+        cpu_matmul(out, x, s->m->lm_head, T, c->dim, c->vocab_size);
+        return;
+    }
+    for (int t = 0; t < T; t += TP_ROWS) {
+        int n = T - t < TP_ROWS ? T - t : TP_ROWS;
+        cpu_matmul(s->tp_logits, x + (size_t)t * c->dim, s->m->lm_head, n, c->dim, tp->n_vocab);
+        for (int i = n - 1; i > 0; i--)  // rows [n, n_vocab] spread to the gather's [n, max_vocab]
+            memmove(s->tp_logits + (size_t)i * tp->max_vocab, s->tp_logits + (size_t)i * tp->n_vocab,
+                    sizeof(float) * (size_t)tp->n_vocab);
+        tp_gather_rows(s, s->tp_logits, n, (size_t)tp->max_vocab, 0, 1, out + (size_t)t * c->vocab_size,
+                       (size_t)c->vocab_size);
+    }
+}
+
 // One chunk of at most max_T rows; the caller has validated ids and room. Returns the
 // first layer after which the hidden states hold a NaN or inf (a cheap scan of T x dim
 // floats per layer, for the error message), or -1.
@@ -228,14 +315,14 @@ static int forward_chunk(forward_state *s, const chunk *ch, const int *ids, int 
     }
     if (ch->out) {  // scoring and batches: every row
         cpu_rmsnorm(s->x, s->x, m->final_norm, T, c->dim, c->norm_eps);
-        cpu_matmul(ch->out, s->x, m->lm_head, T, c->dim, c->vocab_size);
+        lm_head(s, ch->out, s->x, T);
         memcpy(s->logits, ch->out + (size_t)(T - 1) * c->vocab_size, sizeof(float) * (size_t)c->vocab_size);
         return bad_layer;
     }
     // Generation needs only the last token's logits.
     float *last = s->x + (size_t)(T - 1) * c->dim;
     cpu_rmsnorm(last, last, m->final_norm, 1, c->dim, c->norm_eps);
-    cpu_matmul(s->logits, last, m->lm_head, 1, c->dim, c->vocab_size);
+    lm_head(s, s->logits, last, 1);
     return bad_layer;
 }
 
@@ -269,6 +356,13 @@ static int check_id(const forward_state *s, int id, int at, verr *err) {
     return verr_set(err, "token id %d at index %d is out of range (vocab_size %d)", id, at, vocab);
 }
 
+// A collective of this pass failed: the group is out of step, so the pass is an error.
+static int tp_failed(forward_state *s, verr *err) {
+    if (!s->tp_failed) return 0;
+    s->tp_failed = 0;
+    return verr_set(err, "tensor parallelism (rank %d of %d): %.900s", s->comm->rank, s->comm->size, s->tp_err.msg);
+}
+
 static int forward_run(forward_state *s, kv_view *kv, const int *ids, int T, float *all, verr *err) {
     const model_config *c = &s->m->cfg;
     if (T <= 0) return verr_set(err, "forward: no tokens to process");
@@ -282,6 +376,7 @@ static int forward_run(forward_state *s, kv_view *kv, const int *ids, int T, flo
         float *out = all ? all + (size_t)done * c->vocab_size : NULL;
         chunk ch = { kv, 1, s->attn_scores, &s->attn_keys, out, 1, done + n == T };
         int bad_layer = forward_chunk(s, &ch, ids + done, n);
+        if (tp_failed(s, err)) return -1;
         if (out ? check_logits(s, out, n, pos, 1, bad_layer, err)
                 : check_logits(s, s->logits, 1, pos + n - 1, 0, bad_layer, err))
             return -1;
@@ -314,6 +409,7 @@ int forward_batch(forward_state *s, kv_view *views, const int *ids, int B, float
     }
     chunk ch = { views, B, scores, keys, logits, 0, 1 };
     int bad_layer = forward_chunk(s, &ch, ids, B);
+    if (tp_failed(s, err)) return -1;
     for (int b = 0; b < B; b++) {
         verr why;
         if (check_logits(s, logits + (size_t)b * s->m->cfg.vocab_size, 1, kv_view_len(&views[b]) - 1, 0, bad_layer,

@@ -7,6 +7,7 @@
 #include "model/kv_cache.h"
 #include "model/lora.h"
 #include "model/model.h"
+#include "model/tp.h"
 
 typedef struct {
     const model *m;
@@ -38,10 +39,25 @@ typedef struct {
     int n_lora;
     float *lora_tmp, *lora_dy;  // their scratch: [max_T, rank], [max_T, widest projection]
     int lora_rank;          // the rank lora_tmp has room for
+    // Tensor parallelism (model/tp.h; forward_set_comm): the model is a shard (m->tp) and
+    // every pass makes the same collectives on every rank. NULL: one process, whole model.
+    tp_comm *comm;
+    float *tp_logits;       // [TP_ROWS, max_vocab] this rank's vocabulary slice
+    float *tp_scores;       // [max_heads, ctx] this rank's heads' attention capture
+    float *tp_gather;       // [size, max(TP_ROWS * max_vocab, max_heads * ctx)] gathered slices
+    int tp_failed;          // a collective failed in this pass: tp_err says why
+    verr tp_err;
 } forward_state;
+
+// Logit rows gathered per collective (scoring passes gather in slices of this many).
+#define TP_ROWS 16
 
 int forward_init(forward_state *s, const model *m, int max_T, int ctx, verr *err);
 void forward_free(forward_state *s);
+// Runs the passes as rank c->rank of c's group on a model sharded to match (model_shard
+// with the same rank and size); every rank must make the same forward calls. -1 with err
+// on a mismatch or when out of memory.
+int forward_set_comm(forward_state *s, tp_comm *c, verr *err);
 // The adapters the next passes apply (n 0: none); u must outlive their use. Grows the
 // scratch; -1 with err when out of memory (nothing changed then).
 int forward_set_lora(forward_state *s, const lora_use *u, int n, verr *err);

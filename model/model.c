@@ -94,6 +94,7 @@ int model_load(model *m, const char *dir, verr *err) {
         return -1;
     }
     config_rope_inv_freq(&m->cfg, m->inv_freq);
+    tp_shard_whole(&m->cfg, &m->tp);
     if (load_weights(m, err)) {
         model_free(m);
         return -1;
@@ -105,5 +106,6 @@ void model_free(model *m) {
     st_set_close(&m->files);
     free(m->layers);
     free(m->inv_freq);
+    free(m->tp_owned);
     memset(m, 0, sizeof *m);
 }

@@ -6,6 +6,7 @@
 #include "host/formats/safetensors.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/tp.h"
 
 typedef struct {
     wref attn_norm;          // [dim]
@@ -27,10 +28,21 @@ typedef struct {
     layer_weights *layers;   // [n_layers]
     float *inv_freq;         // [head_dim/2]
     size_t n_params;
-    size_t weight_bytes;     // bytes read per token (all weights, lm_head once)
+    size_t weight_bytes;     // bytes read per token (all weights, lm_head once; a rank's share when sharded)
+    tp_shard tp;             // the share of the weights this process holds (size 1: all of them)
+    void *tp_owned;          // the copied o_proj/down_proj columns of a shard (model_shard)
 } model;
+
+// Floats per position in this process's KV cache (its share of the KV heads).
+static inline int model_kv_dim(const model *m) { return m->tp.n_kv_heads * m->cfg.head_dim; }
 
 int model_load(model *m, const char *dir, verr *err);
 void model_free(model *m);
+// Keep only rank s->rank's share of the weights (model/tp.h; size 1: no change). The
+// config stays the whole model's; m->tp says what this rank holds.
+int model_shard(model *m, const tp_shard *s, verr *err);
+// SHA-256 of config.json's content and every safetensors header (names, dtypes, shapes,
+// offsets), as 64 hex digits: ranks that must hold one checkpoint compare these.
+int model_digest(const model *m, char out[65], verr *err);
 
 #endif

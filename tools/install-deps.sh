@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install the Debian packages varent builds and tests with, only when missing.
-# Required: the build and the CPU test suite need them; failure stops make.
+# Required: the build and the CPU test suite need them (Open MPI: tensor parallelism and
+# agents across processes, tested with mpirun); failure stops make.
 # Optional: the browser test (chromium + selenium), PNG plots (rsvg-convert), fuzzing
 # (clang's libFuzzer), leak checks (valgrind), line editing in `varent chat` (libedit-dev;
 # plain lines without it) and the chat's terminal test (tmux). Their tests SKIP without
 # them, so a failed install only warns, and is not retried until the stamp file is removed.
 set -euo pipefail
-required=(libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev python3-numpy python3-jinja2 python3-pip xz-utils)
+required=(libcjson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev python3-numpy python3-jinja2 python3-pip xz-utils
+          libopenmpi-dev openmpi-bin)
 optional=(chromium chromium-driver python3-selenium librsvg2-bin clang libclang-rt-dev valgrind libedit-dev tmux)
 stamp=${DEPS_STAMP:-build/.deps-optional-failed}
 

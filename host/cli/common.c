@@ -4,6 +4,7 @@
 #include "host/util/seed.h"
 
 #include "host/cli/interp_opts.h"
+#include "host/cli/ranks.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -24,6 +25,10 @@ const cli_opt cli_opts_session[] = {
     { "--device", "DEV", "performance", "cpu", "cpu or cuda[:N]", 0 },
     { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
+    { "--tp", "N", "performance", "the MPI ranks", "tensor parallelism: the model split over N ranks of an MPI launch "
+      "(mpirun -np N; docs/distributed.md)", 0 },
+    { "--tp-timeout", "S", "performance", "300", "seconds a rank waits for the others in a collective before it stops "
+      "the launch (0: forever)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
@@ -49,6 +54,8 @@ int cli_cpu_count(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
+
+static uint64_t seed_of(args *a);
 
 // CLI state: the command's load bar while one is drawn, else a bar per stage.
 static progress *load_pg;
@@ -95,9 +102,13 @@ void cli_session_opts(args *a, session_opts *o) {
     o->device = args_str(a, "--device", "cpu");
     o->max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
     cli_steer_opts(a, &o->steer);
+    cli_ranks_session(a, o);
 }
 
-uint64_t cli_seed(args *a) {
+// Every rank of an MPI launch draws with rank 0's seed (a random one differs per rank).
+uint64_t cli_seed(args *a) { return cli_ranks_same(seed_of(a)); }
+
+static uint64_t seed_of(args *a) {
     const char *s = args_str(a, "-s", NULL);
     if (s && strcmp(s, "-1") != 0) {
         char *end;

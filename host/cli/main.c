@@ -6,6 +6,7 @@
 
 #include "host/cli/commands.h"
 #include "host/cli/help.h"
+#include "host/cli/ranks.h"
 #include "host/util/interrupt.h"
 
 #ifdef VARENT_CUDA
@@ -84,6 +85,8 @@ static void omp_short_spin(char **argv) {
 
 int main(int argc, char **argv) {
     omp_short_spin(argv);
+    int rc = cli_ranks_start(&argc, &argv);  // under mpirun: join the world first
+    if (rc) return rc;
     interrupt_cleanup_install();  // a signal removes the temporary output files first
     if (argc < 2) return usage(stderr), CLI_EXIT_USAGE;
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return help(argc - 2, argv + 2);
@@ -92,7 +95,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     const command *c = find_command(argv[1]);
-    if (c) return c->fn(argc - 2, argv + 2);
+    if (c) return cli_ranks_end(c->fn(argc - 2, argv + 2));
     fprintf(stderr, "varent: unknown command '%s' (varent help lists the commands)\n", argv[1]);
     return CLI_EXIT_USAGE;
 }

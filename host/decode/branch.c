@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int branch_init(branch_set *bs, const model_config *c, int k, int b, verr *err) {
+int branch_init(branch_set *bs, const model *mdl, int k, int b, verr *err) {
+    const model_config *c = &mdl->cfg;
     memset(bs, 0, sizeof *bs);
     bs->k = k, bs->b = b;
     size_t cells = (size_t)k * (b + 1), K = (size_t)k;
@@ -26,7 +27,7 @@ int branch_init(branch_set *bs, const model_config *c, int k, int b, verr *err) 
         return verr_set(err, "out of memory allocating %d branches", k);
     }
     for (int i = 0; i < k; i++)
-        if (kv_cache_init(&bs->tails[i], c->n_layers, b + 1, c->n_kv_heads * c->head_dim, err)) {
+        if (kv_cache_init(&bs->tails[i], c->n_layers, b + 1, model_kv_dim(mdl), err)) {
             branch_free(bs);
             return -1;
         }

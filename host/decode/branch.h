@@ -40,7 +40,7 @@ typedef struct {
     int n_bias;
 } branch_penalty;
 
-int branch_init(branch_set *bs, const model_config *c, int k, int b, verr *err);
+int branch_init(branch_set *bs, const model *m, int k, int b, verr *err);
 void branch_free(branch_set *bs);
 
 // Forks from s->kv using the distribution last built in s->smp (the LEHV parameters),

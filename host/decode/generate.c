@@ -66,7 +66,7 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
     if (!c->hist || !c->work || !c->seen || !c->cfg || !c->drawn) return ctx_free(c), verr_set(err, "out of memory");
     memcpy(c->hist, prompt, sizeof(int) * (size_t)n_prompt);
     c->n_hist = n_prompt;
-    if (branching && branch_init(&c->bs, &s->m.cfg, o->branch_k, o->branch_b, err)) return ctx_free(c), -1;
+    if (branching && branch_init(&c->bs, &s->m, o->branch_k, o->branch_b, err)) return ctx_free(c), -1;
     int last = s->m.cfg.n_layers - 1, layer = o->attn_layer_given ? o->attn_layer : last;
     if (layer < 0 || layer > last) {
         ctx_free(c);

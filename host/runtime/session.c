@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "host/runtime/session_cuda.h"
+#include "host/runtime/tp_mpi.h"
 #include "model/forward_cuda.h"
 
 static double now_s(void) {
@@ -71,9 +72,14 @@ int session_open(session *s, const session_opts *o, verr *err) {
     double t0 = now_s();
     int cuda_dev;
     model_path mp;
-    if (check_device(o->device, &cuda_dev, err) || model_path_resolve(o->model_dir, o->progress, &mp, err) ||
-        model_load(&s->m, mp.dir, err))
+    int failed = check_device(o->device, &cuda_dev, err) || model_path_resolve(o->model_dir, o->progress, &mp, err) ||
+                 model_load(&s->m, mp.dir, err);
+    if (o->tp > 1 && session_tp_shard(s, o, failed, cuda_dev, err)) {  // every rank of the group returns here alike
+        if (o->tp_comm) o->tp_comm->failed_together = 1;
+        if (!failed) model_free(&s->m);
         return -1;
+    }
+    if (failed) return -1;
     const model_config *c = &s->m.cfg;
     s->ctx = o->ctx > 0 ? o->ctx : (c->max_pos < 4096 ? c->max_pos : 4096);
     if (o->ctx > c->max_pos) {
@@ -83,17 +89,17 @@ int session_open(session *s, const session_opts *o, verr *err) {
                         o->ctx, max_pos);
     }
     if (o->threads > 0) cpu_set_threads(o->threads);
-    if (open_steer(s, &o->steer, err)) {
-        session_close(s);
-        return -1;
-    }
     int batch = o->max_batch > 0 ? o->max_batch : 256;
-    if (forward_init(&s->fw, &s->m, batch < s->ctx ? batch : s->ctx, s->ctx, err) ||
-        (cuda_dev >= 0 ? session_cuda_open(s, cuda_dev, NULL, err)
-                       : kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err)) ||
-        sampler_init(&s->smp, c->vocab_size) != 0 || open_tokenizer(s, mp.dir, err) ||
-        open_adapters(s, o, err)) {
-        if (!err->msg[0]) verr_set(err, "out of memory");
+    err->msg[0] = 0;
+    failed = open_steer(s, &o->steer, err) ||
+             forward_init(&s->fw, &s->m, batch < s->ctx ? batch : s->ctx, s->ctx, err) ||
+             (cuda_dev >= 0 ? session_cuda_open(s, cuda_dev, NULL, err)
+                            : kv_cache_init(&s->kv, c->n_layers, s->ctx, model_kv_dim(&s->m), err)) ||
+             sampler_init(&s->smp, c->vocab_size) != 0 || open_tokenizer(s, mp.dir, err) ||
+             open_adapters(s, o, err) || (o->tp > 1 && forward_set_comm(&s->fw, o->tp_comm, err));
+    if (failed && !err->msg[0]) verr_set(err, "out of memory");
+    if (o->tp > 1 && tp_agree(o->tp_comm, !failed, err->msg, err)) failed = 1;  // no rank goes on alone
+    if (failed) {
         session_close(s);
         return -1;
     }
@@ -118,7 +124,7 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
     const model_config *c = &s->m.cfg;
     if (forward_init(&s->fw, &s->m, base->fw.max_T < s->ctx ? base->fw.max_T : s->ctx, s->ctx, err) ||
         (base->cu ? session_cuda_open(s, cuda_forward_device(base->cu), base, err)
-                  : kv_cache_init(&s->kv, c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err)) ||
+                  : kv_cache_init(&s->kv, c->n_layers, s->ctx, model_kv_dim(&s->m), err)) ||
         sampler_init(&s->smp, c->vocab_size) != 0 || session_set_lora(s, s->lora, s->n_adapters, err)) {
         if (!err->msg[0]) verr_set(err, "out of memory");
         session_close(s);

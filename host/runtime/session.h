@@ -26,6 +26,8 @@ typedef struct {
     const session_lora *lora;  // [n_lora] adapters loaded and applied to every pass (model/lora.h)
     int n_lora;
     const char *ctx_name;  // what set ctx, for messages (NULL: "--ctx")
+    int tp;           // tensor-parallel degree (0, 1: the whole model here; model/tp.h)
+    tp_comm *tp_comm; // the group's communicator (host/runtime/tp_mpi.h) when tp > 1
 } session_opts;
 
 typedef struct {
@@ -48,6 +50,11 @@ typedef struct {
 } session;
 
 int session_open(session *s, const session_opts *o, verr *err);
+// session_open's tensor-parallel step (host/runtime/session_tp.c), on every rank of
+// o->tp_comm after the load (failed: whether it failed here, err saying why): agree on
+// the load, check the plan and that every rank loaded the same checkpoint, then keep
+// this rank's share. Returns alike on every rank.
+int session_tp_shard(session *s, const session_opts *o, int failed, int cuda_dev, verr *err);
 // A second context on base's model: its own forward scratch, KV cache (ctx positions,
 // 0: base's) and sampler, borrowing base's weights, tokenizer and interventions, which
 // must outlive it.

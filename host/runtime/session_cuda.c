@@ -41,7 +41,7 @@ int session_cuda_open(session *s, int device, const session *base, verr *err) {
     const char *g = getenv("VARENT_CUDA_GRAPHS");
     if (g && !strcmp(g, "0")) cuda_forward_set_graphs(s->cu, 0);
     const model_config *c = &s->m.cfg;
-    return kv_cache_init_cuda(&s->kv, cuda_forward_ctx(s->cu), c->n_layers, s->ctx, c->n_kv_heads * c->head_dim, err);
+    return kv_cache_init_cuda(&s->kv, cuda_forward_ctx(s->cu), c->n_layers, s->ctx, model_kv_dim(&s->m), err);
 }
 
 void session_cuda_close(session *s) {

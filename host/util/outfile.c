@@ -121,6 +121,12 @@ static int open_resume(outfile *o, const struct stat *st, verr *err) {
     return 0;
 }
 
+// Set once by the CLI of an MPI launch on ranks other than 0, which compute everything
+// rank 0 does but must not write the same files (docs/distributed.md).
+static int discard_all;
+
+void outfile_discard_all(void) { discard_all = 1; }
+
 int outfile_open(outfile *o, const char *path, const outfile_opts *opts, verr *err) {
     static const outfile_opts document = { 0 };
     if (!opts) opts = &document;
@@ -129,6 +135,10 @@ int outfile_open(outfile *o, const char *path, const outfile_opts *opts, verr *e
     if (opts->flag) snprintf(o->shown, sizeof o->shown, "%s %.4096s", opts->flag, path);
     else snprintf(o->shown, sizeof o->shown, "%.4096s", path);
     if (!*path) return verr_set(err, "%s: empty output path", opts->flag ? opts->flag : "output");
+    if (discard_all) {
+        snprintf(o->path, sizeof o->path, "/dev/null");
+        return open_in_place(o, err);
+    }
     if (resolve(path, o->path, sizeof o->path) != 0) return fail(o, err, "cannot resolve", errno);
     struct stat st;
     if (stat(o->path, &st) != 0) {

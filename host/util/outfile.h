@@ -55,6 +55,9 @@ int outfile_commit(outfile *o, verr *err);
 // Closes without committing: removes the temporary file, or a records file this run
 // created. Safe on a closed or zero-initialised outfile.
 void outfile_abort(outfile *o);
+// From now on every outfile_open of this process writes to /dev/null (the ranks other
+// than 0 of an MPI launch: rank 0 writes the files). Called once, by the CLI.
+void outfile_discard_all(void);
 // Writes n bytes as a whole document to path (outfile_open + fwrite + outfile_commit).
 int outfile_write_all(const char *path, const void *data, size_t n, verr *err);
 

@@ -1,0 +1,100 @@
+// ranks.c: see ranks.h.
+#include "host/cli/ranks.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "host/cli/common.h"
+#include "host/util/outfile.h"
+
+// CLI state: the launch's world, this rank's communicators, whether the command may
+// split the world into several groups (agents).
+static tp_mpi *world;
+static tp_comm *group, *across;
+static int replicas_ok;
+
+void cli_ranks_replicas(void) { replicas_ok = 1; }
+
+int cli_ranks_start(int *argc, char ***argv) {
+    if (!tp_mpi_launched()) return 0;
+    int err_fd = dup(2);
+    verr err;
+    if (tp_mpi_init(argc, argv, err_fd >= 0 ? err_fd : 2, &world, &err)) {
+        fprintf(stderr, "varent: %s\n", err.msg);
+        return 1;
+    }
+    if (tp_mpi_rank(world) == 0) return 0;
+    outfile_discard_all();
+    const char *v = getenv("VARENT_VERBOSE_RANKS");
+    if (v && strcmp(v, "0") != 0) return 0;
+    int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+        fflush(stdout), fflush(stderr);
+        dup2(null, 1), dup2(null, 2);
+        close(null);
+    }
+    return 0;
+}
+
+int cli_ranks_end(int rc) {
+    if (!world) return rc;
+    // Every rank ends alike: options are read alike, and agreed failures (a load, a
+    // checkpoint mismatch) are known to all.
+    if (rc == 0 || rc == CLI_EXIT_USAGE || (group && group->failed_together)) {
+        tp_mpi_finalize(world);
+        world = NULL;
+        return rc;
+    }
+    fflush(stdout), fflush(stderr);
+    tp_mpi_abort(world, rc);
+    return rc;
+}
+
+tp_mpi *cli_ranks_world(void) { return world; }
+
+tp_comm *cli_ranks_across(void) { return across; }
+
+uint64_t cli_ranks_same(uint64_t x) {
+    if (!world || tp_mpi_size(world) < 2) return x;
+    tp_comm *c = tp_mpi_world(world);
+    uint64_t *all = calloc((size_t)c->size, sizeof *all);
+    verr err;
+    if (!all || c->gather(c, &x, sizeof x, all, &err)) {
+        fprintf(stderr, "varent: agreeing on the seed: %s\n", all ? err.msg : "out of memory");
+        tp_mpi_abort(world, 1);
+    }
+    uint64_t r0 = all[0];
+    free(all);
+    return r0;
+}
+
+// Threads per rank by default: the CPUs shared by the ranks on this node.
+static int default_threads(void) {
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int n = local ? atoi(local) : 1, cpus = cli_cpu_count();
+    return n > 1 ? (cpus / n > 0 ? cpus / n : 1) : 0;
+}
+
+void cli_ranks_session(args *a, session_opts *o) {
+    int size = world ? tp_mpi_size(world) : 1;
+    int tp = (int)args_int_range(a, "--tp", replicas_ok ? 1 : size, 1, 4096);
+    double timeout = args_float_range(a, "--tp-timeout", 300, 0, 1e9);
+    o->tp = tp;
+    if (!world) return;  // --tp > 1 then fails in session_open, saying how to launch it
+    tp_mpi_set_timeout(world, timeout);
+    if (!o->threads) o->threads = default_threads();
+    if (!replicas_ok && tp != size) {
+        args_bad(a, "--tp %d under an MPI launch of %d processes: this command runs one tensor-parallel group of "
+                 "every rank (pass --tp %d, or mpirun -np %d)", tp, size, size, tp);
+        return;
+    }
+    verr err;
+    if (tp_mpi_split(world, tp, &group, &across, &err)) {
+        args_bad(a, "%s", err.msg);
+        return;
+    }
+    o->tp_comm = tp > 1 ? group : NULL;
+}

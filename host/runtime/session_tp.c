@@ -1,0 +1,45 @@
+// session_tp.c: session_open's tensor-parallel step (session.h, docs/distributed.md).
+#include "host/runtime/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/runtime/tp_mpi.h"
+
+// Every rank's checkpoint digest against rank 0's.
+static int same_checkpoint(session *s, tp_comm *c, verr *err) {
+    char mine[65], *all = malloc((size_t)65 * c->size);
+    verr why;
+    int failed = !all ? verr_set(&why, "out of memory") : model_digest(&s->m, mine, &why);
+    if (tp_agree(c, !failed, why.msg, err) || c->gather(c, mine, 65, all, err)) {
+        free(all);
+        return -1;
+    }
+    int rc = 0;
+    for (int r = 1; r < c->size && !rc; r++)
+        if (memcmp(all, all + (size_t)r * 65, 64) != 0)
+            rc = verr_set(err, "rank %d loaded a different checkpoint from rank 0 (sha256 of config.json and the "
+                          "safetensors headers: %.12s... on rank %d, %.12s... on rank 0; this rank: %s): every rank "
+                          "must load the same model", r, all + (size_t)r * 65, r, all, s->m.dir);
+    free(all);
+    return rc;
+}
+
+int session_tp_shard(session *s, const session_opts *o, int failed, int cuda_dev, verr *err) {
+    tp_comm *c = o->tp_comm;
+    if (!c)
+        return verr_set(err, "--tp %d runs %d processes over MPI: launch it as mpirun -np %d varent ... "
+                        "(docs/distributed.md)", o->tp, o->tp, o->tp);
+    if (c->size != o->tp)
+        return verr_set(err, "--tp %d: the tensor-parallel group has %d ranks", o->tp, c->size);
+    if (tp_agree(c, !failed, err->msg, err)) return -1;
+    if (cuda_dev >= 0)
+        return verr_set(err, "--tp %d --device %s: tensor parallelism runs on the CPU backend for now "
+                        "(docs/distributed.md)", o->tp, o->device);
+    if (o->n_lora > 0) return verr_set(err, "--tp %d: LoRA adapters are not supported with tensor parallelism", o->tp);
+    tp_shard plan;
+    if (tp_shard_plan(&s->m.cfg, c->rank, c->size, &plan, err) || same_checkpoint(s, c, err)) return -1;
+    verr why;
+    int bad = model_shard(&s->m, &plan, &why);
+    return tp_agree(c, !bad, why.msg, err);
+}

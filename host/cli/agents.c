@@ -16,6 +16,7 @@
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
+#include "host/cli/ranks.h"
 #include "host/cli/prompts.h"
 #include "host/decode/generate.h"
 #include "host/util/interrupt.h"
@@ -48,7 +49,7 @@ static const cli_opt agents_session_opts[] = {
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_lora,   cli_opts_prompt, cli_opts_chat,
+static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_tp, cli_opts_lora, cli_opts_prompt, cli_opts_chat,
                                                 agents_cli_opts,     cli_opts_steer, NULL };
 const cli_spec cli_agents_spec = {
     "agents", "-m DIR [-p TEXT | -f FILE | --ids LIST] [options]",
@@ -88,6 +89,8 @@ static void read_args(args *a, agents_args *g) {
     g->so.threads = (int)args_int_range(a, "-t", 0, 1, cli_cpu_count());
     g->so.max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
     cli_steer_opts(a, &g->so.steer);
+    cli_ranks_replicas();  // under mpirun the ranks are replica groups (--tp: ranks per group)
+    cli_ranks_session(a, &g->so);
     g->ids_arg = args_str(a, "--ids", NULL);
     g->text = args_str(a, "-p", NULL);
     g->file = args_str(a, "-f", NULL);

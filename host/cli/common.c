@@ -25,6 +25,10 @@ const cli_opt cli_opts_session[] = {
     { "--device", "DEV", "performance", "cpu", "cpu or cuda[:N]", 0 },
     { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+const cli_opt cli_opts_tp[] = {
     { "--tp", "N", "performance", "the MPI ranks", "tensor parallelism: the model split over N ranks of an MPI launch "
       "(mpirun -np N; docs/distributed.md)", 0 },
     { "--tp-timeout", "S", "performance", "300", "seconds a rank waits for the others in a collective before it stops "

@@ -9,6 +9,9 @@
 
 // -m, -c/--ctx, -t/--threads, --device, -b/--batch.
 extern const cli_opt cli_opts_session[];
+// --tp, --tp-timeout: tensor parallelism under mpirun (host/cli/ranks.h), read by
+// cli_session_opts.
+extern const cli_opt cli_opts_tp[];
 // --temp, --top-k, --top-p, --min-p, -s/--seed: the one set of defaults (host/decode/defaults.h).
 extern const cli_opt cli_opts_sampling[];
 

@@ -52,7 +52,7 @@ static const cli_opt eval_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const eval_tables[] = { cli_opts_session, eval_opts, cli_opts_chat, cli_opts_steer, NULL };
+static const cli_opt *const eval_tables[] = { cli_opts_session, cli_opts_tp, eval_opts, cli_opts_chat, cli_opts_steer, NULL };
 const cli_spec cli_eval_spec = {
     "eval", "-m DIR --tasks LIST [--samplers LIST] [options]",
     "Accuracy of decoding arms on tasks with known answers, with intervals and paired tests.",

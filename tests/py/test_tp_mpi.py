@@ -138,6 +138,85 @@ def test_bad_input(tmp, models, stories):
           "mismatched_checkpoints_refused", f"rc={r.returncode} {r.stderr[-400:]!r}")
 
 
+def free_port():
+    import socket
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def post(port, path, body, timeout=60):
+    import urllib.request
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read().decode()
+
+
+def start_server(cmd, port):
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, encoding="utf-8", errors="replace")
+    for _ in range(300):
+        try:
+            import urllib.request
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+            return p
+        except Exception:
+            if p.poll() is not None:
+                return p
+            time.sleep(0.1)
+    return p
+
+
+def texts(reply):
+    return [c.get("text", c.get("message", {}).get("content")) for c in json.loads(reply)["choices"]]
+
+
+def test_serve(tmp, stories):
+    """serve under mpirun: rank 0 answers, the other ranks follow every request."""
+    ports = free_port(), free_port()
+    one = start_server([vtest.VARENT, "serve", "-m", stories, "--port", str(ports[0])], ports[0])
+    two = start_server([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", vtest.VARENT, "serve", "-m",
+                        stories, "--port", str(ports[1])], ports[1])
+    try:
+        reqs = (("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0.8, "seed": 5, "n": 2}),
+                ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stop": ["park"]}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20, "seed": 3}),
+                ("/v1/completions", {"prompt": "The cat", "max_tokens": 5, "echo": True, "logprobs": 2, "seed": 1}))
+        for i, (path, body) in enumerate(reqs):
+            try:
+                a, b = texts(post(ports[0], path, body)), texts(post(ports[1], path, body))
+                check(a == b and all(a), f"serve_np2_request{i}_same_text", f"{b!r} vs {a!r}")
+            except Exception as e:
+                check(False, f"serve_np2_request{i}_same_text", repr(e))
+        # a client that goes away mid-stream: the ranks stop together and the next request still works
+        import http.client
+        c = http.client.HTTPConnection("127.0.0.1", ports[1], timeout=30)
+        c.request("POST", "/v1/completions", json.dumps({"prompt": "Once", "max_tokens": 400, "stream": True,
+                                                         "seed": 2}), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        r.read(200)
+        c.close()
+        time.sleep(0.5)
+        body = reqs[0][1]
+        try:
+            b = texts(post(ports[1], reqs[0][0], body))
+            check(b == texts(post(ports[0], reqs[0][0], body)), "serve_np2_after_cancelled_stream", repr(b))
+        except Exception as e:
+            check(False, "serve_np2_after_cancelled_stream", repr(e))
+    finally:
+        for p in (one, two):
+            p.send_signal(signal.SIGTERM)
+        for p in (one, two):
+            try:
+                p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    check(two.returncode is not None, "serve_np2_stops_on_sigterm", "still running")
+    r = mpirun(2, "serve", "-m", stories, "--port", free_port(), "--parallel", 2)
+    check(r.returncode == 2 and "a tensor-parallel server runs one slot" in r.stderr, "serve_parallel_with_tp_refused",
+          f"rc={r.returncode} {r.stderr[-300:]!r}")
+
+
 def rank_pid(mpi, rank):
     """The pid of the given MPI rank among mpirun's children."""
     for _ in range(200):
@@ -199,6 +278,7 @@ def main():
     test_logits(tmp, models + [("stories260K", stories)])
     test_generation(tmp, stories)
     test_agents(tmp, stories)
+    test_serve(tmp, stories)
     test_bad_input(tmp, models, stories)
     test_rank_failures(tmp, stories)
     shutil.rmtree(tmp, ignore_errors=True)

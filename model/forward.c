@@ -274,6 +274,13 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
+// A collective of this pass failed: the group is out of step, so the pass is an error.
+static int tp_failed(forward_state *s, verr *err) {
+    if (!s->tp_failed) return 0;
+    s->tp_failed = 0;
+    return verr_set(err, "tensor parallelism (rank %d of %d): %.900s", s->comm->rank, s->comm->size, s->tp_err.msg);
+}
+
 // out[T, vocab] = the logits of normed rows x[T, dim]; a shard computes its vocabulary
 // rows and gathers the rest, TP_ROWS rows per collective.
 static void lm_head(forward_state *s, float *out, const float *x, int T) {
@@ -292,6 +299,11 @@ static void lm_head(forward_state *s, float *out, const float *x, int T) {
         tp_gather_rows(s, s->tp_logits, n, (size_t)tp->max_vocab, 0, 1, out + (size_t)t * c->vocab_size,
                        (size_t)c->vocab_size);
     }
+}
+
+int forward_lm_head(forward_state *s, float *out, const float *x, int T, verr *err) {
+    lm_head(s, out, x, T);
+    return tp_failed(s, err);
 }
 
 // One chunk of at most max_T rows; the caller has validated ids and room. Returns the
@@ -356,12 +368,6 @@ static int check_id(const forward_state *s, int id, int at, verr *err) {
     return verr_set(err, "token id %d at index %d is out of range (vocab_size %d)", id, at, vocab);
 }
 
-// A collective of this pass failed: the group is out of step, so the pass is an error.
-static int tp_failed(forward_state *s, verr *err) {
-    if (!s->tp_failed) return 0;
-    s->tp_failed = 0;
-    return verr_set(err, "tensor parallelism (rank %d of %d): %.900s", s->comm->rank, s->comm->size, s->tp_err.msg);
-}
 
 static int forward_run(forward_state *s, kv_view *kv, const int *ids, int T, float *all, verr *err) {
     const model_config *c = &s->m->cfg;

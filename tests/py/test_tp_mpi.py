@@ -66,6 +66,34 @@ def test_logits(tmp, models):
             check(close(got, one, 1e-4, 1e-5), f"logits_{name}_np{n}_vs_one_process", why or diff(got, one))
 
 
+def test_interventions(tmp, stories):
+    """Head ablation (global head numbers on a rank holding other heads), layer skipping, and
+    the captures that gather over ranks: --attn-layers all and --logit-lens."""
+    ids = list(range(5, 30))
+    one, why = logits(tmp, "abl-1", stories, ids, 1, "--ablate-head", "0:5", "--ablate-head", "4:7", "--skip-layer", 2)
+    base, _ = logits(tmp, "abl-base", stories, ids)
+    for n in (2, 4):
+        got, why = logits(tmp, f"abl-{n}", stories, ids, n, "--ablate-head", "0:5", "--ablate-head", "4:7",
+                          "--skip-layer", 2)
+        check(close(got, one, 1e-4, 1e-5) and not close(one, base, 1e-3, 0), f"ablate_skip_np{n}_vs_one_process",
+              why or diff(got, one))
+    recs = {}
+    for n in (1, 2):
+        path = os.path.join(tmp, f"lens{n}.jsonl")
+        rc, out, err = run_text(n, "-m", stories, "-p", "Once upon a time", "-n", 6, "--temp", 0, "--logit-lens",
+                                "--attn-layers", "all", "--metrics-out", path)
+        recs[n] = [json.loads(x) for x in open(path)] if rc == 0 else []
+    worst = "" if recs[1] and len(recs[1]) == len(recs[2]) else f"{len(recs[1])} vs {len(recs[2])} records"
+    for x, y in zip(recs[1], recs[2]):
+        for lx, ly in zip(x["logit_lens"], y["logit_lens"]):
+            if [t["id"] for t in lx["top"]] != [t["id"] for t in ly["top"]] or abs(lx["entropy"] - ly["entropy"]) > 1e-4:
+                worst = worst or f"pos {x['pos']} layer {lx['layer']} lens {ly} vs {lx}"
+        for ax, ay in zip(x["attn_layers"], y["attn_layers"]):
+            if not np.allclose(ax["entropy"], ay["entropy"], atol=1e-4) or len(ax["entropy"]) != len(ay["entropy"]):
+                worst = worst or f"pos {x['pos']} layer {ax['layer']} attention entropies differ"
+    check(not worst, "logit_lens_and_attn_layers_np2_vs_one_process", worst)
+
+
 def run_text(n, *args):
     r = mpirun(n, "run", *args) if n > 1 else vtest.varent("run", *args)
     return r.returncode, r.stdout, r.stderr
@@ -277,6 +305,7 @@ def main():
     stories = vtest.stories_dir()
     test_logits(tmp, models + [("stories260K", stories)])
     test_generation(tmp, stories)
+    test_interventions(tmp, stories)
     test_agents(tmp, stories)
     test_serve(tmp, stories)
     test_bad_input(tmp, models, stories)

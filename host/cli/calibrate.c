@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "host/cli/args.h"
+#include "host/cli/ranks.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
 #include "host/cli/interp_opts.h"
@@ -132,7 +133,7 @@ static int measure_generated(calib_args *c, session *s, calib_samples *out, verr
 }
 
 static int measure_corpus(calib_args *c, session *s, calib_samples *out, verr *err) {
-    char *text = fileio_read_all(c->corpus, err);
+    char *text = cli_read_all(c->corpus, err);
     if (!text) return -1;
     int *ids = NULL, n = session_encode_prompt(s, text, &ids, err);
     free(text);

@@ -154,6 +154,8 @@ static char *read_stream(FILE *f, const char *what, verr *err) {
     return b;
 }
 
+static char *read_stdin(const char *what, verr *err) { return read_stream(stdin, what, err); }
+
 static void drop_newline(char *s) {
     size_t n = strlen(s);
     if (n && s[n - 1] == '\n') s[--n] = 0;
@@ -170,13 +172,13 @@ int cli_prompt_text(const char *p, const char *file, int other_source, const cha
     }
     char *s = NULL;
     if (file) {
-        s = fileio_read_all(file, err);
+        s = cli_read_all(file, err);
         if (s && strlen(s) == 0) {
             free(s);
             return verr_set(err, "-f %s: the file is empty", file);
         }
     } else if (p || (!other_source && !isatty(0))) {
-        s = read_stream(stdin, "stdin", err);
+        s = cli_ranks_read(read_stdin, "stdin", err);  // under mpirun stdin reaches rank 0 alone
         if (s && !s[0] && p) {
             free(s);
             return verr_set(err, "-p -: stdin is empty");

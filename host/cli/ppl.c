@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "host/cli/args.h"
+#include "host/cli/ranks.h"
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
@@ -164,7 +165,7 @@ int cmd_ppl(int argc, char **argv) {
     if (lora_rc) return cli_usage_error("ppl", "%s", lora_msg);
 
     verr err = { { 0 } };
-    char *text = fileio_read_all(path, &err);
+    char *text = cli_read_all(path, &err);
     if (!text) return fail(err.msg);
     progress pg;
     cli_load_begin(&pg, quiet);

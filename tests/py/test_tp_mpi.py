@@ -123,6 +123,22 @@ def test_generation(tmp, stories):
     check(ok and not worst, "entropix_metrics_np2_vs_one_process", worst or f"{len(a or [])} vs {len(b or [])} lines")
 
 
+def test_stdin(stories):
+    """Under mpirun stdin reaches rank 0 alone: the prompt and the chat's lines are shared."""
+    def both(cmd, text):
+        outs = []
+        for n in (1, 2):
+            pre = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2"] if n > 1 else []
+            r = subprocess.run(pre + [vtest.VARENT, *map(str, cmd)], input=text, capture_output=True, text=True,
+                               timeout=120)
+            outs.append((r.returncode, r.stdout, r.stderr[-300:]))
+        return outs
+    a, b = both(("run", "-m", stories, "-n", 24, "--temp", 0), "Once upon a time\n")
+    check(a[0] == 0 and a[:2] == b[:2] and a[1].strip(), "stdin_prompt_np2", f"{b} vs {a}")
+    a, b = both(("chat", "-m", stories, "-n", 12, "--temp", 0, "--chat-template", "chatml"), "Once upon a time\nThe cat\n")
+    check(a[0] == 0 and a[:2] == b[:2] and a[1].strip(), "chat_lines_np2", f"{b} vs {a}")
+
+
 def agents_log(tmp, name, n, stories, *extra):
     path = os.path.join(tmp, name + ".jsonl")
     args = ("agents", "-m", stories, "-p", "Once upon a time", "-n", 24, "-s", 9, "--check-every", 4, "--log", path,
@@ -306,6 +322,7 @@ def main():
     test_logits(tmp, models + [("stories260K", stories)])
     test_generation(tmp, stories)
     test_interventions(tmp, stories)
+    test_stdin(stories)
     test_agents(tmp, stories)
     test_serve(tmp, stories)
     test_bad_input(tmp, models, stories)

@@ -473,6 +473,9 @@ static int agents_main(const agents_args *g, char *msg, size_t len) {
     if (n_ag < 0) return cli_usage_error("agents", "%s", err.msg);
     agents_rig rig = { .a = g };
     if ((rig.n_dev = devices_parse(g->devices, rig.dev, &err)) < 0) return cli_usage_error("agents", "%s", err.msg);
+    if (g->so.tp > 1 && rig.n_dev > 1)  // each device's thread would make the group's collectives at once
+        return cli_usage_error("agents", "--devices %s with --tp %d: a tensor-parallel group holds one replica (launch "
+                               "more ranks for more replicas)", g->devices, g->so.tp);
     interrupt_install();  // Ctrl-C: stop after the current record, print the text, keep the logs
     agents_logs L = { .a = g };
     if (open_logs(&L, g, msg, len)) return close_logs(&L, 0, msg, 0), fail(msg);

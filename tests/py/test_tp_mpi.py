@@ -179,6 +179,9 @@ def test_bad_input(tmp, models, stories):
     r = mpirun(4, "run", "-m", d, "--ids", "1,2", "-n", 2, "--tp", 2)
     check(r.returncode == 2 and "one tensor-parallel group of every rank" in r.stderr, "tp_not_the_launch_size",
           f"rc={r.returncode} {r.stderr[-400:]!r}")
+    r = mpirun(2, "agents", "-m", stories, "-p", "Hi", "--devices", "cpu,cpu", "--tp", 2)
+    check(r.returncode == 2 and "a tensor-parallel group holds one replica" in r.stderr, "agents_devices_with_tp_refused",
+          f"rc={r.returncode} {r.stderr[-300:]!r}")
     other = dict(models)["qwen3-tiny"]
     out = os.path.join(tmp, "mix.f32")
     cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "1", vtest.VARENT, "logits", "-m", d, "--ids", "1,2",

@@ -121,6 +121,7 @@ typedef struct {
 
 typedef struct {
     float *root;       // [vocab] the step's shared logits (forwards of branches overwrite fw.logits)
+    float *draw;       // what the agents draw from: root, or its copy with the -l biases added
     topset top;        // of root
     // lookahead: one batch of branch rows (session_forward_batch)
     float *logits;     // [rows, vocab] each row's logits
@@ -188,7 +189,7 @@ static double propose(run *r, int d, int a) {
         g->tok[0] = t->ids[sampler_draw(&g->small, &g->r)];
         return h;
     }
-    double h = sampler_distribution(&g->smp, r->rp[d].root, sp);
+    double h = sampler_distribution(&g->smp, r->rp[d].draw, sp);
     g->tok[0] = sampler_draw(&g->smp, &g->r);
     return h;
 }
@@ -221,6 +222,7 @@ static int branch_group(run *r, int d, const int *ag, int n) {
         for (int q = 0; q < rows; q++) {
             int i = rp->row[q];
             agent *g = &r->ag[ag[i]];
+            logit_bias_apply(rp->logits + q * V, (int)V, r->o->bias, r->o->n_bias);
             sum[i] += sampler_distribution(&g->smp, rp->logits + q * V, r->o->agents[ag[i]]);
             g->tok[g->n_tok++] = sampler_draw(&g->smp, &g->r);
         }
@@ -255,11 +257,15 @@ static void job_round(void *ud, int d) {
     int V = s->m.cfg.vocab_size;
     memcpy(r->rp[d].root, s->fw.logits, sizeof(float) * (size_t)V);
     const agents_opts *o = r->o;
-    if (r->W <= 1 && s->cu) {
+    if (r->W <= 1 && s->cu && o->n_bias == 0) {  // the device draws from the raw logits
         propose_on_device(r, d);
         return;
     }
-    topset_build(&r->rp[d].top, r->rp[d].root, V);
+    if (o->n_bias > 0) {
+        memcpy(r->rp[d].draw, r->rp[d].root, sizeof(float) * (size_t)V);
+        logit_bias_apply(r->rp[d].draw, V, o->bias, o->n_bias);
+    }
+    topset_build(&r->rp[d].top, r->rp[d].draw, V);
     if (r->W <= 1) {  // every agent samples the same logits: bounded by --max-parallel threads
         int par = o->max_parallel > 0 && o->max_parallel < o->n_agents ? o->max_parallel : o->n_agents, full = 0;
         for (int a = 0; a < o->n_agents; a++) full += !(o->agents[a].top_k > 0 && o->agents[a].top_k < r->rp[d].top.k);
@@ -341,7 +347,10 @@ static void run_free(run *r) {
         free(r->ag[a].tok);
     }
     free(r->ag);
-    for (int d = 0; d < DEVICES_MAX; d++) free(r->rp[d].root), free(r->rp[d].top.ids), free(r->rp[d].top.logits), free(r->rp[d].logits);
+    for (int d = 0; d < DEVICES_MAX; d++) {
+        if (r->rp[d].draw != r->rp[d].root) free(r->rp[d].draw);
+        free(r->rp[d].root), free(r->rp[d].top.ids), free(r->rp[d].top.logits), free(r->rp[d].logits);
+    }
     free(r->rb_at), free(r->text);
 }
 
@@ -368,8 +377,9 @@ static int run_init(run *r, session *reps, dev_pool *pool, const agents_opts *o,
         t->ids = malloc(sizeof(int) * (size_t)kmax);
         t->logits = malloc(sizeof(float) * (size_t)kmax);
         r->rp[d].root = malloc(sizeof(float) * (size_t)c->vocab_size);
+        r->rp[d].draw = o->n_bias > 0 ? malloc(sizeof(float) * (size_t)c->vocab_size) : r->rp[d].root;
         r->rp[d].logits = r->W > 1 ? malloc(sizeof(float) * (size_t)c->vocab_size * r->rows) : NULL;
-        if (!r->rp[d].root || !t->ids || !t->logits || (r->W > 1 && !r->rp[d].logits))
+        if (!r->rp[d].root || !r->rp[d].draw || !t->ids || !t->logits || (r->W > 1 && !r->rp[d].logits))
             return verr_set(err, "out of memory");
     }
     for (int a = 0; a < o->n_agents; a++) {
@@ -543,6 +553,7 @@ int agents_generate(session *reps, dev_pool *pool, const int *prompt, int n_prom
     if (n_prompt <= 0) return verr_set(err, "empty prompt");
     if (n_prompt >= reps[0].ctx)
         return verr_set(err, "the prompt is %d tokens but the context holds %d (raise --ctx)", n_prompt, reps[0].ctx);
+    if (logit_bias_check(o->bias, o->n_bias, reps[0].m.cfg.vocab_size, err)) return -1;
     if (o->cr && o->check_every > 0 && !reps[0].tok)
         return verr_set(err, "the critic reads text, but %s has no tokenizer.json", reps[0].m.dir);
     run r;

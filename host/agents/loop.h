@@ -22,6 +22,7 @@
 
 #include "host/agents/critic.h"
 #include "host/runtime/devices.h"
+#include "host/runtime/logit_bias.h"
 #include "host/runtime/session.h"
 
 #define AGENTS_MAX 64
@@ -75,6 +76,8 @@ typedef struct {
     // the proposals, so every rank picks the same winner; the critic runs on rank 0's
     // group and its verdict is shared. NULL: one process.
     tp_comm *ranks;
+    const logit_bias *bias;  // [n_bias] added to the logits every agent draws from (the logged
+    int n_bias;              // logits and the critic stay raw); ids checked against the vocab
 } agents_opts;
 
 typedef struct {

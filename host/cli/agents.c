@@ -50,6 +50,7 @@ static const cli_opt agents_session_opts[] = {
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_tp, cli_opts_lora, cli_opts_prompt, cli_opts_chat,
+                                                cli_opts_logit_bias,
                                                 agents_cli_opts,     cli_opts_steer, NULL };
 const cli_spec cli_agents_spec = {
     "agents", "-m DIR [-p TEXT | -f FILE | --ids LIST] [options]",
@@ -68,6 +69,9 @@ typedef struct {
     session_lora lora[CLI_MAX_LORA];  // --lora, --lora-scaled (so.lora points here)
     char lora_msg[4400];
     int lora_bad;
+    logit_bias bias[CLI_MAX_BIAS];  // -l/--logit-bias, added to the logits every agent draws from
+    int n_bias, bias_bad;
+    char bias_msg[512];
 } agents_args;
 
 typedef struct {
@@ -103,6 +107,9 @@ static void read_args(args *a, agents_args *g) {
     if (!(g->base.top_p > 0 && g->base.top_p <= 1)) args_bad(a, "--top-p %g: must be in (0, 1]", g->base.top_p);
     if (!(g->base.min_p >= 0 && g->base.min_p < 1)) args_bad(a, "--min-p %g: must be in [0, 1)", g->base.min_p);
     g->max_parallel = (int)args_int_range(a, "--max-parallel", 0, 1, AGENTS_MAX);
+    gen_opts biased = { 0 };
+    g->bias_bad = cli_logit_bias(a, &biased, g->bias, CLI_MAX_BIAS, g->bias_msg, sizeof g->bias_msg) != 0;
+    g->n_bias = biased.n_bias;
     g->check_every = (int)args_int_range(a, "--check-every", 5, 0, INT_MAX);
     g->rollback = (int)args_int_range(a, "--rollback", 5, 1, INT_MAX);
     g->critic_model = args_str(a, "--critic-model", NULL);
@@ -121,6 +128,7 @@ static void read_args(args *a, agents_args *g) {
 static int check_args(const agents_args *g) {
     if (!g->so.model_dir) return cli_usage_error("agents", "missing -m DIR (the model directory)");
     if (g->lora_bad) return cli_usage_error("agents", "%.1000s", g->lora_msg);
+    if (g->bias_bad) return cli_usage_error("agents", "%s", g->bias_msg);
     if (g->text && g->file) return cli_usage_error("agents", "give the prompt either with -p or with -f, not both");
     if (g->ids_arg && (g->text || g->file)) return cli_usage_error("agents", "give either --ids or -p/-f, not both");
     if (g->ids_arg && g->chat) return cli_usage_error("agents", "--chat renders text: give the message with -p, not --ids");
@@ -442,7 +450,7 @@ static int generate_and_print(agents_rig *g, agents_logs *L, sampler_params *ag,
     agents_opts o = { .agents = ag, .n_agents = n_ag, .max_parallel = a->max_parallel, .max_new = a->max_new,
                       .seed = a->seed, .lookahead = a->lookahead, .cr = g->has_critic ? &g->cr : NULL,
                       .critic_dev = g->critic_dev, .check_every = a->check_every, .rollback = a->rollback,
-                      .on_event = on_event, .ud = L };
+                      .on_event = on_event, .ud = L, .bias = a->bias, .n_bias = a->n_bias };
     L->s = &g->reps[0];
     agents_result r;
     int rc = agents_generate(g->reps, g->pool, ids, n, &o, &r, &err);

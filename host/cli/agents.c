@@ -49,7 +49,7 @@ static const cli_opt agents_session_opts[] = {
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_tp, cli_opts_lora, cli_opts_prompt, cli_opts_chat,
+static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_kv, cli_opts_tp, cli_opts_lora, cli_opts_prompt, cli_opts_chat,
                                                 cli_opts_logit_bias,
                                                 agents_cli_opts,     cli_opts_steer, NULL };
 const cli_spec cli_agents_spec = {
@@ -92,6 +92,7 @@ static void read_args(args *a, agents_args *g) {
     g->so.ctx = (int)args_int_range(a, "-c", 0, 1, INT_MAX);
     g->so.threads = (int)args_int_range(a, "-t", 0, 1, cli_cpu_count());
     g->so.max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
+    g->so.kv_bf16 = cli_kv_bf16(a);
     cli_steer_opts(a, &g->so.steer);
     cli_ranks_replicas();  // under mpirun the ranks are replica groups (--tp: ranks per group)
     cli_ranks_session(a, &g->so);

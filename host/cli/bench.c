@@ -62,7 +62,7 @@ static int bench_mem_of(session *s, bench_mem *b, verr *err) {
     if (!s->cu) {
         snprintf(b->device, sizeof b->device, "cpu (%d threads)", cpu_set_threads(0));
         b->copy = "memcpy", b->copy_gbs = copy_gbs();
-        b->weight_bytes = (double)s->m.weight_bytes, b->kv_elem = sizeof(float);
+        b->weight_bytes = (double)s->m.weight_bytes, b->kv_elem = s->kv.bf16 ? 2 : sizeof(float);
         return 0;
     }
     size_t up = 0;
@@ -256,7 +256,7 @@ static const cli_opt bench_session_opts[] = {
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const bench_tables[] = { bench_session_opts, cli_opts_tp, bench_opts, cli_opts_steer, NULL };
+static const cli_opt *const bench_tables[] = { bench_session_opts, cli_opts_kv, cli_opts_tp, bench_opts, cli_opts_steer, NULL };
 const cli_spec cli_bench_spec = {
     "bench", "-m DIR [-n 256] [--prompt-len 512] [--runs 3] [options]",
     "Measure prefill and decode speed and the memory bandwidth achieved, then the decode loop per sampler.",
@@ -272,6 +272,7 @@ int cmd_bench(int argc, char **argv) {
     so.device = args_str(&a, "--device", "cpu");
     so.threads = (int)args_int_range(&a, "-t", 0, 1, cli_cpu_count());
     so.max_batch = (int)args_int_range(&a, "-b", 0, 1, INT_MAX);
+    so.kv_bf16 = cli_kv_bf16(&a);
     cli_steer_opts(&a, &so.steer);  // what an intervention costs a step (tests/py/test_interp_cuda.py)
     cli_ranks_session(&a, &so);      // mpirun -np N varent bench: N ranks, --tp N
     int n = (int)args_int_range(&a, "-n", 256, 1, 1 << 24), plen = (int)args_int_range(&a, "--prompt-len", 512, 1, 1 << 24);

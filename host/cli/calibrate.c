@@ -35,7 +35,7 @@ static const cli_opt calibrate_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const calibrate_tables[] = { cli_opts_session, cli_opts_tp, calibrate_opts, cli_opts_chat, cli_opts_steer, NULL };
+static const cli_opt *const calibrate_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, calibrate_opts, cli_opts_chat, cli_opts_steer, NULL };
 const cli_spec cli_calibrate_spec = {
     "calibrate", "-m DIR [-f CORPUS.txt] [-o PROFILE.json] [options]",
     "An entropix profile whose thresholds sit at quantiles of the model's own metrics.",

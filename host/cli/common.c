@@ -28,6 +28,12 @@ const cli_opt cli_opts_session[] = {
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
+const cli_opt cli_opts_kv[] = {
+    { "--kv-type", "f32|bf16", "performance", "f32", "the CPU's KV cache elements: bf16 halves the bytes attention "
+      "reads at depth (the GPU's cache is bf16)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
 const cli_opt cli_opts_tp[] = {
     { "--tp", "N", "performance", "the MPI ranks", "tensor parallelism: the model split over N ranks of an MPI launch "
       "(mpirun -np N; docs/distributed.md)", 0 },
@@ -98,6 +104,12 @@ void cli_load_end(progress *pg, int ok) {
     else progress_stop(pg);
 }
 
+int cli_kv_bf16(args *a) {
+    const char *kv = args_str(a, "--kv-type", "f32");
+    if (strcmp(kv, "bf16") != 0 && strcmp(kv, "f32") != 0) args_bad(a, "--kv-type %s: f32 or bf16", kv);
+    return !strcmp(kv, "bf16");
+}
+
 void cli_session_opts(args *a, session_opts *o) {
     o->model_dir = args_str(a, "-m", NULL);
     o->progress = &model_progress;
@@ -105,6 +117,7 @@ void cli_session_opts(args *a, session_opts *o) {
     o->threads = (int)args_int_range(a, "-t", 0, 1, cli_cpu_count());
     o->device = args_str(a, "--device", "cpu");
     o->max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
+    o->kv_bf16 = cli_kv_bf16(a);
     cli_steer_opts(a, &o->steer);
     cli_ranks_session(a, o);
 }

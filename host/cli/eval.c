@@ -52,7 +52,7 @@ static const cli_opt eval_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const eval_tables[] = { cli_opts_session, cli_opts_tp,  cli_opts_lora, eval_opts, cli_opts_chat,
+static const cli_opt *const eval_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,  cli_opts_lora, eval_opts, cli_opts_chat,
                                               cli_opts_logit_bias, cli_opts_steer, NULL };
 const cli_spec cli_eval_spec = {
     "eval", "-m DIR --tasks LIST [--samplers LIST] [options]",

@@ -33,7 +33,7 @@ static const cli_opt ppl_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const ppl_tables[] = { cli_opts_session, cli_opts_tp, cli_opts_lora, ppl_opts, cli_opts_steer, NULL };
+static const cli_opt *const ppl_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, ppl_opts, cli_opts_steer, NULL };
 const cli_spec cli_ppl_spec = {
     "ppl", "-m DIR -f TEXT [--ctx N] [--stride S | --protocol llamacpp [--chunks N]] [--json]",
     "Perplexity of a text file with its standard error, in sliding windows of --ctx tokens.",

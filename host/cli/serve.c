@@ -43,7 +43,7 @@ static const cli_opt serve_opts[] = {
       ARG_REPEAT },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_tp, cli_opts_lora, serve_opts, cli_opts_steer, NULL };
+static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, serve_opts, cli_opts_steer, NULL };
 const cli_spec cli_serve_spec = {
     "serve", "-m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [options]",
     "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) with a live entropy page.",

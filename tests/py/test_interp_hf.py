@@ -15,12 +15,15 @@ in f32 with eager attention; its reference is a forward over the sequence `varen
   - `--logit-lens`: each layer's entropy and top-5 against HF's own final norm and lm_head
     applied to hidden_states (the last layer: the model's logits);
   - control vectors (two files, scaled, a layer range), `--ablate-head` (several heads)
-    and `--skip-layer` against forward hooks on HF's modules.
+    and `--skip-layer` against forward hooks on HF's modules;
+  - prompt scoring: `varent ppl --per-token` on stories260K, in one window and in several
+    overlapping ones, against HF's "perplexity of fixed-length models" loop (labels -100
+    but for each window's new tokens), token by token.
 Tolerances: logits and activations max|diff| / max|ref| <= 1e-4 per tensor; attention
 probabilities 1e-5 absolute; entropies and varentropies 1e-4 bits; logit-lens top-5 the
-same ids (but for near ties) and probabilities within 1e-5. Every hooked intervention must
-move HF's logits by more than 1e-3 (else its check could not fail). The measured
-differences are printed.
+same ids (but for near ties) and probabilities within 1e-5; per-token logprobs 1e-4
+nats. Every hooked intervention must move HF's logits by more than 1e-3 (else its check
+could not fail). The measured differences are printed.
 """
 import json
 import os
@@ -40,6 +43,10 @@ ATTN_TOL = 1e-5  # attention probabilities, absolute
 BITS_TOL = 1e-4  # entropies and varentropies in bits, absolute
 P_TOL = 1e-5     # logit-lens probabilities, absolute
 GEN = 4
+PPL_TOL = 1e-4   # per-token logprobs, nats, absolute
+PPL_TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
+            "One day, she saw a big red ball in the park.\n")
+PPL_WINDOWS = ((128, 64), (16, 5), (12, 11))  # (--ctx, --stride): one window, then several
 POINTS = ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")
 
 # name, preset, dtype, seed, prompt length, control vectors [(file, {layer: seed}, scale)], layer range,
@@ -80,10 +87,9 @@ for c in spec["cases"]:
     prompt = seq[:, :P]
     cap, hooks = {}, []
     for l, layer in enumerate(layers):
-        hooks.append(layer.self_attn.register_forward_hook(
-            lambda mod, inp, out, l=l: cap.__setitem__(("attn_out", l), first(out)[0])))
-        hooks.append(layer.mlp.register_forward_hook(lambda mod, inp, out, l=l: cap.__setitem__(("mlp_out", l), out[0])))
-        hooks.append(layer.register_forward_hook(lambda mod, inp, out, l=l: cap.__setitem__(("post", l), first(out)[0])))
+        for mod, key in ((layer.self_attn, "attn_out"), (layer.mlp, "mlp_out"), (layer, "post")):
+            hooks.append(mod.register_forward_hook(
+                lambda mod, inp, out, k=(key, l): cap.__setitem__(k, first(out)[0])))
     o = m(seq, output_hidden_states=True, output_attentions=True, use_cache=False)
     for h in hooks:
         h.remove()
@@ -130,6 +136,25 @@ for c in spec["cases"]:
     r["skip"] = last()
     for h in hooks:
         h.remove()
+res["ppl"] = []
+for p in spec["ppl"]:  # HF's "perplexity of fixed-length models" loop, per token
+    m = AutoModelForCausalLM.from_pretrained(p["dir"], dtype=torch.float32, attn_implementation="eager").eval()
+    ids, ctx, stride = torch.tensor([p["ids"]]), p["ctx"], p["stride"]
+    seq_len, lp, prev_end = ids.size(1), [None] * ids.size(1), 0
+    for begin in range(0, seq_len, stride):
+        end = min(begin + ctx, seq_len)
+        trg_len = end - prev_end
+        input_ids = ids[:, begin:end]
+        target_ids = input_ids.clone()
+        target_ids[:, :-trg_len] = -100
+        logp = torch.log_softmax(m(input_ids).logits[0, :-1].double(), -1)
+        for j, t in enumerate(target_ids[0, 1:].tolist()):
+            if t != -100:
+                lp[begin + j + 1] = logp[j, t].item()
+        prev_end = end
+        if end == seq_len:
+            break
+    res["ppl"].append(lp)
 json.dump(res, open(out, "w"))
 '''
 
@@ -138,7 +163,8 @@ def hf_python():
     want = os.environ.get("VARENT_HF_PYTHON")
     for py in [want] if want else list(dict.fromkeys(["python3", sys.executable])):
         try:
-            if subprocess.run([py, "-c", "import torch, transformers"], capture_output=True, timeout=120).returncode == 0:
+            r = subprocess.run([py, "-c", "import torch, transformers"], capture_output=True, timeout=120)
+            if r.returncode == 0:
                 return py
         except OSError:
             pass
@@ -274,6 +300,38 @@ def compare_case(c, hf, tmp):
             report(f"{tag}_{what}_vs_forward_hook", rel(got, hf[what]), TOL)
 
 
+def ppl_runs(tmp):
+    """`varent ppl --per-token` on stories260K (its tokenizer makes the ids), in one window
+    and in several overlapping ones: the runs, each with the ids varent scored."""
+    d, text = vtest.stories_dir("f32"), os.path.join(tmp, "story.txt")
+    with open(text, "w") as f:
+        f.write(PPL_TEXT)
+    runs = []
+    for ctx, stride in PPL_WINDOWS:
+        pt = os.path.join(tmp, f"ppl-{ctx}-{stride}.jsonl")
+        r = vtest.varent("ppl", "-m", d, "-f", text, "--ctx", ctx, "--stride", stride, "--per-token", pt, "--json",
+                         "-q", timeout=120)
+        if not check(r.returncode == 0, f"interp_hf_ppl_ctx{ctx}_stride{stride}_runs", r.stderr[-300:]):
+            continue
+        rows = [json.loads(line) for line in open(pt)]
+        runs.append({"dir": d, "ctx": ctx, "stride": stride, "ids": [x["id"] for x in rows],
+                     "logprobs": [x["logprob"] for x in rows], "summary": json.loads(r.stdout)})
+    return runs
+
+
+def compare_ppl(p, ref):
+    tag = f"interp_hf_ppl_ctx{p['ctx']}_stride{p['stride']}_per_token"
+    got = p["logprobs"]
+    same_scored = [g is None for g in got] == [w is None for w in ref]
+    check(same_scored, f"{tag}_scores_the_same_tokens", f"varent scores {sum(g is not None for g in got)}, "
+          f"HF's loop {sum(w is not None for w in ref)} of {len(ref)}")
+    if not same_scored:
+        return
+    err = max(abs(g - w) for g, w in zip(got, ref) if w is not None)
+    report(f"{tag}_logprobs_vs_hf_strided_loop", err, PPL_TOL, f"max|diff| nats over {len(ref)} tokens, "
+           f"{p['summary']['windows']} windows")
+
+
 def main():
     py = hf_python()
     if not py:
@@ -295,6 +353,7 @@ def main():
         spec["cases"].append({"name": name, "dir": d, "seq": seq, "prompt_len": plen, "n_layers":
                               cfg["num_hidden_layers"], "acts": acts, "attn": attn, "vectors": total,
                               "cvec_flags": flags, "ablate": ablate, "skip": skip})
+    spec["ppl"] = ppl_runs(tmp)
     sp, outp = os.path.join(tmp, "spec.json"), os.path.join(tmp, "hf.json")
     with open(sp, "w") as f:
         json.dump(spec, f)
@@ -306,6 +365,8 @@ def main():
     print(f"  versions: {json.dumps(hf['versions'])}", flush=True)
     for c in spec["cases"]:
         compare_case(c, hf[c["name"]], tmp)
+    for p, ref in zip(spec["ppl"], hf["ppl"]):
+        compare_ppl(p, ref)
     if vtest.failures == 0:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -121,8 +121,8 @@ else:  # varent's merged directories, loaded by transformers
         rw, gw = ref.state_dict(), got.state_dict()
         with safe_open(c["out"] + "/model.safetensors", framework="pt") as f:  # the dtypes as stored
             stored = sorted({str(f.get_slice(k).get_dtype()) for k in f.keys()})
-        r = res[c["name"]] = {"logits": last(got.float()), "ref_logits": last(ref), "missing": sorted(set(rw) ^ set(gw)),
-                              "dtype": ",".join(stored)}
+        r = res[c["name"]] = {"logits": last(got.float()), "ref_logits": last(ref),
+                              "missing": sorted(set(rw) ^ set(gw)), "dtype": ",".join(stored)}
         worst, steps = 0.0, 0.0
         for k in sorted(set(rw) & set(gw)):
             w, g = rw[k].double(), gw[k].double()

@@ -17,6 +17,9 @@ logits both come from PEFT:
     merge_and_unload() (under rescale_adapter_scale for S), and OUT loaded by transformers
     itself: its logits and its every weight against PEFT's merged model (f32 base), or
     its weights within one bf16 step of PEFT's f32 merge (bf16 base);
+  - `varent serve --lora-modules a=DIR --lora-modules b=DIR` (stories260K, which has a
+    tokenizer): each request's "model" selects its adapter (or none), its echoed prompt
+    logprobs against PEFT's log_softmax with that adapter, within 1e-4 nats;
   - PEFT adapters that are not W x + c B A x on every token (aLoRA, lora_bias) are refused
     naming the key.
 Logits: max|diff| / max|ref| <= 1e-4 at the last position of an 11-token prompt, and the
@@ -30,6 +33,7 @@ import subprocess
 
 import numpy as np
 
+import servertest
 import vtest
 from vtest import check, skip, varent
 import gen_random_checkpoint as gen
@@ -54,6 +58,12 @@ STACK = ("llama3_f32_mlp_second", dict(r=2, lora_alpha=3, target_modules=["gate_
 # PEFT variants varent must refuse: LoraConfig kwargs, the key the error names
 REFUSED = [("alora", dict(alora_invocation_tokens=[5, 6], task_type="CAUSAL_LM"), "alora_invocation_tokens"),
            ("lora_bias", dict(lora_bias=True), "lora_bias")]
+
+# the server: a base request and one per adapter (PEFT-made on stories260K), by "model"
+SERVER_ADAPTERS = [("base", None), ("story-a", dict(r=4, lora_alpha=8, target_modules=ALL)),
+                   ("story-b", dict(r=2, lora_alpha=4, use_rslora=True,
+                                    target_modules=["q_proj", "v_proj", "up_proj"]))]
+SERVER_IDS = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298]
 
 # Runs in the HF python. argv: "make" SPEC.json OUT.json, or "load" SPEC.json OUT.json.
 HF_SCRIPT = r'''
@@ -115,6 +125,14 @@ if mode == "make":
         res[c["name"]] = {"stacked": last(pm)}
     for c in spec["refused"]:
         make(c["base"], c["adapter"], c["kw"], "f32", c["seed"])
+    for c in spec["server"]:  # every prompt token's logprob, base and per adapter
+        if c["adapter"]:
+            make(c["base"], c["adapter"], c["kw"], "f32", c["seed"])
+            m = PeftModel.from_pretrained(base(c["base"]), c["adapter"]).eval()
+        else:
+            m = base(c["base"])
+        lp = torch.log_softmax(m(input_ids=torch.tensor([c["ids"]])).logits[0].double(), -1)
+        res["server " + c["name"]] = [None] + [lp[i - 1, t].item() for i, t in enumerate(c["ids"]) if i > 0]
 else:  # varent's merged directories, loaded by transformers
     for c in spec["merged"]:
         ref, got = merged(c["base"], c["adapter"], c["scale"]), AutoModelForCausalLM.from_pretrained(c["out"]).eval()
@@ -183,6 +201,37 @@ def close(name, got, want, why="", tol=TOL):
     return check(e <= tol, name, f"max|diff|/max|ref| = {e:.3g} > {tol:g}")
 
 
+def test_server(cases, hf):
+    """`varent serve --lora-modules NAME=DIR ...`: a request's "model" picks the adapter;
+    its echoed prompt logprobs against PEFT's log_softmax with that adapter."""
+    base_id = os.path.basename(cases[0]["base"])
+    mods = [x for c in cases if c["adapter"] for x in ("--lora-modules", f"{c['name']}={c['adapter']}")]
+    try:
+        srv = servertest.Server(cases[0]["base"], "-t", 1, *mods, name="lora-peft-serve")
+    except RuntimeError as e:
+        return check(False, "lora_peft_server_starts", str(e))
+    try:
+        for c in cases:
+            model = c["name"] if c["adapter"] else base_id
+            st, r = srv.post("/v1/completions", {"model": model, "prompt": c["ids"], "max_tokens": 0, "echo": True,
+                                                 "logprobs": 1})
+            got = r["choices"][0]["logprobs"]["token_logprobs"] if st == 200 else None
+            want = hf["server " + c["name"]]
+            name = f"lora_peft_server_model_{c['name']}_echo_logprobs_vs_peft"
+            if not check(got is not None and len(got) == len(want) and got[0] is None,
+                         f"lora_peft_server_model_{c['name']}_responds", str(r)[:300]):
+                continue
+            e = max(abs(g - w) for g, w in zip(got[1:], want[1:]))
+            print(f"  {name}: max|diff| = {e:.3g} nats over {len(want) - 1} tokens (tol {TOL:g})", flush=True)
+            check(e <= TOL, name, f"max|diff| = {e:.3g} nats")
+        # the adapters must matter, or the checks above could not fail
+        moved = min(max(abs(a - b) for a, b in zip(hf["server " + c["name"]][1:], hf["server base"][1:]))
+                    for c in cases if c["adapter"])
+        check(moved > 100 * TOL, "lora_peft_server_adapters_matter", f"{moved:.3g} nats")
+    finally:
+        srv.stop()
+
+
 def main():
     py, why = hf_python()
     if not py:
@@ -190,7 +239,7 @@ def main():
         return
     tmp = vtest.tmpdir("lora-peft")
     out = os.path.join(tmp, "l.f32")
-    spec = {"ids": IDS, "cases": [], "second": [], "refused": []}
+    spec = {"ids": IDS, "cases": [], "second": [], "refused": [], "server": []}
     bases = {}
     for k, (name, preset, dtype, kw, ad_dtype, scales, mscale) in enumerate(CASES):
         d = os.path.join(tmp, f"{preset}-{dtype}")
@@ -205,6 +254,10 @@ def main():
     for k, (name, kw, _) in enumerate(REFUSED):
         spec["refused"].append({"name": name, "base": first["base"], "adapter": os.path.join(tmp, f"ad-refused-{name}"),
                                 "kw": dict(r=4, lora_alpha=8, target_modules=ALL, **kw), "seed": 70 + k})
+    stories = vtest.stories_dir("f32")  # the server needs a tokenizer: stories260K has one
+    for k, (name, kw) in enumerate(SERVER_ADAPTERS):
+        spec["server"].append({"name": name, "base": stories, "ids": SERVER_IDS, "seed": 80 + k, "kw": kw,
+                               "adapter": os.path.join(tmp, f"ad-server-{name}") if kw else None})
     hf = run_hf(py, "make", spec, tmp)
     if hf is None:
         return
@@ -239,6 +292,7 @@ def main():
     for (name, _, key), c in zip(REFUSED, spec["refused"]):
         r = varent("logits", "-m", c["base"], "--ids", "1,2", "--out", out, "--lora", c["adapter"])
         vtest.expect_fail(f"lora_peft_{name}_refused", r, c["adapter"], key)
+    test_server(spec["server"], hf)
     if merged:
         hl = run_hf(py, "load", {"ids": IDS, "merged": merged}, tmp)
         for c in merged if hl else []:

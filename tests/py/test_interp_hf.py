@@ -18,7 +18,8 @@ in f32 with eager attention; its reference is a forward over the sequence `varen
     and `--skip-layer` against forward hooks on HF's modules;
   - prompt scoring: `varent ppl --per-token` on stories260K, in one window and in several
     overlapping ones, against HF's "perplexity of fixed-length models" loop (labels -100
-    but for each window's new tokens), token by token.
+    but for each window's new tokens), token by token; the ids varent scored are the ones
+    HF's AutoTokenizer makes of the text from the converted directory (BOS first).
 Tolerances: logits and activations max|diff| / max|ref| <= 1e-4 per tensor; attention
 probabilities 1e-5 absolute; entropies and varentropies 1e-4 bits; logit-lens top-5 the
 same ids (but for near ties) and probabilities within 1e-5; per-token logprobs 1e-4
@@ -136,7 +137,10 @@ for c in spec["cases"]:
     r["skip"] = last()
     for h in hooks:
         h.remove()
-res["ppl"] = []
+res["ppl"], res["tokenized"] = [], None
+if spec["ppl"]:  # the text through HF's own tokenizer of the directory
+    from transformers import AutoTokenizer
+    res["tokenized"] = AutoTokenizer.from_pretrained(spec["ppl"][0]["dir"])(spec["ppl_text"])["input_ids"]
 for p in spec["ppl"]:  # HF's "perplexity of fixed-length models" loop, per token
     m = AutoModelForCausalLM.from_pretrained(p["dir"], dtype=torch.float32, attn_implementation="eager").eval()
     ids, ctx, stride = torch.tensor([p["ids"]]), p["ctx"], p["stride"]
@@ -353,7 +357,7 @@ def main():
         spec["cases"].append({"name": name, "dir": d, "seq": seq, "prompt_len": plen, "n_layers":
                               cfg["num_hidden_layers"], "acts": acts, "attn": attn, "vectors": total,
                               "cvec_flags": flags, "ablate": ablate, "skip": skip})
-    spec["ppl"] = ppl_runs(tmp)
+    spec["ppl"], spec["ppl_text"] = ppl_runs(tmp), PPL_TEXT
     sp, outp = os.path.join(tmp, "spec.json"), os.path.join(tmp, "hf.json")
     with open(sp, "w") as f:
         json.dump(spec, f)
@@ -365,6 +369,10 @@ def main():
     print(f"  versions: {json.dumps(hf['versions'])}", flush=True)
     for c in spec["cases"]:
         compare_case(c, hf[c["name"]], tmp)
+    if spec["ppl"]:  # `varent convert llama2c`'s tokenizer.json, read by HF, gives varent's ids (BOS first)
+        got, want = spec["ppl"][0]["ids"], hf["tokenized"]
+        check(got == want, "interp_hf_ppl_ids_vs_hf_tokenizer", f"varent {got[:8]}... ({len(got)}), "
+              f"HF {want[:8]}... ({len(want)})")
     for p, ref in zip(spec["ppl"], hf["ppl"]):
         compare_ppl(p, ref)
     if vtest.failures == 0:

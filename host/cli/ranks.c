@@ -83,6 +83,7 @@ void cli_ranks_session(args *a, session_opts *o) {
     int tp = (int)args_int_range(a, "--tp", replicas_ok ? 1 : size, 1, 4096);
     double timeout = args_float_range(a, "--tp-timeout", 300, 0, 1e9);
     o->tp = tp;
+    o->tp_timeout = timeout;
     if (!world) return;  // --tp > 1 then fails in session_open, saying how to launch it
     tp_mpi_set_timeout(world, timeout);
     if (!o->threads) o->threads = default_threads();

@@ -74,6 +74,7 @@ int session_open(session *s, const session_opts *o, verr *err) {
     model_path mp;
     int failed = check_device(o->device, &cuda_dev, err) || model_path_resolve(o->model_dir, o->progress, &mp, err) ||
                  model_load(&s->m, mp.dir, err);
+    if (!failed && o->tp > 1) cuda_dev = session_tp_device(o, cuda_dev, session_cuda_devices());
     if (o->tp > 1 && session_tp_shard(s, o, failed, cuda_dev, err)) {  // every rank of the group returns here alike
         if (o->tp_comm) o->tp_comm->failed_together = 1;
         if (!failed) model_free(&s->m);
@@ -99,6 +100,7 @@ int session_open(session *s, const session_opts *o, verr *err) {
              open_adapters(s, o, err) || (o->tp > 1 && forward_set_comm(&s->fw, o->tp_comm, err));
     if (failed && !err->msg[0]) verr_set(err, "out of memory");
     if (o->tp > 1 && tp_agree(o->tp_comm, !failed, err->msg, err)) failed = 1;  // no rank goes on alone
+    if (!failed && o->tp > 1 && s->cu && session_tp_join_cuda(s, o, err)) failed = 1;  // the NCCL group
     if (failed) {
         session_close(s);
         return -1;
@@ -120,6 +122,11 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
     if (ctx > base->m.cfg.max_pos) {
         session_close(s);
         return verr_set(err, "context %d exceeds the model's max_position_embeddings (%d)", ctx, base->m.cfg.max_pos);
+    }
+    if (base->cu && base->m.tp.size > 1) {  // its forward would need a place in the NCCL group
+        session_close(s);
+        return verr_set(err, "a second context (critic, server slot, agent replica) on a tensor-parallel CUDA model is "
+                        "not supported (docs/distributed-gpu.md)");
     }
     const model_config *c = &s->m.cfg;
     if (forward_init(&s->fw, &s->m, base->fw.max_T < s->ctx ? base->fw.max_T : s->ctx, s->ctx, err) ||

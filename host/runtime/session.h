@@ -28,6 +28,7 @@ typedef struct {
     const char *ctx_name;  // what set ctx, for messages (NULL: "--ctx")
     int tp;           // tensor-parallel degree (0, 1: the whole model here; model/tp.h)
     tp_comm *tp_comm; // the group's communicator (host/runtime/tp_mpi.h) when tp > 1
+    double tp_timeout;   // seconds a CUDA rank waits for the others in a step (0: forever)
 } session_opts;
 
 typedef struct {
@@ -55,6 +56,12 @@ int session_open(session *s, const session_opts *o, verr *err);
 // the load, check the plan and that every rank loaded the same checkpoint, then keep
 // this rank's share. Returns alike on every rank.
 int session_tp_shard(session *s, const session_opts *o, int failed, int cuda_dev, verr *err);
+// The GPU of this rank of an MPI launch: --device cuda:K as given, plain --device cuda
+// the node-local rank modulo the n_devices GPUs (one rank per GPU). cuda_dev elsewhere.
+int session_tp_device(const session_opts *o, int cuda_dev, int n_devices);
+// After the device forward of a shard is open, on every rank: rank 0's NCCL unique id
+// goes to every rank over o->tp_comm and each joins the NCCL group. Alike on every rank.
+int session_tp_join_cuda(session *s, const session_opts *o, verr *err);
 // A second context on base's model: its own forward scratch, KV cache (ctx positions,
 // 0: base's) and sampler, borrowing base's weights, tokenizer and interventions, which
 // must outlive it.

@@ -29,6 +29,8 @@ const cli_opt cli_opts_session[] = {
       "(mpirun -np N; docs/distributed.md)", 0 },
     { "--tp-timeout", "S", "performance", "300", "seconds a rank waits for the others in a collective before it stops "
       "the launch (0: forever)", 0 },
+    { "--devices", "LIST", "performance", "0,1,... (--tp of them)", "with --tp N in one process: the N GPUs, one "
+      "rank each (docs/distributed-gpu.md)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 

@@ -79,5 +79,8 @@ int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_ou
 #define CUDA_TP_ID_BYTES 128
 int cuda_forward_tp_id(unsigned char id[CUDA_TP_ID_BYTES], verr *err);
 int cuda_forward_tp_join(cuda_forward *f, const unsigned char id[CUDA_TP_ID_BYTES], double timeout_s, verr *err);
+// Leaves the group (ncclCommDestroy; NCCL may wait there for the peers, so in one
+// process every rank leaves on its own thread at once). Later calls on f fail.
+void cuda_forward_tp_leave(cuda_forward *f);
 
 #endif

@@ -27,6 +27,8 @@ int cuda_forward_tp_join(cuda_forward *f, const unsigned char id[CUDA_TP_ID_BYTE
     return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
 }
 
+void cuda_forward_tp_leave(cuda_forward *f) { (void)f; }
+
 #else
 
 #include <nccl.h>
@@ -187,6 +189,16 @@ int cuda_tp_wait(cuda_forward *f, verr *err) {
         if (spin < 1000) sched_yield();
         else usleep(50);
     }
+}
+
+void cuda_forward_tp_leave(cuda_forward *f) {
+    if (!f || !f->tp.comm) return;
+    dev_tp *t = &f->tp;
+    cuda_activate(&f->ctx);
+    cudaStreamSynchronize(f->ctx.stream);  // teardown: errors are not acted on
+    ncclCommDestroy(t->comm);
+    t->comm = NULL, t->broken = 1;
+    snprintf(t->why, sizeof t->why, "tensor parallelism: rank %d has left its group", t->rank);
 }
 
 void cuda_tp_free(cuda_forward *f) {

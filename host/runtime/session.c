@@ -150,6 +150,7 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
 }
 
 void session_close(session *s) {
+    session_tpl_leave(s);   // a one-process group's NCCL communicators, all at once
     session_cuda_close(s);  // gives fw its host buffers back, frees the device KV cache (and its peers)
     session_tpl_close(s);   // the other ranks of a one-process group
     forward_free(&s->fw);

@@ -69,12 +69,15 @@ int session_tp_join_cuda(session *s, const session_opts *o, verr *err);
 // their shares and s->m rank 0's, and sets *cuda_dev to rank 0's GPU; session_tpl_open,
 // once rank 0's forward and cache are open: opens the other ranks and the NCCL group.
 // session_tpl_forward / _batch run a forward call on every rank at once (rank 0's
-// results are the session's); session_tpl_close before the session's model is freed.
+// results are the session's); session_tpl_leave, then session_tpl_close before the
+// session's model is freed.
 int session_tpl_shard(session *s, const session_opts *o, int *cuda_dev, verr *err);
 int session_tpl_open(session *s, const session_opts *o, verr *err);
 int session_tpl_forward(session *s, kv_view *kv, const int *ids, int T, verr *err);
 int session_tpl_batch(session *s, kv_view *views, const int *ids, int B, float *logits, float *stats, verr *err);
 void session_tpl_close(session *s);
+// Every rank leaves the NCCL group at once (before any rank's forward is closed).
+void session_tpl_leave(session *s);
 // A second context on base's model: its own forward scratch, KV cache (ctx positions,
 // 0: base's) and sampler, borrowing base's weights, tokenizer and interventions, which
 // must outlive it.

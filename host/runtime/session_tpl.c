@@ -50,6 +50,7 @@ static int tpl_devices(const session_opts *o, int *dev, verr *err) {
     if (o->tp > n)
         return verr_set(err, "--tp %d needs %d GPUs, --devices %s lists %d (or launch one rank per GPU: mpirun -np %d "
                         "varent ... --device cuda)", o->tp, o->tp, o->tp_devices, n, o->tp);
+    if (have == 0) return session_cuda_parse(spec[0].name, &dev[0], err);  // no CUDA build, or no GPU: say which
     if (o->tp > have)
         return verr_set(err, "--tp %d needs %d GPUs, %d CUDA device%s found", o->tp, o->tp, have, have == 1 ? "" : "s");
     for (int r = 0; r < o->tp; r++) {
@@ -139,6 +140,18 @@ int session_tpl_open(session *s, const session_opts *o, verr *err) {
     if (first_error(t, err)) return -1;
     dev_pool_run(t->pool, (1u << t->n) - 1, join_job, t);
     return first_error(t, err);
+}
+
+static void leave_job(void *ud, int r) {
+    struct session_tpl *t = ud;
+    cuda_forward_tp_leave(r ? t->r[r].cu : t->s->cu);
+}
+
+void session_tpl_leave(session *s) {
+    struct session_tpl *t = s->tpl;
+    if (!t || !t->pool) return;
+    t->s = s;
+    dev_pool_run(t->pool, (1u << t->n) - 1, leave_job, t);
 }
 
 void session_tpl_close(session *s) {

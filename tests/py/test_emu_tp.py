@@ -15,7 +15,8 @@ one-device run of the same emulated build (never against its own output):
     rank) give the one-device text;
   - bad input gives clear errors: --tp larger than the GPUs, a degree that does not divide
     the heads (one process and MPI), a GPU listed twice, --devices without --tp, the
-    forward hooks with TP on CUDA.
+    forward hooks with TP on CUDA; an MPI rank stopped mid-run makes rank 0 fail with a
+    message naming the rank that did not arrive, and the launch ends instead of hanging.
 TOL: the ranks' partial sums add in another order (fp32), which the bf16 rounding of
 prefill activations and of the KV cache can turn into one bf16 step of an element; the
 device-against-CPU bound of test_emu_cli.py is 3e-2.
@@ -191,6 +192,56 @@ def test_bad_input(tmp, model, mpi):
               f"rc {r.returncode}: {r.stderr[-300:]}")
 
 
+def rank_pids(parent):
+    """{MPI rank: pid} of mpirun's children."""
+    out = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]) != parent:
+                continue
+            for e in open(f"/proc/{p}/environ", "rb").read().split(b"\0"):
+                if e.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    out[int(e.split(b"=")[1])] = int(p)
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def test_stuck_rank(model):
+    """A rank that stops answering mid-run (SIGSTOP): rank 0 gives up with a clear error and
+    the launch ends, instead of hanging (the emulated NCCL's 3 s timeout here; on GPUs the
+    stream wait's --tp-timeout)."""
+    import signal
+    import time
+    cmd = MPIRUN + [2, "-x", "VARENT_EMU_NCCL_TIMEOUT", EMU, "run", "-m", model, "--temp", 0, "-n", 400, "-p",
+                    "Once upon a time", "--device", "cuda", "--tp", 2, "--tp-timeout", 30]
+    p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, VARENT_EMU_NCCL_TIMEOUT="3"))
+    time.sleep(2.5)
+    pids = rank_pids(p.pid)
+    if 1 in pids:
+        os.kill(pids[1], signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        _, err = p.communicate(timeout=90)
+        hung = False
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+        hung = True
+    for pid in pids.values():  # whatever mpirun left behind
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+    took = time.time() - t0
+    ok = 1 in pids and not hung and p.returncode != 0 and "tensor parallelism (rank 0 of 2" in err and \
+        "rank 1 did not arrive" in err
+    check(ok, "emu_tp_stuck_rank_is_an_error_not_a_hang",
+          f"ranks {pids}, hung {hung}, rc {p.returncode} after {took:.0f} s: {err.strip()[-400:]}")
+
+
 def main():
     if not os.access(EMU, os.X_OK):
         check(False, "emu_tp", f"no emulated build at {EMU} (make emu)")
@@ -205,6 +256,8 @@ def main():
     test_metrics(model, tmp, mpi)
     test_branches(model, tmp)
     test_bad_input(tmp, model, mpi)
+    if mpi:
+        test_stuck_rank(model)
     vtest.done()
 
 

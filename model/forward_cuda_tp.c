@@ -172,7 +172,12 @@ int cuda_tp_wait(cuda_forward *f, verr *err) {
     for (long spin = 0;; spin++) {
         cudaError_t e = cudaStreamQuery(f->ctx.stream);
         ncclResult_t a = ncclSuccess, q = ncclCommGetAsyncError(t->comm, &a);
-        if (q == ncclSuccess && a != ncclSuccess) {
+        if (q != ncclSuccess) {
+            snprintf(why, sizeof why, "ncclCommGetAsyncError failed: %s (%s:%d)", ncclGetErrorString(q), __FILE__,
+                     __LINE__);
+            return broken(f, err, why);
+        }
+        if (a != ncclSuccess) {
             snprintf(why, sizeof why, "a collective failed: %s (%s)", ncclGetErrorString(a), ncclGetLastError(t->comm));
             return broken(f, err, why);
         }

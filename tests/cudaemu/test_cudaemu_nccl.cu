@@ -247,6 +247,7 @@ static int scenario(const char *name) {
             cudaSetDevice(R.dev);
             caught[R.rank] = ncclAllReduce(d, d, 8, ncclFloat32, ncclSum, R.c, other) == ncclInvalidArgument;
             fprintf(stderr, "%s\n", ncclGetLastError(R.c));
+            cudaStreamDestroy(other);
         });
     } else if (!strcmp(name, "host_buffer")) {
         on_threads(2, [&](rank_t &R) {
@@ -278,9 +279,17 @@ static int process_rank(int rank, const char *idhex, const char *mode) {
     float *d = upload(rank_input(rank, n));
     if (!strcmp(mode, "dies") && rank == 1) _exit(0);
     ncclAllReduce(d, d, n, ncclFloat32, ncclSum, R.c, R.s);
-    if (!strcmp(mode, "dies")) return expect_async(R, d, ncclRemoteError) ? 3 : 1;
-    std::vector<float> got = download(R, d, n), want = host_sum(2, n);
-    return !memcmp(got.data(), want.data(), n * 4) ? 0 : 1;
+    int rc = 0;
+    if (!strcmp(mode, "dies")) {
+        rc = expect_async(R, d, ncclRemoteError) ? 3 : 1;
+    } else {
+        std::vector<float> got = download(R, d, n), want = host_sum(2, n);
+        rc = !memcmp(got.data(), want.data(), n * 4) ? 0 : 1;
+    }
+    ncclCommDestroy(R.c);  // (LeakSanitizer checks the children under make test-asan)
+    cudaFree(d);
+    cudaStreamDestroy(R.s);
+    return rc;
 }
 
 static void test_processes(const char *self, const char *mode) {

@@ -318,13 +318,19 @@ static int decode_project(cuda_forward *f, int hk, int l, int p, const float *in
                           const float *cv, verr *err) {
     cuda_ctx *x = &f->ctx;
     int dim = f->m->cfg.dim;
-    if (!cuda_hooks_wants(f, hk, l, p) && !f->tp.comm) {
+    if (f->tp.comm) {  // (no hooks under TP) rank 0 adds its partial product to the residual
+        // stream, the others replace theirs with their partial product: the all-reduce of x
+        // is then x + sum_r W_r in_r (+ cv), with no extra launch for the add
+        const cuda_mv_fuse store = { NULL, 0.f, f->tp.rank == 0, f->tp.rank == 0 ? cv : NULL };
+        OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &store));
+        return cuda_tp_sum(f, f->x, (size_t)B * dim, err);
+    }
+    if (!cuda_hooks_wants(f, hk, l, p)) {
         const cuda_mv_fuse residual = { NULL, 0.f, 1, cv };
         OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &residual));
         return 0;
     }
     OP(cuda_matvec_rows(x, f->y, in, W, n_in, dim, B, dim, dim));
-    if (f->tp.comm && cuda_tp_sum(f, f->y, (size_t)B * dim, err)) return -1;  // the ranks' partial sums
     if (cuda_hooks_point(f, hk, l, p, f->y, B, err)) return -1;
     if (cv) OP(cuda_add_bias(x, f->y, (wref){ cv, WT_F32 }, B, dim));  // the fused store's v + bias
     OP(cuda_add(x, f->x, f->y, (size_t)B * dim));                       // and its out += v

@@ -142,7 +142,7 @@ struct cuda_forward {
 };
 
 // ---- tensor parallelism (model/forward_cuda_tp.c) ----
-// Floats of padding y needs past [max_T, dim] for the padded reduce-scatter.
+// Floats of padding x and y need past [max_T, dim] for the padded reduce-scatter.
 static inline size_t cuda_tp_pad(const cuda_forward *f) { return (size_t)f->m->tp.size; }
 // y[n] summed over the ranks, in place, the same bits on every rank (reduce-scatter,
 // then all-gather), queued on the stream. y has room for cuda_tp_pad more floats.

@@ -205,8 +205,9 @@ int cuda_forward_alloc(cuda_forward *f, verr *err) {
     const tp_shard *t = &f->m->tp;  // the weights' shapes are the shard's; logits and captures the whole model's
     size_t T = (size_t)f->max_T, R = (size_t)f->rows, q_dim = (size_t)t->n_heads * c->head_dim;
     size_t qkv_dim = q_dim + 2 * (size_t)t->n_kv_heads * c->head_dim;
-    // y is also the all-reduce's buffer: padded for the reduce-scatter's equal shares
-    size_t sizes[10] = { T * c->dim, T * c->dim, T * c->dim + cuda_tp_pad(f), T * qkv_dim, T * q_dim,
+    // x (decode) and y (prefill) are also the all-reduce's buffers: padded for the
+    // reduce-scatter's equal shares
+    size_t sizes[10] = { T * c->dim + cuda_tp_pad(f), T * c->dim, T * c->dim + cuda_tp_pad(f), T * qkv_dim, T * q_dim,
                          T * 2 * t->n_ffn, R * c->vocab_size, R * c->n_heads * f->max_ctx, 8 * R, 0 };
     f->par_bytes = par_size(c->n_layers, f->max_T, f->rows);
     size_t off[10], total = 0;

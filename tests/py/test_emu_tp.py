@@ -215,9 +215,11 @@ def test_stuck_rank(model):
     import time
     cmd = MPIRUN + [2, "-x", "VARENT_EMU_NCCL_TIMEOUT", EMU, "run", "-m", model, "--temp", 0, "-n", 400, "-p",
                     "Once upon a time", "--device", "cuda", "--tp", 2, "--tp-timeout", 30]
-    p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    import select
+    p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, VARENT_EMU_NCCL_TIMEOUT="3"))
-    time.sleep(2.5)
+    select.select([p.stdout], [], [], 60)  # rank 0 prints once the session (and its NCCL group) is up
+    time.sleep(0.5)
     pids = rank_pids(p.pid)
     if 1 in pids:
         os.kill(pids[1], signal.SIGSTOP)

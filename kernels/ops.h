@@ -33,6 +33,7 @@ typedef struct {
     int n_trunk;
     const void *k_tail, *v_tail;  // may be NULL when n_tail == 0
     int n_tail;
+    int bf16;  // CPU: the rows are bf16 (a --kv-type bf16 cache), widened as they are read
 } kv_span;
 
 // Attention geometry for one layer.

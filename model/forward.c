@@ -120,6 +120,7 @@ static void ablate_heads(const forward_state *s, int l, float *att, int T) {
 static kv_span span_of(const kv_view *kv, int l, int n) {
     const kv_cache *tr = kv->trunk, *tl = kv->tail;
     return (kv_span){
+        .bf16 = tr->bf16,
         .k_trunk = kv_cache_k(tr, l), .v_trunk = kv_cache_v(tr, l),
         .n_trunk = tl ? kv->n_trunk : tr->len + n,
         .k_tail = tl ? kv_cache_k(tl, l) : NULL, .v_tail = tl ? kv_cache_v(tl, l) : NULL,
@@ -172,15 +173,29 @@ static void attend(forward_state *s, float *out, const float *q, kv_span span, i
     tp_gather_rows(s, s->tp_scores, 1, (size_t)tp->max_heads * keys, 1, keys, cap, (size_t)c->n_heads * keys);
 }
 
+// One position's keys and values [kv_dim] into row `at` of cache d at layer l.
+static void store_kv_row(kv_cache *d, int l, int at, const float *k, const float *v) {
+    size_t n = (size_t)d->kv_dim, off = (size_t)at * n;
+    if (!d->bf16) {
+        memcpy((float *)kv_cache_k(d, l) + off, k, sizeof(float) * n);
+        memcpy((float *)kv_cache_v(d, l) + off, v, sizeof(float) * n);
+        return;
+    }
+    uint16_t *kh = (uint16_t *)kv_cache_k(d, l) + off, *vh = (uint16_t *)kv_cache_v(d, l) + off;
+    for (size_t i = 0; i < n; i++) kh[i] = f32_to_bf16(k[i]), vh[i] = f32_to_bf16(v[i]);
+}
+
 static void attention_block(forward_state *s, const layer_weights *w, int l, const chunk *ch, int T) {
     const model_config *c = &s->m->cfg;
     const tp_shard *tp = &s->m->tp;  // this rank's heads (all of them in one process)
     int q_dim = tp->n_heads * c->head_dim, kv_dim = tp->n_kv_heads * c->head_dim, batch = ch->n_seq > 1;
-    // One sequence's new keys and values are written straight into the cache rows they
-    // belong to; a batch's go to scratch first, then each row to its own sequence.
+    // One sequence's new keys and values are written straight into the fp32 cache rows
+    // they belong to; a batch's, or a bf16 cache's, go to scratch first, then each row to
+    // its own sequence.
     kv_cache *dst = write_target(&ch->views[0]);
-    float *kdst = batch ? s->k : kv_cache_k(dst, l) + (size_t)dst->len * kv_dim;
-    float *vdst = batch ? s->v : kv_cache_v(dst, l) + (size_t)dst->len * kv_dim;
+    int direct = !batch && !dst->bf16;
+    float *kdst = direct ? (float *)kv_cache_k(dst, l) + (size_t)dst->len * kv_dim : s->k;
+    float *vdst = direct ? (float *)kv_cache_v(dst, l) + (size_t)dst->len * kv_dim : s->v;
 
     cpu_rmsnorm(s->xb, s->x, w->attn_norm, T, c->dim, c->norm_eps);
     cpu_matmul(s->q, s->xb, w->wq, T, c->dim, q_dim);
@@ -202,11 +217,9 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, con
     }
     cpu_rope(s->q, s->pos, T, tp->n_heads, c->head_dim, s->m->inv_freq, 0);
     cpu_rope(kdst, s->pos, T, tp->n_kv_heads, c->head_dim, s->m->inv_freq, 0);
-    for (int b = 0; batch && b < T; b++) {
-        kv_cache *d = write_target(&ch->views[b]);
-        size_t at = (size_t)d->len * kv_dim, row = (size_t)b * kv_dim;
-        memcpy(kv_cache_k(d, l) + at, s->k + row, sizeof(float) * (size_t)kv_dim);
-        memcpy(kv_cache_v(d, l) + at, s->v + row, sizeof(float) * (size_t)kv_dim);
+    for (int t = 0; !direct && t < T; t++) {  // row t: sequence t of a batch, else position len + t
+        kv_cache *d = batch ? write_target(&ch->views[t]) : dst;
+        store_kv_row(d, l, d->len + (batch ? 0 : t), s->k + (size_t)t * kv_dim, s->v + (size_t)t * kv_dim);
     }
 
     int n = T / ch->n_seq;  // rows per sequence
@@ -274,6 +287,13 @@ static int all_finite(const float *x, size_t n) {
     return 1;
 }
 
+// A collective of this pass failed: the group is out of step, so the pass is an error.
+static int tp_failed(forward_state *s, verr *err) {
+    if (!s->tp_failed) return 0;
+    s->tp_failed = 0;
+    return verr_set(err, "tensor parallelism (rank %d of %d): %.900s", s->comm->rank, s->comm->size, s->tp_err.msg);
+}
+
 // out[T, vocab] = the logits of normed rows x[T, dim]; a shard computes its vocabulary
 // rows and gathers the rest, TP_ROWS rows per collective.
 static void lm_head(forward_state *s, float *out, const float *x, int T) {
@@ -292,6 +312,11 @@ static void lm_head(forward_state *s, float *out, const float *x, int T) {
         tp_gather_rows(s, s->tp_logits, n, (size_t)tp->max_vocab, 0, 1, out + (size_t)t * c->vocab_size,
                        (size_t)c->vocab_size);
     }
+}
+
+int forward_lm_head(forward_state *s, float *out, const float *x, int T, verr *err) {
+    lm_head(s, out, x, T);
+    return tp_failed(s, err);
 }
 
 // One chunk of at most max_T rows; the caller has validated ids and room. Returns the
@@ -356,12 +381,6 @@ static int check_id(const forward_state *s, int id, int at, verr *err) {
     return verr_set(err, "token id %d at index %d is out of range (vocab_size %d)", id, at, vocab);
 }
 
-// A collective of this pass failed: the group is out of step, so the pass is an error.
-static int tp_failed(forward_state *s, verr *err) {
-    if (!s->tp_failed) return 0;
-    s->tp_failed = 0;
-    return verr_set(err, "tensor parallelism (rank %d of %d): %.900s", s->comm->rank, s->comm->size, s->tp_err.msg);
-}
 
 static int forward_run(forward_state *s, kv_view *kv, const int *ids, int T, float *all, verr *err) {
     const model_config *c = &s->m->cfg;

@@ -78,6 +78,10 @@ int forward_all(forward_state *s, kv_view *kv, const int *ids, int T, float *out
 // for bit, every weight type; larger batches: within ~1e-6 for bf16). Fails, touching nothing,
 // on B outside 1..max_T, an id outside the vocab, a full view, or two rows writing to
 // the same cache. Non-finite logits in a row fail as in forward(), naming the row.
+// out[T, vocab] = lm_head(x) for rows x[T, dim] already through the final norm (the logit
+// lens). A tensor-parallel rank computes its vocabulary rows and gathers the rest: every
+// rank calls it together. -1 with err when a collective failed.
+int forward_lm_head(forward_state *s, float *out, const float *x, int T, verr *err);
 int forward_batch(forward_state *s, kv_view *views, const int *ids, int B, float *logits, float *scores, int *keys,
                   verr *err);
 

@@ -267,7 +267,7 @@ static int prefill_layer(cuda_forward *f, int l, int T, int cap, int hk, verr *e
     const cuda_kv_layer *dl = &dp.layers[(size_t)l * f->rows], *hl = &hp.layers[(size_t)l * f->rows];
     OP(cuda_kv_store_dev(x, dl, k, v, dp.rows, T, kv_dim));
     kv_span span = { hl->k_trunk, hl->v_trunk, hp.lens[0].n_trunk, hl->k_tail, hl->v_tail,
-                     hp.lens[0].n_keys - hp.lens[0].n_trunk };
+                     hp.lens[0].n_keys - hp.lens[0].n_trunk, 1 };  // the device cache is bf16
     OP(cuda_attention(x, f->att, q, span, T, sh, scores_of(f, cap, hk, l)));
     if (share_scores(f, cap, hk, l, err) || cuda_hooks_ablate(f, l, f->att, T, err)) return -1;
     OP(cuda_matmul(x, f->y, f->att, L->wo, T, q_dim, dim));

@@ -8,18 +8,21 @@
 #include "kernels/ops_cuda.h"
 #endif
 
-int kv_cache_init(kv_cache *c, int n_layers, int ctx, int kv_dim, verr *err) {
+int kv_cache_init_typed(kv_cache *c, int n_layers, int ctx, int kv_dim, int bf16, verr *err) {
     memset(c, 0, sizeof *c);
-    size_t n = (size_t)n_layers * ctx * kv_dim;
-    c->k = malloc(n * sizeof(float));
-    c->v = malloc(n * sizeof(float));
+    size_t n = (size_t)n_layers * ctx * kv_dim, es = bf16 ? 2 : 4;
+    c->k = malloc(n * es);
+    c->v = malloc(n * es);
     if (!c->k || !c->v) {
         kv_cache_free(c);
-        return verr_set(err, "out of memory allocating a %d-token KV cache (%.1f MiB)", ctx,
-                        2.0 * n * sizeof(float) / (1 << 20));
+        return verr_set(err, "out of memory allocating a %d-token KV cache (%.1f MiB)", ctx, 2.0 * n * es / (1 << 20));
     }
-    c->n_layers = n_layers, c->ctx = ctx, c->kv_dim = kv_dim;
+    c->n_layers = n_layers, c->ctx = ctx, c->kv_dim = kv_dim, c->bf16 = bf16 != 0;
     return 0;
+}
+
+int kv_cache_init(kv_cache *c, int n_layers, int ctx, int kv_dim, verr *err) {
+    return kv_cache_init_typed(c, n_layers, ctx, kv_dim, 0, err);
 }
 
 int kv_cache_init_cuda(kv_cache *c, struct cuda_ctx *cu, int n_layers, int ctx, int kv_dim, verr *err) {
@@ -50,7 +53,7 @@ int kv_cache_init_cuda(kv_cache *c, struct cuda_ctx *cu, int n_layers, int ctx, 
 
 int kv_cache_init_like(kv_cache *c, const kv_cache *like, int ctx, verr *err) {
     int rc = like->dk ? kv_cache_init_cuda(c, like->cu, like->n_layers, ctx, like->kv_dim, err)
-                      : kv_cache_init(c, like->n_layers, ctx, like->kv_dim, err);
+                      : kv_cache_init_typed(c, like->n_layers, ctx, like->kv_dim, like->bf16, err);
     if (rc || !like->peer) return rc;
     if (!(c->peer = calloc(1, sizeof *c->peer))) {
         kv_cache_free(c);
@@ -115,10 +118,11 @@ int kv_cache_commit(kv_cache *trunk, const kv_cache *tail, int n, verr *err) {
         if (kv_cache_commit(trunk->peer, tail->peer, n, err)) return -1;
     }
     if (trunk->dk || tail->dk) return commit_device(trunk, tail, n, err);
-    size_t row = (size_t)trunk->kv_dim * sizeof(float);
+    if (trunk->bf16 != tail->bf16) return verr_set(err, "cannot commit branch tokens between fp32 and bf16 KV caches");
+    size_t row = (size_t)trunk->kv_dim * kv_cache_esize(trunk), at = (size_t)trunk->len * row;
     for (int l = 0; l < trunk->n_layers; l++) {
-        memcpy(kv_cache_k(trunk, l) + (size_t)trunk->len * trunk->kv_dim, kv_cache_k(tail, l), n * row);
-        memcpy(kv_cache_v(trunk, l) + (size_t)trunk->len * trunk->kv_dim, kv_cache_v(tail, l), n * row);
+        memcpy((char *)kv_cache_k(trunk, l) + at, kv_cache_k(tail, l), n * row);
+        memcpy((char *)kv_cache_v(trunk, l) + at, kv_cache_v(tail, l), n * row);
     }
     trunk->len += n;
     return 0;

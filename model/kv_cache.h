@@ -1,5 +1,6 @@
-// kv_cache.h: preallocated fp32 keys and values for every layer (bf16 on the GPU for
-// the CUDA backend).
+// kv_cache.h: preallocated keys and values for every layer: fp32 on the CPU by default,
+// bf16 there with --kv-type bf16 (half the bytes read per step at depth), bf16 on the GPU
+// for the CUDA backend.
 // A sequence reads a trunk (shared, e.g. the prompt) and optionally writes into a
 // small private tail; branches fork by getting their own tail, not a cache copy.
 #ifndef VARENT_KV_CACHE_H
@@ -13,7 +14,8 @@ struct cuda_ctx;
 typedef struct kv_cache kv_cache;
 struct kv_cache {
     int n_layers, ctx, kv_dim;
-    float *k, *v;  // [n_layers, ctx, kv_dim]; NULL on a device cache
+    void *k, *v;   // [n_layers, ctx, kv_dim] fp32, or bf16 with bf16 set; NULL on a device cache
+    int bf16;      // host cache of bf16 elements (kv_cache_init_typed)
     int len;       // filled positions
     void *dk, *dv;        // device cache (kv_cache_init_cuda): bf16 [n_layers, ctx, kv_dim]
     struct cuda_ctx *cu;  // the CUDA context (stream) that owns dk/dv; NULL on the host
@@ -32,6 +34,9 @@ typedef struct {
 } kv_view;
 
 int kv_cache_init(kv_cache *c, int n_layers, int ctx, int kv_dim, verr *err);
+// The same on the host with bf16 elements when bf16 is set (each K and V row rounded to
+// nearest even as the forward stores it).
+int kv_cache_init_typed(kv_cache *c, int n_layers, int ctx, int kv_dim, int bf16, verr *err);
 // The same cache in bf16 on cu's GPU (CUDA builds; an error otherwise). Commits copy on
 // cu's stream, so use it with the session that owns cu.
 int kv_cache_init_cuda(kv_cache *c, struct cuda_ctx *cu, int n_layers, int ctx, int kv_dim, verr *err);
@@ -39,8 +44,15 @@ int kv_cache_init_cuda(kv_cache *c, struct cuda_ctx *cu, int n_layers, int ctx, 
 // with a peer chain like like's.
 int kv_cache_init_like(kv_cache *c, const kv_cache *like, int ctx, verr *err);
 void kv_cache_free(kv_cache *c);
-static inline float *kv_cache_k(const kv_cache *c, int layer) { return c->k + (size_t)layer * c->ctx * c->kv_dim; }
-static inline float *kv_cache_v(const kv_cache *c, int layer) { return c->v + (size_t)layer * c->ctx * c->kv_dim; }
+// Bytes per element of a host cache.
+static inline size_t kv_cache_esize(const kv_cache *c) { return c->bf16 ? 2 : 4; }
+// Layer l's rows of a host cache, [ctx, kv_dim] of kv_cache_esize bytes each.
+static inline void *kv_cache_k(const kv_cache *c, int layer) {
+    return (char *)c->k + (size_t)layer * c->ctx * c->kv_dim * kv_cache_esize(c);
+}
+static inline void *kv_cache_v(const kv_cache *c, int layer) {
+    return (char *)c->v + (size_t)layer * c->ctx * c->kv_dim * kv_cache_esize(c);
+}
 // A view of the whole trunk that appends to it.
 static inline kv_view kv_view_of(kv_cache *c) { return (kv_view){ c, c->len, NULL }; }
 // Positions the view holds, and how many more it can take.

@@ -86,6 +86,17 @@ static int check_refused(const cJSON *j, const char *path, verr *err) {
         { "rank_pattern", "is set: per-module ranks are not supported" },
         { "alpha_pattern", "is set: per-module alphas are not supported" },
         { "fan_in_fan_out", "is true: only Linear layers (not GPT-2 Conv1D) are supported" },
+        // PEFT variants whose adapters are not W x + c B A x on every token:
+        { "alora_invocation_tokens", "is set: activated LoRA (aLoRA) adapts only the tokens from its invocation "
+                                     "sequence on; not supported" },
+        { "layer_replication", "is set: adapters that replicate layers are not supported" },
+        { "lora_bias", "is true: a bias on lora_B is not supported" },
+        { "trainable_token_indices", "is set: trainable token embeddings are not supported" },
+        { "target_parameters", "is set: adapters of raw parameters (MoE experts) are not supported" },
+        { "use_bdlora", "is set: block-diagonal LoRA (BD-LoRA) is not supported" },
+        { "use_qalora", "is true: QALoRA (pooled inputs) is not supported" },
+        { "arrow_config", "is set: Arrow routing between adapters is not supported" },
+        { "kasa_config", "is set: KaSA (which truncates the base weights) is not supported" },
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
         if (!is_empty(cJSON_GetObjectItemCaseSensitive(j, refused[i].key)))

@@ -41,6 +41,9 @@ void model_free(model *m);
 // Keep only rank s->rank's share of the weights (model/tp.h; size 1: no change). The
 // config stays the whole model's; m->tp says what this rank holds.
 int model_shard(model *m, const tp_shard *s, verr *err);
+// The weight bytes a decode step reads on rank s->rank of an unsharded model m, as
+// weight_bytes counts them for the whole (the embedding's one row aside).
+size_t model_shard_bytes(const model *m, const tp_shard *s);
 // SHA-256 of config.json's content and every safetensors header (names, dtypes, shapes,
 // offsets), as 64 hex digits: ranks that must hold one checkpoint compare these.
 int model_digest(const model *m, char out[65], verr *err);

@@ -48,10 +48,8 @@ static void shard_layer(const model *m, const tp_shard *s, layer_weights *w, cha
     *dst += D * s->n_ffn * wtype_size(w->w_down.type);
 }
 
-// The bytes a decode step reads on this rank, as model_load counts them for the whole.
-static size_t shard_bytes(const model *m) {
+size_t model_shard_bytes(const model *m, const tp_shard *s) {
     const model_config *c = &m->cfg;
-    const tp_shard *s = &m->tp;
     size_t hd = (size_t)c->head_dim, D = (size_t)c->dim, n = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const layer_weights *w = &m->layers[l];
@@ -76,7 +74,7 @@ int model_shard(model *m, const tp_shard *s, verr *err) {
     m->lm_head = rows_of(m->lm_head, (size_t)s->vocab0, (size_t)m->cfg.dim);
     m->tp = *s;
     m->tp_owned = buf;
-    m->weight_bytes = shard_bytes(m);
+    m->weight_bytes = model_shard_bytes(m, s);
     return 0;
 }
 

@@ -28,6 +28,9 @@ struct tp_comm {
     int (*sum)(tp_comm *c, float *x, size_t n, verr *err);
     // out[size * bytes] = every rank's x[bytes], in rank order.
     int (*gather)(tp_comm *c, const void *x, size_t bytes, void *out, verr *err);
+    // The same, for a wait that may last (a server's ranks waiting for the next request):
+    // no timeout, and the waiting ranks sleep between polls instead of spinning.
+    int (*gather_idle)(tp_comm *c, const void *x, size_t bytes, void *out, verr *err);
     void *impl;
     // Time inside the collectives (waiting for the other ranks included), and counts.
     double sum_s, gather_s;

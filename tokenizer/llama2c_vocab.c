@@ -155,6 +155,34 @@ static cJSON *replace_obj(const char *type, const char *from, const char *to) {
     return o;
 }
 
+// One template item: {"SpecialToken"|"Sequence": {"id": ID, "type_id": TYPE}}.
+static cJSON *template_item(const char *kind, const char *id, int type_id) {
+    cJSON *o = cJSON_CreateObject(), *in = cJSON_CreateObject();
+    cJSON_AddStringToObject(in, "id", id);
+    cJSON_AddNumberToObject(in, "type_id", type_id);
+    cJSON_AddItemToObject(o, kind, in);
+    return o;
+}
+
+// TemplateProcessing that prepends BOS, as the Llama 2 tokenizer.json on the HF hub does:
+// HF's tokenizers (transformers 5 reads tokenizer.json alone) add BOS only through it,
+// whatever add_bos_token says.
+static cJSON *bos_template(const char *bos) {
+    cJSON *pp = obj_type("TemplateProcessing");
+    cJSON *single = cJSON_AddArrayToObject(pp, "single"), *pair = cJSON_AddArrayToObject(pp, "pair");
+    cJSON_AddItemToArray(single, template_item("SpecialToken", bos, 0));
+    cJSON_AddItemToArray(single, template_item("Sequence", "A", 0));
+    cJSON_AddItemToArray(pair, template_item("SpecialToken", bos, 0));
+    cJSON_AddItemToArray(pair, template_item("Sequence", "A", 0));
+    cJSON_AddItemToArray(pair, template_item("SpecialToken", bos, 1));
+    cJSON_AddItemToArray(pair, template_item("Sequence", "B", 1));
+    cJSON *st = cJSON_AddObjectToObject(pp, "special_tokens"), *tok = cJSON_AddObjectToObject(st, bos);
+    cJSON_AddStringToObject(tok, "id", bos);
+    cJSON_AddItemToObject(tok, "ids", cJSON_CreateIntArray((const int[]){ 1 }, 1));
+    cJSON_AddItemToObject(tok, "tokens", cJSON_CreateStringArray(&bos, 1));
+    return pp;
+}
+
 static cJSON *build_json(const l2c_vocab *v, const l2c_merge *m, int nm) {
     cJSON *root = cJSON_CreateObject(), *added = cJSON_AddArrayToObject(root, "added_tokens");
     cJSON_AddStringToObject(root, "version", "1.0");
@@ -174,7 +202,7 @@ static cJSON *build_json(const l2c_vocab *v, const l2c_merge *m, int nm) {
     cJSON_AddItemToArray(nl, replace_obj("Replace", " ", "\xe2\x96\x81"));
     cJSON_AddItemToObject(root, "normalizer", norm);
     cJSON_AddNullToObject(root, "pre_tokenizer");
-    cJSON_AddNullToObject(root, "post_processor");
+    cJSON_AddItemToObject(root, "post_processor", bos_template(v->piece[1]));  // llama2.c's BOS is id 1
     cJSON *dec = obj_type("Sequence"), *dl = cJSON_AddArrayToObject(dec, "decoders");
     cJSON_AddItemToArray(dl, replace_obj("Replace", "\xe2\x96\x81", " "));
     cJSON_AddItemToArray(dl, obj_type("ByteFallback"));

@@ -28,6 +28,7 @@ engines, alternating which goes first.
 Usage: tools/bench-llamacpp.py [--model weights/SmolLM2-135M-Instruct]
            [--source-gguf weights/SmolLM2-135M-Instruct.Q4_1.gguf] [--threads 2] [--reps 3]
            [--rows pp512,tg0,tg512,tg4096,run1,run07] [--ppl-chunks 4] [--out FILE.md]
+           [--varent-args '--kv-type bf16']
 Exit status 1 when the perplexities differ by more than 1% or a step fails.
 """
 import argparse
@@ -247,7 +248,7 @@ def grab(pattern, text, what):
 
 def vr_bench(args, plen, n, extra=()):
     return run_varent(args, "bench", "-m", args.model, "--threads", str(args.threads), "--prompt-len", str(plen),
-                      "-n", str(n), "--runs", "1", *extra)
+                      "-n", str(n), "--runs", "1", *args.varent_args.split(), *extra)
 
 
 def vr_row(args, row):
@@ -338,6 +339,7 @@ def main():
     ap.add_argument("--ppl-ctx", type=int, default=512)
     ap.add_argument("--ppl-chunks", type=int, default=4, help="0: every chunk")
     ap.add_argument("--varent", default=os.path.join(ROOT, "varent"))
+    ap.add_argument("--varent-args", default="", help="extra options for varent bench, e.g. '--kv-type bf16'")
     ap.add_argument("--out", help="also write the report (markdown) here")
     args = ap.parse_args()
     args.rows = [r for r in args.rows.split(",") if r]

@@ -121,6 +121,7 @@ typedef struct {
 
 typedef struct {
     float *root;       // [vocab] the step's shared logits (forwards of branches overwrite fw.logits)
+    float *draw;       // what the agents draw from: root, or its copy with the -l biases added
     topset top;        // of root
     // lookahead: one batch of branch rows (session_forward_batch)
     float *logits;     // [rows, vocab] each row's logits
@@ -134,7 +135,8 @@ typedef struct {
     session *reps;
     dev_pool *pool;
     const agents_opts *o;
-    int D, W;              // replicas running agents; tokens per branch
+    int D, W;              // replicas running agents here; tokens per branch
+    int G, g;              // MPI: replica groups (ranks of o->ranks) and this one (1, 0: one process)
     unsigned active;       // mask of replicas that hold the text
     agent *ag;
     replica rp[DEVICES_MAX];
@@ -150,6 +152,12 @@ typedef struct {
 } run;
 
 static int job_fail(run *r, int d) { return r->rp[d].rc = -1; }
+
+// The first agent of local replica d and the stride to its next: agents go round the
+// replicas of every rank (lookahead) or round the ranks (one token per step).
+static int first_agent(const run *r, int d) { return r->g * r->D + d; }
+static int agent_stride(const run *r) { return r->G * r->D; }
+static int agent_here(const run *r, int a, int d) { return a % agent_stride(r) == first_agent(r, d); }
 
 // Appends ids to the trunk one at a time (the same arithmetic as a branch step).
 static int feed_trunk(run *r, int d, const int *ids, int n) {
@@ -181,7 +189,7 @@ static double propose(run *r, int d, int a) {
         g->tok[0] = t->ids[sampler_draw(&g->small, &g->r)];
         return h;
     }
-    double h = sampler_distribution(&g->smp, r->rp[d].root, sp);
+    double h = sampler_distribution(&g->smp, r->rp[d].draw, sp);
     g->tok[0] = sampler_draw(&g->smp, &g->r);
     return h;
 }
@@ -214,6 +222,7 @@ static int branch_group(run *r, int d, const int *ag, int n) {
         for (int q = 0; q < rows; q++) {
             int i = rp->row[q];
             agent *g = &r->ag[ag[i]];
+            logit_bias_apply(rp->logits + q * V, (int)V, r->o->bias, r->o->n_bias);
             sum[i] += sampler_distribution(&g->smp, rp->logits + q * V, r->o->agents[ag[i]]);
             g->tok[g->n_tok++] = sampler_draw(&g->smp, &g->r);
         }
@@ -248,11 +257,15 @@ static void job_round(void *ud, int d) {
     int V = s->m.cfg.vocab_size;
     memcpy(r->rp[d].root, s->fw.logits, sizeof(float) * (size_t)V);
     const agents_opts *o = r->o;
-    if (r->W <= 1 && s->cu) {
+    if (r->W <= 1 && s->cu && o->n_bias == 0) {  // the device draws from the raw logits
         propose_on_device(r, d);
         return;
     }
-    topset_build(&r->rp[d].top, r->rp[d].root, V);
+    if (o->n_bias > 0) {
+        memcpy(r->rp[d].draw, r->rp[d].root, sizeof(float) * (size_t)V);
+        logit_bias_apply(r->rp[d].draw, V, o->bias, o->n_bias);
+    }
+    topset_build(&r->rp[d].top, r->rp[d].draw, V);
     if (r->W <= 1) {  // every agent samples the same logits: bounded by --max-parallel threads
         int par = o->max_parallel > 0 && o->max_parallel < o->n_agents ? o->max_parallel : o->n_agents, full = 0;
         for (int a = 0; a < o->n_agents; a++) full += !(o->agents[a].top_k > 0 && o->agents[a].top_k < r->rp[d].top.k);
@@ -260,13 +273,14 @@ static void job_round(void *ud, int d) {
         if ((long)V * full < 65536) par = 1;  // threads cost more than they save
 #pragma omp parallel for num_threads(par) schedule(static, 1) if (par > 1)
         for (int a = 0; a < o->n_agents; a++) {
+            if (!agent_here(r, a, d)) continue;
             r->ag[a].entropy = propose(r, d, a);
             r->ag[a].n_tok = 1;
         }
         return;
     }
     int grp[AGENTS_MAX], n = 0;  // this replica's agents, r->rows per batch
-    for (int a = d; a < o->n_agents; a += r->D) {
+    for (int a = first_agent(r, d); a < o->n_agents; a += agent_stride(r)) {
         grp[n++] = a;
         if (n == r->rows && branch_group(r, d, grp, n)) return;
         if (n == r->rows) n = 0;
@@ -280,7 +294,7 @@ static void job_commit(void *ud, int d) {
     run *r = ud;
     agent *g = &r->ag[r->winner];
     int fed = g->n_tok - 1;
-    if (r->winner % r->D == d) {
+    if (agent_here(r, r->winner, d)) {
         if (kv_cache_commit(&r->reps[d].kv, &g->tail, fed, &r->rp[d].err)) job_fail(r, d);
     } else {
         feed_trunk(r, d, g->tok, fed);
@@ -301,7 +315,7 @@ static void job_critic(void *ud, int d) {
 // on the replica's thread.
 static void job_tails(void *ud, int d) {
     run *r = ud;
-    for (int a = d; a < r->o->n_agents; a += r->D)
+    for (int a = first_agent(r, d); a < r->o->n_agents; a += agent_stride(r))
         if (kv_cache_init_like(&r->ag[a].tail, &r->reps[d].kv, r->W - 1, &r->rp[d].err)) {
             job_fail(r, d);
             return;
@@ -310,7 +324,7 @@ static void job_tails(void *ud, int d) {
 
 static void job_free_tails(void *ud, int d) {
     run *r = ud;
-    for (int a = d; a < r->o->n_agents; a += r->D) kv_cache_free(&r->ag[a].tail);
+    for (int a = first_agent(r, d); a < r->o->n_agents; a += agent_stride(r)) kv_cache_free(&r->ag[a].tail);
 }
 
 // Runs a job on the replicas in mask; -1 with the first failing replica's message.
@@ -333,7 +347,10 @@ static void run_free(run *r) {
         free(r->ag[a].tok);
     }
     free(r->ag);
-    for (int d = 0; d < DEVICES_MAX; d++) free(r->rp[d].root), free(r->rp[d].top.ids), free(r->rp[d].top.logits), free(r->rp[d].logits);
+    for (int d = 0; d < DEVICES_MAX; d++) {
+        if (r->rp[d].draw != r->rp[d].root) free(r->rp[d].draw);
+        free(r->rp[d].root), free(r->rp[d].top.ids), free(r->rp[d].top.logits), free(r->rp[d].logits);
+    }
     free(r->rb_at), free(r->text);
 }
 
@@ -342,8 +359,9 @@ static int run_init(run *r, session *reps, dev_pool *pool, const agents_opts *o,
     r->reps = reps, r->pool = pool, r->o = o;
     r->W = o->lookahead > 1 ? o->lookahead : 1;
     r->D = r->W > 1 ? dev_pool_size(pool) : 1;
+    r->G = o->ranks ? o->ranks->size : 1, r->g = o->ranks ? o->ranks->rank : 0;
     r->active = (1u << r->D) - 1;
-    int per_rep = (o->n_agents + r->D - 1) / r->D;
+    int per_rep = (o->n_agents + agent_stride(r) - 1) / agent_stride(r);
     r->rows = o->max_parallel > 0 && o->max_parallel < per_rep ? o->max_parallel : per_rep;
     const model_config *c = &reps[0].m.cfg;
     r->ag = calloc((size_t)o->n_agents, sizeof *r->ag);
@@ -359,8 +377,9 @@ static int run_init(run *r, session *reps, dev_pool *pool, const agents_opts *o,
         t->ids = malloc(sizeof(int) * (size_t)kmax);
         t->logits = malloc(sizeof(float) * (size_t)kmax);
         r->rp[d].root = malloc(sizeof(float) * (size_t)c->vocab_size);
+        r->rp[d].draw = o->n_bias > 0 ? malloc(sizeof(float) * (size_t)c->vocab_size) : r->rp[d].root;
         r->rp[d].logits = r->W > 1 ? malloc(sizeof(float) * (size_t)c->vocab_size * r->rows) : NULL;
-        if (!r->rp[d].root || !t->ids || !t->logits || (r->W > 1 && !r->rp[d].logits))
+        if (!r->rp[d].root || !r->rp[d].draw || !t->ids || !t->logits || (r->W > 1 && !r->rp[d].logits))
             return verr_set(err, "out of memory");
     }
     for (int a = 0; a < o->n_agents; a++) {
@@ -371,6 +390,57 @@ static int run_init(run *r, session *reps, dev_pool *pool, const agents_opts *o,
             return verr_set(err, "out of memory");
     }
     return r->W > 1 ? dispatch(r, r->active, job_tails, err) : 0;
+}
+
+// MPI: every rank's proposals to every rank (agent, branch, entropy), in one all-gather
+// of a fixed-size record per agent slot; afterwards r->ag holds all of them everywhere.
+typedef struct {
+    int agent, n_tok;  // agent -1: the slot is another rank's
+    double entropy;
+} wire_head;
+
+static int exchange(run *r, verr *err) {
+    if (r->G <= 1) return 0;
+    int n = r->o->n_agents;
+    size_t rec = sizeof(wire_head) + sizeof(int) * (size_t)r->W, mine = rec * (size_t)n;
+    char *buf = calloc((size_t)r->G + 1, mine);
+    if (!buf) return verr_set(err, "out of memory exchanging proposals");
+    for (int a = 0; a < n; a++) {
+        wire_head h = { -1, 0, 0 };
+        for (int d = 0; d < r->D; d++)
+            if (agent_here(r, a, d)) h = (wire_head){ a, r->ag[a].n_tok, r->ag[a].entropy };
+        memcpy(buf + (size_t)a * rec, &h, sizeof h);
+        if (h.agent >= 0) memcpy(buf + (size_t)a * rec + sizeof h, r->ag[a].tok, sizeof(int) * (size_t)h.n_tok);
+    }
+    char *all = buf + mine;
+    int rc = r->o->ranks->gather(r->o->ranks, buf, mine, all, err);
+    for (int k = 0; rc == 0 && k < r->G * n; k++) {
+        const char *p = all + (size_t)k * rec;
+        wire_head h;
+        memcpy(&h, p, sizeof h);
+        if (h.agent < 0) continue;
+        agent *g = &r->ag[h.agent];
+        g->n_tok = h.n_tok, g->entropy = h.entropy;
+        memcpy(g->tok, p + sizeof h, sizeof(int) * (size_t)h.n_tok);
+    }
+    free(buf);
+    return rc;
+}
+
+// MPI: the critic runs on rank 0's replica group; its verdict goes to every rank.
+static int share_verdict(run *r, int rc, verr *err) {
+    if (r->G <= 1) return rc;
+    struct { int rc; critic_verdict v; char msg[512]; } mine = { rc, r->verdict, "" }, *all;
+    if (rc) snprintf(mine.msg, sizeof mine.msg, "%.500s", err->msg);
+    if (!(all = calloc((size_t)r->G, sizeof *all))) return verr_set(err, "out of memory");
+    if (r->o->ranks->gather(r->o->ranks, &mine, sizeof mine, all, err)) {
+        free(all);
+        return -1;
+    }
+    r->verdict = all[0].v;
+    rc = all[0].rc ? verr_set(err, "%s", all[0].msg) : 0;
+    free(all);
+    return rc;
 }
 
 // Lowest entropy wins; ties go to the lower index.
@@ -401,7 +471,8 @@ static int check(run *r, int step, agents_result *res, verr *err) {
     r->text = tokenizer_decode(r->reps[0].tok, r->ids + r->n_prompt, r->n - r->n_prompt, 1, err);
     if (!r->text) return -1;
     double t0 = gen_now(), c0 = cpu_now();
-    if (dispatch(r, 1u << o->critic_dev, job_critic, err)) return -1;
+    int judged = r->g == 0 ? dispatch(r, 1u << o->critic_dev, job_critic, err) : 0;
+    if (share_verdict(r, judged, err)) return -1;
     res->critic_s += gen_now() - t0;
     res->critic_cpu += cpu_now() - c0;
     res->critic_fed += r->verdict.n_fed;
@@ -433,7 +504,7 @@ static int step_once(run *r, int step, agents_result *res, verr *err) {
         res->step_cpu = h, r->step_cap = (int)cap;
     }
     double t0 = gen_now(), c0 = cpu_now();
-    if (dispatch(r, r->active, job_round, err)) return -1;
+    if (dispatch(r, r->active, job_round, err) || exchange(r, err)) return -1;
     r->winner = pick(r);
     agent *g = &r->ag[r->winner];
     if (g->n_tok > 1 && dispatch(r, r->active, job_commit, err)) return -1;
@@ -482,6 +553,7 @@ int agents_generate(session *reps, dev_pool *pool, const int *prompt, int n_prom
     if (n_prompt <= 0) return verr_set(err, "empty prompt");
     if (n_prompt >= reps[0].ctx)
         return verr_set(err, "the prompt is %d tokens but the context holds %d (raise --ctx)", n_prompt, reps[0].ctx);
+    if (logit_bias_check(o->bias, o->n_bias, reps[0].m.cfg.vocab_size, err)) return -1;
     if (o->cr && o->check_every > 0 && !reps[0].tok)
         return verr_set(err, "the critic reads text, but %s has no tokenizer.json", reps[0].m.dir);
     run r;

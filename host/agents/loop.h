@@ -22,6 +22,7 @@
 
 #include "host/agents/critic.h"
 #include "host/runtime/devices.h"
+#include "host/runtime/logit_bias.h"
 #include "host/runtime/session.h"
 
 #define AGENTS_MAX 64
@@ -69,6 +70,14 @@ typedef struct {
     int check_every, rollback;
     int (*on_event)(void *ud, const agents_event *e);  // non-zero stops
     void *ud;
+    // MPI launches (docs/distributed.md): one communicator rank per replica group (a
+    // process, or a tensor-parallel group; the replicas above are this rank's). Agent
+    // a runs on global replica a mod (ranks x local replicas); each step all-gathers
+    // the proposals, so every rank picks the same winner; the critic runs on rank 0's
+    // group and its verdict is shared. NULL: one process.
+    tp_comm *ranks;
+    const logit_bias *bias;  // [n_bias] added to the logits every agent draws from (the logged
+    int n_bias;              // logits and the critic stay raw); ids checked against the vocab
 } agents_opts;
 
 typedef struct {

@@ -16,6 +16,7 @@
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
+#include "host/cli/ranks.h"
 #include "host/cli/prompts.h"
 #include "host/decode/generate.h"
 #include "host/util/interrupt.h"
@@ -48,7 +49,8 @@ static const cli_opt agents_session_opts[] = {
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_lora,   cli_opts_prompt, cli_opts_chat,
+static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_kv, cli_opts_tp, cli_opts_lora, cli_opts_prompt, cli_opts_chat,
+                                                cli_opts_logit_bias,
                                                 agents_cli_opts,     cli_opts_steer, NULL };
 const cli_spec cli_agents_spec = {
     "agents", "-m DIR [-p TEXT | -f FILE | --ids LIST] [options]",
@@ -67,6 +69,9 @@ typedef struct {
     session_lora lora[CLI_MAX_LORA];  // --lora, --lora-scaled (so.lora points here)
     char lora_msg[4400];
     int lora_bad;
+    logit_bias bias[CLI_MAX_BIAS];  // -l/--logit-bias, added to the logits every agent draws from
+    int n_bias, bias_bad;
+    char bias_msg[512];
 } agents_args;
 
 typedef struct {
@@ -87,7 +92,10 @@ static void read_args(args *a, agents_args *g) {
     g->so.ctx = (int)args_int_range(a, "-c", 0, 1, INT_MAX);
     g->so.threads = (int)args_int_range(a, "-t", 0, 1, cli_cpu_count());
     g->so.max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
+    g->so.kv_bf16 = cli_kv_bf16(a);
     cli_steer_opts(a, &g->so.steer);
+    cli_ranks_replicas();  // under mpirun the ranks are replica groups (--tp: ranks per group)
+    cli_ranks_session(a, &g->so);
     g->ids_arg = args_str(a, "--ids", NULL);
     g->text = args_str(a, "-p", NULL);
     g->file = args_str(a, "-f", NULL);
@@ -100,6 +108,9 @@ static void read_args(args *a, agents_args *g) {
     if (!(g->base.top_p > 0 && g->base.top_p <= 1)) args_bad(a, "--top-p %g: must be in (0, 1]", g->base.top_p);
     if (!(g->base.min_p >= 0 && g->base.min_p < 1)) args_bad(a, "--min-p %g: must be in [0, 1)", g->base.min_p);
     g->max_parallel = (int)args_int_range(a, "--max-parallel", 0, 1, AGENTS_MAX);
+    gen_opts biased = { 0 };
+    g->bias_bad = cli_logit_bias(a, &biased, g->bias, CLI_MAX_BIAS, g->bias_msg, sizeof g->bias_msg) != 0;
+    g->n_bias = biased.n_bias;
     g->check_every = (int)args_int_range(a, "--check-every", 5, 0, INT_MAX);
     g->rollback = (int)args_int_range(a, "--rollback", 5, 1, INT_MAX);
     g->critic_model = args_str(a, "--critic-model", NULL);
@@ -118,6 +129,7 @@ static void read_args(args *a, agents_args *g) {
 static int check_args(const agents_args *g) {
     if (!g->so.model_dir) return cli_usage_error("agents", "missing -m DIR (the model directory)");
     if (g->lora_bad) return cli_usage_error("agents", "%.1000s", g->lora_msg);
+    if (g->bias_bad) return cli_usage_error("agents", "%s", g->bias_msg);
     if (g->text && g->file) return cli_usage_error("agents", "give the prompt either with -p or with -f, not both");
     if (g->ids_arg && (g->text || g->file)) return cli_usage_error("agents", "give either --ids or -p/-f, not both");
     if (g->ids_arg && g->chat) return cli_usage_error("agents", "--chat renders text: give the message with -p, not --ids");
@@ -439,7 +451,7 @@ static int generate_and_print(agents_rig *g, agents_logs *L, sampler_params *ag,
     agents_opts o = { .agents = ag, .n_agents = n_ag, .max_parallel = a->max_parallel, .max_new = a->max_new,
                       .seed = a->seed, .lookahead = a->lookahead, .cr = g->has_critic ? &g->cr : NULL,
                       .critic_dev = g->critic_dev, .check_every = a->check_every, .rollback = a->rollback,
-                      .on_event = on_event, .ud = L };
+                      .on_event = on_event, .ud = L, .bias = a->bias, .n_bias = a->n_bias };
     L->s = &g->reps[0];
     agents_result r;
     int rc = agents_generate(g->reps, g->pool, ids, n, &o, &r, &err);
@@ -470,6 +482,9 @@ static int agents_main(const agents_args *g, char *msg, size_t len) {
     if (n_ag < 0) return cli_usage_error("agents", "%s", err.msg);
     agents_rig rig = { .a = g };
     if ((rig.n_dev = devices_parse(g->devices, rig.dev, &err)) < 0) return cli_usage_error("agents", "%s", err.msg);
+    if (g->so.tp > 1 && rig.n_dev > 1)  // each device's thread would make the group's collectives at once
+        return cli_usage_error("agents", "--devices %s with --tp %d: a tensor-parallel group holds one replica (launch "
+                               "more ranks for more replicas)", g->devices, g->so.tp);
     interrupt_install();  // Ctrl-C: stop after the current record, print the text, keep the logs
     agents_logs L = { .a = g };
     if (open_logs(&L, g, msg, len)) return close_logs(&L, 0, msg, 0), fail(msg);

@@ -17,6 +17,7 @@
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
+#include "host/cli/ranks.h"
 #include "host/cli/common.h"
 #include "host/decode/generate.h"
 #include "host/runtime/session_cuda.h"
@@ -61,7 +62,7 @@ static int bench_mem_of(session *s, bench_mem *b, verr *err) {
     if (!s->cu) {
         snprintf(b->device, sizeof b->device, "cpu (%d threads)", cpu_set_threads(0));
         b->copy = "memcpy", b->copy_gbs = copy_gbs();
-        b->weight_bytes = (double)s->m.weight_bytes, b->kv_elem = sizeof(float);
+        b->weight_bytes = (double)s->m.weight_bytes, b->kv_elem = s->kv.bf16 ? 2 : sizeof(float);
         return 0;
     }
     size_t up = 0;
@@ -100,8 +101,11 @@ static void bench_tick(bench_progress *bp, long tokens) {
 
 // keep: when not NULL, the logits of the first n_keep decode steps (CPU), for the
 // host sampler's cost on real rows.
+// Seconds this rank spent in collectives so far (tensor parallelism; 0 otherwise).
+static double comm_s(const session *s) { return s->fw.comm ? s->fw.comm->sum_s + s->fw.comm->gather_s : 0; }
+
 static int bench_once(session *s, const int *prompt, int prompt_len, int n, double *prefill_s, double *decode_s,
-                      long *syncs, bench_progress *bp, float *keep, int n_keep, verr *err) {
+                      double *decode_comm_s, long *syncs, bench_progress *bp, float *keep, int n_keep, verr *err) {
     s->kv.len = 0;
     kv_view kv = kv_view_of(&s->kv);
     sample_cfg greedy = { 0 };
@@ -112,6 +116,7 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
     *prefill_s = gen_now() - t0;
     bench_tick(bp, prompt_len);
     t0 = gen_now();
+    double c0 = comm_s(s);
     long s0 = device_syncs(s);
     size_t V = (size_t)s->m.cfg.vocab_size;
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -120,10 +125,21 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
         if ((i & 31) == 31) bench_tick(bp, 32);
     }
     *decode_s = gen_now() - t0;
+    *decode_comm_s = comm_s(s) - c0;
     bench_tick(bp, n & 31);
     *syncs = device_syncs(s) - s0;
     s->fw.lazy_logits = 0;
     return rc;
+}
+
+// Tensor parallelism: the ranks, and rank 0's time in the all-reduces and gathers per
+// decoded token (waiting for the other ranks included).
+static void print_tp(const session *s, double comm_per_tok, double step) {
+    const tp_comm *c = s->fw.comm;
+    double kib = 2.0 * s->m.cfg.n_layers * s->m.cfg.dim * 4 / 1024;
+    printf("tp          %d ranks over MPI: collectives %.3f ms/token (%.1f%% of a step; 2 all-reduces per layer, "
+           "%.1f KiB per token, and the logits gather)\n", c->size, 1e3 * comm_per_tok,
+           step > 0 ? 100 * comm_per_tok / step : 0, kib);
 }
 
 // What one greedy decode step (sampling included) costs the host, from the last run.
@@ -240,7 +256,7 @@ static const cli_opt bench_session_opts[] = {
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const bench_tables[] = { bench_session_opts, bench_opts, cli_opts_steer, NULL };
+static const cli_opt *const bench_tables[] = { bench_session_opts, cli_opts_kv, cli_opts_tp, bench_opts, cli_opts_steer, NULL };
 const cli_spec cli_bench_spec = {
     "bench", "-m DIR [-n 256] [--prompt-len 512] [--runs 3] [options]",
     "Measure prefill and decode speed and the memory bandwidth achieved, then the decode loop per sampler.",
@@ -256,7 +272,9 @@ int cmd_bench(int argc, char **argv) {
     so.device = args_str(&a, "--device", "cpu");
     so.threads = (int)args_int_range(&a, "-t", 0, 1, cli_cpu_count());
     so.max_batch = (int)args_int_range(&a, "-b", 0, 1, INT_MAX);
+    so.kv_bf16 = cli_kv_bf16(&a);
     cli_steer_opts(&a, &so.steer);  // what an intervention costs a step (tests/py/test_interp_cuda.py)
+    cli_ranks_session(&a, &so);      // mpirun -np N varent bench: N ranks, --tp N
     int n = (int)args_int_range(&a, "-n", 256, 1, 1 << 24), plen = (int)args_int_range(&a, "--prompt-len", 512, 1, 1 << 24);
     int runs = (int)args_int_range(&a, "--runs", 3, 1, 100);
     const char *samplers = args_str(&a, "--sampler", "standard,entropix"), *profile = args_str(&a, "--profile", "seed");
@@ -274,7 +292,8 @@ int cmd_bench(int argc, char **argv) {
     if (session_open(&s, &so, &err)) return cli_error("bench", "%s", err.msg);
     int *prompt = malloc(sizeof(int) * (size_t)plen);
     double *pf = malloc(sizeof(double) * (size_t)runs), *dc = malloc(sizeof(double) * (size_t)runs);
-    int rc = prompt && pf && dc ? 0 : verr_set(&err, "out of memory");
+    double *cm = malloc(sizeof(double) * (size_t)runs);
+    int rc = prompt && pf && dc && cm ? 0 : verr_set(&err, "out of memory");
     uint64_t x = 12345;
     for (int i = 0; rc == 0 && i < plen; i++) x = x * 6364136223846793005ull + 1, prompt[i] = (int)((x >> 33) % (uint64_t)s.m.cfg.vocab_size);
     long syncs = 0;
@@ -287,7 +306,8 @@ int cmd_bench(int argc, char **argv) {
     bench_progress bp = { .done = 0 };
     progress_start(&bp.pg, "bench", (long)runs * (1 + n_samplers) * (plen + n), 0);
     for (int r = 0; rc == 0 && r < runs; r++)
-        rc = bench_once(&s, prompt, plen, n, &pf[r], &dc[r], &syncs, &bp, r == runs - 1 ? keep : NULL, n_keep, &err);
+        rc = bench_once(&s, prompt, plen, n, &pf[r], &dc[r], &cm[r], &syncs, &bp, r == runs - 1 ? keep : NULL, n_keep,
+                        &err);
     bench_mem mem;
     if (rc == 0) rc = bench_mem_of(&s, &mem, &err);
     if (rc == 0) {
@@ -305,6 +325,7 @@ int cmd_bench(int argc, char **argv) {
         printf("bandwidth   %.1f GB/s achieved; %s %.1f GB/s (read+write); ratio %.2f\n", gbs, mem.copy, copy,
                copy > 0 ? gbs / copy : 0);
         if (s.cu) print_step_counts(&s, syncs, n);
+        if (s.fw.comm) print_tp(&s, median(cm, runs) / n, d / n);
         entropix_config ex;
         if (keep && entropix_profile(profile, &ex, &err) == 0) bench_host_sampler(&s, keep, n_keep, 1e3 * d / n, &ex);
         fflush(stdout);
@@ -314,7 +335,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (rc == 0) progress_finish(&bp.pg, NULL);
     else progress_stop(&bp.pg);
-    free(prompt), free(pf), free(dc), free(keep);
+    free(prompt), free(pf), free(dc), free(cm), free(keep);
     session_close(&s);
     return rc ? cli_error("bench", "%s", err.msg) : 0;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "host/cli/args.h"
+#include "host/cli/ranks.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
 #include "host/cli/interp_opts.h"
@@ -34,7 +35,7 @@ static const cli_opt calibrate_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const calibrate_tables[] = { cli_opts_session, calibrate_opts, cli_opts_chat, cli_opts_steer, NULL };
+static const cli_opt *const calibrate_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, calibrate_opts, cli_opts_chat, cli_opts_steer, NULL };
 const cli_spec cli_calibrate_spec = {
     "calibrate", "-m DIR [-f CORPUS.txt] [-o PROFILE.json] [options]",
     "An entropix profile whose thresholds sit at quantiles of the model's own metrics.",
@@ -132,7 +133,7 @@ static int measure_generated(calib_args *c, session *s, calib_samples *out, verr
 }
 
 static int measure_corpus(calib_args *c, session *s, calib_samples *out, verr *err) {
-    char *text = fileio_read_all(c->corpus, err);
+    char *text = cli_read_all(c->corpus, err);
     if (!text) return -1;
     int *ids = NULL, n = session_encode_prompt(s, text, &ids, err);
     free(text);

@@ -187,7 +187,7 @@ static const cli_opt chat_cli_opts[] = {
     { "--no-think", NULL, "chat", NULL, "Qwen3: an empty thinking block, no reasoning", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const chat_tables[] = { cli_opts_session,    cli_opts_lora,  chat_cli_opts, cli_opts_sampling,
+static const cli_opt *const chat_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,    cli_opts_lora,  chat_cli_opts, cli_opts_sampling,
                                               cli_opts_logit_bias, cli_opts_steer, NULL };
 const cli_spec cli_chat_spec = {
     "chat", "-m DIR [options]", "Interactive multi-turn chat in the model's chat template.",

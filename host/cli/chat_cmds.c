@@ -1,6 +1,7 @@
 // chat_cmds.c: see chat_cmds.h. /save writes the conversation as the JSON array that
 // `varent template --messages` and /load read: [{"role": ..., "content": ...}, ...].
 #include "host/cli/chat_cmds.h"
+#include "host/cli/ranks.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -144,7 +145,7 @@ static void cmd_save(chat_state *c, const char *path) {
 
 // The messages of a /save file, checked whole before anything changes.
 static int load_messages(const char *path, cJSON **out, verr *err) {
-    char *text = fileio_read_all(path, err);
+    char *text = cli_read_all(path, err);
     if (!text) return -1;
     cJSON *arr = cJSON_Parse(text);
     free(text);

@@ -25,6 +25,16 @@ const cli_opt cli_opts_session[] = {
     { "--device", "DEV", "performance", "cpu", "cpu or cuda[:N]", 0 },
     { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+const cli_opt cli_opts_kv[] = {
+    { "--kv-type", "f32|bf16", "performance", "f32", "the CPU's KV cache elements: bf16 halves the bytes attention "
+      "reads at depth (the GPU's cache is bf16)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+const cli_opt cli_opts_tp[] = {
     { "--tp", "N", "performance", "the MPI ranks", "tensor parallelism: the model split over N ranks of an MPI launch "
       "(mpirun -np N; docs/distributed.md)", 0 },
     { "--tp-timeout", "S", "performance", "300", "seconds a rank waits for the others in a collective before it stops "
@@ -96,6 +106,12 @@ void cli_load_end(progress *pg, int ok) {
     else progress_stop(pg);
 }
 
+int cli_kv_bf16(args *a) {
+    const char *kv = args_str(a, "--kv-type", "f32");
+    if (strcmp(kv, "bf16") != 0 && strcmp(kv, "f32") != 0) args_bad(a, "--kv-type %s: f32 or bf16", kv);
+    return !strcmp(kv, "bf16");
+}
+
 void cli_session_opts(args *a, session_opts *o) {
     o->model_dir = args_str(a, "-m", NULL);
     o->progress = &model_progress;
@@ -103,6 +119,7 @@ void cli_session_opts(args *a, session_opts *o) {
     o->threads = (int)args_int_range(a, "-t", 0, 1, cli_cpu_count());
     o->device = args_str(a, "--device", "cpu");
     o->max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
+    o->kv_bf16 = cli_kv_bf16(a);
     cli_steer_opts(a, &o->steer);
     cli_ranks_session(a, o);
 }
@@ -152,6 +169,8 @@ static char *read_stream(FILE *f, const char *what, verr *err) {
     return b;
 }
 
+static char *read_stdin(const char *what, verr *err) { return read_stream(stdin, what, err); }
+
 static void drop_newline(char *s) {
     size_t n = strlen(s);
     if (n && s[n - 1] == '\n') s[--n] = 0;
@@ -168,13 +187,13 @@ int cli_prompt_text(const char *p, const char *file, int other_source, const cha
     }
     char *s = NULL;
     if (file) {
-        s = fileio_read_all(file, err);
+        s = cli_read_all(file, err);
         if (s && strlen(s) == 0) {
             free(s);
             return verr_set(err, "-f %s: the file is empty", file);
         }
     } else if (p || (!other_source && !isatty(0))) {
-        s = read_stream(stdin, "stdin", err);
+        s = cli_ranks_read(read_stdin, "stdin", err);  // under mpirun stdin reaches rank 0 alone
         if (s && !s[0] && p) {
             free(s);
             return verr_set(err, "-p -: stdin is empty");

@@ -9,6 +9,13 @@
 
 // -m, -c/--ctx, -t/--threads, --device, -b/--batch.
 extern const cli_opt cli_opts_session[];
+// --kv-type f32|bf16 (read by cli_session_opts; cli_kv_bf16 for the commands with
+// tables of their own).
+extern const cli_opt cli_opts_kv[];
+int cli_kv_bf16(args *a);
+// --tp, --tp-timeout: tensor parallelism under mpirun (host/cli/ranks.h), read by
+// cli_session_opts.
+extern const cli_opt cli_opts_tp[];
 // --temp, --top-k, --top-p, --min-p, -s/--seed: the one set of defaults (host/decode/defaults.h).
 extern const cli_opt cli_opts_sampling[];
 

@@ -39,7 +39,7 @@ static const cli_opt compare_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const compare_tables[] = { cli_opts_session, cli_opts_lora,       cli_opts_chat, cli_opts_sampling,
+static const cli_opt *const compare_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora,       cli_opts_chat, cli_opts_sampling,
                                                  compare_opts,     cli_opts_logit_bias, cli_opts_steer, NULL };
 const cli_spec cli_compare_spec = {
     "compare", "-m DIR (--prompts FILE | --prompt-csv FILE) [--samplers LIST] [options]",

@@ -52,7 +52,8 @@ static const cli_opt eval_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const eval_tables[] = { cli_opts_session, eval_opts, cli_opts_chat, cli_opts_steer, NULL };
+static const cli_opt *const eval_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,  cli_opts_lora, eval_opts, cli_opts_chat,
+                                              cli_opts_logit_bias, cli_opts_steer, NULL };
 const cli_spec cli_eval_spec = {
     "eval", "-m DIR --tasks LIST [--samplers LIST] [options]",
     "Accuracy of decoding arms on tasks with known answers, with intervals and paired tests.",
@@ -70,12 +71,19 @@ typedef struct {
     uint64_t seed;
     eval_prompter pr;
     eval_arm_opts ao;
+    session_lora lora[CLI_MAX_LORA];  // --lora, --lora-scaled (so.lora points here)
+    logit_bias bias[CLI_MAX_BIAS];    // -l (ao.bias points here)
+    char bad[4400];                   // what was wrong with them
 } eval_args;
 
-// Every option, read in one place.
+// Every option, read in one place; -1 with e->bad when --lora or -l is malformed.
 static int read_args(args *a, eval_args *e) {
     memset(e, 0, sizeof *e);
     cli_session_opts(a, &e->so);
+    gen_opts biased = { 0 };
+    int bad = cli_lora_opts(a, &e->so, e->lora, CLI_MAX_LORA, e->bad, sizeof e->bad) ||
+              cli_logit_bias(a, &biased, e->bias, CLI_MAX_BIAS, e->bad, sizeof e->bad);
+    e->ao.bias = biased.bias, e->ao.n_bias = biased.n_bias;
     e->tasks = args_str(a, "--tasks", NULL);
     e->items = (int)args_int_range(a, "--items", 200, 1, 1000000);
     e->seed = (uint64_t)args_int_range(a, "-s|--seed", 0, 0, LONG_MAX);
@@ -103,7 +111,7 @@ static int read_args(args *a, eval_args *e) {
     e->from = args_str(a, "--from", NULL);
     e->force = args_flag(a, "--force");
     e->quiet = args_flag(a, "-q|--quiet");
-    return 0;
+    return bad ? -1 : 0;
 }
 
 // --tasks: built-in names (and "all") or JSONL files, comma-separated.
@@ -374,8 +382,9 @@ int cmd_eval(int argc, char **argv) {
     int rc0 = args_init(&a, &cli_eval_spec, argc, argv);
     if (rc0 >= 0) return rc0;
     eval_args e;
-    read_args(&a, &e);
+    int bad = read_args(&a, &e);
     if (args_finish(&a, 0)) return cli_usage_error("eval", "%s", a.err);
+    if (bad) return cli_usage_error("eval", "%s", e.bad);
     if (e.from)
         return e.tasks || e.so.model_dir ? cli_usage_error("eval", "--from summarizes records: no --tasks or -m with it")
                                          : summarize_records(&e);

@@ -62,6 +62,9 @@ static int help(int argc, char **argv) {
 
 static void version(void) {
     printf("varent %s\nbackends: cpu", VARENT_VERSION);
+#ifdef VARENT_MPI
+    printf(" mpi");
+#endif
 #ifdef VARENT_CUDA
     printf(" cuda");
     int n = cuda_device_count();

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "host/cli/args.h"
+#include "host/cli/ranks.h"
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
@@ -32,7 +33,7 @@ static const cli_opt ppl_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const ppl_tables[] = { cli_opts_session, cli_opts_lora, ppl_opts, cli_opts_steer, NULL };
+static const cli_opt *const ppl_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, ppl_opts, cli_opts_steer, NULL };
 const cli_spec cli_ppl_spec = {
     "ppl", "-m DIR -f TEXT [--ctx N] [--stride S | --protocol llamacpp [--chunks N]] [--json]",
     "Perplexity of a text file with its standard error, in sliding windows of --ctx tokens.",
@@ -164,7 +165,7 @@ int cmd_ppl(int argc, char **argv) {
     if (lora_rc) return cli_usage_error("ppl", "%s", lora_msg);
 
     verr err = { { 0 } };
-    char *text = fileio_read_all(path, &err);
+    char *text = cli_read_all(path, &err);
     if (!text) return fail(err.msg);
     progress pg;
     cli_load_begin(&pg, quiet);

@@ -1,5 +1,6 @@
 // prompts.c: see prompts.h.
 #include "host/cli/prompts.h"
+#include "host/cli/ranks.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -42,7 +43,7 @@ static int blank(const char *s, size_t n) {
 
 int prompts_read_lines(prompt_list *l, const char *path, verr *err) {
     memset(l, 0, sizeof *l);
-    char *buf = fileio_read_all(path, err);
+    char *buf = cli_read_all(path, err);
     if (!buf) return -1;
     int line = 1, rc = 0;
     for (const char *p = skip_bom(buf); rc == 0 && *p; line++) {
@@ -186,7 +187,7 @@ int prompts_parse_csv(prompt_list *l, const char *text, const char *where, verr 
 
 int prompts_read_csv(prompt_list *l, const char *path, verr *err) {
     memset(l, 0, sizeof *l);
-    char *buf = fileio_read_all(path, err);
+    char *buf = cli_read_all(path, err);
     if (!buf) return -1;
     int rc = prompts_parse_csv(l, buf, path, err);
     free(buf);

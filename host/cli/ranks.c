@@ -9,6 +9,7 @@
 
 #include "host/cli/common.h"
 #include "host/runtime/devices.h"
+#include "host/util/fileio.h"
 #include "host/util/outfile.h"
 
 // CLI state: the launch's world, this rank's communicators, whether the command may
@@ -122,4 +123,61 @@ void cli_ranks_session(args *a, session_opts *o) {
         return;
     }
     o->tp_comm = tp > 1 ? group : NULL;
+}
+
+int cli_ranks_share(char **text, long *len, int *status) {
+    if (!world || tp_mpi_size(world) < 2) return 0;
+    tp_comm *c = tp_mpi_world(world);
+    long head[3] = { *text ? *len : -1, status ? *status : 0, 0 }, *heads = calloc((size_t)c->size, sizeof head);
+    verr err;
+    if (!heads || c->gather(c, head, sizeof head, heads, &err)) goto fail;
+    long n = heads[0];
+    if (status) *status = (int)heads[1];
+    free(heads);
+    heads = NULL;
+    if (n < 0) {  // rank 0 has none
+        free(*text);
+        *text = NULL;
+        return 0;
+    }
+    char *mine = calloc(1, (size_t)n + 1), *all = calloc((size_t)c->size, (size_t)n + 1);
+    if (!mine || !all) {
+        free(mine), free(all);
+        goto fail;
+    }
+    if (c->rank == 0) memcpy(mine, *text, (size_t)n);
+    int rc = c->gather(c, mine, (size_t)n + 1, all, &err);
+    free(mine);
+    if (rc) {
+        free(all);
+        goto fail;
+    }
+    free(*text);
+    *text = all;  // rank 0's block first, NUL-terminated
+    *len = n;
+    return 0;
+fail:
+    free(heads);
+    fprintf(stderr, "varent: sharing stdin with the other ranks failed\n");
+    tp_mpi_abort(world, 1);
+    return -1;
+}
+
+char *cli_ranks_read(char *(*rd)(const char *arg, verr *err), const char *arg, verr *err) {
+    if (!world || tp_mpi_size(world) < 2) return rd(arg, err);
+    char *text = tp_mpi_rank(world) == 0 ? rd(arg, err) : NULL;
+    int failed = tp_mpi_rank(world) == 0 && !text;
+    if (failed) text = strdup(err->msg);
+    long len = text ? (long)strlen(text) : 0;
+    if (cli_ranks_share(&text, &len, &failed)) return NULL;
+    if (failed) {  // rank 0's message on every rank
+        verr_set(err, "%s", text ? text : "reading stdin failed");
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+char *cli_read_all(const char *path, verr *err) {
+    return strcmp(path, "-") ? fileio_read_all(path, err) : cli_ranks_read(fileio_read_all, path, err);
 }

@@ -29,6 +29,14 @@ void cli_ranks_replicas(void);
 // rank of the launch; 1 after cli_ranks_replicas) and this rank's group. Without
 // cli_ranks_replicas, --tp must use every rank.
 void cli_ranks_session(args *a, session_opts *o);
+// Rank 0's text on every rank (stdin reaches rank 0 alone under mpirun): *text and *len
+// are replaced by rank 0's (NULL: none; rank 0's status goes with it). Outside an MPI
+// launch nothing changes. Returns 0, or -1 when the exchange failed (the launch stops).
+int cli_ranks_share(char **text, long *len, int *status);
+// rd(arg) on rank 0, its text (or its error) on every rank: what reads stdin.
+char *cli_ranks_read(char *(*rd)(const char *arg, verr *err), const char *arg, verr *err);
+// fileio_read_all, with "-" (stdin) read by rank 0 and shared with every rank.
+char *cli_read_all(const char *path, verr *err);
 // The communicator across the groups (rank g of it: group g; the agents' exchange), or
 // NULL outside an MPI launch. Valid after cli_ranks_session.
 tp_comm *cli_ranks_across(void);

@@ -1,6 +1,7 @@
 // repl.c: see repl.h. The libedit parts are compiled only with VARENT_LIBEDIT (the
 // Makefile sets it when libedit-dev is installed).
 #include "host/cli/repl.h"
+#include "host/cli/ranks.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -255,7 +256,7 @@ static int take_paste_mid(repl *r, const char *cont) {
 #endif
 }
 
-repl_status repl_read(repl *r, const char *prompt, const char *cont_prompt, const char **out) {
+static repl_status read_message(repl *r, const char *prompt, const char *cont_prompt, const char **out) {
     r->len = 0;
     if (append(r, "", 0)) return REPL_EOF;
     for (const char *p = prompt;; p = cont_prompt) {
@@ -282,7 +283,7 @@ repl_status repl_read(repl *r, const char *prompt, const char *cont_prompt, cons
     return REPL_LINE;
 }
 
-repl_status repl_ask(repl *r, const char *question, const char **out) {
+static repl_status ask(repl *r, const char *question, const char **out) {
     const char *line;
     size_t n;
     int pasted;
@@ -292,6 +293,36 @@ repl_status repl_ask(repl *r, const char *question, const char **out) {
     if (append(r, line, n)) return REPL_EOF;
     *out = r->msg;
     return st;
+}
+
+// Under mpirun the terminal is rank 0's: it reads, and every rank gets its status and
+// text (host/cli/ranks.h), so all of them run the same turn.
+static repl_status shared(repl *r, repl_status st, const char **out) {
+    tp_mpi *w = cli_ranks_world();
+    if (!w || tp_mpi_size(w) < 2) return st;
+    char *text = st != REPL_EOF && *out ? strdup(*out) : NULL;
+    long len = text ? (long)strlen(text) : 0;
+    int status = (int)st;
+    if (cli_ranks_share(&text, &len, &status)) return REPL_EOF;
+    r->len = 0;
+    if (text && append(r, text, (size_t)len)) status = REPL_EOF;
+    free(text);
+    *out = r->msg;
+    return (repl_status)status;
+}
+
+static int reads_here(void) { return !cli_ranks_world() || tp_mpi_rank(cli_ranks_world()) == 0; }
+
+repl_status repl_read(repl *r, const char *prompt, const char *cont_prompt, const char **out) {
+    *out = NULL;
+    repl_status st = reads_here() ? read_message(r, prompt, cont_prompt, out) : REPL_EOF;
+    return shared(r, st, out);
+}
+
+repl_status repl_ask(repl *r, const char *question, const char **out) {
+    *out = NULL;
+    repl_status st = reads_here() ? ask(r, question, out) : REPL_EOF;
+    return shared(r, st, out);
 }
 
 void repl_history_add(repl *r, const char *line) {

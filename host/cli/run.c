@@ -322,7 +322,7 @@ static const cli_opt run_opts[] = {
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
-static const cli_opt *const run_tables[] = { cli_opts_session,   cli_opts_lora, cli_opts_prompt, cli_opts_chat,
+static const cli_opt *const run_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,   cli_opts_lora, cli_opts_prompt, cli_opts_chat,
                                              cli_opts_sampling,  cli_opts_logit_bias, run_opts, cli_opts_entropix,
                                              cli_opts_steer,     cli_opts_probe, NULL };
 
@@ -529,7 +529,7 @@ static const cli_opt logits_opts[] = {
     { "--chunk", "N", "performance", "all ids at once", "forward the ids N at a time", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const logits_tables[] = { cli_opts_session, cli_opts_lora, logits_opts, cli_opts_steer,
+static const cli_opt *const logits_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, logits_opts, cli_opts_steer,
                                                 cli_opts_probe, NULL };
 const cli_spec cli_logits_spec = {
     "logits", "-m DIR --ids 1,2,3 -o FILE [options]",

@@ -43,7 +43,7 @@ static const cli_opt serve_opts[] = {
       ARG_REPEAT },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_lora, serve_opts, cli_opts_steer, NULL };
+static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, serve_opts, cli_opts_steer, NULL };
 const cli_spec cli_serve_spec = {
     "serve", "-m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [options]",
     "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) with a live entropy page.",
@@ -138,6 +138,17 @@ static void drain(server *srv, const sigset_t *set, double drain_s) {
     }
 }
 
+// The ranks other than 0 of a tensor-parallel server: rank 0's requests, until it stops.
+// Signals keep their default action here: mpirun stops these ranks with them.
+static int follow(const session_opts *so, const server_opts *o) {
+    verr err = { { 0 } };
+    session s;
+    if (session_open(&s, so, &err)) return fail(err.msg);
+    int rc = server_follow(&s, o, &err);
+    session_close(&s);
+    return rc ? fail(err.msg) : 0;
+}
+
 int cmd_serve(int argc, char **argv) {
     args a;
     int rc0 = args_init(&a, &cli_serve_spec, argc, argv);
@@ -158,6 +169,11 @@ int cmd_serve(int argc, char **argv) {
     if (!so.model_dir) return cli_usage_error("serve", "missing -m DIR (the model directory)");
     if (lora_rc) return cli_usage_error("serve", "%s", lora_msg);
     if (bad) return cli_usage_error("serve", "%s", msg);
+    o.tp = so.tp_comm;
+    if (o.tp && o.parallel > 1)
+        return cli_usage_error("serve", "--parallel %d with --tp %d: a tensor-parallel server runs one slot (the "
+                               "ranks make every forward pass together)", o.parallel, so.tp);
+    if (o.tp && o.tp->rank > 0) return follow(&so, &o);
     // Signals go to sigwait below: block them before any thread (OpenMP, slots,
     // libmicrohttpd) starts, so every thread inherits the mask.
     sigset_t set;

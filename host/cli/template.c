@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "host/cli/args.h"
+#include "host/cli/ranks.h"
 #include "host/cli/commands.h"
 #include "host/util/fileio.h"
 #include "host/util/err.h"
@@ -74,7 +75,7 @@ typedef struct {
 } template_src;
 
 static int load_config(template_src *ts, const char *path, verr *err) {
-    char *text = fileio_read_all(path, err);
+    char *text = cli_read_all(path, err);
     if (!text) return -1;
     ts->cfg = parse_json(text, path, err);
     free(text);
@@ -105,7 +106,7 @@ static int load_template(template_src *ts, const char *path, verr *err) {
         size_t n = strlen(path);
         if (n >= 5 && !strcmp(path + n - 5, ".json")) return load_config(ts, path, err);
     }
-    ts->text = fileio_read_all(path, err);
+    ts->text = cli_read_all(path, err);
     snprintf(ts->src, sizeof ts->src, "%s", path);
     return ts->text ? 0 : -1;
 }
@@ -168,7 +169,7 @@ static int render_and_print(const char *tpath, const char *mpath, const char *na
         o.bos_token = token_field(ts.cfg, "bos_token");
         o.eos_token = token_field(ts.cfg, "eos_token");
     }
-    if (!(mtext = fileio_read_all(mpath, err)) || !(mj = parse_json(mtext, mpath, err))) goto done;
+    if (!(mtext = cli_read_all(mpath, err)) || !(mj = parse_json(mtext, mpath, err))) goto done;
     if (parse_messages(mj, mpath, &msgs, &n, err)) goto done;
     if (!(out = chat_render(&f, msgs, n, &o, err))) {
         char why[sizeof err->msg];

@@ -96,12 +96,13 @@ static int extend_all(branch_set *bs, int k, session *s, sampler_params base, in
     return 0;
 }
 
-// The tails live where the session's cache does: branch_init makes host tails, and a
-// session on the GPU swaps them for device ones (same geometry) on first use.
+// The tails live where the session's cache does, in its element type: branch_init makes
+// fp32 host tails, and a session on the GPU or with a bf16 cache swaps them for ones like
+// its own (same geometry) on first use.
 static int tails_on_backend(branch_set *bs, const session *s, verr *err) {
     for (int i = 0; i < bs->k; i++) {
         kv_cache *t = &bs->tails[i];
-        if (t->ctx == bs->b + 1 && t->cu == s->kv.cu && !t->dk == !s->kv.dk) continue;
+        if (t->ctx == bs->b + 1 && t->cu == s->kv.cu && !t->dk == !s->kv.dk && t->bf16 == s->kv.bf16) continue;
         kv_cache_free(t);
         if (kv_cache_init_like(t, &s->kv, bs->b + 1, err)) return -1;
     }

@@ -138,7 +138,8 @@ static int run_decode(eval_runner *r, const eval_arm *a, const eval_item *it, co
     if (s->tok && !c.ts) return verr_set(err, "out of memory");
     gen_opts go = { .max_new = o->max_new, .sp = o->sp, .seed = seed, .on_token = on_token, .ud = &c,
                     .sampler = a->kind == ARM_ENTROPIX ? GEN_ENTROPIX : GEN_STANDARD, .ex = &a->ex,
-                    .clarifier = r->clarifier, .want_metrics = 1, .on_record = on_record, .record_ud = &c };
+                    .clarifier = r->clarifier, .want_metrics = 1, .on_record = on_record, .record_ud = &c,
+                    .bias = o->bias, .n_bias = o->n_bias };
     if (a->greedy) go.sp.temperature = 0;
     if (a->branch) go.branch_k = o->branch_k, go.branch_b = o->branch_b;
     append_text(&c, "", 0);
@@ -222,7 +223,7 @@ static int run_agents(eval_runner *r, const eval_item *it, const int *prompt, in
     agents_track t = { .r = r, .it = it, .n_prompt = n_prompt };
     agents_opts ao = { .agents = o->agents, .n_agents = o->n_agents, .max_new = o->max_new, .seed = seed,
                        .cr = r->has_critic ? &r->cr : NULL, .check_every = o->check_every, .rollback = o->rollback,
-                       .on_event = on_agents_event, .ud = &t };
+                       .on_event = on_agents_event, .ud = &t, .bias = o->bias, .n_bias = o->n_bias };
     agents_result res;
     double t0 = gen_now();
     int rc = agents_generate(r->s, r->pool, prompt, n_prompt, &ao, &res, err);

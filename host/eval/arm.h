@@ -37,6 +37,8 @@ typedef struct {
     sampler_params agents[AGENTS_MAX];
     int n_agents;
     int check_every, rollback;    // the agents' critic (check_every 0: no critic)
+    const logit_bias *bias;       // [n_bias] -l: added to the logits every arm draws from
+    int n_bias;
 } eval_arm_opts;
 
 #define EVAL_MAX_ARMS 16

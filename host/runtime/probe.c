@@ -263,7 +263,8 @@ static void json_lens_layer(probe *p, FILE *f, int l) {
     const model_config *c = &s->m.cfg;
     float *x = p->lens_x + (size_t)l * c->dim, *lg = p->lens_logits;
     cpu_rmsnorm(x, x, s->m.final_norm, 1, c->dim, c->norm_eps);
-    cpu_matmul(lg, x, s->m.lm_head, 1, c->dim, c->vocab_size);
+    verr lens_err;  // tensor parallelism: every rank makes this call, gathering the vocabulary
+    if (forward_lm_head(&s->fw, lg, x, 1, &lens_err)) memset(lg, 0, sizeof(float) * (size_t)c->vocab_size);
     double mx = lg[0], z = 0, H = 0;
     for (int i = 1; i < c->vocab_size; i++) mx = lg[i] > mx ? lg[i] : mx;
     for (int i = 0; i < c->vocab_size; i++) z += exp((double)lg[i] - mx);

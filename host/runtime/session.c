@@ -101,7 +101,7 @@ int session_open(session *s, const session_opts *o, verr *err) {
     failed = open_steer(s, &o->steer, err) ||
              forward_init(&s->fw, &s->m, batch < s->ctx ? batch : s->ctx, s->ctx, err) ||
              (cuda_dev >= 0 ? session_cuda_open(s, cuda_dev, NULL, err)
-                            : kv_cache_init(&s->kv, c->n_layers, s->ctx, model_kv_dim(&s->m), err)) ||
+                            : kv_cache_init_typed(&s->kv, c->n_layers, s->ctx, model_kv_dim(&s->m), o->kv_bf16, err)) ||
              sampler_init(&s->smp, c->vocab_size) != 0 || open_tokenizer(s, mp.dir, err) ||
              open_adapters(s, o, err) || (o->tp > 1 && !local && forward_set_comm(&s->fw, o->tp_comm, err));
     if (failed && !err->msg[0]) verr_set(err, "out of memory");
@@ -138,7 +138,7 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
     const model_config *c = &s->m.cfg;
     if (forward_init(&s->fw, &s->m, base->fw.max_T < s->ctx ? base->fw.max_T : s->ctx, s->ctx, err) ||
         (base->cu ? session_cuda_open(s, cuda_forward_device(base->cu), base, err)
-                  : kv_cache_init(&s->kv, c->n_layers, s->ctx, model_kv_dim(&s->m), err)) ||
+                  : kv_cache_init_typed(&s->kv, c->n_layers, s->ctx, model_kv_dim(&s->m), base->kv.bf16, err)) ||
         sampler_init(&s->smp, c->vocab_size) != 0 || session_set_lora(s, s->lora, s->n_adapters, err)) {
         if (!err->msg[0]) verr_set(err, "out of memory");
         session_close(s);

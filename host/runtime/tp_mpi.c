@@ -140,10 +140,27 @@ static int mpi_gather(tp_comm *pc, const void *x, size_t bytes, void *out, verr 
 
 static int make_comm(tp_mpi *w, int color, int key, mpi_comm **out, verr *err);
 
+// Non-blocking, polled every millisecond: a blocking MPI collective spins a core.
+static int mpi_gather_idle(tp_comm *pc, const void *x, size_t bytes, void *out, verr *err) {
+    mpi_comm *c = (mpi_comm *)pc;
+    if (bytes > (size_t)1 << 30) return verr_set(err, "gather of %zu bytes is too large", bytes);
+    MPI_Request req;
+    int rc = MPI_Iallgather(x, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, c->comm, &req), done = 0;
+    while (rc == MPI_SUCCESS && !done) {
+        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (rc == MPI_SUCCESS && !done) usleep(1000);
+    }
+    return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "MPI_Iallgather", err);
+}
+
 int tp_mpi_init(int *argc, char ***argv, int err_fd, tp_mpi **out, verr *err) {
     *out = NULL;
-    int provided, rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    // Serialized: the forward runs on worker threads (a server's slot, a device's
+    // thread), one at a time.
+    int provided, rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Init_thread", err);
+    if (provided < MPI_THREAD_SERIALIZED)
+        return verr_set(err, "this MPI library does not support MPI_THREAD_SERIALIZED (it gave level %d)", provided);
     tp_mpi *w = calloc(1, sizeof *w);
     if (!w) return verr_set(err, "out of memory");
     w->err_fd = err_fd;
@@ -183,7 +200,7 @@ static int make_comm(tp_mpi *w, int color, int key, mpi_comm **out, verr *err) {
         free(c);
         return mpi_fail(rc, "MPI_Comm_split", err);
     }
-    c->pub.sum = mpi_sum, c->pub.gather = mpi_gather, c->pub.impl = c;
+    c->pub.sum = mpi_sum, c->pub.gather = mpi_gather, c->pub.gather_idle = mpi_gather_idle, c->pub.impl = c;
     c->w = w;
     *out = c;
     return 0;

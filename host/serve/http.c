@@ -23,6 +23,7 @@
 
 #include "host/decode/chat_prompt.h"
 #include "host/serve/internal.h"
+#include "host/runtime/tp_mpi.h"
 #include "host/util/seed.h"
 #include "kernels/ops.h"
 
@@ -342,7 +343,7 @@ static int prompt_ids(server *s, const server_request *q, int **ids, verr *err) 
 }
 
 // Checks what needs the model and fills the job; returns 0 or an HTTP status with msg.
-static int prepare_job(server *s, server_job *j, char *msg, size_t len, const char **param, const char **code) {
+int server_prepare_job(server *s, server_job *j, char *msg, size_t len, const char **param, const char **code) {
     server_request *q = &j->req;
     verr err = { { 0 } };
     *param = q->chat ? "messages" : "prompt", *code = "invalid_value";
@@ -394,7 +395,12 @@ static enum MHD_Result post_completion(server *s, struct MHD_Connection *c, conn
     }
     char msg[1200];
     const char *param, *code;
-    int status = prepare_job(s, j, msg, sizeof msg, &param, &code);
+    int status = server_prepare_job(s, j, msg, sizeof msg, &param, &code);
+    if (!status && s->o.tp && !(j->raw = malloc(r->body.len + 1))) status = 500, snprintf(msg, sizeof msg, "out of memory");
+    if (!status && s->o.tp) {  // the other ranks parse the same body (server_tp_announce)
+        memcpy(j->raw, r->body.p ? r->body.p : "", r->body.len);
+        j->raw_len = r->body.len, j->raw_chat = chat;
+    }
     if (status) {
         server_job_release(j);
         return reply_error(s, c, (unsigned)status, msg, "invalid_request_error", param, code);
@@ -495,7 +501,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 // ---- lifecycle --------------------------------------------------------------------
 
-static int setup_model(server *s, verr *err) {
+int server_setup_model(server *s, verr *err) {
     session *b = s->base;
     if (!b->tok) return verr_set(err, "%s has no tokenizer.json, which the server needs", b->m.dir);
     if (s->o.model_id) {
@@ -538,7 +544,7 @@ static int bind_addr(const char *host, int port, struct sockaddr_storage *ss, in
     return 0;
 }
 
-server *server_start(session *base, const server_opts *o, verr *err) {
+static server *start(session *base, const server_opts *o, verr *err) {
     server *s = calloc(1, sizeof *s);
     if (!s) return verr_set(err, "out of memory"), NULL;
     s->o = *o, s->base = base, s->created = (long)time(NULL);
@@ -548,7 +554,7 @@ server *server_start(session *base, const server_opts *o, verr *err) {
     s->threads_per_slot = total / o->parallel > 0 ? total / o->parallel : 1;
     struct sockaddr_storage ss;
     int v6 = 0;
-    if (setup_model(s, err) || server_adapters_load(s, err) || bind_addr(o->host, o->port, &ss, &v6, &s->loopback, err) || server_slots_start(s, err)) {
+    if (server_setup_model(s, err) || server_adapters_load(s, err) || bind_addr(o->host, o->port, &ss, &v6, &s->loopback, err) || server_slots_start(s, err)) {
         server_stop(s);
         return NULL;
     }
@@ -566,6 +572,18 @@ server *server_start(session *base, const server_opts *o, verr *err) {
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : o->port;
+    return s;
+}
+
+server *server_start(session *base, const server_opts *o, verr *err) {
+    server *s = start(base, o, err);
+    if (!o->tp) return s;
+    // The other ranks wait in server_follow for the outcome here.
+    if (tp_agree(o->tp, s != NULL, err->msg, err)) {
+        if (s) server_stop(s);
+        return NULL;
+    }
+    s->tp_live = 1;
     return s;
 }
 
@@ -599,6 +617,7 @@ void server_stop(server *s) {
     server_quiesce(s);
     server_cancel_all(s);
     server_slots_stop(s);  // running jobs end at their next token
+    if (s->tp_live && s->o.tp->rank == 0) server_tp_stop(s);
     if (s->d) MHD_stop_daemon(s->d);
     server_adapters_free(s);
     sb_free(&s->model_json), sb_free(&s->tok_text);

@@ -59,6 +59,9 @@ struct server_job {
     int *echo_top, echo_scored;
     lora_use *lora;           // the adapters this request runs with ([n_lora]: the base's, then its module)
     int n_lora;
+    char *raw;                // tensor parallelism, rank 0: the request body, for the other ranks
+    size_t raw_len;
+    int raw_chat;             // it came to /v1/chat/completions
     server_job *next;
 };
 
@@ -88,6 +91,7 @@ struct server {
     lora_adapter *mods;       // --lora-modules, [n_mods] (names in o.lora_names)
     int n_mods;
     long created;
+    int tp_live;              // tensor parallelism: every rank started; rank 0 tells them when it stops
 };
 
 // jobs.c
@@ -99,6 +103,24 @@ int server_job_enqueue(server *s, server_job *j);  // -1 when the queue is full,
 void server_job_release(server_job *j);
 void server_job_cancel(server_job *j);
 double server_now(void);
+// Runs a job on a slot (the slot threads; server_follow on the other ranks).
+void server_run_job(server_slot *sl, server_job *j);
+// A slot that borrows the base session, without a thread (server_follow).
+int server_slot_inline(server *s, verr *err);
+
+// http.c: the checks that need the model, and the job's ids, sampler and seed; 0, or an
+// HTTP status with msg, the parameter and an error code.
+int server_prepare_job(server *s, server_job *j, char *msg, size_t len, const char **param, const char **code);
+// The model's names, chat format and token texts (server_start's first step).
+int server_setup_model(server *s, verr *err);
+
+// follow.c: tensor parallelism. Rank 0 announces each job before running it (and a stop
+// when it ends); every rank then agrees, at each choice and each token, on rank 0's
+// decision to go on, so all make the same forward passes.
+int server_tp_announce(server *s, server_job *j, verr *err);
+void server_tp_stop(server *s);
+// Rank 0's value of mine, on every rank.
+int server_tp_agree(server *s, int mine);
 
 // adapters.c: the named LoRA adapters (--lora-modules).
 int server_adapters_load(server *s, verr *err);

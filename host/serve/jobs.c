@@ -41,6 +41,7 @@ void server_job_release(server_job *j) {
     pthread_mutex_unlock(&s->mu);
     if (!last) return;
     server_request_free(&j->req);
+    free(j->raw);
     free(j->ids), free(j->echo_lp), free(j->echo_top_lp), free(j->echo_top), free(j->lora);
     sb_free(&j->out), sb_free(&j->body), sb_free(&j->chunk_head);
     pthread_mutex_destroy(&j->mu);
@@ -405,7 +406,8 @@ static int on_token(void *ud, int id) {
     }
     j->token_s += server_now() - t0;
     if (j->srv->o.token_delay_ms > 0) nap_ms(j, j->srv->o.token_delay_ms);
-    return atomic_load(&j->cancelled) || atomic_load(&j->srv->stopping);
+    int stop = atomic_load(&j->cancelled) || atomic_load(&j->srv->stopping);
+    return j->srv->o.tp ? server_tp_agree(j->srv, stop) : stop;
 }
 
 static void choice_free(choice *c) {
@@ -532,7 +534,16 @@ static void finish_job(server_job *j, sbuf *choices, int cut, int *failed, verr 
     }
 }
 
-static void run_job(server_slot *sl, server_job *j) {
+// Whether choice i runs: not after a cancel or a cut (rank 0's view on every rank).
+static int next_choice(server_job *j, int i, int cut) {
+    int go = i < j->req.n && !atomic_load(&j->cancelled) && !cut;
+    if (!j->srv->o.tp) return go;
+    go = server_tp_agree(j->srv, go);
+    if (!go && i < j->req.n) atomic_store(&j->cancelled, 1);  // the other ranks learn rank 0's cancel
+    return go;
+}
+
+void server_run_job(server_slot *sl, server_job *j) {
     j->t_start = server_now();
     pthread_mutex_lock(&j->mu);
     j->started = !atomic_load(&j->cancelled);  // a streamed job's connection sends its headers now
@@ -541,7 +552,8 @@ static void run_job(server_slot *sl, server_job *j) {
     sbuf choices = { 0 };
     verr err = { { 0 } };
     int failed = 0, cut = 0, i = 0;
-    for (; i < j->req.n && !atomic_load(&j->cancelled) && !cut; i++) {
+    if (j->srv->o.tp && j->raw && server_tp_announce(j->srv, j, &err)) failed = 1;
+    for (; !failed && next_choice(j, i, cut); i++) {
         int n = run_choice(sl, j, i, &choices, &cut, &err);
         if (n < 0) {
             failed = 1;
@@ -570,7 +582,7 @@ static void *slot_main(void *arg) {
     server *s = sl->srv;
     cpu_set_threads(s->threads_per_slot);  // OpenMP's thread count is per calling thread
     for (server_job *j; (j = queue_pop(s));) {
-        run_job(sl, j);
+        server_run_job(sl, j);
         pthread_mutex_lock(&s->mu);
         s->busy--;
         pthread_mutex_unlock(&s->mu);
@@ -595,6 +607,14 @@ int server_slots_start(server *s, verr *err) {
             return verr_set(err, "cannot start slot thread %d", i);
         s->slots[i].started = 1;
     }
+    return 0;
+}
+
+int server_slot_inline(server *s, verr *err) {
+    if (!(s->slots = calloc(1, sizeof *s->slots))) return verr_set(err, "out of memory");
+    s->slots[0].srv = s;
+    s->slots[0].s = *s->base;
+    s->n_slots = 1;
     return 0;
 }
 

@@ -33,6 +33,10 @@ typedef struct {
     const lora_spec *lora_modules;  // --lora-modules NAME=DIR: [n_lora_modules] adapters a request
     const char *const *lora_names;  // selects by "model": NAME (host/serve/adapters.c)
     int n_lora_modules;
+    // serve under mpirun (docs/distributed.md): the tensor-parallel group. Rank 0 serves
+    // HTTP with one slot and hands each request to the other ranks, which run it in step
+    // (server_follow). NULL: one process.
+    tp_comm *tp;
 } server_opts;
 
 typedef struct server server;
@@ -53,5 +57,8 @@ int server_inflight(server *s);
 void server_cancel_all(server *s);
 // Stops everything, joins the threads and frees (base stays open).
 void server_stop(server *s);
+// The ranks other than 0 of o->tp: the server without HTTP, running every request
+// rank 0 hands over until rank 0 stops (host/serve/follow.c). 0, or -1 with err.
+int server_follow(session *base, const server_opts *o, verr *err);
 
 #endif

@@ -21,9 +21,10 @@
 #define ATT_MAX_ROWS 32  // rows of a tile
 #define ATT_MIN_SPLIT 256  // fewest keys worth a split of their own
 
-static inline const float *attn_kv_row(const void *trunk, const void *tail, int n_trunk, int j, int kv_dim) {
-    return j < n_trunk ? (const float *)trunk + (size_t)j * kv_dim
-                       : (const float *)tail + (size_t)(j - n_trunk) * kv_dim;
+// Key or value row j (trunk, then tail) of a cache whose elements are esize bytes.
+static inline const void *attn_kv_row(const void *trunk, const void *tail, int n_trunk, int j, int kv_dim, size_t esize) {
+    return j < n_trunk ? (const char *)trunk + (size_t)j * kv_dim * esize
+                       : (const char *)tail + (size_t)(j - n_trunk) * kv_dim * esize;
 }
 
 typedef struct {
@@ -47,17 +48,22 @@ typedef int attn_vi8 __attribute__((vector_size(32)));
 typedef float attn_vf8 __attribute__((vector_size(32)));
 typedef int attn_vi4 __attribute__((vector_size(16)));
 typedef float attn_vf4 __attribute__((vector_size(16)));
+typedef unsigned short attn_vh16 __attribute__((vector_size(32)));  // bf16 lanes, widened to the float vectors
+typedef unsigned short attn_vh8 __attribute__((vector_size(16)));
+typedef unsigned short attn_vh4 __attribute__((vector_size(8)));
 
 #if defined(__x86_64__)
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v4")
 #define ATT_V attn_vf16
 #define ATT_VI attn_vi16
+#define ATT_VH attn_vh16
 #define ATT_VW 16
 #define ATT_FN(name) name##_avx512
 #include "kernels/cpu/attention_tile.h"
 #undef ATT_V
 #undef ATT_VI
+#undef ATT_VH
 #undef ATT_VW
 #undef ATT_FN
 #pragma GCC pop_options
@@ -65,11 +71,13 @@ typedef float attn_vf4 __attribute__((vector_size(16)));
 #pragma GCC target("arch=x86-64-v3")
 #define ATT_V attn_vf8
 #define ATT_VI attn_vi8
+#define ATT_VH attn_vh8
 #define ATT_VW 8
 #define ATT_FN(name) name##_avx2
 #include "kernels/cpu/attention_tile.h"
 #undef ATT_V
 #undef ATT_VI
+#undef ATT_VH
 #undef ATT_VW
 #undef ATT_FN
 #pragma GCC pop_options
@@ -77,6 +85,7 @@ typedef float attn_vf4 __attribute__((vector_size(16)));
 // The portable build: 16-byte vectors, which every x86-64 (SSE2) and aarch64 (NEON) has.
 #define ATT_V attn_vf4
 #define ATT_VI attn_vi4
+#define ATT_VH attn_vh4
 #define ATT_VW 4
 #define ATT_FN(name) name##_generic
 #include "kernels/cpu/attention_tile.h"
@@ -173,7 +182,7 @@ static void attn_run_job(float *out, const float *q, const attn_args *a, const a
     int ka, kb, hd = a->s.head_dim;
     attn_job_rows(p, a->s, q, last_scores, job, &w, &ka, &kb);
     float *m = scratch, *l = m + ATT_MAX_ROWS, *s = l + ATT_MAX_ROWS, *o = s + ATT_MAX_ROWS * ATT_BK;
-    tile_fn(a, &w, ka, kb, m, l, o, s);
+    tile_fn(a, &w, ka, kb, m, l, o, s);  // o is followed by a head_dim row for widened bf16 keys and values
     for (int r = 0; r < w.n; r++) {
         if (part) {
             float *e = part + (size_t)job * ATT_MAX_ROWS * (2 + hd) + (size_t)r * (2 + hd);
@@ -193,7 +202,8 @@ void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s, 
     attn_tile_fn *tile_fn = attn_pick();
     float *part = p.splits > 1 ? malloc(sizeof(float) * (size_t)p.jobs * ATT_MAX_ROWS * (2 + s.head_dim)) : NULL;
     if (!part) p.splits = 1, p.jobs = s.n_kv_heads * p.head_chunks * p.token_tiles;  // no memory: no splits
-    size_t scratch_floats = 2 * ATT_MAX_ROWS + ATT_MAX_ROWS * ATT_BK + (size_t)ATT_MAX_ROWS * s.head_dim;
+    // m, l, the block's scores, the rows' outputs, and one widened bf16 K or V row
+    size_t scratch_floats = 2 * ATT_MAX_ROWS + ATT_MAX_ROWS * ATT_BK + (size_t)(ATT_MAX_ROWS + 1) * s.head_dim;
 #pragma omp parallel if (p.jobs > 1 && (long)T * s.n_heads * total * s.head_dim > 16384)
     {
         float *scratch = malloc(sizeof(float) * scratch_floats);

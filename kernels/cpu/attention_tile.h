@@ -1,7 +1,8 @@
 // attention_tile.h: the attention kernel body, included by attention.c once per
 // instruction set (each under its own `#pragma GCC target`), so one binary carries an
 // AVX-512, an AVX2 and a portable build of the same source and picks one at run time.
-// The includer defines ATT_V (a GCC vector type of ATT_VW floats) and ATT_FN(name).
+// The includer defines ATT_V (a GCC vector type of ATT_VW floats), ATT_VI and ATT_VH (the
+// same lanes of int and of bf16 bits) and ATT_FN(name).
 //
 // One call: the rows of a tile (tokens t0..t1 of every head of kv head g, so the heads
 // of a GQA group and the tokens of a prefill tile share each K and V load) against keys
@@ -39,12 +40,34 @@ static inline ATT_V ATT_FN(vexp)(ATT_V x) {
     return (ATT_V)((ATT_VI)(p * (ATT_V)scale) & ~under);
 }
 
+// Head g's slice of key or value row j as floats: an fp32 cache row in place, a bf16 one
+// widened into buf (exactly: a bf16 is the top half of the float it stands for).
+static const float *ATT_FN(kv_head)(const attn_args *a, const void *trunk, const void *tail, int j, int g, float *buf) {
+    int hd = a->s.head_dim;
+    size_t esize = a->kv.bf16 ? 2 : 4;
+    const char *row = (const char *)attn_kv_row(trunk, tail, a->kv.n_trunk, j, a->kv_dim, esize) + (size_t)g * hd * esize;
+    if (!a->kv.bf16) return (const float *)row;
+    const uint16_t *h = (const uint16_t *)row;
+    int i = 0;
+    for (; i + ATT_VW <= hd; i += ATT_VW) {
+        ATT_VH x;
+        memcpy(&x, h + i, sizeof x);
+        ATT_VI wide = __builtin_convertvector(x, ATT_VI) << 16;
+        ATT_FN(vstore)(buf + i, (ATT_V)wide);
+    }
+    for (; i < hd; i++) {
+        uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(buf + i, &u, sizeof u);
+    }
+    return buf;
+}
+
 // Scores of one key block: s[r * ATT_BK + j - j0] = q_r . k_j * scale, -inf past a row's
 // causal limit; the last token's rows also go to the capture (raw, as cpu_attention says).
-static void ATT_FN(block_scores)(const attn_args *a, const attn_rows *w, int j0, int j1, float *s) {
+static void ATT_FN(block_scores)(const attn_args *a, const attn_rows *w, int j0, int j1, float *s, float *buf) {
     int hd = a->s.head_dim;
     for (int j = j0; j < j1; j++) {
-        const float *k = attn_kv_row(a->kv.k_trunk, a->kv.k_tail, a->kv.n_trunk, j, a->kv_dim) + w->g * hd;
+        const float *k = ATT_FN(kv_head)(a, a->kv.k_trunk, a->kv.k_tail, j, w->g, buf);
         for (int r = 0; r < w->n; r++) {
             const float *q = w->q[r];
             ATT_V acc = { 0 };
@@ -86,13 +109,13 @@ static float ATT_FN(block_softmax)(float *s, int nb, float *m, float *l) {
 // o_r = o_r * corr_r + sum_j p[r][j] v_j over the block: each V row is loaded once for
 // all the tile's rows.
 static void ATT_FN(block_values)(const attn_args *a, const attn_rows *w, int j0, int j1, const float *p,
-                                 const float *corr, float *o) {
+                                 const float *corr, float *o, float *buf) {
     int hd = a->s.head_dim;
     for (int r = 0; r < w->n; r++)
         if (corr[r] != 1)
             for (int i = 0; i < hd; i++) o[(size_t)r * hd + i] *= corr[r];
     for (int j = j0; j < j1; j++) {
-        const float *v = attn_kv_row(a->kv.v_trunk, a->kv.v_tail, a->kv.n_trunk, j, a->kv_dim) + w->g * hd;
+        const float *v = ATT_FN(kv_head)(a, a->kv.v_trunk, a->kv.v_tail, j, w->g, buf);
         for (int r = 0; r < w->n; r++) {
             float pj = p[r * ATT_BK + j - j0];
             if (pj == 0) continue;
@@ -105,16 +128,17 @@ static void ATT_FN(block_values)(const attn_args *a, const attn_rows *w, int j0,
 }
 
 // The tile's rows against keys ka..kb: m, l, o (n x head_dim) start empty and end as
-// the online-softmax state. s: scratch of n * ATT_BK floats.
+// the online-softmax state. s: scratch of n * ATT_BK floats; o is followed by room for
+// one more head_dim row (a widened bf16 key or value).
 static void ATT_FN(attn_tile)(const attn_args *a, const attn_rows *w, int ka, int kb, float *m, float *l, float *o,
                               float *s) {
-    float corr[ATT_MAX_ROWS];
+    float corr[ATT_MAX_ROWS], *buf = o + (size_t)ATT_MAX_ROWS * a->s.head_dim;
     for (int r = 0; r < w->n; r++) m[r] = -INFINITY, l[r] = 0;
     memset(o, 0, sizeof(float) * (size_t)w->n * a->s.head_dim);
     for (int j0 = ka; j0 < kb; j0 += ATT_BK) {
         int j1 = j0 + ATT_BK < kb ? j0 + ATT_BK : kb;
-        ATT_FN(block_scores)(a, w, j0, j1, s);
+        ATT_FN(block_scores)(a, w, j0, j1, s, buf);
         for (int r = 0; r < w->n; r++) corr[r] = ATT_FN(block_softmax)(s + r * ATT_BK, j1 - j0, &m[r], &l[r]);
-        ATT_FN(block_values)(a, w, j0, j1, s, corr, o);
+        ATT_FN(block_values)(a, w, j0, j1, s, corr, o, buf);
     }
 }

@@ -45,6 +45,46 @@ static void attention_ref(float *out, float *sc, const float *q, const float *k,
     free(p);
 }
 
+static uint16_t to_bf16(float f) {  // round to nearest even (finite inputs)
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// A bf16 cache (--kv-type bf16) gives the same bits as an fp32 cache holding the same
+// bf16-rounded values: the kernel widens each row exactly. k and v are rounded in place.
+static void test_bf16_cache(cpu_isa isa, const float *q, float *k, float *v, kv_span span, int T, attn_shape s,
+                            int n_keys, const char *base) {
+    size_t nq = (size_t)T * s.n_heads * s.head_dim, nkv = (size_t)n_keys * s.n_kv_heads * s.head_dim;
+    size_t ns = (size_t)s.n_heads * n_keys, kvd = (size_t)s.n_kv_heads * s.head_dim;
+    uint16_t *k16 = malloc(nkv * 2), *v16 = malloc(nkv * 2);
+    float *o32 = malloc(nq * 4), *o16 = malloc(nq * 4), *s32 = malloc(ns * 4), *s16 = malloc(ns * 4);
+    for (size_t i = 0; i < nkv; i++) {
+        k16[i] = to_bf16(k[i]), v16[i] = to_bf16(v[i]);
+        k[i] = from_bf16(k16[i]), v[i] = from_bf16(v16[i]);
+    }
+    for (size_t i = 0; i < nq; i++) o16[i] = NAN;
+    for (size_t i = 0; i < ns; i++) s16[i] = NAN;
+    cpu_attention(o32, q, span, T, s, s32);
+    kv_span h = span;
+    h.bf16 = 1;
+    h.k_trunk = k16, h.v_trunk = v16;
+    if (span.k_tail) h.k_tail = k16 + (size_t)span.n_trunk * kvd, h.v_tail = v16 + (size_t)span.n_trunk * kvd;
+    cpu_attention(o16, q, h, T, s, s16);
+    char name[160];
+    snprintf(name, sizeof name, "%.120s_bf16_cache_same_bits", base);
+    CHECK(!memcmp(o32, o16, nq * 4) && !memcmp(s32, s16, ns * 4), name, "the bf16 cache differs from fp32 (%s)",
+          cpu_isa_name(isa));
+    free(k16), free(v16), free(o32), free(o16), free(s32), free(s16);
+}
+
 static void test_attention(cpu_isa isa, int n_heads, int n_kv, int hd, int n_keys, int T, int split) {
     attn_shape s = { n_heads, n_kv, hd, 1.0f / sqrtf((float)hd) };
     size_t nq = (size_t)T * n_heads * hd, nkv = (size_t)n_keys * n_kv * hd, ns = (size_t)n_heads * n_keys;
@@ -55,8 +95,8 @@ static void test_attention(cpu_isa isa, int n_heads, int n_kv, int hd, int n_key
     for (size_t i = 0; i < nq; i++) out[i] = NAN;
     for (size_t i = 0; i < ns; i++) sc[i] = NAN;
     size_t kvd = (size_t)n_kv * hd;
-    kv_span span = split ? (kv_span){ k, v, split, k + split * kvd, v + split * kvd, n_keys - split }
-                         : (kv_span){ k, v, n_keys, NULL, NULL, 0 };
+    kv_span span = split ? (kv_span){ k, v, split, k + split * kvd, v + split * kvd, n_keys - split, 0 }
+                         : (kv_span){ k, v, n_keys, NULL, NULL, 0, 0 };
     cpu_attention(out, q, span, T, s, sc);
     attention_ref(ref, sref, q, k, v, n_keys, T, s);
     char name[128];
@@ -67,6 +107,7 @@ static void test_attention(cpu_isa isa, int n_heads, int n_kv, int hd, int n_key
     bad = check_close(sc, sref, (long)ns, 1e-4f, 1e-5f);
     strncat(name, "_scores", sizeof name - strlen(name) - 1);
     CHECK(bad < 0, name, "index %ld: got %g want %g", bad, bad < 0 ? 0 : sc[bad], bad < 0 ? 0 : sref[bad]);
+    test_bf16_cache(isa, q, k, v, span, T, s, n_keys, name);
     free(q), free(k), free(v), free(out), free(ref), free(sc), free(sref);
 }
 

@@ -108,8 +108,8 @@ static void test_attention(int n_heads, int n_kv, int hd, int n_keys, int T, int
     fill(q, (size_t)T * n_heads * hd), fill(k, (size_t)n_keys * kvd), fill(v, (size_t)n_keys * kvd);
     poison(out, (size_t)T * n_heads * hd), poison(sc, (size_t)n_heads * n_keys);
     // split > 0: the first `split` keys are the trunk, the rest a separate tail buffer.
-    kv_span span = split ? (kv_span){ k, v, split, k + (size_t)split * kvd, v + (size_t)split * kvd, n_keys - split }
-                         : (kv_span){ k, v, n_keys, NULL, NULL, 0 };
+    kv_span span = split ? (kv_span){ k, v, split, k + (size_t)split * kvd, v + (size_t)split * kvd, n_keys - split, 0 }
+                         : (kv_span){ k, v, n_keys, NULL, NULL, 0, 0 };
     cpu_attention(out, q, span, T, s, sc);
     attention_ref(ref, q, k, v, n_keys, T, s);
     char name[96];

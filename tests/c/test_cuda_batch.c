@@ -421,7 +421,7 @@ static void attn_rows_case(int hd, int nkv, int G, int B, const int *trunk, cons
     float *ref = malloc(nq1 * 4), *rsc = malloc(nsc * 4);
     for (int b = 0; b < B; b++) {
         int nk = trunk[b] + tail[b];
-        kv_span hs = {kf[B], vf[B], trunk[b], tail[b] ? kf[b] : NULL, tail[b] ? vf[b] : NULL, tail[b]};
+        kv_span hs = {kf[B], vf[B], trunk[b], tail[b] ? kf[b] : NULL, tail[b] ? vf[b] : NULL, tail[b], 0};
         cpu_attention(ref, q + (size_t)b * nq1, hs, 1, s, rsc);
         char tag[160];
         snprintf(tag, sizeof tag, "hd=%d kv=%d G=%d B=%d row=%d trunk=%d tail=%d", hd, nkv, G, B, b, trunk[b],

@@ -255,14 +255,14 @@ static void attn_case(int hd, int nkv, int G, int nk, int n_tail, int T, float q
         vb[i] = f32_to_bf16(vf[i]); vf[i] = bf16_to_f32(vb[i]);
     }
     size_t tr = (size_t)n_trunk * kv_dim;
-    kv_span hs = {kf, vf, n_trunk, n_tail ? kf + tr : NULL, n_tail ? vf + tr : NULL, n_tail};
+    kv_span hs = {kf, vf, n_trunk, n_tail ? kf + tr : NULL, n_tail ? vf + tr : NULL, n_tail, 0};
     // Separate device buffers for trunk and tail, as a forked branch would have.
     uint16_t *dkt = dalloc(tr * 2 + 16), *dvt = dalloc(tr * 2 + 16);
     OK(cuda_upload(&C, dkt, kb, tr * 2));
     OK(cuda_upload(&C, dvt, vb, tr * 2));
     uint16_t *dkl = n_tail ? dup_up(kb + tr, (nkv_el - tr) * 2) : NULL;
     uint16_t *dvl = n_tail ? dup_up(vb + tr, (nkv_el - tr) * 2) : NULL;
-    kv_span ds = {dkt, dvt, n_trunk, dkl, dvl, n_tail};
+    kv_span ds = {dkt, dvt, n_trunk, dkl, dvl, n_tail, 1};
     float *ref = malloc(nq * 4), *rsc = malloc((size_t)nh * nk * 4);
     cpu_attention(ref, q, hs, T, s, rsc);
     float *dq = dup_up(q, nq * 4), *dout = dalloc(nq * 4), *dsc = dalloc((size_t)nh * nk * 4), *d4 = dalloc(16);
@@ -513,7 +513,7 @@ static void bench(void) {
         uint16_t *kv = dalloc(nel * 2);
         OK(cuda_memset(&C, kv, 0, nel * 2));
         float *q = fvec(32 * 64, 1.f), *dq = dup_up(q, 32 * 64 * 4), *dout = dalloc(32 * 64 * 4);
-        kv_span ds = {kv, kv, nk, NULL, NULL, 0};
+        kv_span ds = {kv, kv, nk, NULL, NULL, 0, 1};
         OK(cuda_reserve_scratch(&C, cuda_attention_scratch_bytes(&C, nk, s)));
         for (int it = 0; it < 5; it++) OK(cuda_attention(&C, dout, dq, ds, 1, s, NULL));
         CK(cudaEventRecord(e0, C.stream));

@@ -388,7 +388,7 @@ static void test_branch(const char *tag, const char *dir) {
     unsigned char *seen = calloc((size_t)V, 1);
     int *hist = malloc(sizeof(int) * (n_prompt + BB + 1));
     metrics_ws ws = { 0 };
-    int ok = root && work && seen && hist && branch_init(&bs, c, BK, BB, &err) == 0;
+    int ok = root && work && seen && hist && branch_init(&bs, &s.m, BK, BB, &err) == 0;
     for (int i = 0; ok && i < BK; i++)
         ok = kv_cache_init(&o.tails[i], c->n_layers, BB + 1, c->n_kv_heads * c->head_dim, &err) == 0;
     kv_view v1 = kv_view_of(&s.kv), v2 = kv_view_of(&s2.kv);

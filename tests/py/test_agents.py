@@ -576,6 +576,27 @@ def test_chat_critic(tmp):
 
 # ---------------------------------------------------------------- bad inputs
 
+def test_logit_bias(d, tmp):
+    """-l: every agent draws from the biased logits (entropies vs numpy on the dumped raw
+    logits plus the biases), the dump and the log keep the raw ones, a ban holds with
+    and without lookahead."""
+    res, why = agents(d, tmp, "bias", "-n", 10, "-s", 4, "--check-every", 0, "-l", "432-50", "-l", "383+2.5")
+    if not check(res is not None, "logit_bias_runs", why):
+        return
+    recs, rows = res[0], res[3].reshape(-1, 512)
+    bias = np.zeros(512)
+    bias[432], bias[383] = -50, 2.5
+    check_entropies("logit_bias", recs, lambda r, before: rows[r["step"] - 1].astype(np.float64) + bias)
+    raw = engine_logits(d, stories_prompt_ids(d), tmp)
+    check(np.max(np.abs(rows[0] - raw)) <= 1e-4 * np.max(np.abs(raw)), "logit_bias_dump_is_raw",
+          f"max diff {np.max(np.abs(rows[0] - raw))}")
+    for tag, extra in (("plain", ()), ("lookahead", ("--lookahead", 3))):
+        res, why = agents(d, tmp, "ban-" + tag, "-n", 16, "-s", 4, "--check-every", 0, "-l", "432-inf", *extra)
+        toks = [t for r in (res[0] if res else []) if r["event"] == "step" for p in r["proposals"]
+                for t in p.get("tokens", [p["token"]])]
+        check(res is not None and toks and 432 not in toks, f"logit_bias_ban_{tag}", why or f"{len(toks)} tokens")
+
+
 def test_bad_inputs(d, tmp):
     log = os.path.join(tmp, "bad.jsonl")
     cases = [
@@ -694,7 +715,8 @@ def main():
     d = vtest.stories_dir("f32")
     for t in (lambda: test_stories(d, tmp), lambda: test_critic_reference(d, tmp),
               lambda: test_crafted_critics(d, tmp), lambda: test_lookahead(d, tmp), lambda: test_random(tmp),
-              lambda: test_chat_critic(tmp), lambda: test_bad_inputs(d, tmp), lambda: test_cuda(d, tmp),
+              lambda: test_chat_critic(tmp), lambda: test_logit_bias(d, tmp), lambda: test_bad_inputs(d, tmp),
+              lambda: test_cuda(d, tmp),
               lambda: test_interrupt(d, tmp)):
         t0 = time.time()
         t()

@@ -305,6 +305,31 @@ for k, it in enumerate(gen_items):
     g = [x for x in gens if x["arm"] == "greedy" and x["item"] == len(choice_items) + k]
     check(rr.returncode == 0 and g and all(x["output"] == rr.stdout.rstrip("\n") for x in g), f"greedy_arm_is_run_temp0_{k}",
           f"{rr.stdout!r} vs {[x['output'] for x in g]}")
+# -l reaches every arm's draws: the greedy arm with a bias is `run --temp 0` with the same bias
+it = gen_items[0]
+r = varent("eval", "-m", stories, "--tasks", path("tiny.jsonl"), "--samplers", "greedy", "-n", "12", "-l", "400+6",
+           "-l", "432-inf", "-o", path("tiny-bias.jsonl"), "-t", "1", "-q")
+biased = [json.loads(line) for line in open(path("tiny-bias.jsonl"))] if r.returncode == 0 else []
+rr = varent("run", "-m", stories, "-p", it["prompt"], "-n", "12", "--temp", "0", "-t", "1", "-l", "400+6", "-l", "432-inf")
+g = [x for x in biased if x["item"] == len(choice_items) and "output" in x]
+plain = [x for x in gens if x["arm"] == "greedy" and x["item"] == len(choice_items)]
+check(g and rr.returncode == 0 and g[0]["output"] == rr.stdout.rstrip("\n") and g[0]["output"] != plain[0]["output"],
+      "logit_bias_reaches_the_arms", f"{r.stderr[-200:]} {[x.get('output') for x in g]} vs {rr.stdout!r}")
+# --lora reaches the arms: the greedy arm with an adapter is `run --temp 0` with it
+import test_lora
+adapter = test_lora.write_adapter(path("adapter"), stories, r=4, alpha=16, seed=3)
+r = varent("eval", "-m", stories, "--tasks", path("tiny.jsonl"), "--samplers", "greedy", "-n", "12", "--lora", adapter,
+           "-o", path("tiny-lora.jsonl"), "-t", "1", "-q")
+adapted = [json.loads(line) for line in open(path("tiny-lora.jsonl"))] if r.returncode == 0 else []
+rr = varent("run", "-m", stories, "-p", it["prompt"], "-n", "12", "--temp", "0", "-t", "1", "--lora", adapter)
+g = [x for x in adapted if x["item"] == len(choice_items) and "output" in x]
+check(g and rr.returncode == 0 and g[0]["output"] == rr.stdout.rstrip("\n") and g[0]["output"] != plain[0]["output"],
+      "lora_reaches_the_arms", f"{r.stderr[-200:]} {[x.get('output') for x in g]} vs {rr.stdout!r}")
+r = varent("eval", "-m", stories, "--tasks", path("tiny.jsonl"), "-l", "99999+1", "-o", path("tiny-bad.jsonl"), "-q")
+check(r.returncode == 1 and "99999" in r.stderr and not os.path.exists(path("tiny-bad.jsonl")), "logit_bias_bad_id",
+      r.stderr[-300:])
+r = varent("eval", "-m", stories, "--tasks", path("tiny.jsonl"), "-l", "12~3")
+check(r.returncode == 2 and "12~3" in r.stderr, "logit_bias_malformed_is_usage_error", r.stderr[-300:])
 r = varent("eval", "-m", stories, "--tasks", path("tiny.jsonl"), "--samplers", "greedy,standard", "-n", "12", "--seed", "3",
            "--repeats", "2", "--skip", "3", "-o", path("tiny-skip.jsonl"), "-t", "1", "-q")
 skipped = [json.loads(line) for line in open(path("tiny-skip.jsonl"))] if r.returncode == 0 else []

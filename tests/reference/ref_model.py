@@ -157,9 +157,17 @@ def _linear(x, w, b):
     return y if b is None else y + b
 
 
-def _attention(cfg, L, h, pos, inv_freq, ablate=()):
+def round_bf16(x):
+    """x rounded to bfloat16 (nearest even, through float32), as float64."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _attention(cfg, L, h, pos, inv_freq, ablate=(), kv_bf16=False):
     """Returns (attn output [T, D], scaled pre-softmax scores of the last query [H, T]).
-    ablate: heads whose output is zeroed before o_proj."""
+    ablate: heads whose output is zeroed before o_proj. kv_bf16: keys (after RoPE) and
+    values are stored as bfloat16 (varent --kv-type bf16)."""
     T, hd, H, KV = h.shape[0], cfg.head_dim, cfg.n_heads, cfg.n_kv
     q = _linear(h, L["wq"], L["bq"]).reshape(T, H, hd)
     k = _linear(h, L["wk"], L["bk"]).reshape(T, KV, hd)
@@ -167,6 +175,8 @@ def _attention(cfg, L, h, pos, inv_freq, ablate=()):
     if L["qn"] is not None:  # Qwen3: RMSNorm over each head's vector, before RoPE
         q, k = rmsnorm(q, L["qn"], cfg.eps), rmsnorm(k, L["kn"], cfg.eps)
     q, k = rope_rotate_half(q, pos, inv_freq), rope_rotate_half(k, pos, inv_freq)
+    if kv_bf16:
+        k, v = round_bf16(k), round_bf16(v)
     g = H // KV  # query head j reads kv head j // g
     k, v = np.repeat(k, g, axis=1), np.repeat(v, g, axis=1)
     s = np.einsum("thd,shd->hts", q, k) / math.sqrt(hd)  # [H, T, T]
@@ -177,7 +187,7 @@ def _attention(cfg, L, h, pos, inv_freq, ablate=()):
     return _linear(o.reshape(T, H * hd), L["wo"], L["bo"]), s[:, -1, :].copy()
 
 
-def forward(model, ids, scores_layer=None, return_scores=False, dtype=np.float64):
+def forward(model, ids, scores_layer=None, return_scores=False, dtype=np.float64, kv_bf16=False):
     """Logits [T, vocab] for token ids (positions 0..T-1).
 
     model: a Model or a model directory. With return_scores, also returns the last query's
@@ -195,7 +205,7 @@ def forward(model, ids, scores_layer=None, return_scores=False, dtype=np.float64
     x = model.embed[ids]
     scores = None
     for i, L in enumerate(model.layers):
-        a, s = _attention(cfg, L, rmsnorm(x, L["ln1"], cfg.eps), pos, model.inv_freq)
+        a, s = _attention(cfg, L, rmsnorm(x, L["ln1"], cfg.eps), pos, model.inv_freq, kv_bf16=kv_bf16)
         if i == scores_layer:
             scores = s
         x = x + a

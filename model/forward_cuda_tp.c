@@ -12,8 +12,10 @@
 //     attention statistics, which need all heads (agreement mixes them). A capture row is
 //     [n_heads, n_keys] packed, so where rank r's heads go depends on the step's key
 //     count: these copies and the statistics run after the step's graph, not in it.
-// Waits on the stream poll NCCL's asynchronous error and give up after a timeout, aborting
-// the communicator: a dead or stuck peer is an error on every other rank, not a hang.
+// The communicators are non-blocking: joining and every call poll NCCL's state, and waits
+// on the stream poll NCCL's asynchronous error, all giving up after --tp-timeout and
+// aborting the communicator: a dead or stuck peer is an error on every other rank, not a
+// hang.
 #include "model/forward_cuda.h"
 
 #ifndef VARENT_CUDA
@@ -40,12 +42,34 @@ void cuda_forward_tp_leave(cuda_forward *f) { (void)f; }
 
 #include "model/forward_cuda_internal.h"
 
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// The communicators are non-blocking, so a call may return ncclInProgress: it is done
+// when ncclCommGetAsyncError says so. Polls until then, for at most timeout_s seconds (0:
+// no limit); ncclInProgress after that is the caller's timeout.
+static ncclResult_t settle(ncclComm_t c, ncclResult_t r, double timeout_s) {
+    double t0 = now_s();
+    for (long spin = 0; r == ncclInProgress; spin++) {
+        if (ncclCommGetAsyncError(c, &r) != ncclSuccess) return ncclInternalError;
+        if (r != ncclInProgress || (timeout_s > 0 && now_s() - t0 > timeout_s)) break;
+        if (spin < 1000) sched_yield();
+        else usleep(100);
+    }
+    return r;
+}
+
 // A failed NCCL call: name it, with file and line, and NCCL's own last message.
 #define NK(f, call)                                                                                     \
     do {                                                                                                \
-        ncclResult_t r_ = (call);                                                                       \
+        ncclResult_t r_ = settle((f)->tp.comm, (call), (f)->tp.timeout_s);                              \
         if (r_ != ncclSuccess)                                                                          \
-            return verr_set(err, "%s failed: %s (%s) (%s:%d)", #call, ncclGetErrorString(r_),            \
+            return verr_set(err, "%s failed: %s (%s) (%s:%d)", #call,                                   \
+                            r_ == ncclInProgress ? "did not complete within --tp-timeout"              \
+                                                 : ncclGetErrorString(r_),                              \
                             ncclGetLastError((f)->tp.comm), __FILE__, __LINE__);                         \
     } while (0)
 
@@ -94,11 +118,20 @@ int cuda_forward_tp_join(cuda_forward *f, const unsigned char id[CUDA_TP_ID_BYTE
     if (plan_all(f, err) || alloc_buffers(f, err)) return -1;
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
+    // Non-blocking: the join can time out (a rank that never starts), and so can every call.
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
     ncclComm_t c = NULL;
-    ncclResult_t r = ncclCommInitRank(&c, s->size, u, s->rank);
-    if (r != ncclSuccess)
-        return verr_set(err, "ncclCommInitRank (rank %d of %d on CUDA device %d) failed: %s (%s:%d)", s->rank, s->size,
-                        f->ctx.device, ncclGetErrorString(r), __FILE__, __LINE__);
+    ncclResult_t r = ncclCommInitRankConfig(&c, s->size, u, s->rank, &cfg);
+    if (c && (r == ncclSuccess || r == ncclInProgress)) r = settle(c, r, timeout_s);
+    if (r != ncclSuccess) {
+        if (c) ncclCommAbort(c);
+        return verr_set(err, "ncclCommInitRankConfig (rank %d of %d on CUDA device %d) failed: %s (%s:%d)", s->rank,
+                        s->size, f->ctx.device,
+                        r == ncclInProgress ? "the other ranks did not join within --tp-timeout"
+                                            : ncclGetErrorString(r),
+                        __FILE__, __LINE__);
+    }
     f->tp.comm = c, f->tp.rank = s->rank, f->tp.size = s->size, f->tp.timeout_s = timeout_s;
     return 0;
 }
@@ -141,12 +174,6 @@ int cuda_tp_scores(cuda_forward *f, int B, const cuda_kv_lens *lens, verr *err) 
                                sizeof(float) * t->n_heads[r] * keys, cudaMemcpyDeviceToDevice, f->ctx.stream));
     }
     return 0;
-}
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
 // The group is broken: abort the communicator (which ends any collective still waiting

@@ -273,6 +273,9 @@ void run(ncclComm_t c, coll x) {
 // Argument checks at the call (NCCL's ncclInvalidArgument), then the op is queued.
 ncclResult_t enqueue(ncclComm_t c, coll x, size_t in_bytes, cudaStream_t stream) {
     if (!c || !c->seg) return fail(nullptr, ncclInvalidArgument, "collective on a NULL or destroyed communicator");
+    if (c->async.load() == ncclInProgress)
+        return fail(c, ncclInvalidUsage, "%s on a communicator still initializing (poll ncclCommGetAsyncError until "
+                    "ncclSuccess first)", kind_name(x.d.kind));
     const desc &d = x.d;
     if (!type_size(d.dtype)) return fail(c, ncclInvalidArgument, "%s: unknown data type %d", kind_name(d.kind), d.dtype);
     if (d.kind != K_ALLGATHER && d.kind != K_BROADCAST && d.redop != ncclSum)
@@ -396,6 +399,20 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     return r;
 }
 
+// Non-blocking (config->blocking == 0): joins and returns ncclInProgress; the state turns
+// to ncclSuccess in ncclCommGetAsyncError once every rank has joined (the caller decides
+// how long to wait, and aborts).
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t *config) {
+    if (!config || config->magic != 0xcafebeef) return fail(nullptr, ncclInvalidArgument, "ncclCommInitRankConfig: "
+                                                            "the config was not set from NCCL_CONFIG_INITIALIZER");
+    if (config->blocking != 0) return ncclCommInitRank(comm, nranks, id, rank);
+    if (!comm) return ncclInvalidArgument;
+    ncclResult_t r = join(comm, nranks, id, rank);
+    if (r != ncclSuccess) return r;
+    (*comm)->async.store(ncclInProgress);
+    return ncclInProgress;
+}
+
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
     if (!comms || ndev < 1) return ncclInvalidArgument;
     ncclUniqueId id;
@@ -413,6 +430,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
 
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
     if (!c) return ncclInvalidArgument;
+    if (c->seg && c->seg->joined.load() < c->nranks) shm_unlink(c->name.c_str());  // a group that never formed
     if (c->seg) munmap(c->seg, sizeof(segment));
     delete c;
     return ncclSuccess;
@@ -426,6 +444,10 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *e) {
     if (!c || !e) return ncclInvalidArgument;
+    int busy = ncclInProgress;
+    if (c->async.load() == ncclInProgress && c->seg->joined.load() >= c->nranks &&
+        c->async.compare_exchange_strong(busy, ncclSuccess))
+        shm_unlink(c->name.c_str());  // a non-blocking init completes: every rank has joined
     *e = (ncclResult_t)c->async.load();
     return ncclSuccess;
 }

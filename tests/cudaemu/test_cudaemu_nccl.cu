@@ -184,6 +184,57 @@ static void test_init_all(void) {
     check(r == ncclSuccess && d0 == 0 && d1 == 1 && r1 == 1 && n == 2, "nccl_comm_init_all", ncclGetErrorString(r));
 }
 
+// Non-blocking communicators: in progress until every rank has joined; a rank alone stays
+// in progress (its caller times out and aborts), and a collective before the end is refused.
+static void test_nonblocking(void) {
+    ncclUniqueId id;
+    ncclGetUniqueId(&id);
+    ncclResult_t first[2], state[2] = { ncclInProgress, ncclInProgress }, early = ncclSuccess;
+    std::vector<float> got;
+    std::vector<std::thread> th;
+    for (int r = 0; r < 2; r++)
+        th.emplace_back([&, r] {
+            cudaSetDevice(r);
+            ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+            cfg.blocking = 0;
+            ncclComm_t c = nullptr;
+            cudaStream_t s;
+            cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+            float *d = upload(rank_input(r, 100));
+            first[r] = ncclCommInitRankConfig(&c, 2, id, r, &cfg);
+            if (r == 0) early = ncclAllReduce(d, d, 100, ncclFloat32, ncclSum, c, s);  // may come before rank 1
+            for (int i = 0; i < 200000 && state[r] == ncclInProgress; i++) {
+                ncclCommGetAsyncError(c, &state[r]);
+                usleep(50);
+            }
+            if (ncclAllReduce(d, d, 100, ncclFloat32, ncclSum, c, s) == ncclSuccess && r == 1) {
+                rank_t R;
+                R.s = s;
+                got = download(R, d, 100);
+            } else {
+                cudaStreamSynchronize(s);
+            }
+            ncclCommDestroy(c);
+            cudaFree(d);
+            cudaStreamDestroy(s);
+        });
+    for (auto &t : th) t.join();
+    check(first[0] == ncclInProgress && first[1] == ncclInProgress && state[0] == ncclSuccess &&
+              state[1] == ncclSuccess && got == host_sum(2, 100) &&
+              (early == ncclInvalidUsage || early == ncclSuccess),
+          "nccl_nonblocking_init", "non-blocking init did not complete, or the collective after it was wrong");
+    // alone: still in progress after a while, then aborted
+    ncclGetUniqueId(&id);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t c = nullptr;
+    ncclResult_t r0 = ncclCommInitRankConfig(&c, 2, id, 0, &cfg), st = ncclSuccess;
+    usleep(200000);
+    ncclCommGetAsyncError(c, &st);
+    check(r0 == ncclInProgress && st == ncclInProgress && ncclCommAbort(c) == ncclSuccess,
+          "nccl_nonblocking_init_waits_for_every_rank", "a rank alone left the init state");
+}
+
 // ---- planted bugs (each in a child process) --------------------------------------------------
 // The async error of a collective that must fail, and whether its output is poisoned.
 static int expect_async(rank_t &R, float *out, ncclResult_t want) {
@@ -350,6 +401,7 @@ int main(int argc, char **argv) {
     test_stream_order();
     test_graph();
     test_init_all();
+    test_nonblocking();
     test_processes(argv[0], "sum");
     test_processes(argv[0], "dies");
     const char *bugs[] = { "count_mismatch", "order_swapped", "absent_rank", "aborted_peer", "wrong_stream_device",

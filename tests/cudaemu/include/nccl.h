@@ -8,7 +8,8 @@
 // launch). What it adds to NCCL: a collective that waits longer than
 // VARENT_EMU_NCCL_TIMEOUT seconds (default 60) for the others, or whose ranks disagree,
 // fails: its output is NaN-poisoned and ncclCommGetAsyncError reports the error (real
-// NCCL would hang, or corrupt memory). Values and names match NCCL's own header.
+// NCCL would hang, or corrupt memory). Values and names match NCCL's own header; the
+// configuration struct holds only the fields the stand-in reads.
 #ifndef VARENT_EMU_NCCL_H
 #define VARENT_EMU_NCCL_H
 
@@ -52,7 +53,20 @@ typedef enum {
     ncclBfloat16 = 9
 } ncclDataType_t;
 
+// A communicator's configuration: the stand-in reads `blocking` only (0: ncclCommInitRankConfig
+// returns ncclInProgress at once and ncclCommGetAsyncError reports ncclInProgress until
+// every rank has joined, as NCCL's non-blocking communicators do).
+#define NCCL_CONFIG_UNDEF_INT (-2147483647 - 1)
+typedef struct {
+    size_t size;
+    unsigned int magic, version;
+    int blocking;
+} ncclConfig_t;
+#define NCCL_CONFIG_INITIALIZER { sizeof(ncclConfig_t), 0xcafebeef, 0, NCCL_CONFIG_UNDEF_INT }
+
 ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                                    ncclConfig_t *config);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
 ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);

@@ -20,7 +20,7 @@ ifneq ($(NVCC),)
   NVCCFLAGS ?= -O3 -std=c++17 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80 \
                -Xcompiler -fPIC -lineinfo
   CFLAGS    += -DVARENT_CUDA -I$(CUDA_HOME)/include
-  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart -lstdc++
   CU_SRC    := $(wildcard kernels/cuda/*.cu)
 endif
 
@@ -144,8 +144,8 @@ EMU_OBJ     := $(EMU_BUILD)/host/cli/main.o $(LIB_SRC:%.c=$(EMU_BUILD)/%.o) $(EM
                $(EMU_RT_SRC:%.cpp=$(EMU_BUILD)/%.o) $(BUILD)/gen/web_index.o
 EMU_LIB_OBJ := $(filter-out $(EMU_BUILD)/host/cli/main.o,$(EMU_OBJ))
 EMU_TESTS   := $(patsubst tests/c/%.c,$(EMU_BUILD)/tests/%,$(wildcard tests/c/test_cuda_*.c) tests/c/test_sample.c) \
-               $(EMU_BUILD)/tests/test_cudaemu_checks
-EMU_LDLIBS  := $(filter-out -lcublas -lcudart -L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64,$(LDLIBS)) -lstdc++
+               $(EMU_BUILD)/tests/test_cudaemu_checks $(EMU_BUILD)/tests/test_cudaemu_nccl
+EMU_LDLIBS  := $(filter-out -lcublas -lnccl -lcudart -L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64,$(LDLIBS)) -lstdc++
 
 $(EMU_BUILD)/%.o: %.c | deps
 	@mkdir -p $(dir $@)
@@ -169,7 +169,7 @@ $(EMU_BUILD)/tests/%: tests/c/%.c $(EMU_LIB_OBJ)
 $(EMU_BUILD)/gen/tests/cudaemu/%.cu.cpp: tests/cudaemu/%.cu tests/cudaemu/rewrite.py
 	@mkdir -p $(dir $@)
 	$(PYTHON) tests/cudaemu/rewrite.py $< $@
-$(EMU_BUILD)/tests/test_cudaemu_checks: $(EMU_BUILD)/gen/tests/cudaemu/test_cudaemu_checks.cu.cpp \
+$(EMU_BUILD)/tests/test_cudaemu_%: $(EMU_BUILD)/gen/tests/cudaemu/test_cudaemu_%.cu.cpp \
                                         $(EMU_RT_SRC:%.cpp=$(EMU_BUILD)/%.o)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -o $@ $^ -lpthread

@@ -75,7 +75,7 @@ int cuda_forward_open(cuda_forward **out, const model *m, forward_state *fw, int
         free(f);
         return -1;
     }
-    attn_shape sh = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
+    attn_shape sh = { m->tp.n_heads, m->tp.n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
     int rc = 0;
     if (cuda_attention_validate(&f->ctx, sh)) {
         rc = verr_set(err, "%s: this model's attention shape is not supported on CUDA: %s", m->dir, f->ctx.err.msg);
@@ -119,6 +119,7 @@ void cuda_forward_close(cuda_forward *f) {
     if (f->h_cfg) cudaFreeHost(f->h_cfg);
     if (f->h_out) cudaFreeHost(f->h_out);
     cuda_hooks_free(f);
+    cuda_tp_free(f);
     cuda_free(f->act);
     cuda_free(f->own.arena);
     free(f->own.layers);
@@ -146,7 +147,7 @@ static step_params params(cuda_forward *f, void *base) {
 static void fill_row(cuda_forward *f, step_params p, int b, const kv_view *kv, int T) {
     const model_config *c = &f->m->cfg;
     const kv_cache *tr = kv->trunk, *tl = kv->tail, *dst = tl ? tl : tr;
-    size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    size_t kv_dim = (size_t)model_kv_dim(f->m);
     int n_trunk = tl ? kv->n_trunk : tr->len + T, n_tail = tl ? tl->len + T : 0;
     p.lens[b].n_trunk = n_trunk;
     p.lens[b].n_keys = n_trunk + n_tail;
@@ -198,11 +199,19 @@ static int enqueue_stats(cuda_forward *f, int B, step_params dp, verr *err) {
     return 0;
 }
 
+// Tensor parallelism: the statistics after the step (graph), every rank's heads gathered
+// into the capture first (where they go depends on each row's key count, which the host
+// knows and a captured graph cannot).
+static int enqueue_tp_stats(cuda_forward *f, int B, verr *err) {
+    if (cuda_tp_scores(f, B, params(f, f->h_par).lens, err)) return -1;
+    return enqueue_stats(f, B, params(f, f->d_par), err);
+}
+
 // The attention capture of layer l: the hooks' slot and/or the capture layer's buffer
 // (both: the slot, copied into f->scores after the attention).
 static float *scores_of(cuda_forward *f, int cap, int hk, int l) {
     float *s = cuda_hooks_scores(f, hk, l);
-    return s ? s : l == cap ? f->scores : NULL;
+    return s ? s : l != cap ? NULL : f->tp.comm ? f->tp.part_scores : f->scores;
 }
 
 static int share_scores(cuda_forward *f, int cap, int hk, int l, verr *err) {
@@ -228,7 +237,7 @@ static int prefill_layer(cuda_forward *f, int l, int T, int cap, int hk, verr *e
     const dev_weights *w = f->w;
     const dev_layer *L = &w->layers[l];
     cuda_ctx *x = &f->ctx;
-    int dim = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, hid = c->hidden_dim;
+    int dim = c->dim, hd = c->head_dim, nh = f->m->tp.n_heads, nkv = f->m->tp.n_kv_heads, hid = f->m->tp.n_ffn;
     int q_dim = nh * hd, kv_dim = nkv * hd;
     float eps = c->norm_eps;
     attn_shape sh = { nh, nkv, hd, 1.0f / sqrtf((float)hd) };
@@ -262,6 +271,7 @@ static int prefill_layer(cuda_forward *f, int l, int T, int cap, int hk, verr *e
     OP(cuda_attention(x, f->att, q, span, T, sh, scores_of(f, cap, hk, l)));
     if (share_scores(f, cap, hk, l, err) || cuda_hooks_ablate(f, l, f->att, T, err)) return -1;
     OP(cuda_matmul(x, f->y, f->att, L->wo, T, q_dim, dim));
+    if (f->tp.comm && cuda_tp_sum(f, f->y, (size_t)T * dim, err)) return -1;  // the ranks' partial sums
     if (cuda_hooks_point(f, hk, l, HOOK_ATTN_OUT, f->y, T, err)) return -1;
     OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, L->ffn_norm, T, dim, eps));
     if (cuda_hooks_point(f, hk, l, HOOK_RESID_MID, f->x, T, err)) return -1;
@@ -270,6 +280,7 @@ static int prefill_layer(cuda_forward *f, int l, int T, int cap, int hk, verr *e
     OP(cuda_matmul(x, up, f->xb, rows_of(L->w_gu, hid, dim), T, dim, hid));
     OP(cuda_swiglu(x, gate, gate, up, (size_t)T * hid));
     OP(cuda_matmul(x, f->y, gate, L->w_down, T, hid, dim));
+    if (f->tp.comm && cuda_tp_sum(f, f->y, (size_t)T * dim, err)) return -1;
     if (cuda_hooks_point(f, hk, l, HOOK_MLP_OUT, f->y, T, err)) return -1;
     const float *cv = cuda_hooks_cvec(f, l);  // x += (mlp_out + vector), as the decode epilogue adds it
     if (cv) OP(cuda_add_bias(x, f->y, (wref){ cv, WT_F32 }, T, dim));
@@ -290,8 +301,14 @@ static int enqueue_prefill(cuda_forward *f, int T, int cap, int hk, verr *err) {
     OP(cuda_rmsnorm(x, f->xb, f->x, w->layers[0].attn_norm, T, dim, c->norm_eps));
     for (int l = 0; l < c->n_layers; l++)
         if (prefill_layer(f, l, T, cap, hk, err)) return -1;
-    OP(cuda_matvec(x, f->logits, f->xb + (size_t)(T - 1) * dim, w->lm_head, dim, c->vocab_size));
-    return cap >= 0 ? enqueue_stats(f, 1, dp, err) : 0;
+    if (!f->tp.comm) {
+        OP(cuda_matvec(x, f->logits, f->xb + (size_t)(T - 1) * dim, w->lm_head, dim, c->vocab_size));
+    } else {  // this rank's vocabulary rows, then every rank's
+        OP(cuda_matvec(x, f->tp.part_logits, f->xb + (size_t)(T - 1) * dim, w->lm_head, dim, f->m->tp.n_vocab));
+        if (cuda_tp_logits(f, 1, err)) return -1;
+    }
+    if (cap < 0) return 0;
+    return f->tp.comm ? enqueue_tp_stats(f, 1, err) : enqueue_stats(f, 1, dp, err);
 }
 
 // The decode step's o_proj or down projection of rows in [B, n_in] into the residual
@@ -301,6 +318,13 @@ static int decode_project(cuda_forward *f, int hk, int l, int p, const float *in
                           const float *cv, verr *err) {
     cuda_ctx *x = &f->ctx;
     int dim = f->m->cfg.dim;
+    if (f->tp.comm) {  // (no hooks under TP) rank 0 adds its partial product to the residual
+        // stream, the others replace theirs with their partial product: the all-reduce of x
+        // is then x + sum_r W_r in_r (+ cv), with no extra launch for the add
+        const cuda_mv_fuse store = { NULL, 0.f, f->tp.rank == 0, f->tp.rank == 0 ? cv : NULL };
+        OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &store));
+        return cuda_tp_sum(f, f->x, (size_t)B * dim, err);
+    }
     if (!cuda_hooks_wants(f, hk, l, p)) {
         const cuda_mv_fuse residual = { NULL, 0.f, 1, cv };
         OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &residual));
@@ -321,7 +345,7 @@ static int decode_layer(cuda_forward *f, int l, int B, int cap, int hk, step_par
     const dev_weights *w = f->w;
     const dev_layer *L = &w->layers[l];
     cuda_ctx *x = &f->ctx;
-    int dim = c->dim, hd = c->head_dim, nh = c->n_heads, nkv = c->n_kv_heads, hid = c->hidden_dim;
+    int dim = c->dim, hd = c->head_dim, nh = f->m->tp.n_heads, nkv = f->m->tp.n_kv_heads, hid = f->m->tp.n_ffn;
     int q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim;
     float eps = c->norm_eps;
     attn_shape sh = { nh, nkv, hd, 1.0f / sqrtf((float)hd) };
@@ -361,9 +385,15 @@ static int enqueue_decode(cuda_forward *f, int B, int cap, int hk, verr *err) {
     for (int l = 0; l < c->n_layers; l++)
         if (decode_layer(f, l, B, cap, hk, dp, err)) return -1;
     const cuda_mv_fuse final_norm = { (const float *)w->final_norm.data, c->norm_eps, 0, NULL };
-    OP(cuda_matvec_rows_fused(x, f->logits, f->x, w->lm_head, c->dim, c->vocab_size, B, c->vocab_size,
-                              c->vocab_size, &final_norm));
-    return cap >= 0 ? enqueue_stats(f, B, dp, err) : 0;
+    if (!f->tp.comm) {
+        OP(cuda_matvec_rows_fused(x, f->logits, f->x, w->lm_head, c->dim, c->vocab_size, B, c->vocab_size,
+                                  c->vocab_size, &final_norm));
+    } else {  // this rank's vocabulary rows of every row, then every rank's
+        int nv = f->m->tp.n_vocab;
+        OP(cuda_matvec_rows_fused(x, f->tp.part_logits, f->x, w->lm_head, c->dim, nv, B, nv, nv, &final_norm));
+        if (cuda_tp_logits(f, B, err)) return -1;
+    }
+    return cap >= 0 && !f->tp.comm ? enqueue_stats(f, B, dp, err) : 0;  // under TP after the step
 }
 
 // Replays the captured decode step of B rows; captures it first when there is none for
@@ -405,7 +435,7 @@ static int graph_decode(cuda_forward *f, int B, int cap, int hk, verr *err) {
 static int wait_params(cuda_forward *f, verr *err) {
     if (f->par_pending) {
         f->ctx.n_syncs++;
-        CK(cudaStreamSynchronize(f->ctx.stream));
+        if (cuda_tp_wait(f, err)) return -1;
         f->par_pending = 0;
     }
     return 0;
@@ -429,6 +459,7 @@ static int run_chunk(cuda_forward *f, kv_view *kv, const int *ids, int T, int ca
     int rc = T > 1 ? enqueue_prefill(f, T, cap, hk, err) : f->use_graph ? graph_decode(f, 1, cap, hk, err)
                                                                          : enqueue_decode(f, 1, cap, hk, err);
     if (rc == 0 && T == 1 && !f->use_graph) f->step = (cuda_step_counts){ f->ctx.n_launches - l0, 0, 0 };
+    if (rc == 0 && T == 1 && cap >= 0 && f->tp.comm) rc = enqueue_tp_stats(f, 1, err);
     if (rc || cuda_hooks_deliver(f, hk, T, pos0, f->last_keys, err)) return -1;
     advance(kv, T);
     return 0;
@@ -444,11 +475,20 @@ static int check_view(const cuda_forward *f, const kv_view *kv, verr *err) {
         if (!p->dk || !p->cu)
             return verr_set(err, "the KV cache %s is in host memory, but the session runs on CUDA device %d "
                                  "(allocate it with kv_cache_init_like)", i ? "tail" : "trunk", f->ctx.device);
-        if (p->cu->device != f->ctx.device || p->n_layers != c->n_layers ||
-            p->kv_dim != c->n_kv_heads * c->head_dim)
+        if (p->cu->device != f->ctx.device || p->n_layers != c->n_layers || p->kv_dim != model_kv_dim(f->m))
             return verr_set(err, "the KV cache %s does not belong to this model on CUDA device %d",
                             i ? "tail" : "trunk", f->ctx.device);
     }
+    return 0;
+}
+
+// A tensor-parallel forward whose group failed stays failed; the forward hooks do not
+// run on shards (their captures and ablations are per head, and the heads are split).
+static int check_tp(const cuda_forward *f, const forward_state *fw, verr *err) {
+    if (f->tp.broken) return verr_set(err, "%s", f->tp.why);
+    if (f->tp.comm && fw->hooks)
+        return verr_set(err, "interventions and captures (--skip-layer, --ablate-head, control vectors, probes) do not "
+                        "run with tensor parallelism on CUDA (use --device cpu, or no --tp)");
     return 0;
 }
 
@@ -461,8 +501,11 @@ static int capture_layer(const cuda_forward *f, const forward_state *fw) {
 // surface here. When nothing comes back it does not wait: the step stays queued
 // (par_pending) and the next wait covers it, the draw's in a decode loop, so a plain
 // step costs one host sync (kernel faults then surface there).
+// Under tensor parallelism every step waits: the ranks' streams must all reach the
+// step's collectives (on the emulated device a stream runs only when waited on), and a
+// peer's failure surfaces in the step that met it.
 static int fetch(cuda_forward *f, float *logits, int B, int cap, int scores_keys, verr *err) {
-    if (!logits && cap < 0 && scores_keys <= 0) return 0;
+    if (!logits && cap < 0 && scores_keys <= 0 && !f->tp.comm) return 0;
     const model_config *c = &f->m->cfg;
     cudaStream_t st = f->ctx.stream;
     cudaError_t e = cudaSuccess;
@@ -475,7 +518,11 @@ static int fetch(cuda_forward *f, float *logits, int B, int cap, int scores_keys
     if (e == cudaSuccess && cap >= 0)
         e = cudaMemcpyAsync(f->h_stats, f->stats, 8 * (size_t)f->rows * sizeof(float), cudaMemcpyDeviceToHost, st);
     f->ctx.n_syncs++;
-    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e == cudaSuccess && f->tp.comm) {
+        if (cuda_tp_wait(f, err)) return -1;
+    } else if (e == cudaSuccess) {
+        e = cudaStreamSynchronize(st);
+    }
     if (e != cudaSuccess)
         return verr_set(err, "CUDA forward pass failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
     f->par_pending = 0;
@@ -520,7 +567,7 @@ int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int 
     if (T > kv_view_room(kv) || kv_view_len(kv) + T > f->max_ctx)
         return verr_set(err, "%d tokens do not fit: %d of the %d-token context are used (raise --ctx)", T,
                         kv_view_len(kv), f->max_ctx);
-    if (check_view(f, kv, err)) return -1;
+    if (check_view(f, kv, err) || check_tp(f, fw, err)) return -1;
     if (cuda_activate(&f->ctx)) return verr_set(err, "%s", f->ctx.err.msg);
     if (cuda_hooks_sync(f, fw->hooks, err)) return -1;
     int cap = capture_layer(f, fw), hk = cuda_hooks_captures(f);
@@ -586,6 +633,7 @@ static int run_rows(cuda_forward *f, kv_view *views, const int *ids, int B, int 
     fill_decode(f, views, ids, B);
     f->par_pending = 1;
     int rc = f->use_graph ? graph_decode(f, B, cap, 0, err) : enqueue_decode(f, B, cap, 0, err);
+    if (rc == 0 && cap >= 0 && f->tp.comm) rc = enqueue_tp_stats(f, B, err);
     if (rc || fetch(f, logits, B, cap, 0, err)) return -1;
     for (int b = 0; b < B; b++) {
         advance(&views[b], 1);
@@ -596,7 +644,7 @@ static int run_rows(cuda_forward *f, kv_view *views, const int *ids, int B, int 
 
 int cuda_forward_batch(cuda_forward *f, forward_state *fw, kv_view *views, const int *ids, int B, float *logits,
                        float *stats, verr *err) {
-    if (check_batch(f, views, ids, B, err)) return -1;
+    if (check_batch(f, views, ids, B, err) || check_tp(f, fw, err)) return -1;
     if (cuda_activate(&f->ctx)) return verr_set(err, "%s", f->ctx.err.msg);
     if (cuda_hooks_sync(f, fw->hooks, err)) return -1;  // interventions only: batches capture nothing
     int cap = capture_layer(f, fw), *saved = malloc(2 * sizeof(int) * (size_t)B);
@@ -663,7 +711,7 @@ int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_ou
     OP(cuda_sample(&f->ctx, f->d_out, row, f->m->cfg.vocab_size, f->d_cfg, n));
     CK(cudaMemcpyAsync(f->h_out, f->d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, st));
     f->ctx.n_syncs++;
-    CK(cudaStreamSynchronize(st));
+    if (cuda_tp_wait(f, err)) return -1;
     f->par_pending = 0;  // the wait covered the step block's copy too
     memcpy(out, f->h_out, sizeof *out * (size_t)n);
     // A NaN or +inf maximum (every logit NaN, or an overflow) is drawn as its argmax:

@@ -67,4 +67,20 @@ int cuda_forward_batch(cuda_forward *f, forward_state *fw, kv_view *views, const
 // the configurations go up, the results come back; the logits stay on the device.
 int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err);
 
+// ---- tensor parallelism (model/forward_cuda_tp.c, docs/distributed-gpu.md) ----
+// A forward opened on a shard (model_shard: rank m->tp.rank of m->tp.size) joins its
+// group with the group's NCCL unique id, which one rank makes (cuda_forward_tp_id) and
+// every rank receives: over MPI, or in one process from the caller. Joining blocks until
+// every rank has joined, so in one process each rank joins on its own thread. From then
+// on every forward call is collective: all ranks make the same calls with the same
+// tokens, and each gets the whole model's logits, statistics and capture. A wait on the
+// stream gives up after timeout_s seconds (0: never) and aborts the group: a dead peer is
+// an error, not a hang; after that every call on this forward fails.
+#define CUDA_TP_ID_BYTES 128
+int cuda_forward_tp_id(unsigned char id[CUDA_TP_ID_BYTES], verr *err);
+int cuda_forward_tp_join(cuda_forward *f, const unsigned char id[CUDA_TP_ID_BYTES], double timeout_s, verr *err);
+// Leaves the group (ncclCommDestroy; NCCL may wait there for the peers, so in one
+// process every rank leaves on its own thread at once). Later calls on f fail.
+void cuda_forward_tp_leave(cuda_forward *f);
+
 #endif

@@ -87,6 +87,22 @@ typedef struct {
     long nodes;                // its nodes (the launches plus the step block's copy)
 } graph_slot;
 
+// Tensor parallelism on the device (model/forward_cuda_tp.c): this forward holds rank
+// `rank` of `size`'s shard (f->m->tp) and meets the other ranks in NCCL collectives on
+// its stream. comm NULL: the whole model on this device.
+typedef struct {
+    void *comm;                // ncclComm_t
+    int rank, size;
+    int *head0, *n_heads;      // [size] every rank's query heads (host)
+    int *vocab0, *n_vocab;     // [size] and vocabulary rows
+    float *part_logits;        // device [rows, max_vocab]: this rank's vocabulary slice of each row
+    float *part_scores;        // device [rows, max_heads, max_ctx]: its heads' attention captures
+    float *gather;             // device [size, rows * max(max_vocab, max_heads * max_ctx)]
+    double timeout_s;          // a wait on the stream gives up after this long (0: never)
+    int broken;                // a collective failed: the group is out of step, every call fails
+    char why[512];             // what failed
+} dev_tp;
+
 #define CUDA_ROWS CUDA_MATVEC_ROWS  // decode rows per pass (the batched matvec's widest launch)
 
 struct cuda_forward {
@@ -122,7 +138,27 @@ struct cuda_forward {
     sample_out *d_out, *h_out; // [smp_cap] and results
     int smp_cap;
     dev_hooks hk;              // forward hooks (model/forward_cuda_hooks.c)
+    dev_tp tp;                 // tensor parallelism (model/forward_cuda_tp.c)
 };
+
+// ---- tensor parallelism (model/forward_cuda_tp.c) ----
+// Floats of padding x and y need past [max_T, dim] for the padded reduce-scatter.
+static inline size_t cuda_tp_pad(const cuda_forward *f) { return (size_t)f->m->tp.size; }
+// y[n] summed over the ranks, in place, the same bits on every rank (reduce-scatter,
+// then all-gather), queued on the stream. y has room for cuda_tp_pad more floats.
+int cuda_tp_sum(cuda_forward *f, float *y, size_t n, verr *err);
+// The B rows of this rank's vocabulary slice (part_logits, [B, n_vocab] packed) gathered
+// into f->logits [B, vocab].
+int cuda_tp_logits(cuda_forward *f, int B, verr *err);
+// The B rows of this rank's heads' captures (part_scores: row b at b * n_heads_local *
+// max_ctx, [n_heads_local, n_keys] packed) gathered into f->scores (row b at b * n_heads *
+// max_ctx, [n_heads, n_keys] packed); lens: the rows' key counts (host).
+int cuda_tp_scores(cuda_forward *f, int B, const cuda_kv_lens *lens, verr *err);
+// Waits for the stream: under tensor parallelism it polls, checks NCCL's asynchronous
+// error and gives up after the timeout (aborting the communicator), so a dead peer is an
+// error, not a hang. Without it, cudaStreamSynchronize.
+int cuda_tp_wait(cuda_forward *f, verr *err);
+void cuda_tp_free(cuda_forward *f);
 
 step_params cuda_forward_params(void *base, int n_layers, int max_T, int rows);
 // Uploads f->m's weights into f->own (one arena, progress bar on a terminal).

@@ -125,8 +125,9 @@ static int up_vec(uploader *u, wref *out, const wref *parts, const size_t *n, in
 static int up_layer(uploader *u, const model *m, int l, dev_layer *L) {
     const model_config *c = &m->cfg;
     const layer_weights *w = &m->layers[l];
-    size_t D = (size_t)c->dim, Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
-    size_t H = (size_t)c->hidden_dim, hd = (size_t)c->head_dim;
+    const tp_shard *t = &m->tp;  // this process's share (all of it without tensor parallelism)
+    size_t D = (size_t)c->dim, Q = (size_t)t->n_heads * c->head_dim, KV = (size_t)t->n_kv_heads * c->head_dim;
+    size_t H = (size_t)t->n_ffn, hd = (size_t)c->head_dim;
     wref qkv[3] = { w->wq, w->wk, w->wv }, gu[2] = { w->w_gate, w->w_up };
     size_t n_qkv[3] = { Q * D, KV * D, KV * D }, n_gu[2] = { H * D, H * D }, n_b[3] = { Q, KV, KV };
     size_t nD = D, nQD = D * Q, nDH = D * H;
@@ -149,9 +150,15 @@ static int up_layer(uploader *u, const model *m, int l, dev_layer *L) {
 static int up_model(uploader *u, const model *m, dev_weights *w) {
     const model_config *c = &m->cfg;
     size_t VD = (size_t)c->vocab_size * c->dim, D = (size_t)c->dim, half = (size_t)c->head_dim / 2;
+    size_t v0 = (size_t)m->tp.vocab0, nVD = (size_t)m->tp.n_vocab * c->dim;  // this shard's lm_head rows
     if (up_mat(u, &w->embed, &m->embed, &VD, 1) || up_vec(u, &w->final_norm, &m->final_norm, &D, 1)) return -1;
-    if (m->lm_head.data == m->embed.data) w->lm_head = w->embed;  // tied
-    else if (up_mat(u, &w->lm_head, &m->lm_head, &VD, 1)) return -1;
+    if ((const char *)m->lm_head.data == (const char *)m->embed.data + v0 * D * wtype_size(m->embed.type)) {
+        // tied: the embedding's rows (a shard's slice of them)
+        w->lm_head = w->embed;
+        if (w->embed.data) w->lm_head.data = (const char *)w->embed.data + v0 * D * wtype_size(w->embed.type);
+    } else if (up_mat(u, &w->lm_head, &m->lm_head, &nVD, 1)) {
+        return -1;
+    }
     wref inv = { m->inv_freq, WT_F32 };
     wref dinv;
     if (up_vec(u, &dinv, &inv, &half, 1)) return -1;
@@ -195,10 +202,13 @@ int cuda_forward_upload(cuda_forward *f, verr *err) {
 // ---- activations ---------------------------------------------------------------------------
 int cuda_forward_alloc(cuda_forward *f, verr *err) {
     const model_config *c = &f->m->cfg;
-    size_t T = (size_t)f->max_T, R = (size_t)f->rows, q_dim = (size_t)c->n_heads * c->head_dim;
-    size_t qkv_dim = q_dim + 2 * (size_t)c->n_kv_heads * c->head_dim;
-    size_t sizes[10] = { T * c->dim, T * c->dim, T * c->dim, T * qkv_dim, T * q_dim, T * 2 * c->hidden_dim,
-                         R * c->vocab_size, R * c->n_heads * f->max_ctx, 8 * R, 0 };
+    const tp_shard *t = &f->m->tp;  // the weights' shapes are the shard's; logits and captures the whole model's
+    size_t T = (size_t)f->max_T, R = (size_t)f->rows, q_dim = (size_t)t->n_heads * c->head_dim;
+    size_t qkv_dim = q_dim + 2 * (size_t)t->n_kv_heads * c->head_dim;
+    // x (decode) and y (prefill) are also the all-reduce's buffers: padded for the
+    // reduce-scatter's equal shares
+    size_t sizes[10] = { T * c->dim + cuda_tp_pad(f), T * c->dim, T * c->dim + cuda_tp_pad(f), T * qkv_dim, T * q_dim,
+                         T * 2 * t->n_ffn, R * c->vocab_size, R * c->n_heads * f->max_ctx, 8 * R, 0 };
     f->par_bytes = par_size(c->n_layers, f->max_T, f->rows);
     size_t off[10], total = 0;
     for (int i = 0; i < 10; i++) {
@@ -225,12 +235,12 @@ int cuda_forward_alloc(cuda_forward *f, verr *err) {
     // (of every row of a batch).
     size_t max_in = (size_t)c->dim;
     if (q_dim > max_in) max_in = q_dim;
-    if ((size_t)c->hidden_dim > max_in) max_in = (size_t)c->hidden_dim;
-    attn_shape sh = { c->n_heads, c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
+    if ((size_t)t->n_ffn > max_in) max_in = (size_t)t->n_ffn;
+    attn_shape sh = { t->n_heads, t->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
     size_t mm = cuda_matmul_scratch_bytes(f->max_T, (int)max_in);
     size_t at = cuda_attention_rows_scratch_bytes(&f->ctx, f->max_ctx, sh, f->rows);
     if (cuda_reserve_scratch(&f->ctx, mm > at ? mm : at)) return verr_set(err, "%s", f->ctx.err.msg);
-    if (cuda_reserve_attention(&f->ctx, f->rows * c->n_kv_heads)) return verr_set(err, "%s", f->ctx.err.msg);
+    if (cuda_reserve_attention(&f->ctx, f->rows * t->n_kv_heads)) return verr_set(err, "%s", f->ctx.err.msg);
     return 0;
 }
 

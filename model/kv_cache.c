@@ -52,11 +52,25 @@ int kv_cache_init_cuda(kv_cache *c, struct cuda_ctx *cu, int n_layers, int ctx, 
 }
 
 int kv_cache_init_like(kv_cache *c, const kv_cache *like, int ctx, verr *err) {
-    if (like->dk) return kv_cache_init_cuda(c, like->cu, like->n_layers, ctx, like->kv_dim, err);
-    return kv_cache_init_typed(c, like->n_layers, ctx, like->kv_dim, like->bf16, err);
+    int rc = like->dk ? kv_cache_init_cuda(c, like->cu, like->n_layers, ctx, like->kv_dim, err)
+                      : kv_cache_init_typed(c, like->n_layers, ctx, like->kv_dim, like->bf16, err);
+    if (rc || !like->peer) return rc;
+    if (!(c->peer = calloc(1, sizeof *c->peer))) {
+        kv_cache_free(c);
+        return verr_set(err, "out of memory");
+    }
+    if (kv_cache_init_like(c->peer, like->peer, ctx, err)) {
+        kv_cache_free(c);
+        return -1;
+    }
+    return 0;
 }
 
 void kv_cache_free(kv_cache *c) {
+    if (c->peer) {
+        kv_cache_free(c->peer);
+        free(c->peer);
+    }
     free(c->k);
     free(c->v);
 #ifdef VARENT_CUDA
@@ -91,12 +105,18 @@ static int commit_device(kv_cache *trunk, const kv_cache *tail, int n, verr *err
 }
 
 void kv_cache_truncate(kv_cache *c, int len) {
-    if (len >= 0 && len < c->len) c->len = len;
+    for (; c; c = c->peer)
+        if (len >= 0 && len < c->len) c->len = len;
 }
 
 int kv_cache_commit(kv_cache *trunk, const kv_cache *tail, int n, verr *err) {
     if (n > tail->len || trunk->len + n > trunk->ctx)
         return verr_set(err, "cannot commit %d branch tokens: the context is full (%d of %d)", n, trunk->len, trunk->ctx);
+    if (trunk->peer) {  // the other ranks' shares of the same rows first
+        if (!tail->peer) return verr_set(err, "cannot commit a branch tail without the other ranks' shares");
+        trunk->peer->len = trunk->len, tail->peer->len = tail->len;
+        if (kv_cache_commit(trunk->peer, tail->peer, n, err)) return -1;
+    }
     if (trunk->dk || tail->dk) return commit_device(trunk, tail, n, err);
     if (trunk->bf16 != tail->bf16) return verr_set(err, "cannot commit branch tokens between fp32 and bf16 KV caches");
     size_t row = (size_t)trunk->kv_dim * kv_cache_esize(trunk), at = (size_t)trunk->len * row;

@@ -11,14 +11,19 @@
 
 struct cuda_ctx;
 
-typedef struct {
+typedef struct kv_cache kv_cache;
+struct kv_cache {
     int n_layers, ctx, kv_dim;
     void *k, *v;   // [n_layers, ctx, kv_dim] fp32, or bf16 with bf16 set; NULL on a device cache
     int bf16;      // host cache of bf16 elements (kv_cache_init_typed)
     int len;       // filled positions
     void *dk, *dv;        // device cache (kv_cache_init_cuda): bf16 [n_layers, ctx, kv_dim]
     struct cuda_ctx *cu;  // the CUDA context (stream) that owns dk/dv; NULL on the host
-} kv_cache;
+    // Tensor parallelism in one process (host/runtime/session_tpl.c): the next rank's
+    // share of the same positions, on its GPU (a chain: rank 1, 2, ...). Its len follows
+    // this cache's at every forward call, commit and truncation. NULL: none.
+    kv_cache *peer;
+};
 
 // What one forward call sees: trunk positions 0..n_trunk-1 and, when tail is set,
 // tail positions after them. New tokens go to the tail if there is one.
@@ -35,7 +40,8 @@ int kv_cache_init_typed(kv_cache *c, int n_layers, int ctx, int kv_dim, int bf16
 // The same cache in bf16 on cu's GPU (CUDA builds; an error otherwise). Commits copy on
 // cu's stream, so use it with the session that owns cu.
 int kv_cache_init_cuda(kv_cache *c, struct cuda_ctx *cu, int n_layers, int ctx, int kv_dim, verr *err);
-// A cache of ctx positions on the same backend (host or device) and geometry as `like`.
+// A cache of ctx positions on the same backend (host or device) and geometry as `like`,
+// with a peer chain like like's.
 int kv_cache_init_like(kv_cache *c, const kv_cache *like, int ctx, verr *err);
 void kv_cache_free(kv_cache *c);
 // Bytes per element of a host cache.

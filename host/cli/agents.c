@@ -49,7 +49,7 @@ static const cli_opt agents_session_opts[] = {
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_kv, cli_opts_tp, cli_opts_lora, cli_opts_prompt, cli_opts_chat,
+static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_kv, cli_opts_tp_replicas, cli_opts_lora, cli_opts_prompt, cli_opts_chat,
                                                 cli_opts_logit_bias,
                                                 agents_cli_opts,     cli_opts_steer, NULL };
 const cli_spec cli_agents_spec = {

@@ -34,11 +34,22 @@ const cli_opt cli_opts_kv[] = {
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
+#define OPT_TP { "--tp", "N", "performance", "the MPI ranks", "tensor parallelism: the model split over N ranks of an " \
+                "MPI launch (mpirun -np N; docs/distributed.md), or over N GPUs in one process", 0 }
+#define OPT_TP_TIMEOUT { "--tp-timeout", "S", "performance", "300", "seconds a rank waits for the others in a " \
+                         "collective before it stops the launch (0: forever)", 0 }
 const cli_opt cli_opts_tp[] = {
-    { "--tp", "N", "performance", "the MPI ranks", "tensor parallelism: the model split over N ranks of an MPI launch "
-      "(mpirun -np N; docs/distributed.md)", 0 },
-    { "--tp-timeout", "S", "performance", "300", "seconds a rank waits for the others in a collective before it stops "
-      "the launch (0: forever)", 0 },
+    OPT_TP,
+    OPT_TP_TIMEOUT,
+    { "--devices", "LIST", "performance", "0,1,... (--tp of them)", "with --tp N in one process: the N GPUs, one "
+      "rank each (docs/distributed-gpu.md)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+// The agents' own --devices lists their replicas.
+const cli_opt cli_opts_tp_replicas[] = {
+    OPT_TP,
+    OPT_TP_TIMEOUT,
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 

@@ -13,9 +13,10 @@ extern const cli_opt cli_opts_session[];
 // tables of their own).
 extern const cli_opt cli_opts_kv[];
 int cli_kv_bf16(args *a);
-// --tp, --tp-timeout: tensor parallelism under mpirun (host/cli/ranks.h), read by
-// cli_session_opts.
+// --tp, --tp-timeout, --devices: tensor parallelism under mpirun or over the GPUs of one
+// process (host/cli/ranks.h), read by cli_session_opts.
 extern const cli_opt cli_opts_tp[];
+extern const cli_opt cli_opts_tp_replicas[];  // cli_opts_tp without --devices (agents: theirs)
 // --temp, --top-k, --top-p, --min-p, -s/--seed: the one set of defaults (host/decode/defaults.h).
 extern const cli_opt cli_opts_sampling[];
 

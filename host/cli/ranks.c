@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "host/cli/common.h"
+#include "host/runtime/devices.h"
 #include "host/util/fileio.h"
 #include "host/util/outfile.h"
 
@@ -79,11 +80,35 @@ static int default_threads(void) {
     return n > 1 ? (cpus / n > 0 ? cpus / n : 1) : 0;
 }
 
+// --devices: the GPUs of a one-process tensor-parallel group (without it, --tp N on
+// --device cuda outside an MPI launch takes GPUs 0..N-1).
+static void local_devices(args *a, session_opts *o) {
+    static char first_n[DEVICES_MAX * 4];  // CLI state: the default list
+    const char *list = args_str(a, "--devices", NULL);
+    if (list && o->tp <= 1) {
+        args_bad(a, "--devices %s: give --tp N to split the model over these GPUs (one GPU: --device cuda:N)", list);
+        return;
+    }
+    if (world) {
+        if (list) args_bad(a, "--devices under an MPI launch: each rank takes one GPU (--device cuda or cuda:K)");
+        return;
+    }
+    if (!list && o->tp > 1 && o->device && !strncmp(o->device, "cuda", 4)) {
+        size_t used = 0;
+        for (int i = 0; i < o->tp && i < DEVICES_MAX; i++)
+            used += (size_t)snprintf(first_n + used, sizeof first_n - used, "%s%d", i ? "," : "", i);
+        list = first_n;
+    }
+    o->tp_devices = o->tp > 1 ? list : NULL;
+}
+
 void cli_ranks_session(args *a, session_opts *o) {
     int size = world ? tp_mpi_size(world) : 1;
     int tp = (int)args_int_range(a, "--tp", replicas_ok ? 1 : size, 1, 4096);
     double timeout = args_float_range(a, "--tp-timeout", 300, 0, 1e9);
     o->tp = tp;
+    o->tp_timeout = timeout;
+    if (!replicas_ok) local_devices(a, o);
     if (!world) return;  // --tp > 1 then fails in session_open, saying how to launch it
     tp_mpi_set_timeout(world, timeout);
     if (!o->threads) o->threads = default_threads();

@@ -74,7 +74,13 @@ int session_open(session *s, const session_opts *o, verr *err) {
     model_path mp;
     int failed = check_device(o->device, &cuda_dev, err) || model_path_resolve(o->model_dir, o->progress, &mp, err) ||
                  model_load(&s->m, mp.dir, err);
-    if (o->tp > 1 && session_tp_shard(s, o, failed, cuda_dev, err)) {  // every rank of the group returns here alike
+    int local = o->tp > 1 && !o->tp_comm && o->tp_devices;  // one process, several GPUs
+    if (local && !failed && session_tpl_shard(s, o, &cuda_dev, err)) {
+        session_close(s);
+        return -1;
+    }
+    if (!failed && o->tp > 1 && !local) cuda_dev = session_tp_device(o, cuda_dev, session_cuda_devices());
+    if (o->tp > 1 && !local && session_tp_shard(s, o, failed, cuda_dev, err)) {  // every rank of the group returns here alike
         if (o->tp_comm) o->tp_comm->failed_together = 1;
         if (!failed) model_free(&s->m);
         return -1;
@@ -84,6 +90,7 @@ int session_open(session *s, const session_opts *o, verr *err) {
     s->ctx = o->ctx > 0 ? o->ctx : (c->max_pos < 4096 ? c->max_pos : 4096);
     if (o->ctx > c->max_pos) {
         int max_pos = c->max_pos;  // c points into the model model_free clears
+        session_tpl_close(s);
         model_free(&s->m);
         return verr_set(err, "%s %d exceeds the model's max_position_embeddings (%d)", o->ctx_name ? o->ctx_name : "--ctx",
                         o->ctx, max_pos);
@@ -96,9 +103,11 @@ int session_open(session *s, const session_opts *o, verr *err) {
              (cuda_dev >= 0 ? session_cuda_open(s, cuda_dev, NULL, err)
                             : kv_cache_init_typed(&s->kv, c->n_layers, s->ctx, model_kv_dim(&s->m), o->kv_bf16, err)) ||
              sampler_init(&s->smp, c->vocab_size) != 0 || open_tokenizer(s, mp.dir, err) ||
-             open_adapters(s, o, err) || (o->tp > 1 && forward_set_comm(&s->fw, o->tp_comm, err));
+             open_adapters(s, o, err) || (o->tp > 1 && !local && forward_set_comm(&s->fw, o->tp_comm, err));
     if (failed && !err->msg[0]) verr_set(err, "out of memory");
-    if (o->tp > 1 && tp_agree(o->tp_comm, !failed, err->msg, err)) failed = 1;  // no rank goes on alone
+    if (o->tp > 1 && !local && tp_agree(o->tp_comm, !failed, err->msg, err)) failed = 1;  // no rank goes on alone
+    if (!failed && o->tp > 1 && s->cu && !local && session_tp_join_cuda(s, o, err)) failed = 1;  // the NCCL group
+    if (!failed && local && session_tpl_open(s, o, err)) failed = 1;
     if (failed) {
         session_close(s);
         return -1;
@@ -121,6 +130,11 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
         session_close(s);
         return verr_set(err, "context %d exceeds the model's max_position_embeddings (%d)", ctx, base->m.cfg.max_pos);
     }
+    if (base->cu && base->m.tp.size > 1) {  // its forward would need a place in the NCCL group
+        session_close(s);
+        return verr_set(err, "a second context (critic, server slot, agent replica) on a tensor-parallel CUDA model is "
+                        "not supported (docs/distributed-gpu.md)");
+    }
     const model_config *c = &s->m.cfg;
     if (forward_init(&s->fw, &s->m, base->fw.max_T < s->ctx ? base->fw.max_T : s->ctx, s->ctx, err) ||
         (base->cu ? session_cuda_open(s, cuda_forward_device(base->cu), base, err)
@@ -136,7 +150,9 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
 }
 
 void session_close(session *s) {
-    session_cuda_close(s);  // gives fw its host buffers back, frees the device KV cache
+    session_tpl_leave(s);   // a one-process group's NCCL communicators, all at once
+    session_cuda_close(s);  // gives fw its host buffers back, frees the device KV cache (and its peers)
+    session_tpl_close(s);   // the other ranks of a one-process group
     forward_free(&s->fw);
     kv_cache_free(&s->kv);
     sampler_free(&s->smp);
@@ -152,6 +168,7 @@ void session_close(session *s) {
 }
 
 int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err) {
+    if (s->tpl) return session_tpl_forward(s, kv, ids, T, err);
     if (s->cu) return cuda_forward_run(s->cu, &s->fw, kv, ids, T, err);
     return forward(&s->fw, kv, ids, T, err);
 }

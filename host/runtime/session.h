@@ -29,6 +29,8 @@ typedef struct {
     int kv_bf16;      // CPU: a bf16 KV cache (--kv-type bf16); the GPU's is always bf16
     int tp;           // tensor-parallel degree (0, 1: the whole model here; model/tp.h)
     tp_comm *tp_comm; // the group's communicator (host/runtime/tp_mpi.h) when tp > 1
+    double tp_timeout;   // seconds a CUDA rank waits for the others in a step (0: forever)
+    const char *tp_devices;  // --devices: tp > 1 in one process, one rank per listed GPU (session_tpl.c)
 } session_opts;
 
 typedef struct {
@@ -48,6 +50,7 @@ typedef struct {
     lora_adapter *adapters;   // [n_adapters] loaded from session_opts.lora (a shared session borrows base's)
     lora_use *lora;           // [n_adapters] with their scales: what every pass applies by default
     int n_adapters;
+    struct session_tpl *tpl;  // tensor parallelism in one process: ranks 1.. (session_tpl.c); NULL: none
 } session;
 
 int session_open(session *s, const session_opts *o, verr *err);
@@ -56,6 +59,26 @@ int session_open(session *s, const session_opts *o, verr *err);
 // the load, check the plan and that every rank loaded the same checkpoint, then keep
 // this rank's share. Returns alike on every rank.
 int session_tp_shard(session *s, const session_opts *o, int failed, int cuda_dev, verr *err);
+// The GPU of this rank of an MPI launch: --device cuda:K as given, plain --device cuda
+// the node-local rank modulo the n_devices GPUs (one rank per GPU). cuda_dev elsewhere.
+int session_tp_device(const session_opts *o, int cuda_dev, int n_devices);
+// After the device forward of a shard is open, on every rank: rank 0's NCCL unique id
+// goes to every rank over o->tp_comm and each joins the NCCL group. Alike on every rank.
+int session_tp_join_cuda(session *s, const session_opts *o, verr *err);
+// Tensor parallelism in one process over the GPUs of o->tp_devices (host/runtime/
+// session_tpl.c). session_tpl_shard, after the load: checks the devices, cuts ranks 1..
+// their shares and s->m rank 0's, and sets *cuda_dev to rank 0's GPU; session_tpl_open,
+// once rank 0's forward and cache are open: opens the other ranks and the NCCL group.
+// session_tpl_forward / _batch run a forward call on every rank at once (rank 0's
+// results are the session's); session_tpl_leave, then session_tpl_close before the
+// session's model is freed.
+int session_tpl_shard(session *s, const session_opts *o, int *cuda_dev, verr *err);
+int session_tpl_open(session *s, const session_opts *o, verr *err);
+int session_tpl_forward(session *s, kv_view *kv, const int *ids, int T, verr *err);
+int session_tpl_batch(session *s, kv_view *views, const int *ids, int B, float *logits, float *stats, verr *err);
+void session_tpl_close(session *s);
+// Every rank leaves the NCCL group at once (before any rank's forward is closed).
+void session_tpl_leave(session *s);
 // A second context on base's model: its own forward scratch, KV cache (ctx positions,
 // 0: base's) and sampler, borrowing base's weights, tokenizer and interventions, which
 // must outlive it.

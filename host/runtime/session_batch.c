@@ -56,7 +56,9 @@ static int forward_on_device(session *s, kv_view *views, const int *ids, int B, 
     if (m && !bw) return verr_set(err, "session_forward_batch: metrics need a batch_ws");
     if (capture && batch_ws_fit(bw, B, 8L * B, err)) return -1;
     float *stats = capture ? bw->scores : NULL;  // [B, 8]
-    if (cuda_forward_batch(s->cu, &s->fw, views, ids, B, logits, stats, err)) return -1;
+    if (s->tpl ? session_tpl_batch(s, views, ids, B, logits, stats, err)
+               : cuda_forward_batch(s->cu, &s->fw, views, ids, B, logits, stats, err))
+        return -1;
     for (int b = 0; m && b < B; b++) {
         if (capture) {
             metrics_from_stats(&m[b], stats + 8 * b, stats + 8 * b + 4);

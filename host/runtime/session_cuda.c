@@ -36,6 +36,14 @@ int session_cuda_parse(const char *dev, int *index, verr *err) {
 #endif
 }
 
+int session_cuda_devices(void) {
+#ifdef VARENT_CUDA
+    return cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
 int session_cuda_open(session *s, int device, const session *base, verr *err) {
     if (cuda_forward_open(&s->cu, &s->m, &s->fw, device, base ? base->cu : NULL, err)) return -1;
     const char *g = getenv("VARENT_CUDA_GRAPHS");

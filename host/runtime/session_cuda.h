@@ -10,6 +10,8 @@
 // "cuda" -> 0, "cuda:N" -> N, checked against the devices present. Without VARENT_CUDA,
 // or without a GPU, a clear error.
 int session_cuda_parse(const char *dev, int *index, verr *err);
+// CUDA devices present (0 without CUDA or a GPU).
+int session_cuda_devices(void);
 // After forward_init(&s->fw): s->cu on GPU `device` (sharing base's weights when base
 // is given) and s->kv on the device. VARENT_CUDA_GRAPHS=0 in the environment turns
 // the decode-step CUDA graph off.

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "host/runtime/tp_mpi.h"
+#include "model/forward_cuda.h"
 
 // Every rank's checkpoint digest against rank 0's.
 static int same_checkpoint(session *s, tp_comm *c, verr *err) {
@@ -33,13 +34,36 @@ int session_tp_shard(session *s, const session_opts *o, int failed, int cuda_dev
     if (c->size != o->tp)
         return verr_set(err, "--tp %d: the tensor-parallel group has %d ranks", o->tp, c->size);
     if (tp_agree(c, !failed, err->msg, err)) return -1;
-    if (cuda_dev >= 0)
-        return verr_set(err, "--tp %d --device %s: tensor parallelism runs on the CPU backend for now "
-                        "(docs/distributed.md)", o->tp, o->device);
     if (o->n_lora > 0) return verr_set(err, "--tp %d: LoRA adapters are not supported with tensor parallelism", o->tp);
     tp_shard plan;
     if (tp_shard_plan(&s->m.cfg, c->rank, c->size, &plan, err) || same_checkpoint(s, c, err)) return -1;
     verr why;
     int bad = model_shard(&s->m, &plan, &why);
+    return tp_agree(c, !bad, why.msg, err);
+}
+
+int session_tp_device(const session_opts *o, int cuda_dev, int n_devices) {
+    if (cuda_dev < 0 || o->tp <= 1 || !o->tp_comm || strchr(o->device, ':') || n_devices <= 0) return cuda_dev;
+    // One rank per GPU: the node's ranks take its GPUs in turn (Open MPI, MPICH, Slurm).
+    const char *vars[] = { "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID" };
+    for (int i = 0; i < 3; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v) % n_devices;
+    }
+    return o->tp_comm->rank % n_devices;
+}
+
+int session_tp_join_cuda(session *s, const session_opts *o, verr *err) {
+    tp_comm *c = o->tp_comm;
+    unsigned char id[CUDA_TP_ID_BYTES] = { 0 }, *all = malloc((size_t)CUDA_TP_ID_BYTES * c->size);
+    verr why = { { 0 } };
+    int bad = !all ? verr_set(&why, "out of memory") : c->rank == 0 ? cuda_forward_tp_id(id, &why) : 0;
+    // rank 0's NCCL unique id to every rank, over MPI; then every rank joins the NCCL group
+    if (tp_agree(c, !bad, why.msg, err) || c->gather(c, id, sizeof id, all, err)) {
+        free(all);
+        return -1;
+    }
+    bad = cuda_forward_tp_join(s->cu, all, o->tp_timeout, &why);
+    free(all);
     return tp_agree(c, !bad, why.msg, err);
 }

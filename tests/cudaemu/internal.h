@@ -53,6 +53,8 @@ struct op {
 // Enqueues o on s (the current device's legacy stream when s is NULL), or records it
 // when s is capturing. Error: bad stream.
 cudaError_t stream_enqueue(cudaStream_t s, op o);
+// The device of stream s (NULL: the calling thread's current device).
+int stream_device(cudaStream_t s);
 void set_last_error(cudaError_t e);
 
 // Prints "cudaemu: " + the message on stderr and aborts (the emulator's checks).

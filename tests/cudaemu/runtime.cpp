@@ -294,6 +294,8 @@ cudaError_t stream_enqueue(cudaStream_t h, op o) {
     return cudaSuccess;
 }
 
+int stream_device(cudaStream_t h) { return resolve(h)->device; }
+
 // ---- kernel launches ---------------------------------------------------------------------
 cudaError_t launch(const char *name, const void *func, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    void *closure, const closure_ops *ops) {

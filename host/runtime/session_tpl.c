@@ -1,0 +1,245 @@
+// session_tpl.c: tensor parallelism in one process over several GPUs (varent run
+// --devices 0,1 --tp 2; docs/distributed-gpu.md). The session is rank 0: s->m is rank
+// 0's shard, s->fw / s->cu its forward, s->kv its KV cache, so everything that reads a
+// session (the sampler, the metrics, the logits) reads rank 0's, which hold the whole
+// model's results. Ranks 1.. live here, each with its shard, forward and device, and
+// their KV caches hang off the session's caches as peers (kv_cache.peer), so the
+// callers' views, branch tails (kv_cache_init_like) and commits cover every rank. A
+// forward call runs every rank's forward at once, each on its device's thread (dev_pool),
+// and they meet in NCCL collectives; the session's caches give every rank's lengths.
+// Second contexts on the model (critic, server slots, agent replicas) are refused.
+#include "host/runtime/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/runtime/devices.h"
+#include "host/runtime/session_cuda.h"
+#include "model/forward_cuda.h"
+
+typedef struct {
+    model m;                 // ranks >= 1: a shallow copy of the loaded model, cut to the rank's share
+    forward_state fw;
+    struct cuda_forward *cu;
+    int device;
+    kv_view *views;          // [cap] the call's views, translated to this rank's caches
+    float *logits;           // [cap, vocab] a batch's logits (ranks >= 1: scratch)
+    int cap;
+    int rc;
+    verr err;
+} tpl_rank;
+
+struct session_tpl {
+    int n;
+    tpl_rank r[DEVICES_MAX];  // r[0] lends its device and error only: its state is the session's
+    dev_pool *pool;
+    // the call in flight
+    session *s;
+    const int *ids;
+    int T, batch;
+    float *stats;
+    double timeout;
+    unsigned char id[CUDA_TP_ID_BYTES];
+};
+
+// --devices as GPU indices, at least --tp of them, no GPU twice.
+static int tpl_devices(const session_opts *o, int *dev, verr *err) {
+    device_spec spec[DEVICES_MAX];
+    int n = devices_parse(o->tp_devices, spec, err), have = session_cuda_devices();
+    if (n < 0) return -1;
+    if (o->tp > n)
+        return verr_set(err, "--tp %d needs %d GPUs, --devices %s lists %d (or launch one rank per GPU: mpirun -np %d "
+                        "varent ... --device cuda)", o->tp, o->tp, o->tp_devices, n, o->tp);
+    if (have == 0) return session_cuda_parse(spec[0].name, &dev[0], err);  // no CUDA build, or no GPU: say which
+    if (o->tp > have)
+        return verr_set(err, "--tp %d needs %d GPUs, %d CUDA device%s found", o->tp, o->tp, have, have == 1 ? "" : "s");
+    for (int r = 0; r < o->tp; r++) {
+        if (strncmp(spec[r].name, "cuda", 4) != 0)
+            return verr_set(err, "--devices %s --tp %d: tensor parallelism in one process runs on GPUs; on the CPU, "
+                            "launch one rank per process: mpirun -np %d varent ... --tp %d", o->tp_devices, o->tp,
+                            o->tp, o->tp);
+        if (session_cuda_parse(spec[r].name, &dev[r], err)) return -1;
+        for (int q = 0; q < r; q++)
+            if (dev[q] == dev[r])
+                return verr_set(err, "--devices %s: cuda:%d twice (one GPU per rank)", o->tp_devices, dev[r]);
+    }
+    return 0;
+}
+
+// Rank r's copy of the whole model (it shares the mapped files and tables) cut to its share.
+static int cut_rank(const model *whole, int r, int n, model *out, verr *err) {
+    tp_shard plan;
+    if (tp_shard_plan(&whole->cfg, r, n, &plan, err)) return -1;
+    *out = *whole;
+    out->layers = malloc(sizeof *out->layers * (size_t)whole->cfg.n_layers);
+    if (!out->layers) return verr_set(err, "out of memory");
+    memcpy(out->layers, whole->layers, sizeof *out->layers * (size_t)whole->cfg.n_layers);
+    out->tp_owned = NULL;
+    return model_shard(out, &plan, err);
+}
+
+int session_tpl_shard(session *s, const session_opts *o, int *cuda_dev, verr *err) {
+    int dev[DEVICES_MAX];
+    if (o->n_lora > 0) return verr_set(err, "--tp %d: LoRA adapters are not supported with tensor parallelism", o->tp);
+    if (tpl_devices(o, dev, err)) return -1;
+    struct session_tpl *t = calloc(1, sizeof *t);
+    if (!t) return verr_set(err, "out of memory");
+    s->tpl = t;
+    t->n = o->tp;
+    for (int r = 0; r < t->n; r++) t->r[r].device = dev[r];
+    for (int r = 1; r < t->n; r++)  // before rank 0's cut, which cuts s->m in place
+        if (cut_rank(&s->m, r, t->n, &t->r[r].m, err)) return -1;
+    tp_shard plan;
+    if (tp_shard_plan(&s->m.cfg, 0, t->n, &plan, err) || model_shard(&s->m, &plan, err)) return -1;
+    *cuda_dev = dev[0];
+    return dev_pool_start(&t->pool, t->n, err);
+}
+
+// ---- opening the other ranks, then the NCCL group, every rank on its own thread ----
+static void open_job(void *ud, int r) {
+    struct session_tpl *t = ud;
+    session *s = t->s;
+    tpl_rank *R = &t->r[r];
+    R->rc = 0;
+    if (r == 0) return;  // the session's own forward and cache are open
+    kv_cache *peer = &s->kv;
+    for (int i = 0; i < r; i++) peer = peer->peer;
+    kv_cache *next = peer->peer;  // the init clears the cache, link included
+    R->rc = forward_init(&R->fw, &R->m, s->fw.max_T, s->ctx, &R->err) ||
+            cuda_forward_open(&R->cu, &R->m, &R->fw, R->device, NULL, &R->err) ||
+            kv_cache_init_cuda(peer, cuda_forward_ctx(R->cu), R->m.cfg.n_layers, s->ctx, model_kv_dim(&R->m),
+                               &R->err);
+    peer->peer = next;
+    const char *g = getenv("VARENT_CUDA_GRAPHS");
+    if (R->rc == 0 && g && !strcmp(g, "0")) cuda_forward_set_graphs(R->cu, 0);
+}
+
+// Joining blocks until every rank has joined, so every rank joins at once.
+static void join_job(void *ud, int r) {
+    struct session_tpl *t = ud;
+    tpl_rank *R = &t->r[r];
+    R->rc = cuda_forward_tp_join(r ? R->cu : t->s->cu, t->id, t->timeout, &R->err);
+}
+
+// The first failing rank's message.
+static int first_error(struct session_tpl *t, verr *err) {
+    for (int r = 0; r < t->n; r++)
+        if (t->r[r].rc) return verr_set(err, "tensor parallelism, rank %d (cuda:%d): %.900s", r, t->r[r].device,
+                                        t->r[r].err.msg);
+    return 0;
+}
+
+int session_tpl_open(session *s, const session_opts *o, verr *err) {
+    struct session_tpl *t = s->tpl;
+    kv_cache *c = &s->kv;
+    for (int r = 1; r < t->n; r++, c = c->peer)  // the chain of peer caches, filled on the ranks' threads
+        if (!(c->peer = calloc(1, sizeof *c->peer))) return verr_set(err, "out of memory");
+    if (cuda_forward_tp_id(t->id, err)) return -1;
+    t->s = s, t->timeout = o->tp_timeout;
+    dev_pool_run(t->pool, (1u << t->n) - 1, open_job, t);
+    if (first_error(t, err)) return -1;
+    dev_pool_run(t->pool, (1u << t->n) - 1, join_job, t);
+    return first_error(t, err);
+}
+
+static void leave_job(void *ud, int r) {
+    struct session_tpl *t = ud;
+    cuda_forward_tp_leave(r ? t->r[r].cu : t->s->cu);
+}
+
+void session_tpl_leave(session *s) {
+    struct session_tpl *t = s->tpl;
+    if (!t || !t->pool) return;
+    t->s = s;
+    dev_pool_run(t->pool, (1u << t->n) - 1, leave_job, t);
+}
+
+void session_tpl_close(session *s) {
+    struct session_tpl *t = s->tpl;
+    if (!t) return;
+    for (int r = 1; r < t->n; r++) {
+        tpl_rank *R = &t->r[r];
+        cuda_forward_close(R->cu);  // after the session's caches (their peers) are freed
+        forward_free(&R->fw);
+        free(R->m.layers);
+        free(R->m.tp_owned);
+    }
+    for (int r = 0; r < t->n; r++) free(t->r[r].views), free(t->r[r].logits);
+    if (t->pool) dev_pool_stop(t->pool);
+    free(t);
+    s->tpl = NULL;
+}
+
+// ---- a forward call on every rank ----
+static kv_cache *peer_of(kv_cache *c, int r) {
+    for (int i = 0; c && i < r; i++) {
+        kv_cache *p = c->peer;
+        if (p) p->len = c->len;  // the rank's share holds as many positions as rank 0's
+        c = p;
+    }
+    return c;
+}
+
+// Room for B views and (batches) B rows of logits on every rank.
+static int fit(struct session_tpl *t, int B, int vocab, verr *err) {
+    for (int r = 0; r < t->n; r++) {
+        tpl_rank *R = &t->r[r];
+        if (B <= R->cap) continue;
+        free(R->views), free(R->logits);
+        R->views = malloc(sizeof *R->views * (size_t)B);
+        R->logits = malloc(sizeof(float) * (size_t)B * vocab);
+        R->cap = R->views && R->logits ? B : 0;
+        if (!R->cap) return verr_set(err, "out of memory");
+    }
+    return 0;
+}
+
+// Every rank's views of the same positions (on the caller's thread, before any rank moves them).
+static int translate(struct session_tpl *t, const kv_view *views, int B, verr *err) {
+    for (int r = 1; r < t->n; r++)
+        for (int b = 0; b < B; b++) {
+            kv_view v = { peer_of(views[b].trunk, r), views[b].n_trunk,
+                          views[b].tail ? peer_of(views[b].tail, r) : NULL };
+            if (!v.trunk || (views[b].tail && !v.tail))
+                return verr_set(err, "a KV cache without the other ranks' shares (allocate it with kv_cache_init_like)");
+            t->r[r].views[b] = v;
+        }
+    return 0;
+}
+
+static void forward_job(void *ud, int r) {
+    struct session_tpl *t = ud;
+    session *s = t->s;
+    tpl_rank *R = &t->r[r];
+    if (r == 0) {
+        R->rc = t->batch ? cuda_forward_batch(s->cu, &s->fw, R->views, t->ids, t->T, R->logits, t->stats, &R->err)
+                         : cuda_forward_run(s->cu, &s->fw, R->views, t->ids, t->T, &R->err);
+        return;
+    }
+    R->fw.attn_layer = s->fw.attn_layer, R->fw.lazy_logits = 1, R->fw.copy_scores = 0, R->fw.hooks = s->fw.hooks;
+    R->rc = t->batch ? cuda_forward_batch(R->cu, &R->fw, R->views, t->ids, t->T, R->logits, NULL, &R->err)
+                     : cuda_forward_run(R->cu, &R->fw, R->views, t->ids, t->T, &R->err);
+}
+
+static int run_all(session *s, kv_view *views, const int *ids, int n, int batch, float *stats, verr *err) {
+    struct session_tpl *t = s->tpl;
+    if (fit(t, batch ? n : 1, s->m.cfg.vocab_size, err)) return -1;
+    int B = batch ? n : 1;
+    memcpy(t->r[0].views, views, sizeof *views * (size_t)B);
+    if (translate(t, views, B, err)) return -1;
+    t->s = s, t->ids = ids, t->T = n, t->batch = batch, t->stats = stats;
+    dev_pool_run(t->pool, (1u << t->n) - 1, forward_job, t);
+    if (first_error(t, err)) return -1;
+    memcpy(views, t->r[0].views, sizeof *views * (size_t)B);  // rank 0 advanced its views
+    return 0;
+}
+
+int session_tpl_forward(session *s, kv_view *kv, const int *ids, int T, verr *err) {
+    return run_all(s, kv, ids, T, 0, NULL, err);
+}
+
+int session_tpl_batch(session *s, kv_view *views, const int *ids, int B, float *logits, float *stats, verr *err) {
+    if (run_all(s, views, ids, B, 1, stats, err)) return -1;
+    memcpy(logits, s->tpl->r[0].logits, sizeof(float) * (size_t)B * s->m.cfg.vocab_size);
+    return 0;
+}

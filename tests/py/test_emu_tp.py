@@ -1,0 +1,267 @@
+"""Tensor parallelism on the emulated CUDA devices (docs/distributed-gpu.md), against the
+one-device run of the same emulated build (never against its own output):
+  - logits of `--devices 0,1 --tp 2` (one process, a thread per GPU) and of `mpirun -np 2
+    ... --device cuda --tp 2` (a process per GPU, NCCL bootstrapped over MPI) equal
+    `--device cuda` within TOL on the four tiny presets and stories260K, prefill and decode
+    (--chunk 1: graph-captured steps with the NCCL collectives in the graph); the two
+    launch forms compute the same thing, so their logits are bit-identical; --tp 4 on four
+    emulated GPUs (KV heads repeated over ranks, uneven head splits) too; eager launches
+    (VARENT_CUDA_GRAPHS=0) equal the graph replays bit for bit;
+  - greedy stories260K prints the one-device text in both forms;
+  - the entropix metrics (run --metrics-out: logit entropy and varentropy over the whole
+    vocabulary, attention entropy, varentropy, agreement and interaction strength over all
+    heads, computed on the device after the gathers) match the one-device run, with the
+    same tokens and quadrants; LEHV branches (batched rows, KV tails, commits on every
+    rank) give the one-device text;
+  - bad input gives clear errors: --tp larger than the GPUs, a degree that does not divide
+    the heads (one process and MPI), a GPU listed twice, --devices without --tp, the
+    forward hooks with TP on CUDA; an MPI rank stopped mid-run makes rank 0 fail with a
+    message naming the rank that did not arrive, and the launch ends instead of hanging.
+TOL: the ranks' partial sums add in another order (fp32), which the bf16 rounding of
+prefill activations and of the KV cache can turn into one bf16 step of an element; the
+device-against-CPU bound of test_emu_cli.py is 3e-2.
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+
+import vtest
+from vtest import check, skip, stories_dir
+import gen_random_checkpoint as gen
+
+EMU = os.path.join(os.environ.get("EMU_BUILD", os.path.join(vtest.ROOT, "build", "emu")), "varent")
+TOL = 1e-2
+PRESETS = (("llama3-tiny", "bf16", 11), ("llama-mha-untied", "f32", 12),
+           ("qwen2-tiny", "bf16", 13), ("qwen3-tiny", "bf16", 14))
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np"]
+
+
+def run(cmd, env=None, timeout=300):
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def mpi_ok(model, tmp):
+    """mpirun present and the emulated build made with MPI."""
+    if not shutil.which("mpirun"):
+        return False, "no mpirun"
+    r = run(MPIRUN + [1, EMU, "logits", "-m", model, "--ids", "1", "--out", os.path.join(tmp, "probe.f32")])
+    return r.returncode == 0, r.stderr.strip()[-200:]
+
+
+def logits(cmd, out, env=None):
+    if os.path.exists(out):
+        os.remove(out)
+    r = run(cmd + ["--out", out], env)
+    ok = r.returncode == 0 and os.path.exists(out)
+    return (np.fromfile(out, dtype="<f4"), "") if ok else (None, f"rc {r.returncode}: {r.stderr.strip()[-300:]}")
+
+
+def rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def compare_logits(name, d, ids, tmp, mpi, extra=()):
+    base = ["logits", "-m", d, "--ids", ",".join(map(str, ids)), *extra]
+    one, why = logits([EMU, *base, "--device", "cuda"], os.path.join(tmp, "one.f32"))
+    loc, why2 = logits([EMU, *base, "--devices", "0,1", "--tp", 2], os.path.join(tmp, "loc.f32"))
+    if one is None or loc is None:
+        check(False, f"emu_tp_logits_{name}", why or why2)
+        return
+    e = rel(loc, one)
+    check(np.isfinite(loc).all() and e <= TOL, f"emu_tp_logits_{name}_devices_0_1", f"max|diff|/max|ref| = {e:.3g}")
+    if mpi:
+        got, why = logits(MPIRUN + [2, EMU, *base, "--device", "cuda", "--tp", 2], os.path.join(tmp, "mpi.f32"))
+        check(got is not None and rel(got, one) <= TOL and np.array_equal(got, loc), f"emu_tp_logits_{name}_mpirun",
+              why or f"vs one device {rel(got, one):.3g}; vs --devices 0,1: max|diff| {np.max(np.abs(got - loc)):.3g}")
+
+
+def test_logits(tmp, model, mpi):
+    for preset, dtype, seed in PRESETS:
+        d = os.path.join(tmp, preset)
+        gen.generate(preset, d, seed=seed, dtype=dtype)
+        ids = list(np.random.default_rng(seed).integers(0, 200, 17))
+        compare_logits(f"{preset}_prefill", d, ids, tmp, mpi)
+        compare_logits(f"{preset}_decode", d, ids, tmp, mpi, ("--chunk", 1))
+    compare_logits("stories260K_prefill", model, [1, 403, 407, 261, 12, 9, 77], tmp, mpi)
+    compare_logits("stories260K_decode", model, [1, 403, 407, 261, 9, 77], tmp, mpi, ("--chunk", 1))
+    # four GPUs: llama3-tiny's 2 KV heads each on two ranks; the untied model's 6 heads as 2, 1, 2, 1
+    for preset in ("llama3-tiny", "llama-mha-untied"):
+        d, env = os.path.join(tmp, preset), {"VARENT_EMU_DEVICES": "4"}
+        base = ["logits", "-m", d, "--ids", "3,1,4,1,5,9,2,6"]
+        one, why = logits([EMU, *base, "--device", "cuda"], os.path.join(tmp, "one.f32"), env)
+        four, why2 = logits([EMU, *base, "--devices", "0,1,2,3", "--tp", 4], os.path.join(tmp, "four.f32"), env)
+        ok = one is not None and four is not None and rel(four, one) <= TOL
+        check(ok, f"emu_tp4_logits_{preset}", why or why2 or f"max|diff|/max|ref| = {rel(four, one):.3g}")
+    # graphs against eager launches: the same kernels and collectives, the same bits
+    d = os.path.join(tmp, "qwen3-tiny")
+    base = [EMU, "logits", "-m", d, "--ids", "5,6,7,8,9", "--chunk", 1, "--devices", "0,1", "--tp", 2]
+    g, why = logits(base, os.path.join(tmp, "graph.f32"))
+    e, why2 = logits(base, os.path.join(tmp, "eager.f32"), {"VARENT_CUDA_GRAPHS": "0"})
+    check(g is not None and e is not None and np.array_equal(g, e), "emu_tp_graph_equals_eager", why or why2)
+
+
+def text(cmd):
+    r = run(cmd)
+    return (r.stdout, "") if r.returncode == 0 else (None, f"rc {r.returncode}: {r.stderr.strip()[-300:]}")
+
+
+def test_greedy(model, mpi):
+    base = ["run", "-m", model, "--temp", "0", "-n", 64, "-p", "Once upon a time"]
+    one, why = text([EMU, *base, "--device", "cuda"])
+    loc, why2 = text([EMU, *base, "--devices", "0,1", "--tp", 2])
+    check(one is not None and loc == one, "emu_tp_greedy_stories260K_devices_0_1", why or why2 or f"{loc[:80]!r}")
+    if mpi:
+        got, why = text(MPIRUN + [2, EMU, *base, "--device", "cuda", "--tp", 2])
+        check(one is not None and got == one, "emu_tp_greedy_stories260K_mpirun", why or f"{str(got)[:80]!r}")
+
+
+KEYS = ("entropy", "varentropy", "attn_entropy", "attn_varentropy", "agreement", "interaction_strength")
+
+
+def metrics(cmd, path):
+    if os.path.exists(path):
+        os.remove(path)
+    r = run(cmd + ["--metrics-out", path, "--force"])
+    if r.returncode != 0:
+        return None, None, f"rc {r.returncode}: {r.stderr.strip()[-300:]}"
+    return r.stdout, [json.loads(x) for x in open(path)], ""
+
+
+def same_metrics(a, b):
+    """Same tokens and quadrants, every metric within 1e-3 relative (+1e-4)."""
+    if len(a) != len(b):
+        return f"{len(a)} records against {len(b)}"
+    for x, y in zip(a, b):
+        if (x.get("token"), x.get("quadrant")) != (y.get("token"), y.get("quadrant")):
+            return f"position {x.get('pos')}: token/quadrant {x.get('token')}/{x.get('quadrant')} against " \
+                   f"{y.get('token')}/{y.get('quadrant')}"
+        for k in KEYS:
+            if abs(x[k] - y[k]) > 1e-4 + 1e-3 * abs(y[k]):
+                return f"position {x.get('pos')}: {k} {x[k]} against {y[k]}"
+    return ""
+
+
+def test_metrics(model, tmp, mpi):
+    base = ["run", "-m", model, "-n", 24, "--seed", 3, "--sampler", "entropix", "-p", "Once upon a time"]
+    t1, m1, why = metrics([EMU, *base, "--device", "cuda"], os.path.join(tmp, "m1.jsonl"))
+    t2, m2, why2 = metrics([EMU, *base, "--devices", "0,1", "--tp", 2], os.path.join(tmp, "m2.jsonl"))
+    if m1 is None or m2 is None:
+        check(False, "emu_tp_entropix_metrics", why or why2)
+        return
+    attn = any(r["agreement"] > 0 for r in m1)  # the capture layer was on: attention metrics to compare
+    diff = same_metrics(m2, m1) or ("" if attn else "no attention metrics in the one-device run")
+    check(t2 == t1 and not diff, "emu_tp_entropix_metrics_devices_0_1", diff or "the texts differ")
+    if mpi:
+        t3, m3, why = metrics(MPIRUN + [2, EMU, *base, "--device", "cuda", "--tp", 2], os.path.join(tmp, "m3.jsonl"))
+        check(m3 is not None and t3 == t1 and m3 == m2, "emu_tp_entropix_metrics_mpirun",
+              why or same_metrics(m3, m2) or "the text differs")
+
+
+def test_branches(model, tmp):
+    base = ["run", "-m", model, "-p", "Once upon a time", "-n", 40, "--seed", 5, "--sampler", "entropix", "--branch",
+            "3:8", "--set", "order=LEHV", "--set", "LEHV.entropy.max=inf", "--set", "LEHV.varentropy.min=-1"]
+    t1, m1, why = metrics([EMU, *base, "--device", "cuda"], os.path.join(tmp, "b1.jsonl"))
+    t2, m2, why2 = metrics([EMU, *base, "--devices", "0,1", "--tp", 2], os.path.join(tmp, "b2.jsonl"))
+    quads = [r.get("quadrant") for r in m2] if m2 else []
+    check(t1 is not None and t2 == t1 and "BRANCH" in quads, "emu_tp_lehv_branches_devices_0_1",
+          why or why2 or f"texts equal {t1 == t2}; quadrants {sorted(set(map(str, quads)))}")
+
+
+def test_bad_input(tmp, model, mpi):
+    d = os.path.join(tmp, "llama3-tiny")  # 4 query heads, 2 KV heads
+    base = [EMU, "logits", "-m", d, "--ids", "1,2,3", "--out", os.path.join(tmp, "bad.f32")]
+    cases = (
+        ("tp_over_devices", ["--device", "cuda", "--tp", 4], {}, "--tp 4 needs 4 GPUs, 2 CUDA devices found"),
+        ("tp_over_list", ["--devices", "0,1", "--tp", 4], {}, "--tp 4 needs 4 GPUs, --devices 0,1 lists 2"),
+        ("degree_not_dividing", ["--devices", "0,1,2", "--tp", 3], {"VARENT_EMU_DEVICES": "4"},
+         "cannot be split over 3 ranks"),
+        ("gpu_twice", ["--devices", "0,0", "--tp", 2], {}, "cuda:0 twice"),
+        ("devices_without_tp", ["--devices", "0,1"], {}, "give --tp N"),
+        ("hooks", ["--devices", "0,1", "--tp", 2, "--skip-layer", 0], {}, "do not run with tensor parallelism on CUDA"),
+    )
+    for name, extra, env, want in cases:
+        r = run(base + extra, env)
+        check(r.returncode != 0 and want in r.stderr, f"emu_tp_refuses_{name}", f"rc {r.returncode}: {r.stderr[-300:]}")
+    if mpi:
+        r = run(MPIRUN + [3] + base + ["--device", "cuda"], {"VARENT_EMU_DEVICES": "3"})
+        check(r.returncode != 0 and "cannot be split over 3 ranks" in r.stderr, "emu_tp_refuses_mpirun_degree",
+              f"rc {r.returncode}: {r.stderr[-300:]}")
+
+
+def rank_pids(parent):
+    """{MPI rank: pid} of mpirun's children."""
+    out = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]) != parent:
+                continue
+            for e in open(f"/proc/{p}/environ", "rb").read().split(b"\0"):
+                if e.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    out[int(e.split(b"=")[1])] = int(p)
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def test_stuck_rank(model):
+    """A rank that stops answering mid-run (SIGSTOP): rank 0 gives up with a clear error and
+    the launch ends, instead of hanging (the emulated NCCL's 3 s timeout here; on GPUs the
+    stream wait's --tp-timeout)."""
+    import signal
+    import time
+    cmd = MPIRUN + [2, "-x", "VARENT_EMU_NCCL_TIMEOUT", EMU, "run", "-m", model, "--temp", 0, "-n", 400, "-p",
+                    "Once upon a time", "--device", "cuda", "--tp", 2, "--tp-timeout", 30]
+    import select
+    p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, VARENT_EMU_NCCL_TIMEOUT="3"))
+    select.select([p.stdout], [], [], 60)  # rank 0 prints once the session (and its NCCL group) is up
+    time.sleep(0.5)
+    pids = rank_pids(p.pid)
+    if 1 in pids:
+        os.kill(pids[1], signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        _, err = p.communicate(timeout=90)
+        hung = False
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+        hung = True
+    for pid in pids.values():  # whatever mpirun left behind
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+    took = time.time() - t0
+    ok = 1 in pids and not hung and p.returncode != 0 and "tensor parallelism (rank 0 of 2" in err and \
+        "rank 1 did not arrive" in err
+    check(ok, "emu_tp_stuck_rank_is_an_error_not_a_hang",
+          f"ranks {pids}, hung {hung}, rc {p.returncode} after {took:.0f} s: {err.strip()[-400:]}")
+
+
+def main():
+    if not os.access(EMU, os.X_OK):
+        check(False, "emu_tp", f"no emulated build at {EMU} (make emu)")
+        vtest.done()
+    tmp = vtest.tmpdir("emu-tp")
+    model = stories_dir("f32")
+    mpi, why = mpi_ok(model, tmp)
+    if not mpi:
+        skip("emu_tp_mpirun", f"the MPI launch form: {why}")
+    test_logits(tmp, model, mpi)
+    test_greedy(model, mpi)
+    test_metrics(model, tmp, mpi)
+    test_branches(model, tmp)
+    test_bad_input(tmp, model, mpi)
+    if mpi:
+        test_stuck_rank(model)
+    vtest.done()
+
+
+if __name__ == "__main__":
+    main()

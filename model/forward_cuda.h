@@ -67,7 +67,7 @@ int cuda_forward_batch(cuda_forward *f, forward_state *fw, kv_view *views, const
 // the configurations go up, the results come back; the logits stay on the device.
 int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err);
 
-// ---- tensor parallelism (model/forward_cuda_tp.c, docs/distributed-gpu.md) ----
+// ---- tensor parallelism (model/forward_cuda_tp.c, docs/distributed.md) ----
 // A forward opened on a shard (model_shard: rank m->tp.rank of m->tp.size) joins its
 // group with the group's NCCL unique id, which one rank makes (cuda_forward_tp_id) and
 // every rank receives: over MPI, or in one process from the caller. Joining blocks until

@@ -1,5 +1,5 @@
 // forward_cuda_tp.c: tensor parallelism on the CUDA backend (forward_cuda.h,
-// docs/distributed-gpu.md). Each rank's forward holds its shard (model/shard.c) on its
+// docs/distributed.md). Each rank's forward holds its shard (model/shard.c) on its
 // own GPU and meets the others in NCCL collectives queued on its stream, so they are
 // stream-ordered with the kernels and captured in the decode graph with them:
 //   - after o_proj and after down_proj: the partial sums all-reduced, as a

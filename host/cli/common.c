@@ -42,7 +42,7 @@ const cli_opt cli_opts_tp[] = {
     OPT_TP,
     OPT_TP_TIMEOUT,
     { "--devices", "LIST", "performance", "0,1,... (--tp of them)", "with --tp N in one process: the N GPUs, one "
-      "rank each (docs/distributed-gpu.md)", 0 },
+      "rank each (docs/distributed.md)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 

@@ -133,7 +133,7 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
     if (base->cu && base->m.tp.size > 1) {  // its forward would need a place in the NCCL group
         session_close(s);
         return verr_set(err, "a second context (critic, server slot, agent replica) on a tensor-parallel CUDA model is "
-                        "not supported (docs/distributed-gpu.md)");
+                        "not supported (docs/distributed.md)");
     }
     const model_config *c = &s->m.cfg;
     if (forward_init(&s->fw, &s->m, base->fw.max_T < s->ctx ? base->fw.max_T : s->ctx, s->ctx, err) ||

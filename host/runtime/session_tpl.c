@@ -1,5 +1,5 @@
 // session_tpl.c: tensor parallelism in one process over several GPUs (varent run
-// --devices 0,1 --tp 2; docs/distributed-gpu.md). The session is rank 0: s->m is rank
+// --devices 0,1 --tp 2; docs/distributed.md). The session is rank 0: s->m is rank
 // 0's shard, s->fw / s->cu its forward, s->kv its KV cache, so everything that reads a
 // session (the sampler, the metrics, the logits) reads rank 0's, which hold the whole
 // model's results. Ranks 1.. live here, each with its shard, forward and device, and

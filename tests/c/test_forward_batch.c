@@ -101,8 +101,8 @@ static int reference(session *s, kv_view *views, const int *ids, int B, refs *r,
         memcpy(r->scores + b * per, s->fw.attn_scores, per * sizeof(float));
         r->keys[b] = s->fw.attn_keys;
         for (int l = 0; l < c->n_layers; l++) {
-            memcpy(r->k + ((size_t)b * c->n_layers + l) * kvd, kv_cache_k(t, l) + at * kvd, kvd * sizeof(float));
-            memcpy(r->v + ((size_t)b * c->n_layers + l) * kvd, kv_cache_v(t, l) + at * kvd, kvd * sizeof(float));
+            memcpy(r->k + ((size_t)b * c->n_layers + l) * kvd, (float *)kv_cache_k(t, l) + at * kvd, kvd * sizeof(float));
+            memcpy(r->v + ((size_t)b * c->n_layers + l) * kvd, (float *)kv_cache_v(t, l) + at * kvd, kvd * sizeof(float));
         }
         kv_cache_truncate(t, at);
         if (!views[b].tail) views[b].n_trunk = at;
@@ -121,8 +121,8 @@ static void compare_state(const char *tag, session *s, kv_view *views, int B, co
         len_ok = len_ok && t->len == len0[b] + 1 && (views[b].tail || views[b].n_trunk == t->len);
         for (int l = 0; l < c->n_layers; l++) {
             size_t at = (size_t)len0[b] * kvd, o = ((size_t)b * c->n_layers + l) * kvd;
-            kv_ok = kv_ok && same(kv_cache_k(t, l) + at, r->k + o, (long)kvd, exact) &&
-                    same(kv_cache_v(t, l) + at, r->v + o, (long)kvd, exact);
+            kv_ok = kv_ok && same((float *)kv_cache_k(t, l) + at, r->k + o, (long)kvd, exact) &&
+                    same((float *)kv_cache_v(t, l) + at, r->v + o, (long)kvd, exact);
         }
         if (scores)
             sc_ok = sc_ok && keys[b] == r->keys[b] &&
@@ -357,8 +357,8 @@ static void compare_branches(const char *tag, session *s, const branch_set *bs, 
     int fed = o->len[o->winner] - 1, kv_ok = s->kv.len == n_prompt + fed;
     size_t kvd = (size_t)tl->kv_dim;
     for (int l = 0; kv_ok && l < tl->n_layers; l++)
-        kv_ok = !memcmp(kv_cache_k(&s->kv, l) + n_prompt * kvd, kv_cache_k(tl, l), fed * kvd * sizeof(float)) &&
-                !memcmp(kv_cache_v(&s->kv, l) + n_prompt * kvd, kv_cache_v(tl, l), fed * kvd * sizeof(float));
+        kv_ok = !memcmp((float *)kv_cache_k(&s->kv, l) + n_prompt * kvd, kv_cache_k(tl, l), fed * kvd * sizeof(float)) &&
+                !memcmp((float *)kv_cache_v(&s->kv, l) + n_prompt * kvd, kv_cache_v(tl, l), fed * kvd * sizeof(float));
     CHECK(kv_ok, NAME("%s: the winner's tail is committed to the trunk", tag), "kv len %d, want %d + %d", s->kv.len,
           n_prompt, fed);
     if (!strstr(tag, "penalty")) CHECK(early > 0, NAME("%s: a stop id ends a branch early", tag), "no branch stopped");

@@ -1,4 +1,4 @@
-"""Tensor parallelism on the emulated CUDA devices (docs/distributed-gpu.md), against the
+"""Tensor parallelism on the emulated CUDA devices (docs/distributed.md), against the
 one-device run of the same emulated build (never against its own output):
   - logits of `--devices 0,1 --tp 2` (one process, a thread per GPU) and of `mpirun -np 2
     ... --device cuda --tp 2` (a process per GPU, NCCL bootstrapped over MPI) equal

@@ -41,7 +41,11 @@ def main():
             got, why = logits(tmp, d, ids, *extra)
             e_r = float(np.max(np.abs(got - rounded)) / scale) if got is not None else 1
             e_x = float(np.max(np.abs(got - exact)) / scale) if got is not None else 0
-            check(got is not None and e_r <= 1e-4 and e_r * 5 < e_x, f"kv_bf16_{name}_{tag}_vs_rounded_reference",
+            # 1e-3, not the fp32 tests' 1e-4: a key or value whose fp32 (varent) and float64
+            # (numpy) values fall on either side of a bf16 rounding boundary rounds one bf16
+            # step (2^-8) apart, and which ones do depends on the compiler's arithmetic
+            # (-O1 under make test-asan measured 4.0e-4; -O3 under 1e-4).
+            check(got is not None and e_r <= 1e-3 and e_r * 5 < e_x, f"kv_bf16_{name}_{tag}_vs_rounded_reference",
                   why or f"max rel err {e_r:.3g} vs rounded reference, {e_x:.3g} vs unrounded")
     log = os.path.join(tmp, "agents.jsonl")
     dump = os.path.join(tmp, "agents.f32")

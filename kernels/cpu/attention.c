@@ -7,7 +7,7 @@
 //   - decode (one token tile) splits the keys across threads as well, each split keeping
 //     its own max and sum, merged at the end (flash decoding), so two threads share even
 //     three kv heads.
-// The kernel body (attention_tile.h) is compiled for AVX-512, AVX2 and portably, and
+// The kernel body (attention_tile.h, and attention_rows.h for prefill tiles) is compiled for AVX-512, AVX2 and portably, and
 // cpu_isa_active() picks one. cpu_attn_stats: the entropix statistics of the last
 // query's scores (the twin of cuda_attn_stats).
 #include <math.h>
@@ -60,12 +60,15 @@ typedef unsigned short attn_vh4 __attribute__((vector_size(8)));
 #define ATT_VH attn_vh16
 #define ATT_VW 16
 #define ATT_FN(name) name##_avx512
+#define ATT_IV 4
 #include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/attention_rows.h"
 #undef ATT_V
 #undef ATT_VI
 #undef ATT_VH
 #undef ATT_VW
 #undef ATT_FN
+#undef ATT_IV
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("arch=x86-64-v3")
@@ -74,12 +77,15 @@ typedef unsigned short attn_vh4 __attribute__((vector_size(8)));
 #define ATT_VH attn_vh8
 #define ATT_VW 8
 #define ATT_FN(name) name##_avx2
+#define ATT_IV 2
 #include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/attention_rows.h"
 #undef ATT_V
 #undef ATT_VI
 #undef ATT_VH
 #undef ATT_VW
 #undef ATT_FN
+#undef ATT_IV
 #pragma GCC pop_options
 #endif
 // The portable build: 16-byte vectors, which every x86-64 (SSE2) and aarch64 (NEON) has.
@@ -88,7 +94,9 @@ typedef unsigned short attn_vh4 __attribute__((vector_size(8)));
 #define ATT_VH attn_vh4
 #define ATT_VW 4
 #define ATT_FN(name) name##_generic
+#define ATT_IV 2
 #include "kernels/cpu/attention_tile.h"
+#include "kernels/cpu/attention_rows.h"
 
 typedef void attn_tile_fn(const attn_args *a, const attn_rows *w, int ka, int kb, float *m, float *l, float *o,
                           float *s);
@@ -96,10 +104,10 @@ typedef void attn_tile_fn(const attn_args *a, const attn_rows *w, int ka, int kb
 static attn_tile_fn *attn_pick(void) {
 #if defined(__x86_64__)
     cpu_isa isa = cpu_isa_active();
-    if (isa >= CPU_ISA_AVX512) return attn_tile_avx512;
-    if (isa == CPU_ISA_AVX2) return attn_tile_avx2;
+    if (isa >= CPU_ISA_AVX512) return attn_run_tile_avx512;
+    if (isa == CPU_ISA_AVX2) return attn_run_tile_avx2;
 #endif
-    return attn_tile_generic;
+    return attn_run_tile_generic;
 }
 
 // How the rows and keys are cut into jobs.
@@ -202,8 +210,9 @@ void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s, 
     attn_tile_fn *tile_fn = attn_pick();
     float *part = p.splits > 1 ? malloc(sizeof(float) * (size_t)p.jobs * ATT_MAX_ROWS * (2 + s.head_dim)) : NULL;
     if (!part) p.splits = 1, p.jobs = s.n_kv_heads * p.head_chunks * p.token_tiles;  // no memory: no splits
-    // m, l, the block's scores, the rows' outputs, and one widened bf16 K or V row
-    size_t scratch_floats = 2 * ATT_MAX_ROWS + ATT_MAX_ROWS * ATT_BK + (size_t)(ATT_MAX_ROWS + 1) * s.head_dim;
+    // m, l, the block's scores, the rows' outputs, then q^T and a block of widened bf16 K
+    // and V rows (attention_rows.h; the per-row path uses one widened row of it)
+    size_t scratch_floats = 2 * ATT_MAX_ROWS + ATT_MAX_ROWS * ATT_BK + (size_t)(2 * ATT_MAX_ROWS + 2 * ATT_BK) * s.head_dim;
 #pragma omp parallel if (p.jobs > 1 && (long)T * s.n_heads * total * s.head_dim > 16384)
     {
         float *scratch = malloc(sizeof(float) * scratch_floats);

@@ -44,14 +44,19 @@ static void gemm_f32_generic(float *tile, const float *x, size_t ldx, int mr, co
 // panel is written in order and the rows read as GEMM_NR sequential streams, one cache
 // line of each serving many k: packing costs a small fraction of the multiply-adds.
 #define PACK_LOOP(CONV)                                                                        \
-    for (int k = 0; k < n_in; k++) {                                                           \
+    for (int k = k_start; k < n_in; k++) {                                                     \
         float *dst = panel + (size_t)k * GEMM_NR;                                              \
         for (int j = 0; j < nr; j++) dst[j] = CONV(src[(size_t)j * n_in + k]);                 \
         for (int j = nr; j < GEMM_NR; j++) dst[j] = 0;                                         \
     }
 #define PACK_ID(v) (v)
-static void pack_f32(float *panel, wref w, int r0, int nr, int n_in) {
+// vec: the AVX-512 packer takes the whole 16-column groups of a full panel first.
+static void pack_f32(float *panel, wref w, int r0, int nr, int n_in, int vec) {
     size_t base = (size_t)r0 * n_in;
+    int k_start = 0;
+#if defined(__x86_64__)
+    if (vec) k_start = gemm_pack_f32_avx512(panel, (const char *)w.data + base * wtype_size(w.type), w.type, nr, n_in);
+#endif
     if (w.type == WT_F32) {
         const float *src = (const float *)w.data + base;
         PACK_LOOP(PACK_ID)
@@ -65,10 +70,13 @@ static void pack_f32(float *panel, wref w, int r0, int nr, int n_in) {
 }
 
 // Rows r0..r0+nr of bf16 w as 32-bit pairs into panel[(n_in+1)/2][GEMM_NR].
-static void pack_bf16(uint32_t *panel, const uint16_t *w, int r0, int nr, int n_in) {
-    int k2 = (n_in + 1) / 2;
+static void pack_bf16(uint32_t *panel, const uint16_t *w, int r0, int nr, int n_in, int vec) {
+    int k2 = (n_in + 1) / 2, k_start = 0;
     const uint16_t *src = w + (size_t)r0 * n_in;
-    for (int k = 0; k < k2; k++) {
+#if defined(__x86_64__)
+    if (vec) k_start = gemm_pack_bf16_avx512(panel, src, nr, n_in);
+#endif
+    for (int k = k_start; k < k2; k++) {
         uint32_t *dst = panel + (size_t)k * GEMM_NR;
         for (int j = 0; j < nr; j++) {
             const uint16_t *p = src + (size_t)j * n_in + 2 * k;
@@ -83,16 +91,17 @@ typedef struct {
     gemm_f32_fn *f32;
     gemm_bf16_fn *bf16;  // NULL: bf16 inputs unavailable
     int mr;
+    int pack_avx512;  // the packers' AVX-512 transposes
 } gemm_impl;
 
 static gemm_impl gemm_pick(void) {
     switch (cpu_isa_active()) {
 #if defined(__x86_64__)
-    case CPU_ISA_AVX512BF16: return (gemm_impl){ gemm_f32_avx512, gemm_bf16_avx512bf16, 8 };
-    case CPU_ISA_AVX512: return (gemm_impl){ gemm_f32_avx512, NULL, 8 };
-    case CPU_ISA_AVX2: return (gemm_impl){ gemm_f32_avx2, NULL, 6 };
+    case CPU_ISA_AVX512BF16: return (gemm_impl){ gemm_f32_avx512, gemm_bf16_avx512bf16, 8, 1 };
+    case CPU_ISA_AVX512: return (gemm_impl){ gemm_f32_avx512, NULL, 8, 1 };
+    case CPU_ISA_AVX2: return (gemm_impl){ gemm_f32_avx2, NULL, 6, 0 };
 #endif
-    default: return (gemm_impl){ gemm_f32_generic, NULL, GENERIC_MR };
+    default: return (gemm_impl){ gemm_f32_generic, NULL, GENERIC_MR, 0 };
     }
 }
 
@@ -114,8 +123,8 @@ typedef struct {
 static void gemm_run_job(const gemm_job *g, int p, int t0, int t1, void *buf) {
     int r0 = p * GEMM_NR, nr = g->n_out - r0 < GEMM_NR ? g->n_out - r0 : GEMM_NR, mr = g->impl.mr;
     float tile[GEMM_MR_MAX * GEMM_NR];
-    if (g->xb) pack_bf16(buf, g->w.data, r0, nr, g->n_in);
-    else pack_f32(buf, g->w, r0, nr, g->n_in);
+    if (g->xb) pack_bf16(buf, g->w.data, r0, nr, g->n_in, g->impl.pack_avx512);
+    else pack_f32(buf, g->w, r0, nr, g->n_in, g->impl.pack_avx512);
     for (int t = t0; t < t1; t += mr) {
         int m = t1 - t < mr ? t1 - t : mr;
         if (g->xb) g->impl.bf16(tile, g->xb + (size_t)t * g->k2, (size_t)g->k2, m, buf, g->k2);

@@ -26,6 +26,10 @@ gemm_f32_fn gemm_f32_avx2, gemm_f32_avx512;
 gemm_bf16_fn gemm_bf16_avx512bf16;
 // x[n] as bf16 pairs (round to nearest even), the odd tail padded with zero: n2 words.
 void gemm_to_bf16_avx512bf16(uint32_t *out, const float *x, int n);
+// Pack a whole panel's leading columns with AVX-512 transposes: returns how many k (or
+// k-pairs) it packed, 0 unless nr == GEMM_NR; the caller packs the rest. wt: a wtype.
+int gemm_pack_f32_avx512(float *panel, const void *w, int wt, int nr, int n_in);
+int gemm_pack_bf16_avx512(uint32_t *panel, const uint16_t *w, int nr, int n_in);
 #endif
 
 #endif

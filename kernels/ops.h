@@ -69,7 +69,7 @@ void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out);
 int cpu_gemm(float *out, const float *x, wref w, int T, int n_in, int n_out);
 // bf16 weights on AVX512_BF16: round the inputs x to bf16 too and use vdpbf16ps (as
 // llama.cpp does; about 1.5x the fp32 FMA rate, inputs with 8 mantissa bits). Off by
-// default (VARENT_CPU_GEMM=bf16 turns it on): with fp32 inputs the logits stay within
+// default (`--gemm-inputs bf16`, or VARENT_CPU_GEMM=bf16, turns it on): with fp32 inputs the logits stay within
 // 1e-4 of the fp32 reference; bf16 inputs moved them by 0.5-0.9% of their range on the
 // tiny test models (tests/py/test_logits_reference.py).
 void cpu_set_gemm_bf16_inputs(int on);

@@ -5,6 +5,7 @@
 
 #include "host/cli/interp_opts.h"
 #include "host/cli/ranks.h"
+#include "kernels/ops.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -31,6 +32,8 @@ const cli_opt cli_opts_session[] = {
 const cli_opt cli_opts_kv[] = {
     { "--kv-type", "f32|bf16", "performance", "f32", "the CPU's KV cache elements: bf16 halves the bytes attention "
       "reads at depth (the GPU's cache is bf16)", 0 },
+    { "--gemm-inputs", "f32|bf16", "performance", "f32", "the CPU GEMM's activations (prefill, batches) with bf16 "
+      "weights: bf16 rounds them as llama.cpp does, for vdpbf16ps (faster; the logits move, docs/benchmarks.md)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
@@ -116,8 +119,10 @@ void cli_load_end(progress *pg, int ok) {
 }
 
 int cli_kv_bf16(args *a) {
-    const char *kv = args_str(a, "--kv-type", "f32");
+    const char *kv = args_str(a, "--kv-type", "f32"), *gi = args_str(a, "--gemm-inputs", NULL);
     if (strcmp(kv, "bf16") != 0 && strcmp(kv, "f32") != 0) args_bad(a, "--kv-type %s: f32 or bf16", kv);
+    if (gi && strcmp(gi, "bf16") != 0 && strcmp(gi, "f32") != 0) args_bad(a, "--gemm-inputs %s: f32 or bf16", gi);
+    if (gi) cpu_set_gemm_bf16_inputs(!strcmp(gi, "bf16"));  // the process's CPU GEMM (else VARENT_CPU_GEMM)
     return !strcmp(kv, "bf16");
 }
 

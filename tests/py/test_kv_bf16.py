@@ -58,6 +58,44 @@ def main():
           "kv_bf16_agents_lookahead", r.stderr[-300:] or why)
     r = vtest.varent("run", "-m", stories, "-p", "x", "--kv-type", "f16")
     vtest.expect_fail("kv_type_bad_value", r, "--kv-type f16: f32 or bf16", rc=2)
+    gemm_inputs(tmp)
+
+
+def has_avx512_bf16():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx512_bf16" in f.read()
+    except OSError:
+        return False
+
+
+def gemm_inputs(tmp):
+    """--gemm-inputs bf16: bf16 weights, a prompt fed as one batch (the CPU GEMM), the
+    projections' inputs rounded to bf16 as the numpy reference predicts; the default f32
+    stays with the unrounded reference."""
+    if not has_avx512_bf16():
+        vtest.skip("gemm_inputs_bf16", "this CPU lacks AVX512_BF16 (the flag then changes nothing)")
+        return
+    for p in ("llama3-tiny", "qwen2-tiny", "qwen3-tiny"):
+        d = os.path.join(tmp, p + "-bf16")
+        gen.generate(p, d, seed=6, dtype="bf16")
+        model = ref_model.Model(d)
+        ids = np.random.default_rng(9).integers(3, model.cfg.vocab, 40).tolist()
+        rounded = ref_model.forward(model, ids, gemm_bf16=True)[-1]
+        exact = ref_model.forward(model, ids)[-1]
+        scale = np.max(np.abs(exact))
+        out = os.path.join(tmp, "g.f32")
+        for mode, want, other in (("bf16", rounded, exact), ("f32", exact, rounded)):
+            r = vtest.varent("logits", "-m", d, "--ids", ",".join(map(str, ids)), "-o", out, "-b", 64,
+                             "--gemm-inputs", mode)
+            got = np.fromfile(out, dtype=np.float32) if r.returncode == 0 else None
+            e_w = float(np.max(np.abs(got - want)) / scale) if got is not None else 1
+            e_o = float(np.max(np.abs(got - other)) / scale) if got is not None else 0
+            check(got is not None and e_w <= 2e-3 and e_w * 3 < e_o, f"gemm_inputs_{mode}_{p}",
+                  r.stderr[-300:] or f"max rel err {e_w:.3g} vs the predicted reference, {e_o:.3g} vs the other")
+            print(f"# gemm_inputs {mode} {p}: {e_w:.3g} vs predicted, {e_o:.3g} vs the other")
+    r = vtest.varent("run", "-m", vtest.stories_dir(), "-p", "x", "--gemm-inputs", "f16")
+    vtest.expect_fail("gemm_inputs_bad_value", r, "--gemm-inputs f16: f32 or bf16", rc=2)
     shutil.rmtree(tmp, ignore_errors=True)
     vtest.done()
 

@@ -164,11 +164,17 @@ def round_bf16(x):
     return u.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
-def _attention(cfg, L, h, pos, inv_freq, ablate=(), kv_bf16=False):
+def _ident(x):
+    return x
+
+
+def _attention(cfg, L, h, pos, inv_freq, ablate=(), kv_bf16=False, rin=_ident):
     """Returns (attn output [T, D], scaled pre-softmax scores of the last query [H, T]).
     ablate: heads whose output is zeroed before o_proj. kv_bf16: keys (after RoPE) and
-    values are stored as bfloat16 (varent --kv-type bf16)."""
+    values are stored as bfloat16 (varent --kv-type bf16). rin: applied to the inputs of
+    the projections (round_bf16 for varent --gemm-inputs bf16)."""
     T, hd, H, KV = h.shape[0], cfg.head_dim, cfg.n_heads, cfg.n_kv
+    h = rin(h)
     q = _linear(h, L["wq"], L["bq"]).reshape(T, H, hd)
     k = _linear(h, L["wk"], L["bk"]).reshape(T, KV, hd)
     v = _linear(h, L["wv"], L["bv"]).reshape(T, KV, hd)
@@ -184,15 +190,18 @@ def _attention(cfg, L, h, pos, inv_freq, ablate=(), kv_bf16=False):
     o = np.einsum("hts,shd->thd", softmax(s), v)
     for head in ablate:
         o[:, head, :] = 0
-    return _linear(o.reshape(T, H * hd), L["wo"], L["bo"]), s[:, -1, :].copy()
+    return _linear(rin(o.reshape(T, H * hd)), L["wo"], L["bo"]), s[:, -1, :].copy()
 
 
-def forward(model, ids, scores_layer=None, return_scores=False, dtype=np.float64, kv_bf16=False):
+def forward(model, ids, scores_layer=None, return_scores=False, dtype=np.float64, kv_bf16=False, gemm_bf16=False):
     """Logits [T, vocab] for token ids (positions 0..T-1).
 
     model: a Model or a model directory. With return_scores, also returns the last query's
     scaled pre-softmax attention scores [n_heads, T] at scores_layer (default: last layer).
+    gemm_bf16: the inputs of every block projection rounded to bfloat16 (varent's CPU GEMM
+    with --gemm-inputs bf16, for a prompt fed as one batch; the lm_head is not rounded).
     """
+    rin = round_bf16 if gemm_bf16 else _ident
     if not isinstance(model, Model):
         model = Model(model, dtype)
     cfg = model.cfg
@@ -205,13 +214,13 @@ def forward(model, ids, scores_layer=None, return_scores=False, dtype=np.float64
     x = model.embed[ids]
     scores = None
     for i, L in enumerate(model.layers):
-        a, s = _attention(cfg, L, rmsnorm(x, L["ln1"], cfg.eps), pos, model.inv_freq, kv_bf16=kv_bf16)
+        a, s = _attention(cfg, L, rmsnorm(x, L["ln1"], cfg.eps), pos, model.inv_freq, kv_bf16=kv_bf16, rin=rin)
         if i == scores_layer:
             scores = s
         x = x + a
-        h = rmsnorm(x, L["ln2"], cfg.eps)
+        h = rin(rmsnorm(x, L["ln2"], cfg.eps))
         gate = _linear(h, L["wg"], None)
-        x = x + (gate / (1 + np.exp(-gate)) * _linear(h, L["wu"], None)) @ L["wd"].T
+        x = x + rin(gate / (1 + np.exp(-gate)) * _linear(h, L["wu"], None)) @ L["wd"].T
     logits = rmsnorm(x, model.norm, cfg.eps) @ model.lm_head.T
     return (logits, scores) if return_scores else logits
 

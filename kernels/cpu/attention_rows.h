@@ -13,7 +13,6 @@
 // Smaller tiles (decode: one token's heads) keep attention_tile.h's per-row path.
 
 #define ATT_JB 4  // keys per register block of the scores
-#define ATT_RB 4  // rows per register block of P @ V
 
 static inline ATT_V ATT_FN(vmax)(ATT_V a, ATT_V b) {
     ATT_VI gt = a > b;
@@ -33,12 +32,6 @@ static void ATT_FN(rows_qt)(const attn_rows *w, int hd, int np, float *qt) {
         for (int r = 0; r < w->n; r++) d[r] = w->q[r][i];
         for (int r = w->n; r < np; r++) d[r] = 0;
     }
-}
-
-// Head g's key or value rows j0..j0+nb: in place (fp32 cache) or widened into wide.
-static void ATT_FN(rows_kv)(const attn_args *a, const void *trunk, const void *tail, int g, int j0, int nb,
-                            const float **p, float *wide) {
-    for (int j = 0; j < nb; j++) p[j] = ATT_FN(kv_head)(a, trunk, tail, j0 + j, g, wide + (size_t)j * a->s.head_dim);
 }
 
 // Scores of ATT_JB keys k[] against row vectors v0 and v1 of q^T (v1 == v0: one vector),
@@ -112,44 +105,6 @@ static void ATT_FN(rows_softmax)(const int *limit, int nv, int j0, int nb, float
     }
 }
 
-// o[r][i0 .. i0 + nvec * ATT_VW) = o * corr + sum_j p[j][r] v_j for ATT_RB rows (rows
-// past nr repeat the last and are not stored).
-static void ATT_FN(rows_values_block)(float *o, int hd, int r0, int nr, int i0, int nvec, const float *st, int nb,
-                                      const float **vp, const float *corr) {
-    ATT_V c[ATT_RB][ATT_IV];
-    int row[ATT_RB];
-    for (int rr = 0; rr < ATT_RB; rr++) {
-        row[rr] = r0 + (rr < nr ? rr : nr - 1);
-        for (int iv = 0; iv < nvec; iv++)
-            c[rr][iv] = ATT_FN(vload)(o + (size_t)row[rr] * hd + i0 + iv * ATT_VW) * corr[row[rr]];
-    }
-    for (int j = 0; j < nb; j++) {
-        ATT_V v[ATT_IV];
-        for (int iv = 0; iv < nvec; iv++) v[iv] = ATT_FN(vload)(vp[j] + i0 + iv * ATT_VW);
-        for (int rr = 0; rr < ATT_RB; rr++) {
-            float p = st[(size_t)j * ATT_MAX_ROWS + row[rr]];
-            for (int iv = 0; iv < nvec; iv++) c[rr][iv] += p * v[iv];
-        }
-    }
-    for (int rr = 0; rr < nr; rr++)
-        for (int iv = 0; iv < nvec; iv++) ATT_FN(vstore)(o + (size_t)row[rr] * hd + i0 + iv * ATT_VW, c[rr][iv]);
-}
-
-static void ATT_FN(rows_values)(float *o, int hd, int n, const float *st, int nb, const float **vp, const float *corr) {
-    for (int r0 = 0; r0 < n; r0 += ATT_RB) {
-        int nr = n - r0 < ATT_RB ? n - r0 : ATT_RB, i = 0;
-        for (; i + ATT_IV * ATT_VW <= hd; i += ATT_IV * ATT_VW)
-            ATT_FN(rows_values_block)(o, hd, r0, nr, i, ATT_IV, st, nb, vp, corr);
-        for (; i + ATT_VW <= hd; i += ATT_VW) ATT_FN(rows_values_block)(o, hd, r0, nr, i, 1, st, nb, vp, corr);
-        for (int r = r0; r < r0 + nr; r++)  // the head_dim tail
-            for (int t = i; t < hd; t++) {
-                float acc = o[(size_t)r * hd + t] * corr[r];
-                for (int j = 0; j < nb; j++) acc += st[(size_t)j * ATT_MAX_ROWS + r] * vp[j][t];
-                o[(size_t)r * hd + t] = acc;
-            }
-    }
-}
-
 // The tile's rows against keys ka..kb, rows across the lanes (same contract as
 // attn_tile). o is followed by room for q^T and a block of widened K and V rows
 // (attention.c: ATT_EXTRA).
@@ -172,7 +127,7 @@ static void ATT_FN(attn_tile_rows)(const attn_args *a, const attn_rows *w, int k
         ATT_FN(rows_scores)(a, w, nv, qt, kp, j0, nb, st);
         ATT_FN(rows_softmax)(limit, nv, j0, nb, st, m, l, corr);
         ATT_FN(rows_kv)(a, a->kv.v_trunk, a->kv.v_tail, w->g, j0, nb, vp, wv);
-        ATT_FN(rows_values)(o, hd, w->n, st, nb, vp, corr);
+        ATT_FN(rows_values)(o, hd, w->n, st, ATT_MAX_ROWS, 1, nb, vp, corr);
     }
 }
 

@@ -62,23 +62,124 @@ static const float *ATT_FN(kv_head)(const attn_args *a, const void *trunk, const
     return buf;
 }
 
+#define ATT_RB 4  // rows per register block of P @ V
+
+// o[r][i0 .. i0 + nvec * ATT_VW) = o * corr + sum_j p[j][r] v_j for ATT_RB rows (rows
+// past nr repeat the last and are not stored); p[j][r] = pr[j * sj + r * sr].
+static void ATT_FN(rows_values_block)(float *o, int hd, int r0, int nr, int i0, int nvec, const float *pr, int sj,
+                                      int sr, int nb, const float **vp, const float *corr) {
+    ATT_V c[ATT_RB][ATT_IV];
+    int row[ATT_RB];
+    for (int rr = 0; rr < ATT_RB; rr++) {
+        row[rr] = r0 + (rr < nr ? rr : nr - 1);
+        for (int iv = 0; iv < nvec; iv++)
+            c[rr][iv] = ATT_FN(vload)(o + (size_t)row[rr] * hd + i0 + iv * ATT_VW) * corr[row[rr]];
+    }
+    for (int j = 0; j < nb; j++) {
+        ATT_V v[ATT_IV];
+        for (int iv = 0; iv < nvec; iv++) v[iv] = ATT_FN(vload)(vp[j] + i0 + iv * ATT_VW);
+        for (int rr = 0; rr < ATT_RB; rr++) {
+            float p = pr[(size_t)j * sj + (size_t)row[rr] * sr];
+            for (int iv = 0; iv < nvec; iv++) c[rr][iv] += p * v[iv];
+        }
+    }
+    for (int rr = 0; rr < nr; rr++)
+        for (int iv = 0; iv < nvec; iv++) ATT_FN(vstore)(o + (size_t)row[rr] * hd + i0 + iv * ATT_VW, c[rr][iv]);
+}
+
+// P @ V for n rows, the outputs in register blocks across the key block (o = o * corr +
+// P V): each V row is loaded once per ATT_RB rows, each output once per block.
+static void ATT_FN(rows_values)(float *o, int hd, int n, const float *pr, int sj, int sr, int nb, const float **vp,
+                                const float *corr) {
+    for (int r0 = 0; r0 < n; r0 += ATT_RB) {
+        int nr = n - r0 < ATT_RB ? n - r0 : ATT_RB, i = 0;
+        for (; i + ATT_IV * ATT_VW <= hd; i += ATT_IV * ATT_VW)
+            ATT_FN(rows_values_block)(o, hd, r0, nr, i, ATT_IV, pr, sj, sr, nb, vp, corr);
+        for (; i + ATT_VW <= hd; i += ATT_VW) ATT_FN(rows_values_block)(o, hd, r0, nr, i, 1, pr, sj, sr, nb, vp, corr);
+        for (int r = r0; r < r0 + nr; r++)  // the head_dim tail
+            for (int t = i; t < hd; t++) {
+                float acc = o[(size_t)r * hd + t] * corr[r];
+                for (int j = 0; j < nb; j++) acc += pr[(size_t)j * sj + (size_t)r * sr] * vp[j][t];
+                o[(size_t)r * hd + t] = acc;
+            }
+    }
+}
+
+// Head g's key or value rows j0..j0+nb: in place (fp32 cache) or widened into wide.
+static void ATT_FN(rows_kv)(const attn_args *a, const void *trunk, const void *tail, int g, int j0, int nb,
+                            const float **p, float *wide) {
+    for (int j = 0; j < nb; j++) p[j] = ATT_FN(kv_head)(a, trunk, tail, j0 + j, g, wide + (size_t)j * a->s.head_dim);
+}
+
+// The shuffles that sum ATT_VW vectors' lanes into one vector (lane k: the sum of vector
+// k), in log2(ATT_VW) levels. Before level l each key's partial sums fill P = ATT_VW >> l
+// lanes and a vector holds K = ATT_VW / P keys; a level merges vector pairs (2v, 2v+1)
+// into one vector of 2K keys of P/2 lanes. lo[l] and hi[l] pick the two halves.
+static int ATT_FN(reduce_masks)(ATT_VI *lo, ATT_VI *hi) {
+    int levels = 0;
+    for (int P = ATT_VW; P > 1; P /= 2, levels++) {
+        int K = ATT_VW / P;
+        for (int o = 0; o < ATT_VW; o++) {
+            int key = o / (P / 2), part = o % (P / 2);
+            lo[levels][o] = (key < K ? 0 : ATT_VW) + (key % K) * P + part;
+            hi[levels][o] = lo[levels][o] + P / 2;
+        }
+    }
+    return levels;
+}
+
+static inline ATT_V ATT_FN(reduce_lanes)(ATT_V *c, const ATT_VI *lo, const ATT_VI *hi, int levels) {
+    for (int l = 0, n = ATT_VW; l < levels; l++, n /= 2)
+        for (int v = 0; v < n / 2; v++)
+            c[v] = __builtin_shuffle(c[2 * v], c[2 * v + 1], lo[l]) + __builtin_shuffle(c[2 * v], c[2 * v + 1], hi[l]);
+    return c[0];
+}
+
+// Row q against ATT_VW keys k[]: their dot products as one vector, with no horizontal
+// sum per key (decode's rows are too few to fill the lanes the other way).
+static inline ATT_V ATT_FN(dots_vw)(const float *q, const float *const *k, int hd, const ATT_VI *lo, const ATT_VI *hi,
+                                    int levels) {
+    ATT_V c[ATT_VW];
+    for (int jj = 0; jj < ATT_VW; jj++) c[jj] = (ATT_V){ 0 };
+    int i = 0;
+    for (; i + ATT_VW <= hd; i += ATT_VW) {
+        ATT_V qv = ATT_FN(vload)(q + i);
+        for (int jj = 0; jj < ATT_VW; jj++) c[jj] += qv * ATT_FN(vload)(k[jj] + i);
+    }
+    ATT_V d = ATT_FN(reduce_lanes)(c, lo, hi, levels);
+    for (; i < hd; i++)
+        for (int jj = 0; jj < ATT_VW; jj++) d[jj] += q[i] * k[jj][i];
+    return d;
+}
+
 // Scores of one key block: s[r * ATT_BK + j - j0] = q_r . k_j * scale, -inf past a row's
 // causal limit; the last token's rows also go to the capture (raw, as cpu_attention says).
-static void ATT_FN(block_scores)(const attn_args *a, const attn_rows *w, int j0, int j1, float *s, float *buf) {
-    int hd = a->s.head_dim;
-    for (int j = j0; j < j1; j++) {
-        const float *k = ATT_FN(kv_head)(a, a->kv.k_trunk, a->kv.k_tail, j, w->g, buf);
-        for (int r = 0; r < w->n; r++) {
-            const float *q = w->q[r];
+// kp: room for the block's key rows; wide: for ATT_BK widened bf16 rows.
+static void ATT_FN(block_scores)(const attn_args *a, const attn_rows *w, int j0, int j1, float *s, const float **kp,
+                                 float *wide) {
+    int hd = a->s.head_dim, nb = j1 - j0;
+    ATT_VI lo[8], hi[8];
+    int levels = ATT_FN(reduce_masks)(lo, hi);
+    ATT_FN(rows_kv)(a, a->kv.k_trunk, a->kv.k_tail, w->g, j0, nb, kp, wide);
+    for (int r = 0; r < w->n; r++) {
+        const float *q = w->q[r];
+        float *sr = s + r * ATT_BK;
+        int j = 0;
+        for (; j + ATT_VW <= nb; j += ATT_VW) {
+            ATT_V d = ATT_FN(dots_vw)(q, kp + j, hd, lo, hi, levels) * a->s.scale;
+            ATT_FN(vstore)(sr + j, d);
+        }
+        for (; j < nb; j++) {
+            const float *k = kp[j];
             ATT_V acc = { 0 };
             int i = 0;
             for (; i + ATT_VW <= hd; i += ATT_VW) acc += ATT_FN(vload)(q + i) * ATT_FN(vload)(k + i);
             float d = ATT_FN(hsum)(acc);
             for (; i < hd; i++) d += q[i] * k[i];
-            d *= a->s.scale;
-            if (w->cap[r]) w->cap[r][j] = d;
-            s[r * ATT_BK + j - j0] = j < w->limit[r] ? d : -INFINITY;
+            sr[j] = d * a->s.scale;
         }
+        if (w->cap[r]) memcpy(w->cap[r] + j0, sr, sizeof(float) * (size_t)nb);
+        for (j = w->limit[r] - j0 > 0 ? w->limit[r] - j0 : 0; j < nb; j++) sr[j] = -INFINITY;
     }
 }
 
@@ -106,39 +207,21 @@ static float ATT_FN(block_softmax)(float *s, int nb, float *m, float *l) {
     return corr;
 }
 
-// o_r = o_r * corr_r + sum_j p[r][j] v_j over the block: each V row is loaded once for
-// all the tile's rows.
-static void ATT_FN(block_values)(const attn_args *a, const attn_rows *w, int j0, int j1, const float *p,
-                                 const float *corr, float *o, float *buf) {
-    int hd = a->s.head_dim;
-    for (int r = 0; r < w->n; r++)
-        if (corr[r] != 1)
-            for (int i = 0; i < hd; i++) o[(size_t)r * hd + i] *= corr[r];
-    for (int j = j0; j < j1; j++) {
-        const float *v = ATT_FN(kv_head)(a, a->kv.v_trunk, a->kv.v_tail, j, w->g, buf);
-        for (int r = 0; r < w->n; r++) {
-            float pj = p[r * ATT_BK + j - j0];
-            if (pj == 0) continue;
-            float *orow = o + (size_t)r * hd;
-            int i = 0;
-            for (; i + ATT_VW <= hd; i += ATT_VW) ATT_FN(vstore)(orow + i, ATT_FN(vload)(orow + i) + pj * ATT_FN(vload)(v + i));
-            for (; i < hd; i++) orow[i] += pj * v[i];
-        }
-    }
-}
-
 // The tile's rows against keys ka..kb: m, l, o (n x head_dim) start empty and end as
 // the online-softmax state. s: scratch of n * ATT_BK floats; o is followed by room for
-// one more head_dim row (a widened bf16 key or value).
+// a block of widened bf16 keys and one of values (attention.c's scratch).
 static void ATT_FN(attn_tile)(const attn_args *a, const attn_rows *w, int ka, int kb, float *m, float *l, float *o,
                               float *s) {
-    float corr[ATT_MAX_ROWS], *buf = o + (size_t)ATT_MAX_ROWS * a->s.head_dim;
+    int hd = a->s.head_dim;
+    float corr[ATT_MAX_ROWS], *wk = o + (size_t)ATT_MAX_ROWS * hd, *wv = wk + (size_t)ATT_BK * hd;
+    const float *kp[ATT_BK], *vp[ATT_BK];
     for (int r = 0; r < w->n; r++) m[r] = -INFINITY, l[r] = 0;
-    memset(o, 0, sizeof(float) * (size_t)w->n * a->s.head_dim);
+    memset(o, 0, sizeof(float) * (size_t)w->n * hd);
     for (int j0 = ka; j0 < kb; j0 += ATT_BK) {
         int j1 = j0 + ATT_BK < kb ? j0 + ATT_BK : kb;
-        ATT_FN(block_scores)(a, w, j0, j1, s, buf);
+        ATT_FN(block_scores)(a, w, j0, j1, s, kp, wk);
         for (int r = 0; r < w->n; r++) corr[r] = ATT_FN(block_softmax)(s + r * ATT_BK, j1 - j0, &m[r], &l[r]);
-        ATT_FN(block_values)(a, w, j0, j1, s, corr, o, buf);
+        ATT_FN(rows_kv)(a, a->kv.v_trunk, a->kv.v_tail, w->g, j0, j1 - j0, vp, wv);
+        ATT_FN(rows_values)(o, hd, w->n, s, 1, ATT_BK, j1 - j0, vp, corr);
     }
 }

@@ -120,3 +120,18 @@ void cli_probe_opts(args *a, probe_spec *p) {
     if (!p->acts_path && (p->dump_layers || p->dump_points))
         bad(a, "%s and --dump-points choose what --dump-acts FILE writes: give --dump-acts%s", "--dump-layers", "");
 }
+
+int cli_probe_check(const probe_spec *p, const char *log_flag, int has_log, int branch, char *msg, size_t n) {
+    if (!probe_spec_active(p)) return 0;
+    if ((p->attn_layers || p->logit_lens) && !has_log) {
+        if (!log_flag)
+            return snprintf(msg, n, "--attn-layers and --logit-lens write into a per-token log, which this command "
+                            "does not have"), -1;
+        return snprintf(msg, n, "--attn-layers and --logit-lens write into the per-token log: give %s FILE.jsonl",
+                        log_flag), -1;
+    }
+    if (branch)
+        return snprintf(msg, n, "--branch decodes candidates outside the captured sequence: drop it with --dump-acts, "
+                        "--attn-layers, --dump-attn or --logit-lens"), -1;
+    return 0;
+}

@@ -30,13 +30,14 @@ const cli_opt cli_opts_steer[] = {
 };
 
 const cli_opt cli_opts_probe[] = {
-    { "--dump-acts", "FILE", "captures", NULL, "activations of every position to a safetensors file", 0 },
+    { "--dump-acts", "FILE", "captures", NULL, "activations of every position fed to a safetensors file", 0 },
     { "--dump-layers", "LIST", "captures", "all", "layers --dump-acts writes (e.g. 0,5,11 or all)", 0 },
     { "--dump-points", "P,P,...", "captures", "resid_post", "where in each block --dump-acts reads (docs/research.md)", 0 },
-    { "--attn-layers", "LIST", "captures", NULL, "per-layer, per-head attention statistics into --metrics-out", 0 },
-    { "--dump-attn", "FILE", "captures", NULL, "attention weights to a safetensors file", 0 },
-    { "--logit-lens", NULL, "captures", NULL, "each layer's top token through the final norm and lm_head, into --metrics-out",
+    { "--attn-layers", "LIST", "captures", NULL, "per-layer, per-head attention statistics in each token's metrics record",
       0 },
+    { "--dump-attn", "FILE", "captures", NULL, "attention weights to a safetensors file", 0 },
+    { "--logit-lens", NULL, "captures", NULL,
+      "each layer's top tokens through the final norm and lm_head, in each token's metrics record", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "host/decode/generate.h"
+#include "host/runtime/probe.h"
 
 int agents_default(sampler_params *out, sampler_params base) {
     for (int i = 0; i < 8; i++) {

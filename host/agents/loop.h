@@ -23,7 +23,6 @@
 #include "host/agents/critic.h"
 #include "host/runtime/devices.h"
 #include "host/runtime/logit_bias.h"
-#include "host/runtime/probe.h"
 #include "host/runtime/session.h"
 
 #define AGENTS_MAX 64
@@ -79,7 +78,7 @@ typedef struct {
     tp_comm *ranks;
     const logit_bias *bias;  // [n_bias] added to the logits every agent draws from (the logged
     int n_bias;              // logits and the critic stay raw); ids checked against the vocab
-    probe *probe;            // on replica 0 (host/runtime/probe.h): paused but for each step's shared
+    struct probe *probe;     // on replica 0 (host/runtime/probe.h): paused but for each step's shared
                              // forward, so it holds the statistics the step's proposals started from
 } agents_opts;
 

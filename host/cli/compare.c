@@ -187,11 +187,11 @@ static int cap_close(compare_cap *cap, probe *pr, int keep, const int *ids, int 
     cap->ex.probe = NULL;
     if (!pr) return 0;
     int *all = keep ? malloc(sizeof(int) * (size_t)(n + r->n + 1)) : NULL;
-    if (keep && !all) keep = 0, verr_set(err, "out of memory");
+    int oom = keep && !all;
     if (all) memcpy(all, ids, sizeof(int) * (size_t)n), memcpy(all + n, r->ids, sizeof(int) * (size_t)r->n);
-    int rc = probe_close(pr, keep, all, n + r->n, err);
+    int rc = probe_close(pr, keep && !oom, all, n + r->n, err);
     free(all);
-    return rc || (!keep && err->msg[0]) ? -1 : 0;
+    return oom ? verr_set(err, "out of memory") : rc;
 }
 
 static int run_one(session *s, const gen_opts *base, const sampler_spec *sp, const int *ids, int n, row *w,

@@ -165,6 +165,10 @@ def test_chat(model_dir, model, ref, tmp):
         r = vtest.varent("chat", "-m", cm, *args, stdin="hi\n")
         vtest.expect_fail(f"chat_bad_{what}", r, needle, rc=2)
         check(gone(acts + "2"), f"chat_bad_{what}_nothing_written")
+    r = vtest.varent("chat", "-m", cm, "--attn-layers", "0,99", "--metrics-out", log + "2", "--dump-acts", acts + "2",
+                     stdin="hi\n")
+    vtest.expect_fail("chat_bad_layer", r, "--attn-layers", "layer 99")
+    check(gone(acts + "2", log + "2"), "chat_bad_layer_nothing_written")
 
 
 def test_compare(model_dir, model, ref, tmp):

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "host/decode/generate.h"
+#include "host/runtime/probe.h"
 
 int agents_default(sampler_params *out, sampler_params base) {
     for (int i = 0; i < 8; i++) {
@@ -253,7 +254,10 @@ static void propose_on_device(run *r, int d) {
 static void job_round(void *ud, int d) {
     run *r = ud;
     session *s = &r->reps[d];
-    if (r->pending && feed_trunk(r, d, &r->ids[r->n - 1], 1)) return;
+    if (d == 0) probe_pause(r->o->probe, 0);  // branches and commits are outside the captured sequence
+    int fed = r->pending ? feed_trunk(r, d, &r->ids[r->n - 1], 1) : 0;
+    if (d == 0) probe_pause(r->o->probe, 1);
+    if (fed) return;
     int V = s->m.cfg.vocab_size;
     memcpy(r->rp[d].root, s->fw.logits, sizeof(float) * (size_t)V);
     const agents_opts *o = r->o;

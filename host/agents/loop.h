@@ -78,6 +78,8 @@ typedef struct {
     tp_comm *ranks;
     const logit_bias *bias;  // [n_bias] added to the logits every agent draws from (the logged
     int n_bias;              // logits and the critic stay raw); ids checked against the vocab
+    struct probe *probe;     // on replica 0 (host/runtime/probe.h): paused but for each step's shared
+                             // forward, so it holds the statistics the step's proposals started from
 } agents_opts;
 
 typedef struct {

@@ -51,7 +51,7 @@ static const cli_opt agents_session_opts[] = {
 };
 static const cli_opt *const agents_tables[] = { agents_session_opts, cli_opts_kv, cli_opts_tp_replicas, cli_opts_lora, cli_opts_prompt, cli_opts_chat,
                                                 cli_opts_logit_bias,
-                                                agents_cli_opts,     cli_opts_steer, NULL };
+                                                agents_cli_opts,     cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_agents_spec = {
     "agents", "-m DIR [-p TEXT | -f FILE | --ids LIST] [options]",
     "Parallel entropy-minimised decoding: agents propose, the lowest-entropy proposal wins, a critic rolls back.",
@@ -72,6 +72,7 @@ typedef struct {
     logit_bias bias[CLI_MAX_BIAS];  // -l/--logit-bias, added to the logits every agent draws from
     int n_bias, bias_bad;
     char bias_msg[512];
+    probe_spec ps;  // the captures (docs/research.md)
 } agents_args;
 
 typedef struct {
@@ -79,6 +80,7 @@ typedef struct {
     FILE *log, *text, *dump;  // their streams while open, else NULL
     const agents_args *a;
     const session *s;  // tokenizer for texts
+    probe *probe;      // --attn-layers, --logit-lens: each step record's members
     int write_failed;         // 1 + the index in out[] of the first log a write failed on; 0: none
     int write_errno;          // its errno
     int interrupted;
@@ -123,6 +125,7 @@ static void read_args(args *a, agents_args *g) {
     g->stats = args_flag(a, "--stats");
     g->force = args_flag(a, "--force");
     g->lora_bad = cli_lora_opts(a, &g->so, g->lora, CLI_MAX_LORA, g->lora_msg, sizeof g->lora_msg);
+    cli_probe_opts(a, &g->ps);
 }
 
 // Combinations that cannot work: CLI_EXIT_USAGE after the message, else 0.
@@ -134,6 +137,11 @@ static int check_args(const agents_args *g) {
     if (g->ids_arg && (g->text || g->file)) return cli_usage_error("agents", "give either --ids or -p/-f, not both");
     if (g->ids_arg && g->chat) return cli_usage_error("agents", "--chat renders text: give the message with -p, not --ids");
     if (g->critic_model && g->check_every == 0) return cli_usage_error("agents", "--critic-model needs --check-every > 0");
+    char msg[256];
+    if (cli_probe_check(&g->ps, "--log", g->log_path != NULL, 0, msg, sizeof msg)) return cli_usage_error("agents", "%s", msg);
+    if (probe_spec_active(&g->ps) && g->so.tp > 1)
+        return cli_usage_error("agents", "--dump-acts, --attn-layers, --dump-attn and --logit-lens run on one replica: "
+                               "not with --tp %d", g->so.tp);
     return 0;
 }
 
@@ -193,6 +201,7 @@ static void log_step(agents_logs *L, const agents_event *e) {
         fprintf(L->log, "],\"chosen_agent\":%d,\"token\":%d,\"seed\":%llu", e->chosen, w->tok[0],
                 (unsigned long long)L->a->seed);
         if (la) fputs(",\"tokens\":", L->log), put_ids(L->log, w->tok, w->n_tok);
+        probe_json(L->probe, L->log);  // the step's shared forward: the query at pos - 1
         fputs("}\n", L->log);
     }
     if (L->text) {
@@ -441,6 +450,59 @@ static char *final_text(const session *s, const agents_result *r) {
     return t;
 }
 
+// --attn-layers, --logit-lens: a probe on replica 0 for the step records, paused but for
+// each step's shared forward (host/agents/loop.h).
+static int open_step_probe(const agents_args *a, session *s, probe **pr, verr *err) {
+    probe_spec ps = { .attn_layers = a->ps.attn_layers, .logit_lens = a->ps.logit_lens };
+    *pr = NULL;
+    if (!probe_spec_active(&ps)) return 0;
+    if (probe_open(pr, &ps, s, err)) return -1;
+    probe_pause(*pr, 1);
+    return 0;
+}
+
+typedef struct {
+    probe_spec ps;
+    session *s;
+    const agents_result *r;
+    int rc;
+    verr err;
+} replay_job;
+
+// The accepted sequence fed again on replica 0 as `run` feeds it: the prompt in one
+// forward, then each generated id (the last one too), so the files hold exactly its
+// positions; nothing of the lookahead branches, the rollbacks or the critic.
+static void job_replay(void *ud, int d) {
+    replay_job *j = ud;
+    session *s = j->s;
+    const agents_result *r = j->r;
+    int n = r->n_prompt + r->n_gen, rc;
+    probe *pr = NULL;
+    (void)d;
+    kv_cache_truncate(&s->kv, 0);
+    rc = probe_open(&pr, &j->ps, s, &j->err);
+    for (int i = 0; rc == 0 && i < n;) {
+        int k = i == 0 ? r->n_prompt : 1;
+        kv_view kv = kv_view_of(&s->kv);
+        rc = session_forward(s, &kv, r->ids + i, k, &j->err);
+        i += k;
+    }
+    if (rc == 0) rc = probe_check(pr, &j->err);
+    if (probe_close(pr, rc == 0, r->ids, n, &j->err)) rc = -1;
+    j->rc = rc;
+}
+
+// --dump-acts, --dump-attn: the files of the accepted sequence, after generation.
+static int replay(agents_rig *g, const agents_result *r, verr *err) {
+    const probe_spec *ps = &g->a->ps;
+    replay_job j = { .ps = { .acts_path = ps->acts_path, .dump_layers = ps->dump_layers, .dump_points = ps->dump_points,
+                             .attn_path = ps->attn_path, .attn_layers = ps->attn_path ? ps->attn_layers : NULL },
+                     .s = &g->reps[0], .r = r };
+    if (!probe_spec_active(&j.ps)) return 0;
+    dev_pool_run(g->pool, 1u, job_replay, &j);
+    return j.rc ? verr_set(err, "%s", j.err.msg) : 0;
+}
+
 // Generation once everything is open. Returns 0 or 1 (message printed).
 static int generate_and_print(agents_rig *g, agents_logs *L, sampler_params *ag, int n_ag) {
     const agents_args *a = g->a;
@@ -453,8 +515,13 @@ static int generate_and_print(agents_rig *g, agents_logs *L, sampler_params *ag,
                       .critic_dev = g->critic_dev, .check_every = a->check_every, .rollback = a->rollback,
                       .on_event = on_event, .ud = L, .bias = a->bias, .n_bias = a->n_bias };
     L->s = &g->reps[0];
-    agents_result r;
-    int rc = agents_generate(g->reps, g->pool, ids, n, &o, &r, &err);
+    agents_result r = { 0 };
+    int rc = open_step_probe(a, &g->reps[0], &L->probe, &err);
+    o.probe = L->probe;
+    if (rc == 0) rc = agents_generate(g->reps, g->pool, ids, n, &o, &r, &err);
+    if (probe_close(L->probe, 0, NULL, 0, &err) && rc == 0) rc = -1;  // statistics only: no files
+    L->probe = NULL;
+    if (rc == 0) rc = replay(g, &r, &err);
     free(ids);
     if (rc == 0 && L->write_failed) rc = write_error(L, &err);
     char *text = rc == 0 ? final_text(&g->reps[0], &r) : NULL;

@@ -13,15 +13,81 @@
 #include "host/cli/args.h"
 #include "host/cli/chat_cmds.h"
 #include "host/cli/commands.h"
+#include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
 #include "host/util/interrupt.h"
+
+// --metrics-out and the captures (docs/research.md): the log gets one record per
+// generated token, each with its "turn"; the capture files cover every position fed
+// over the whole conversation, in order (each turn's prompt tokens past the cached
+// prefix, then its generated tokens), with the ids fed and their positions.
+struct chat_capture {
+    probe_spec ps;
+    entropix_cli ex;  // --metrics-out (the standard sampler's metrics, with ex.probe's members)
+    probe *pr;
+    int *fed, n_fed, cap_fed;  // the ids fed, in order: the "ids" tensor
+    int turn;
+    int failed;  // a capture or the log could not be written: the chat ends
+};
+
+// The ids this turn fed: the first `rows` of its prompt tail a[na], then its generated b[nb].
+static int capture_fed(struct chat_capture *k, const int *a, int na, const int *b, int nb, long rows) {
+    if (k->n_fed + rows > k->cap_fed) {
+        int cap = (int)(k->n_fed + rows) * 2 + 256;
+        int *p = realloc(k->fed, sizeof(int) * (size_t)cap);
+        if (!p) return -1;
+        k->fed = p, k->cap_fed = cap;
+    }
+    for (long i = 0; i < rows && i < na + nb; i++) k->fed[k->n_fed++] = i < na ? a[i] : b[i - na];
+    return 0;
+}
+
+// After a turn: a capture that failed or a log write that failed ends the chat.
+static void capture_turn(struct chat_capture *k, const int *a, int na, const int *b, int nb, long rows) {
+    verr err = { { 0 } };
+    if (capture_fed(k, a, na, b, nb, rows)) verr_set(&err, "out of memory recording the ids fed");
+    else if (probe_check(k->pr, &err) == 0 && k->ex.log && (fflush(k->ex.log) != 0 || ferror(k->ex.log)))
+        verr_set(&err, "--metrics-out %s: write failed (disk full?)", k->ex.metrics_path);
+    if (!err.msg[0]) return;
+    fprintf(stderr, "varent chat: %s\n", err.msg);
+    k->failed = 1;
+}
 
 typedef struct {
     tokenizer_stream *ts;
     int *ids;  // generated ids of this turn
     int n, cap;
 } turn_out;
+
+// --metrics-out opens before the model loads (a bad path fails early); metrics need a
+// profile for the quadrants (the default one, as `run` uses).
+static int capture_open_log(struct chat_capture *k, gen_opts *g, int force, verr *err) {
+    if (entropix_profile_load("seed", &k->ex.ex, err)) return -1;
+    g->ex = &k->ex.ex;
+    return entropix_cli_open(&k->ex, force, err);
+}
+
+// Once the session is open: the log's callback and the probe (the files cover every
+// position: the last generated token of each reply is fed too).
+static int capture_start(struct chat_capture *k, session *s, gen_opts *g, verr *err) {
+    if (k->ex.log && entropix_cli_start(&k->ex, s, g, err)) return -1;
+    if (!probe_spec_active(&k->ps)) return 0;
+    if (probe_open(&k->pr, &k->ps, s, err)) return -1;
+    k->ex.probe = k->pr;
+    g->feed_last = k->ps.acts_path || k->ps.attn_path;
+    return 0;
+}
+
+// At the end of the chat: keep writes the files and commits the log. -1 after a message.
+static int capture_close(struct chat_capture *k, int keep) {
+    verr err = { { 0 } };
+    int rc = probe_close(k->pr, keep && !k->failed, k->fed, k->n_fed, &err);
+    if (rc) fprintf(stderr, "varent chat: %s\n", err.msg);
+    if (entropix_cli_close(&k->ex, keep, &err)) rc = -1, fprintf(stderr, "varent chat: %s\n", err.msg);
+    free(k->fed);
+    return rc;
+}
 
 static int on_token(void *ud, int id) {
     turn_out *o = ud;
@@ -108,7 +174,10 @@ static int chat_turn(chat_state *c, verr *err) {
     interrupt_install();  // Ctrl-C: stop this reply after the current token
     c->g.interrupt = interrupt_flag();
     gen_stats st = { 0 };
+    long rows = c->cap ? probe_rows(c->cap->pr) : 0;
+    if (c->cap) snprintf(c->cap->ex.tag, sizeof c->cap->ex.tag, "\"turn\":%d,", ++c->cap->turn);
     int rc = out.ts ? generate(s, ids + keep, n - keep, &c->g, &st, err) : verr_set(err, "out of memory");
+    if (c->cap) capture_turn(c->cap, ids + keep, n - keep, out.ids, out.n, probe_rows(c->cap->pr) - rows);
     const char *tail;
     int k = rc == 0 ? tokenizer_stream_flush(out.ts, &tail) : 0;
     if (k > 0) fwrite(tail, 1, (size_t)k, stdout);
@@ -176,6 +245,7 @@ static int chat_loop(chat_state *c) {
             continue;
         }
         send_message(c, line[0] == '/' ? line + 1 : line);
+        if (c->cap && c->cap->failed) return 1;
     }
     return 0;
 }
@@ -185,10 +255,12 @@ static const cli_opt chat_cli_opts[] = {
     { "-sys|--system|--system-prompt", "TEXT", "chat", NULL, "system message, kept across /reset", 0 },
     { "--chat-template", "NAME", "chat", "the model's", "chat format instead of the detected one", 0 },
     { "--no-think", NULL, "chat", NULL, "Qwen3: an empty thinking block, no reasoning", 0 },
+    { "--metrics-out", "FILE", "output", NULL, "per-token metrics as JSONL, one line per generated token, with its turn", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing --metrics-out file", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const chat_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,    cli_opts_lora,  chat_cli_opts, cli_opts_sampling,
-                                              cli_opts_logit_bias, cli_opts_steer, NULL };
+                                              cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_chat_spec = {
     "chat", "-m DIR [options]", "Interactive multi-turn chat in the model's chat template.",
     "Type a message and Enter; /reset starts over, /quit (or end of input) leaves. Each turn reuses the\n"
@@ -212,17 +284,29 @@ int cmd_chat(int argc, char **argv) {
     long n_max = args_int_range(&a, "-n", 512, -1, INT_MAX);
     c.g.max_new = n_max < 0 ? INT_MAX : (int)n_max;
     const char *system = args_str(&a, "-sys", NULL), *tmpl = args_str(&a, "--chat-template", NULL);
-    int think = !args_flag(&a, "--no-think");
+    int think = !args_flag(&a, "--no-think"), force = args_flag(&a, "--force");
+    struct chat_capture cap = { 0 };
+    cap.ex.metrics_path = args_str(&a, "--metrics-out", NULL), cap.ex.sampler_name = "standard";
+    cli_probe_opts(&a, &cap.ps);
     if (args_finish(&a, 0)) return cli_usage_error("chat", "%s", a.err);
     if (!so.model_dir) return cli_usage_error("chat", "missing -m MODEL (a model directory or a .gguf file)");
     if (lora_rc) return cli_usage_error("chat", "%s", lora_msg);
     if (bias_rc) return cli_usage_error("chat", "%s", bad);
+    if (cli_probe_check(&cap.ps, "--metrics-out", cap.ex.metrics_path != NULL, 0, bad, sizeof bad))
+        return cli_usage_error("chat", "%s", bad);
     verr err = { { 0 } };
+    if (cap.ex.metrics_path || probe_spec_active(&cap.ps)) c.cap = &cap;
+    if (c.cap && capture_open_log(&cap, &c.g, force, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
     session s;
-    if (session_open(&s, &so, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
+    if (session_open(&s, &so, &err)) {
+        entropix_cli_close(&cap.ex, 0, &err);
+        return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
+    }
     c.s = &s;
     int rc = 1;
-    if (chat_conv_init(&c.conv, &s, tmpl, think, &err) || (system && chat_set_system(&c, system, &err))) {
+    if (c.cap && capture_start(&cap, &s, &c.g, &err)) {
+        fprintf(stderr, "varent chat: %s\n", err.msg);
+    } else if (chat_conv_init(&c.conv, &s, tmpl, think, &err) || (system && chat_set_system(&c, system, &err))) {
         fprintf(stderr, "varent chat: %s\n", err.msg);
     } else if (!(c.in = repl_open())) {
         fprintf(stderr, "varent chat: out of memory\n");
@@ -234,6 +318,7 @@ int cmd_chat(int argc, char **argv) {
     repl_close(c.in);
     chat_conv_free(&c.conv);
     free(c.system), free(c.cached);
+    if (c.cap && capture_close(&cap, rc == 0 || rc == INTERRUPT_EXIT) && rc == 0) rc = 1;
     session_close(&s);
     return rc;
 }

@@ -17,6 +17,7 @@ typedef struct {
     int n_cached;
     repl *in;
     int tty;           // people at a terminal: confirmations, banner
+    struct chat_capture *cap;  // --metrics-out and the captures (chat.c); NULL: none
 } chat_state;
 
 typedef enum { CHAT_CMD_DONE, CHAT_CMD_QUIT } chat_cmd_result;

@@ -12,6 +12,7 @@
 #include "host/cli/args.h"
 #include "host/decode/batch.h"
 #include "host/cli/commands.h"
+#include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
 #include "host/util/interrupt.h"
@@ -35,12 +36,13 @@ static const cli_opt compare_opts[] = {
     { "-o|--out", "FILE", "output", NULL, "also one JSONL row per prompt and sampler, flushed as it finishes", 0 },
     { "--format", "md|jsonl", "output", "md", "what stdout gets: a markdown table or the JSONL rows", 0 },
     { "--text-width", "N", "output", "60", "characters of each text in the markdown table", 0 },
-    { "--force", NULL, "output", NULL, "replace an existing -o file", 0 },
+    { "--metrics-out", "FILE", "output", NULL, "per-token metrics as JSONL, each line with its prompt_index and sampler", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing -o or --metrics-out file", 0 },
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const compare_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora,       cli_opts_chat, cli_opts_sampling,
-                                                 compare_opts,     cli_opts_logit_bias, cli_opts_steer, NULL };
+                                                 compare_opts,     cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_compare_spec = {
     "compare", "-m DIR (--prompts FILE | --prompt-csv FILE) [--samplers LIST] [options]",
     "Every prompt under every sampler with the same seed, side by side.",
@@ -129,11 +131,82 @@ static int mean_logprob(session *s, const int *prompt, int n_prompt, const batch
     return rc;
 }
 
-static int run_one(session *s, const gen_opts *base, const sampler_spec *sp, const int *ids, int n, row *w, verr *err) {
+// The captures and the per-token log (docs/research.md): a capture file per prompt and
+// arm, FILE with ".pI.ARM" inserted before its extension; the log's records carry the
+// prompt index and the arm.
+typedef struct {
+    probe_spec ps;
+    entropix_cli ex;  // --metrics-out: ex.log, NULL without
+} compare_cap;
+
+// An arm's name as a part of a file name: characters other than letters, digits, '-'
+// and '_' become '_' ("entropix:jax" -> "entropix_jax").
+static void arm_file_name(const char *name, char *out, size_t n) {
+    size_t k = 0;
+    for (; name[k] && k + 1 < n; k++) {
+        char ch = name[k];
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_';
+        out[k] = ok ? ch : '_';
+    }
+    out[k] = 0;
+}
+
+// path with ".pI.ARM" before its extension (the last '.' of the file name), or after it.
+static int arm_path(const char *path, int prompt, const char *arm, char *out, size_t n, verr *err) {
+    char name[64];
+    arm_file_name(arm, name, sizeof name);
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    size_t stem = dot && dot > (slash ? slash : path) && dot[1] ? (size_t)(dot - path) : strlen(path);
+    int k = snprintf(out, n, "%.*s.p%d.%s%s", (int)stem, path, prompt, name, path + stem);
+    return k < 0 || (size_t)k >= n ? verr_set(err, "%s: path too long", path) : 0;
+}
+
+// Opens run (prompt, arm)'s probe, with its file names, and points the log at it.
+static int cap_start(compare_cap *cap, session *s, gen_opts *g, const sampler_spec *sp, int prompt, probe **pr,
+                     verr *err) {
+    if (cap->ex.log) {
+        cap->ex.sampler_name = sp->name;
+        snprintf(cap->ex.tag, sizeof cap->ex.tag, "\"prompt_index\":%d,", prompt);
+        g->on_record = entropix_cli_record, g->record_ud = &cap->ex;
+    }
+    if (!probe_spec_active(&cap->ps)) return 0;
+    probe_spec ps = cap->ps;
+    char acts[4200], attn[4200];
+    if (ps.acts_path && arm_path(ps.acts_path, prompt, sp->name, acts, sizeof acts, err)) return -1;
+    if (ps.attn_path && arm_path(ps.attn_path, prompt, sp->name, attn, sizeof attn, err)) return -1;
+    ps.acts_path = ps.acts_path ? acts : NULL, ps.attn_path = ps.attn_path ? attn : NULL;
+    if (probe_open(pr, &ps, s, err)) return -1;
+    cap->ex.probe = *pr;
+    g->feed_last = ps.acts_path || ps.attn_path;  // the files cover every position
+    return 0;
+}
+
+// Closes the run's probe before anything else runs on the session: its files are kept
+// when the run finished (not interrupted), with the prompt and generated ids.
+static int cap_close(compare_cap *cap, probe *pr, int keep, const int *ids, int n, const batch_result *r, verr *err) {
+    cap->ex.probe = NULL;
+    if (!pr) return 0;
+    int *all = keep ? malloc(sizeof(int) * (size_t)(n + r->n + 1)) : NULL;
+    int oom = keep && !all;
+    if (all) memcpy(all, ids, sizeof(int) * (size_t)n), memcpy(all + n, r->ids, sizeof(int) * (size_t)r->n);
+    int rc = probe_close(pr, keep && !oom, all, n + r->n, err);
+    free(all);
+    return oom ? verr_set(err, "out of memory") : rc;
+}
+
+static int run_one(session *s, const gen_opts *base, const sampler_spec *sp, const int *ids, int n, row *w,
+                   compare_cap *cap, int prompt, verr *err) {
     gen_opts g = *base;
     g.sampler = sp->kind, g.ex = &sp->ex;
     if (sp->greedy) g.sp.temperature = 0;
-    if (batch_generate(s, ids, n, &g, &w->r, err)) return -1;
+    probe *pr = NULL;
+    if (cap_start(cap, s, &g, sp, prompt, &pr, err)) return -1;
+    int rc = batch_generate(s, ids, n, &g, &w->r, err);
+    if (rc == 0) rc = probe_check(pr, err);
+    if (rc == 0 && cap->ex.log && (fflush(cap->ex.log) != 0 || ferror(cap->ex.log)))
+        rc = verr_set(err, "--metrics-out %s: write failed (disk full?)", cap->ex.metrics_path);
+    if (cap_close(cap, pr, rc == 0 && !w->r.st.interrupted, ids, n, &w->r, err) && rc == 0) rc = -1;
+    if (rc) return -1;  // probe_check's and cap_close's failures leave r to the caller, freed with the rows
     w->n_prompt = n;
     for (int k = 0; k < MAX_DISTINCT; k++) w->distinct[k] = distinct_n(w->r.ids, w->r.n, k + 1);
     return mean_logprob(s, ids, n, &w->r, &w->mean_logp, err);
@@ -265,7 +338,7 @@ typedef struct {
 } compare_args;
 
 static int run_all(session *s, const compare_args *c, const prompt_style *ps, const gen_opts *g, const prompt_list *pl,
-                   const sampler_spec *sp, int n_sp, row *rows, FILE *jsonl, verr *err) {
+                   const sampler_spec *sp, int n_sp, row *rows, FILE *jsonl, compare_cap *cap, verr *err) {
     progress pg;
     progress_start(&pg, "compare", (long)pl->n * n_sp, c->quiet);
     const char *path = c->prompts ? c->prompts : c->csv;
@@ -274,7 +347,7 @@ static int run_all(session *s, const compare_args *c, const prompt_style *ps, co
         if (n < 0) return progress_stop(&pg), verr_set(err, "%s:%d: %.900s", path, pl->line[i], err->msg);
         for (int j = 0; j < n_sp; j++, k++) {
             rows[k].prompt = i, rows[k].sampler = j;
-            if (run_one(s, g, &sp[j], ids, n, &rows[k], err)) {
+            if (run_one(s, g, &sp[j], ids, n, &rows[k], cap, i, err)) {
                 free(ids);
                 progress_stop(&pg);
                 return verr_set(err, "%s:%d: %s: %.900s", path, pl->line[i], sp[j].name, err->msg);
@@ -301,11 +374,12 @@ static int run_all(session *s, const compare_args *c, const prompt_style *ps, co
 }
 
 static int compare(const compare_args *c, const session_opts *so, const gen_opts *g, const prompt_style *ps,
-                   const prompt_list *pl, const sampler_spec *sp, int n_sp) {
+                   const prompt_list *pl, const sampler_spec *sp, int n_sp, compare_cap *cap) {
     verr err = { { 0 } };
     outfile out = { 0 };
     outfile_opts oo = { .records = 1, .force = c->force, .flag = "-o" };
     if (c->out && outfile_open(&out, c->out, &oo, &err)) return fail(err.msg);
+    if (entropix_cli_open(&cap->ex, c->force, &err)) return outfile_abort(&out), fail(err.msg);
     row *rows = calloc((size_t)pl->n * n_sp, sizeof *rows);
     int rc = rows ? 0 : verr_set(&err, "out of memory");
     progress pg;
@@ -319,8 +393,9 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
         base.clarifier = gen_find_clarifier(&s);
         interrupt_install();  // Ctrl-C: stop after the current token; -o keeps the finished rows
         base.interrupt = interrupt_flag();
+        cap->ex.s = &s, cap->ex.seed = g->seed;
         int stdout_jsonl = !strcmp(c->format, "jsonl");
-        rc = run_all(&s, c, ps, &base, pl, sp, n_sp, rows, out.f ? out.f : stdout_jsonl ? stdout : NULL, &err);
+        rc = run_all(&s, c, ps, &base, pl, sp, n_sp, rows, out.f ? out.f : stdout_jsonl ? stdout : NULL, cap, &err);
         if (rc == 0 && !stdout_jsonl) write_markdown(stdout, rows, pl->n * n_sp, pl, sp, n_sp, &base, c->width);
         session_close(&s);
     }
@@ -332,6 +407,8 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
         }
     }
     outfile_abort(&out);
+    verr lerr = { { 0 } };
+    if (entropix_cli_close(&cap->ex, rc >= 0, &lerr) && rc >= 0) err = lerr, rc = -1;
     for (int i = 0; rows && i < pl->n * n_sp; i++) batch_result_free(&rows[i].r);
     free(rows);
     if (rc == 1) {
@@ -339,6 +416,21 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
         return INTERRUPT_EXIT;
     }
     return rc ? fail(err.msg) : 0;
+}
+
+// Two arms whose capture files would have one name (standard,standard; entropix:a.b and
+// entropix:a_b): -1 with msg.
+static int check_arm_files(const probe_spec *ps, const sampler_spec *sp, int n_sp, char *msg, size_t n) {
+    if (!ps->acts_path && !ps->attn_path) return 0;
+    for (int i = 0; i < n_sp; i++)
+        for (int j = 0; j < i; j++) {
+            char a[64], b[64];
+            arm_file_name(sp[i].name, a, sizeof a), arm_file_name(sp[j].name, b, sizeof b);
+            if (!strcmp(a, b))
+                return snprintf(msg, n, "--samplers: arms %d (%.40s) and %d (%.40s) would write one capture file (.%.40s): "
+                                "give each arm once", j + 1, sp[j].name, i + 1, sp[i].name, a), -1;
+        }
+    return 0;
 }
 
 int cmd_compare(int argc, char **argv) {
@@ -361,6 +453,9 @@ int cmd_compare(int argc, char **argv) {
                        args_str(&a, "--samplers", "standard,greedy,entropix:seed,entropix:jax"),
                        args_str(&a, "--profile", "seed"), args_str(&a, "-o", NULL), args_str(&a, "--format", "md"),
                        (int)args_int_range(&a, "--text-width", 60, 4, 100000), args_flag(&a, "-q"), args_flag(&a, "--force") };
+    compare_cap cap = { 0 };
+    cli_probe_opts(&a, &cap.ps);
+    cap.ex.metrics_path = args_str(&a, "--metrics-out", NULL);
     if (args_finish(&a, 0)) return cli_usage_error("compare", "%s", a.err);
     if (!so.model_dir) return cli_usage_error("compare", "missing -m DIR (the model directory)");
     if (lora_rc) return cli_usage_error("compare", "%s", lora_msg);
@@ -371,9 +466,12 @@ int cmd_compare(int argc, char **argv) {
     sampler_spec sp[MAX_SAMPLERS];
     int n_sp = parse_samplers(c.samplers, c.profile, sp, &err);
     if (n_sp < 0) return cli_usage_error("compare", "%s", err.msg);
+    if (cli_probe_check(&cap.ps, "--metrics-out", cap.ex.metrics_path != NULL, 0, bad, sizeof bad) ||
+        check_arm_files(&cap.ps, sp, n_sp, bad, sizeof bad))
+        return cli_usage_error("compare", "%s", bad);
     prompt_list pl;
     if ((c.prompts ? prompts_read_lines : prompts_read_csv)(&pl, c.prompts ? c.prompts : c.csv, &err)) return fail(err.msg);
-    int rc = compare(&c, &so, &g, &ps, &pl, sp, n_sp);
+    int rc = compare(&c, &so, &g, &ps, &pl, sp, n_sp, &cap);
     prompts_free(&pl);
     return rc;
 }

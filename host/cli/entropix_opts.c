@@ -102,7 +102,7 @@ int entropix_cli_record(void *ud, const gen_record *r) {
     entropix_cli *c = ud;
     FILE *f = c->log;
     const token_metrics *m = &r->m;
-    fprintf(f, "{\"pos\":%d,\"token\":%d,\"text\":", r->pos, r->token);
+    fprintf(f, "{%s\"pos\":%d,\"token\":%d,\"text\":", c->tag, r->pos, r->token);
     verr err;
     char *text = c->s->tok ? tokenizer_decode(c->s->tok, &r->token, 1, 0, &err) : NULL;
     json_out_str(f, text ? text : "");

@@ -22,6 +22,8 @@ typedef struct {
     const session *s;
     probe *probe;    // per-token attention statistics and logit lens for the log; NULL: none
     uint64_t seed;   // written in every record
+    char tag[512];   // JSON members written first in every record, each with a trailing
+                     // comma ("\"turn\":2,"); "" (the default): none
 } entropix_cli;
 
 // The table of these options.

@@ -30,13 +30,14 @@ const cli_opt cli_opts_steer[] = {
 };
 
 const cli_opt cli_opts_probe[] = {
-    { "--dump-acts", "FILE", "captures", NULL, "activations of every position to a safetensors file", 0 },
+    { "--dump-acts", "FILE", "captures", NULL, "activations of every position fed to a safetensors file", 0 },
     { "--dump-layers", "LIST", "captures", "all", "layers --dump-acts writes (e.g. 0,5,11 or all)", 0 },
     { "--dump-points", "P,P,...", "captures", "resid_post", "where in each block --dump-acts reads (docs/research.md)", 0 },
-    { "--attn-layers", "LIST", "captures", NULL, "per-layer, per-head attention statistics into --metrics-out", 0 },
-    { "--dump-attn", "FILE", "captures", NULL, "attention weights to a safetensors file", 0 },
-    { "--logit-lens", NULL, "captures", NULL, "each layer's top token through the final norm and lm_head, into --metrics-out",
+    { "--attn-layers", "LIST", "captures", NULL, "per-layer, per-head attention statistics in each token's metrics record",
       0 },
+    { "--dump-attn", "FILE", "captures", NULL, "attention weights to a safetensors file", 0 },
+    { "--logit-lens", NULL, "captures", NULL,
+      "each layer's top tokens through the final norm and lm_head, in each token's metrics record", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
@@ -119,4 +120,19 @@ void cli_probe_opts(args *a, probe_spec *p) {
     p->logit_lens = args_flag(a, "--logit-lens");
     if (!p->acts_path && (p->dump_layers || p->dump_points))
         bad(a, "%s and --dump-points choose what --dump-acts FILE writes: give --dump-acts%s", "--dump-layers", "");
+}
+
+int cli_probe_check(const probe_spec *p, const char *log_flag, int has_log, int branch, char *msg, size_t n) {
+    if (!probe_spec_active(p)) return 0;
+    if ((p->attn_layers || p->logit_lens) && !has_log) {
+        if (!log_flag)
+            return snprintf(msg, n, "--attn-layers and --logit-lens write into a per-token log, which this command "
+                            "does not have"), -1;
+        return snprintf(msg, n, "--attn-layers and --logit-lens write into the per-token log: give %s FILE.jsonl",
+                        log_flag), -1;
+    }
+    if (branch)
+        return snprintf(msg, n, "--branch decodes candidates outside the captured sequence: drop it with --dump-acts, "
+                        "--attn-layers, --dump-attn or --logit-lens"), -1;
+    return 0;
 }

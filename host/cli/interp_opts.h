@@ -2,7 +2,7 @@
 // Interventions, read by every command that loads a model (cli_session_opts):
 //   --control-vector FILE   --control-vector-scaled FILE S   (repeatable; they sum)
 //   --control-vector-layer-range A B   --ablate-head L:H   --skip-layer L   (repeatable)
-// Captures, read by run and logits (cli_probe_opts):
+// Captures, read by run, logits, chat, compare, agents and serve (cli_probe_opts):
 //   --dump-acts FILE.safetensors --dump-layers LIST|all --dump-points P,P,...
 //   --attn-layers LIST|all   --dump-attn FILE.safetensors   --logit-lens
 // Errors are recorded in the args (args_finish reports them), naming the flag.
@@ -14,10 +14,14 @@
 #include "host/runtime/steer.h"
 
 // Their tables (host/cli/args.h): every command that calls cli_session_opts lists
-// cli_opts_steer; run and logits list cli_opts_probe.
+// cli_opts_steer; the commands that capture list cli_opts_probe.
 extern const cli_opt cli_opts_steer[], cli_opts_probe[];
 
 void cli_steer_opts(args *a, steer_spec *sp);
 void cli_probe_opts(args *a, probe_spec *p);
+// The captures with the command's other options: --attn-layers and --logit-lens need the
+// per-token log (log_flag names it, has_log: given), --branch (branch) decodes outside
+// the captured sequence. 0, or -1 with msg.
+int cli_probe_check(const probe_spec *p, const char *log_flag, int has_log, int branch, char *msg, size_t n);
 
 #endif

@@ -277,18 +277,6 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     return rc == 1 ? (fail("run", err.msg), INTERRUPT_EXIT) : rc ? fail("run", err.msg) : 0;
 }
 
-// The capture options a single run accepts with these others; 0, or -1 with msg.
-static int check_probe(const probe_spec *p, const gen_opts *g, const entropix_cli *ex, char *msg, size_t n) {
-    if (!probe_spec_active(p)) return 0;
-    if ((p->attn_layers || p->logit_lens) && !ex->metrics_path)
-        return snprintf(msg, n, "--attn-layers and --logit-lens write into the per-token log: give --metrics-out "
-                        "FILE.jsonl"), -1;
-    if (g->sampler == GEN_ENTROPIX && g->branch_k > 0)
-        return snprintf(msg, n, "--branch decodes candidates outside the captured sequence: drop it with --dump-acts, "
-                        "--attn-layers, --dump-attn or --logit-lens"), -1;
-    return 0;
-}
-
 // Opens the captures once the prompt is known: ids holds the prompt and, through
 // print_token, the generated ids.
 static int start_probe(const probe_spec *p, session *s, gen_opts *g, entropix_cli *ex, run_out *out, const int *ids,
@@ -404,7 +392,9 @@ static int run_check(const run_args *r) {
     if (b->resume) return cli_usage_error("run", "--resume is for batch runs with -o (--prompts, --prompt-csv)");
     if (b->quiet) return cli_usage_error("run", "-q/--quiet is for batch runs (--prompts, --prompt-csv)");
     char bad[256];
-    if (check_probe(&r->ps, &r->g, &r->ex, bad, sizeof bad)) return cli_usage_error("run", "%s", bad);
+    int branch = r->g.sampler == GEN_ENTROPIX && r->g.branch_k > 0;
+    if (cli_probe_check(&r->ps, "--metrics-out", r->ex.metrics_path != NULL, branch, bad, sizeof bad))
+        return cli_usage_error("run", "%s", bad);
     return 0;
 }
 

@@ -43,7 +43,7 @@ static const cli_opt serve_opts[] = {
       ARG_REPEAT },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, serve_opts, cli_opts_steer, NULL };
+static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, serve_opts, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_serve_spec = {
     "serve", "-m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [options]",
     "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) with a live entropy page.",
@@ -113,6 +113,23 @@ static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t
     return 0;
 }
 
+// The captures a server makes: --attn-layers and --logit-lens join each token's metrics
+// object in the responses (docs/research.md). Files of activations or attention
+// weights are per sequence: a server's requests have none to share, so those are
+// refused rather than written per request. 0, or -1 with msg.
+static int check_probe(const probe_spec *ps, server_opts *o, char *msg, size_t n) {
+    if (!probe_spec_active(ps)) return 0;
+    if (ps->acts_path || ps->attn_path)
+        return snprintf(msg, n, "%s writes one sequence's captures to a file; a server has none: use --attn-layers and "
+                        "--logit-lens (members of each token's metrics in the responses), or `varent run`/`logits` on a "
+                        "request's ids", ps->acts_path ? "--dump-acts" : "--dump-attn"), -1;
+    if (o->tp)
+        return snprintf(msg, n, "--attn-layers and --logit-lens are not supported with --tp (the logit lens would "
+                        "need every rank)"), -1;
+    o->probe = ps;
+    return 0;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -165,11 +182,14 @@ int cmd_serve(int argc, char **argv) {
     char lm_msg[512];
     int bad = read_opts(&a, &o, &drain_s, msg, sizeof msg), lm_bad = read_lora_modules(&a, &o, &lm, lm_msg, sizeof lm_msg);
     if (!bad && lm_bad) bad = lm_bad, snprintf(msg, sizeof msg, "%s", lm_msg);
+    probe_spec ps;
+    cli_probe_opts(&a, &ps);
     if (args_finish(&a, 0)) return cli_usage_error("serve", "%s", a.err);
     if (!so.model_dir) return cli_usage_error("serve", "missing -m DIR (the model directory)");
     if (lora_rc) return cli_usage_error("serve", "%s", lora_msg);
     if (bad) return cli_usage_error("serve", "%s", msg);
     o.tp = so.tp_comm;
+    if (check_probe(&ps, &o, msg, sizeof msg)) return cli_usage_error("serve", "%s", msg);
     if (o.tp && o.parallel > 1)
         return cli_usage_error("serve", "--parallel %d with --tp %d: a tensor-parallel server runs one slot (the "
                                "ranks make every forward pass together)", o.parallel, so.tp);

@@ -9,6 +9,7 @@ typedef struct {
     batch_result *r;
     tokenizer_stream *ts;
     int oom;
+    const gen_opts *g;  // the caller's on_record, called after the sums
 } collector;
 
 static int append_text(batch_result *r, const char *t, size_t n) {
@@ -43,19 +44,20 @@ static int on_token(void *ud, int id) {
 }
 
 static int on_record(void *ud, const gen_record *rec) {
-    batch_result *r = ((collector *)ud)->r;
+    const collector *c = ud;
+    batch_result *r = c->r;
     const token_metrics *m = &rec->m;
     double v[M_COUNT] = { m->entropy, m->varentropy, m->attn_entropy, m->attn_varentropy, m->agreement,
                           m->interaction_strength };
     for (int i = 0; i < M_COUNT; i++) r->sum[i] += v[i];
     r->n_metrics++;
-    return 0;
+    return c->g->on_record ? c->g->on_record(c->g->record_ud, rec) : 0;
 }
 
 int batch_generate(session *s, const int *prompt, int n_prompt, const gen_opts *g, batch_result *r, verr *err) {
     memset(r, 0, sizeof *r);
     if (!g->ex) return verr_set(err, "batch_generate needs an entropix profile for the metrics");
-    collector c = { r, s->tok ? tokenizer_stream_new(s->tok, 1) : NULL, 0 };
+    collector c = { r, s->tok ? tokenizer_stream_new(s->tok, 1) : NULL, 0, g };
     if (s->tok && !c.ts) return verr_set(err, "out of memory");
     if (s->tok && append_text(r, "", 0)) {
         tokenizer_stream_free(c.ts);

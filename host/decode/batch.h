@@ -20,8 +20,8 @@ typedef struct {
 } batch_result;
 
 // Resets the session's KV cache and generates from prompt[n_prompt] with g (which
-// needs g->ex: metrics are always computed, as with --metrics-out). g's on_token and
-// on_record are replaced.
+// needs g->ex: metrics are always computed, as with --metrics-out). g's on_token is
+// replaced; its on_record, when set, sees every record after the sums.
 int batch_generate(session *s, const int *prompt, int n_prompt, const gen_opts *g, batch_result *r, verr *err);
 void batch_result_free(batch_result *r);
 // Decode speed as `varent run --stats` reports it: (tokens - 1) / decode seconds.

@@ -24,6 +24,8 @@ struct probe {
     st_stream *acts, *attn;
     int *act_id;                 // [n_layers * HOOK_NPOINTS]
     int *attn_id, pos_id;        // [n_layers], and "positions"
+    int acts_pos_id, first_dump; // --dump-acts "positions"; the layer * HOOK_NPOINTS + point that writes it
+    int paused;                  // probe_pause: the hooks ignore what the forwards hand over
     outfile acts_out, attn_out;
     unsigned char *attn_on;      // [n_layers]
     unsigned char *attn_have;    // [n_layers] statistics of the last forward present
@@ -87,10 +89,14 @@ static void fail(probe *p, const verr *why) {
 
 static void on_act(void *ud, int layer, int point, const float *x, int T, int pos0) {
     probe *p = ud;
-    (void)pos0;  // rows arrive in position order: prefill chunks, then one per step
+    if (p->paused) return;
     if (p->acts && p->dump_layers[layer] && (p->dump_points >> point & 1u)) {
         verr why;
         if (st_stream_append(p->acts, p->act_id[layer * HOOK_NPOINTS + point], x, T, p->dim, &why)) fail(p, &why);
+        for (int t = 0; layer * HOOK_NPOINTS + point == p->first_dump && t < T; t++) {
+            int pos = pos0 + t;  // rows come in the order fed: a re-fed position (chat) repeats
+            if (st_stream_append(p->acts, p->acts_pos_id, &pos, 1, 1, &why)) fail(p, &why);
+        }
     }
     if (p->logit_lens && point == HOOK_RESID_POST) {
         memcpy(p->lens_x + (size_t)layer * p->dim, x + (size_t)(T - 1) * p->dim, sizeof(float) * (size_t)p->dim);
@@ -131,6 +137,7 @@ static int first_attn_layer(const probe *p) {
 
 static void on_attn(void *ud, int layer, const float *scores, int keys) {
     probe *p = ud;
+    if (p->paused) return;
     head_stats(p, layer, scores, keys);
     if (!p->attn) return;
     verr why;
@@ -168,10 +175,13 @@ static int open_acts(probe *p, const probe_spec *sp, verr *err) {
     if (parse_layers(sp->dump_layers ? sp->dump_layers : "all", p->n_layers, p->dump_layers, "--dump-layers", err) ||
         parse_points(sp->dump_points ? sp->dump_points : "resid_post", &p->dump_points, err) || !(p->acts = st_stream_new(err)))
         return -1;
+    if ((p->acts_pos_id = st_stream_tensor(p->acts, "positions", "I32", 0, err)) < 0) return -1;
     char name[64];
+    p->first_dump = -1;
     for (int l = 0; l < p->n_layers; l++)
         for (int pt = 0; p->dump_layers[l] && pt < HOOK_NPOINTS; pt++) {
             if (!(p->dump_points >> pt & 1u)) continue;
+            if (p->first_dump < 0) p->first_dump = l * HOOK_NPOINTS + pt;
             snprintf(name, sizeof name, "layers.%d.%s", l, hook_point_name(pt));
             if ((p->act_id[l * HOOK_NPOINTS + pt] = st_stream_tensor(p->acts, name, "F32", 1, err)) < 0) return -1;
         }
@@ -230,6 +240,12 @@ int probe_open(probe **out, const probe_spec *sp, session *s, verr *err) {
 }
 
 int probe_check(const probe *p, verr *err) { return p && p->failed ? (*err = p->err, -1) : 0; }
+
+void probe_pause(probe *p, int paused) {
+    if (p) p->paused = paused;
+}
+
+long probe_rows(const probe *p) { return p && p->acts ? st_stream_rows(p->acts, p->acts_pos_id) : 0; }
 
 static void json_attn(const probe *p, FILE *f) {
     fputs(",\"attn_layers\":[", f);
@@ -327,10 +343,7 @@ int probe_close(probe *p, int keep, const int *ids, int n_ids, verr *err) {
     p->s->fw.hooks = p->prev;
     int rc = 0;
     if (keep && p->failed) *err = p->err, rc = -1;
-    long rows = p->acts && p->n_layers ? -1 : 0;
-    for (int i = 0; p->acts && i < p->n_layers * HOOK_NPOINTS && rows < 0; i++)
-        if (p->dump_layers[i / HOOK_NPOINTS] && (p->dump_points >> (i % HOOK_NPOINTS) & 1u))
-            rows = st_stream_rows(p->acts, p->act_id[i]);
+    long rows = probe_rows(p);
     if (keep && rc == 0 && p->acts) rc = write_one(p->acts, &p->acts_out, p->s->m.dir, ids, n_ids, rows, err);
     if (keep && rc == 0 && p->attn) rc = write_one(p->attn, &p->attn_out, p->s->m.dir, NULL, 0, 0, err);
     free_all(p);

@@ -2,7 +2,9 @@
 // (docs/research.md), installed as forward hooks (model/hooks.h) next to the session's
 // interventions:
 //   --dump-acts FILE: one [T, dim] F32 tensor "layers.L.POINT" per chosen layer and
-//     point, every position fed (prompt and generated), plus "ids" [T] when given;
+//     point, a row per position fed (prompt and generated), in the order fed, with
+//     "positions" [T] (I32: where each row sits; a chat turn that re-feeds a position
+//     repeats it) and "ids" [T] when given;
 //   --attn-layers: each forward's last-query attention entropy and varentropy (bits)
 //     per layer and head, for the metrics JSONL (entropix's AttnStats, in bits);
 //   --dump-attn FILE: those last-query probabilities, "layers.L.attn" [S, n_heads, K]
@@ -36,6 +38,11 @@ int probe_spec_active(const probe_spec *sp);
 int probe_open(probe **out, const probe_spec *sp, session *s, verr *err);
 // A capture that failed during a forward (a full spool disk): -1 with its message.
 int probe_check(const probe *p, verr *err);
+// Paused, the hooks drop what the forwards hand over (the last statistics stay): forwards
+// outside the captured sequence (agents' lookahead branches). NULL: nothing.
+void probe_pause(probe *p, int paused);
+// Rows --dump-acts captured so far (0 without it).
+long probe_rows(const probe *p);
 // The last forward's attention statistics and logit lens as JSON members, each written
 // with a leading comma (",\"attn_layers\":[...]"); nothing when neither was asked for.
 int probe_json(probe *p, FILE *f);

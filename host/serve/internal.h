@@ -17,6 +17,7 @@ typedef struct {
     server *srv;
     session s;      // slot 0 borrows the base session (copied by value, never closed here)
     int owned;      // s was opened with session_open_shared
+    probe *probe;   // server_opts.probe on s; NULL: none
     pthread_t th;
     int started;
 } server_slot;

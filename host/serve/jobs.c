@@ -99,6 +99,7 @@ typedef struct {
     sbuf lp[4];       // logprobs; chat: content entries; completions: tokens, token_logprobs, top_logprobs, text_offset
     int n_lp;
     sbuf ev;          // the SSE event being built
+    probe *probe;     // the slot's: --attn-layers and --logit-lens members of each metrics object
     int stop_hit, role_sent, has_lz;
     size_t echo_len;  // bytes of text that echo the prompt (stop strings look past them)
 } choice;
@@ -253,6 +254,21 @@ static int echo_prompt(choice *c, verr *err) {
     return 0;
 }
 
+// The probe's members (",\"attn_layers\":[...]") inside the metrics object just written.
+static void probe_members(choice *c) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) return;
+    probe_json(c->probe, f);
+    if (fclose(f) == 0 && n && c->mx.len && c->mx.p[c->mx.len - 1] == '}') {
+        c->mx.len--;
+        sb_put(&c->mx, buf, n);
+        sb_put(&c->mx, "}", 1);
+    }
+    free(buf);
+}
+
 static int on_record(void *ud, const gen_record *r) {
     choice *c = ud;
     const server_request *q = &c->j->req;
@@ -263,6 +279,7 @@ static int on_record(void *ud, const gen_record *r) {
     if (q->metrics) {
         sep(&c->mx, c->n_mx++ == 0);
         sb_metrics(&c->mx, r, t, tn);
+        if (c->probe) probe_members(c);
     }
     if (q->logprobs) record_logprobs(c, r, t, tn);
     c->j->token_s += server_now() - t0;
@@ -428,7 +445,7 @@ static const char *finish_reason(const choice *c, const gen_stats *st, int *cut)
 // Returns the tokens generated, or -1 with err; *cut when the server stopped it.
 static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, int *cut, verr *err) {
     session *s = &sl->s;
-    choice c = { .j = j, .s = s, .index = index, .ts = tokenizer_stream_new(s->tok, 1) };
+    choice c = { .j = j, .s = s, .index = index, .ts = tokenizer_stream_new(s->tok, 1), .probe = sl->probe };
     c.has_lz = j->req.metrics || j->sampler == GEN_ENTROPIX;
     if (!c.ts) return verr_set(err, "out of memory");
     if (session_set_lora(s, j->lora, j->n_lora, err)) return choice_free(&c), -1;  // this request's adapters
@@ -601,6 +618,7 @@ int server_slots_start(server *s, verr *err) {
         else if (session_open_shared(&sl->s, s->base, 0, err)) return -1;
         sl->owned = i > 0;
         s->n_slots = i + 1;
+        if (probe_spec_active(s->o.probe) && probe_open(&sl->probe, s->o.probe, &sl->s, err)) return -1;
     }
     for (int i = 0; i < s->n_slots; i++) {
         if (pthread_create(&s->slots[i].th, NULL, slot_main, &s->slots[i]) != 0)
@@ -625,8 +643,11 @@ void server_slots_stop(server *s) {
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].started) pthread_join(s->slots[i].th, NULL);
-    for (int i = 0; i < s->n_slots; i++)
+    for (int i = 0; i < s->n_slots; i++) {
+        verr e;
+        probe_close(s->slots[i].probe, 0, NULL, 0, &e);  // statistics only: no files
         if (s->slots[i].owned) session_close(&s->slots[i].s);
+    }
     free(s->slots);
     s->slots = NULL, s->n_slots = 0;
 }

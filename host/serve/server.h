@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "host/decode/generate.h"
+#include "host/runtime/probe.h"
 
 typedef struct {
     const char *host;           // bind address (default 127.0.0.1)
@@ -37,6 +38,8 @@ typedef struct {
     // HTTP with one slot and hands each request to the other ranks, which run it in step
     // (server_follow). NULL: one process.
     tp_comm *tp;
+    const probe_spec *probe;    // --attn-layers, --logit-lens: members of each token's metrics object
+                                // (every slot's forwards, host/runtime/probe.h); NULL: none
 } server_opts;
 
 typedef struct server server;

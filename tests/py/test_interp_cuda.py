@@ -15,6 +15,7 @@ differ), prefill (all ids in one forward) and decode (--chunk 1: graph-captured 
   - `bench --device cuda` step counts with interventions: a skipped layer launches
     nothing, a control vector rides on the down projection (no launch), an ablated
     head is one memset node; one host sync per token throughout;
+  - agents' captures: the replayed accepted sequence against the CPU's logits captures;
   - agents (batched decode rows, cuda_forward_batch) with a control vector and a skipped
     layer decide as the CPU does;
   - varent cvector --device cuda (block outputs through the capture hooks) writes the
@@ -224,6 +225,31 @@ def check_agents(tmp):
           f"moved by the interventions {recs['cpu'] != recs['cpu_plain']}")
 
 
+def check_agents_captures(tmp):
+    """agents' captures on the device (docs/research.md): the replayed accepted sequence
+    equals the CPU's `logits --dump-acts` of the ids the file holds; each step record of
+    the log carries every layer's attention statistics."""
+    model = vtest.stories_dir("f32")
+    acts, log = os.path.join(tmp, "agents_cap.st"), os.path.join(tmp, "agents_cap.jsonl")
+    r = subprocess.run([EMU, "agents", "-m", model, "-p", "Once upon a time", "-n", "4", "--seed", "5", "--devices", "0",
+                        "--lookahead", "2", "--check-every", "0", "--log", log, "--force", "--dump-acts", acts,
+                        "--dump-points", ",".join(POINTS), "--attn-layers", "all"],
+                       capture_output=True, text=True, timeout=600)
+    if not check(r.returncode == 0, "interp_cuda_agents_captures", r.stderr.strip()[-300:]):
+        return
+    g = read_tensors(acts)
+    ids = [int(x) for x in g["ids"]]
+    c, why = captures(vtest.VARENT, model, ids, tmp, "cpu_agents")
+    keys = [k for k in g if k.startswith("layers.")]
+    worst = max(rel(g[k], c[0][k]) for k in keys) if c else None
+    check(c is not None and list(g["positions"]) == list(range(len(ids))) and worst is not None and worst <= TOL,
+          "interp_cuda_agents_dump_acts_match_cpu", f"worst rel {worst} {why}")
+    L = json.load(open(os.path.join(model, "config.json")))["num_hidden_layers"]
+    steps = [x for x in map(json.loads, open(log)) if x["event"] == "step"]
+    check(steps and all(len(x.get("attn_layers", [])) == L for x in steps), "interp_cuda_agents_step_attn_layers",
+          f"{len(steps)} steps")
+
+
 def check_cvector(tmp):
     """varent cvector on the device: its block outputs come through the capture hooks."""
     model = vtest.stories_dir("f32")
@@ -268,6 +294,7 @@ def main():
             check_run(d, tmp)
             check_step_counts(d, tmp)
     check_agents(tmp)
+    check_agents_captures(tmp)
     check_cvector(tmp)
     if vtest.failures == 0:
         shutil.rmtree(tmp, ignore_errors=True)

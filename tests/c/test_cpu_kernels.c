@@ -146,6 +146,19 @@ static void test_swiglu(void) {
     CHECK(check_close(out, ref, N, 1e-6f, 1e-5f) < 0, "swiglu", "mismatch");
 }
 
+// Gates from -100 to 100 (e^100 overflows fp32: the sigmoid must not), over enough
+// elements for the threaded path, and a length that leaves a scalar tail.
+static void test_swiglu_wide(void) {
+    enum { N = 70001 };
+    float *g = malloc(N * sizeof *g), *u = malloc(N * sizeof *u), *out = malloc(N * sizeof *out), *ref = malloc(N * sizeof *ref);
+    fill(u, N), poison(out, N);
+    for (int i = 0; i < N; i++) g[i] = (float)((i % 2001) - 1000) * 0.1f;
+    for (int i = 0; i < N; i++) ref[i] = (float)(g[i] / (1 + exp(-(double)g[i])) * u[i]);
+    cpu_swiglu(out, g, u, N);
+    CHECK(check_close(out, ref, N, 1e-6f, 1e-5f) < 0, "swiglu_wide_range_threaded", "mismatch");
+    free(g), free(u), free(out), free(ref);
+}
+
 int main(void) {
     test_conversions();
     for (int t = 0; t < 3; t++) {
@@ -156,6 +169,7 @@ int main(void) {
     test_rmsnorm();
     test_rope(0), test_rope(1);
     test_swiglu();
+    test_swiglu_wide();
     test_attention(8, 4, 8, 37, 1, 0);
     test_attention(8, 4, 8, 37, 5, 0);
     test_attention(8, 8, 64, 129, 3, 100);

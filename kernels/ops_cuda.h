@@ -37,6 +37,8 @@ typedef struct cuda_ctx {
     void *scratch;                // device scratch shared by ops (one stream: no overlap)
     size_t scratch_bytes;
     unsigned *att_count;          // [att_count_n] decode attention's split counters (self-resetting)
+    void *sample_buf;             // cuda_sample's candidate arrays (grown on first need)
+    size_t sample_bytes;
     int att_count_n;
     verr err;                     // message of the last failed op
     // Work counters, for `varent bench`'s decode-step line (never reset; callers diff).

@@ -67,6 +67,7 @@ extern "C" void cuda_destroy(cuda_ctx *ctx) {
     // the next call's cudaGetLastError.
     if (ctx->scratch) cudaFree(ctx->scratch);
     if (ctx->att_count) cudaFree(ctx->att_count);
+    if (ctx->sample_buf) cudaFree(ctx->sample_buf);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     cudaGetLastError();
@@ -74,6 +75,8 @@ extern "C" void cuda_destroy(cuda_ctx *ctx) {
     ctx->scratch_bytes = 0;
     ctx->att_count = NULL;
     ctx->att_count_n = 0;
+    ctx->sample_buf = NULL;
+    ctx->sample_bytes = 0;
     ctx->cublas = NULL;
     ctx->stream = NULL;
 }

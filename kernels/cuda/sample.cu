@@ -1,9 +1,12 @@
-// sample.cu: exact sampling on the device, one block per configuration, all from the
-// same row of logits in one launch (the agents draw 8+ configurations per step).
-//
-// Each block: argmax, then the candidates (fixed-point mass q > 0, passing min-p) go to
-// shared memory when they fit (up to 12288, as the device's opt-in shared memory
-// allows), else every later pass re-reads the row and recomputes the masses.
+// sample.cu: exact sampling on the device, any number of configurations drawn from the
+// same row of logits (the agents draw 8+ per step), in three launches:
+//   1. argmax partials, one block per SAMPLE_CHUNK tokens;
+//   2. each configuration's candidates (fixed-point mass q > 0, passing min-p) with
+//      their keys, masses and entropy terms, computed once per token by many blocks
+//      and compacted into global arrays;
+//   3. one block per configuration searches its array (copied to shared memory when it
+//      fits, up to 12288, as the device's opt-in shared memory allows): no pass
+//      re-reads the row or recomputes an exp.
 // Top-k, top-p and the draw are each "the smallest key whose cumulative weight reaches a
 // target", found by a radix descent over the 64-bit sort key, 8 bits per pass, stopping
 // early once the chosen bucket holds one candidate. Histograms sum integers, so every
@@ -13,6 +16,8 @@
 #include "kernels/sample_core.h"
 
 #define SAMPLE_THREADS 1024
+#define SAMPLE_PREP_THREADS 256
+#define SAMPLE_CHUNK 4096     // tokens per block of the argmax and mass passes
 #define SAMPLE_CAP_MAX 12288  // shared candidates, 16 bytes each (key, mass): 192 KiB
 
 typedef unsigned long long u64;
@@ -27,31 +32,21 @@ struct sample_sh {
     int single, m;
 };
 
-// Where the candidates come from: the shared list, or recomputed from the row.
+// The candidates of one configuration (sample_mass_kernel's compacted arrays, in no
+// particular order: every result below is an integer sum or a key comparison, which do
+// not depend on it): keys and masses in shared memory when they fit, else in global
+// memory; the entropy terms always in global memory (read once or twice per draw).
 struct cand_src {
-    const float *x;
-    int n;
-    float mx, min_p;
-    double inv_t;
-    const u64 *keys, *qs;  // shared list [m]
-    int m, shared;
+    const u64 *keys, *qs, *es;  // [m]
+    int m;
 };
 
-__device__ __forceinline__ int cand_limit(const cand_src &s) { return s.shared ? s.m : s.n; }
+__device__ __forceinline__ int cand_limit(const cand_src &s) { return s.m; }
 
 // Element i: whether it is a candidate, and its key and mass.
 __device__ __forceinline__ bool cand_get(const cand_src &s, int i, u64 &key, u64 &q) {
-    if (s.shared) {
-        if (i >= s.m) return false;
-        key = s.keys[i], q = s.qs[i];
-        return true;
-    }
-    if (i >= s.n) return false;
-    float xi = s.x[i];
-    double d = sample_logp(xi, s.mx, s.inv_t), p = exp(d);
-    q = sample_q(p);
-    if (q == 0 || (s.min_p > 0 && !(p >= (double)s.min_p) && d != 0)) return false;
-    key = sample_key(xi, i);
+    if (i >= s.m) return false;
+    key = s.keys[i], q = s.qs[i];
     return true;
 }
 
@@ -130,53 +125,111 @@ __device__ u64 radix_find(sample_sh &sh, const cand_src &s, u64 cut, bool by_mas
 // Count, mass and entropy term of the candidates with key <= cut.
 __device__ void cand_sums(sample_sh &sh, const cand_src &s, u64 cut, u64 *cnt, u64 *Q, u64 *E) {
     u64 c = 0, qs = 0, es = 0;
-    int lim = cand_limit(s);
-    for (int i = threadIdx.x; i < lim; i += blockDim.x) {
+    for (int i = threadIdx.x; i < s.m; i += blockDim.x) {
         u64 key = 0, q = 0;
         if (!cand_get(s, i, key, q) || key > cut) continue;
-        double d = sample_logp(s.x[sample_key_id(key)], s.mx, s.inv_t);
-        c++, qs += q, es += sample_e(exp(d), d);
+        c++, qs += q, es += s.es[i];
     }
     *cnt = block_sum(c, sh.red);
     *Q = block_sum(qs, sh.red);
     *E = block_sum(es, sh.red);
 }
 
-// Candidates into the shared list (warp-aggregated slots); returns their count, which
-// may exceed cap (then the list is incomplete and unused).
-__device__ int gather(sample_sh &sh, const cand_src &s, u64 *keys, u64 *qs, int cap) {
-    int lane = threadIdx.x & 31;
-    if (threadIdx.x == 0) sh.m = 0;
+// ---- the row's pass: argmax partials, then each token's key and masses once ----------
+// (v, i) pairs: the largest value, the first index on ties, NaN never wins; every
+// thread gets the winner's index (0 when every value is NaN, as block_argmax).
+__device__ int block_amax_pairs(const float *pv, const int *pi, int np, float *sv, int *si) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < np; i += blockDim.x) amax_merge(bv, bi, pv[i], pi[i]);
+    warp_amax(bv, bi);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
     __syncthreads();
-    for (int base = 0; base < s.n; base += blockDim.x) {
-        u64 key = 0, q = 0;
-        bool on = cand_get(s, base + threadIdx.x, key, q);
-        unsigned bal = __ballot_sync(0xffffffffu, on);
-        int slot = 0;
-        if (lane == 0 && bal) slot = atomicAdd(&sh.m, __popc(bal));
-        slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(bal & ((1u << lane) - 1));
-        if (on && slot < cap) keys[slot] = key, qs[slot] = q;
+    if (warp == 0) {
+        bv = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+        warp_amax(bv, bi);
+        if (lane == 0) si[32] = bi == 0x7fffffff ? 0 : bi;
     }
     __syncthreads();
-    return sh.m;
+    int r = si[32];
+    __syncthreads();
+    return r;
 }
 
+// Block b: the argmax of tokens [b * SAMPLE_CHUNK, ...) as a partial; block 0 also
+// clears the configurations' candidate counters for the mass pass that follows.
+__global__ void __launch_bounds__(SAMPLE_PREP_THREADS)
+    sample_argmax_kernel(const float *x, int n, float *part_v, int *part_i, unsigned *count, int n_cfg) {
+    __shared__ float sv[33];
+    __shared__ int si[33];
+    int base = blockIdx.x * SAMPLE_CHUNK, len = n - base < SAMPLE_CHUNK ? n - base : SAMPLE_CHUNK;
+    int i = base + block_argmax(x + base, len, sv, si);
+    if (threadIdx.x == 0) part_v[blockIdx.x] = x[i], part_i[blockIdx.x] = i;
+    if (blockIdx.x == 0)
+        for (int c = threadIdx.x; c < n_cfg; c += blockDim.x) count[c] = 0;
+}
+
+// Block (b, c): configuration c's candidates among tokens [b * SAMPLE_CHUNK, ...), each
+// token's key, mass and entropy term computed once (one double exp), appended to c's
+// arrays at warp-aggregated slots. Greedy configurations and rows with no finite
+// maximum have none (the draw kernel takes the argmax).
+__global__ void __launch_bounds__(SAMPLE_PREP_THREADS)
+    sample_mass_kernel(const float *x, int n, const float *part_v, const int *part_i, int nb, const sample_cfg *cfgs,
+                       unsigned *count, u64 *keys, u64 *qs, u64 *es) {
+    __shared__ float sv[33];
+    __shared__ int si[33];
+    const sample_cfg cfg = cfgs[blockIdx.y];
+    float mx = x[block_amax_pairs(part_v, part_i, nb, sv, si)];
+    if (!(cfg.temperature > 0) || !isfinite(mx)) return;
+    size_t off = (size_t)blockIdx.y * n;
+    double inv_t = 1.0 / (double)cfg.temperature;
+    int base = blockIdx.x * SAMPLE_CHUNK, end = base + SAMPLE_CHUNK < n ? base + SAMPLE_CHUNK : n;
+    int lane = threadIdx.x & 31;
+    for (int i0 = base; i0 < end; i0 += blockDim.x) {  // every lane of a warp takes part in the ballot
+        int i = i0 + threadIdx.x;
+        double d = 0, p = 0;
+        u64 q = 0;
+        if (i < end) {
+            d = sample_logp(x[i], mx, inv_t);
+            p = exp(d);
+            q = sample_q(p);
+        }
+        bool on = q != 0 && !(cfg.min_p > 0 && !(p >= (double)cfg.min_p) && d != 0);
+        unsigned bal = __ballot_sync(0xffffffffu, on);
+        unsigned slot = 0;
+        if (lane == 0 && bal) slot = atomicAdd(&count[blockIdx.y], (unsigned)__popc(bal));
+        slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(bal & ((1u << lane) - 1));
+        if (on) {
+            keys[off + slot] = sample_key(x[i], i);
+            qs[off + slot] = q;
+            es[off + slot] = sample_e(p, d);
+        }
+    }
+}
+
+// One block per configuration: the truncations and the draw over its candidates.
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_kernel(sample_out *out, const float *x, int n, const sample_cfg *cfgs, int cap) {
+    sample_kernel(sample_out *out, const float *x, const sample_cfg *cfgs, int cap, const float *part_v,
+                  const int *part_i, int nb, const unsigned *count, const u64 *keys, const u64 *qs, const u64 *es,
+                  int n) {
     extern __shared__ u64 dyn[];  // keys[cap], masses[cap]
     __shared__ sample_sh sh;
     const sample_cfg cfg = cfgs[blockIdx.x];
     sample_out *o = out + blockIdx.x;
-    int am = block_argmax(x, n, sh.redf, sh.redi);
-    float mx = x[am];
-    cand_src s = { x, n, mx, cfg.min_p, 1.0 / (double)cfg.temperature, dyn, dyn + cap, 0, 0 };
-    int m = 0;
-    if (cfg.temperature > 0 && isfinite(mx)) m = gather(sh, s, dyn, dyn + cap, cap);
-    if (m == 0) {  // greedy, or no finite logit
+    int am = block_amax_pairs(part_v, part_i, nb, sh.redf, sh.redi), m = (int)count[blockIdx.x];
+    if (!(cfg.temperature > 0) || !isfinite(x[am]) || m == 0) {  // greedy, or no finite logit
         if (threadIdx.x == 0) *o = sample_out{ am, 1, x[am], 0.f, 0.0 };
         return;
     }
-    s.m = m, s.shared = m <= cap;
+    size_t off = (size_t)blockIdx.x * n;
+    cand_src s = { keys + off, qs + off, es + off, m };
+    if (m <= cap) {  // the searches' passes then read shared memory
+        for (int i = threadIdx.x; i < m; i += blockDim.x) dyn[i] = s.keys[i], dyn[cap + i] = s.qs[i];
+        __syncthreads();
+        s.keys = dyn, s.qs = dyn + cap;
+    }
     u64 cut = ~0ull, cnt, Q, E;
     if (cfg.top_k > 0 && cfg.top_k < m) cut = radix_find(sh, s, cut, false, (u64)cfg.top_k);
     if (cfg.top_p < 1) {
@@ -191,22 +244,50 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
 }
 
+// The sampler's device arrays for n tokens and n_cfg configurations, grown (never
+// shrunk) on the first call that needs more: argmax partials, counters, then per
+// configuration n keys, masses and entropy terms.
+static int sample_reserve(cuda_ctx *ctx, int n, int n_cfg, int nb) {
+    size_t need = (size_t)nb * 8 + (size_t)n_cfg * 4 + 256 + (size_t)n_cfg * n * 24;
+    if (need <= ctx->sample_bytes) return 0;
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));  // queued draws may use the old arrays
+    if (ctx->sample_buf) CUDA_CHECK(ctx, cudaFree(ctx->sample_buf));
+    ctx->sample_buf = NULL;
+    ctx->sample_bytes = 0;
+    if (cuda_malloc(&ctx->sample_buf, need, "sampler candidates", &ctx->err)) return -1;
+    ctx->sample_bytes = need;
+    return 0;
+}
+
 extern "C" int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg,
                            int n_cfg) {
-    CUDA_REQUIRE(ctx, n > 0 && n <= SAMPLE_MAX_VOCAB && n_cfg >= 0, "cuda_sample: bad shape n=%d n_cfg=%d", n,
-                 n_cfg);
+    CUDA_REQUIRE(ctx, n > 0 && n <= SAMPLE_MAX_VOCAB && n_cfg >= 0 && n_cfg <= 65535,
+                 "cuda_sample: bad shape n=%d n_cfg=%d", n, n_cfg);
     if (n_cfg == 0) return 0;
+    int nb = (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
+    if (sample_reserve(ctx, n, n_cfg, nb)) return -1;
+    float *part_v = (float *)ctx->sample_buf;
+    int *part_i = (int *)(part_v + nb);
+    unsigned *count = (unsigned *)(part_i + nb);
+    u64 *keys = (u64 *)(((uintptr_t)(count + n_cfg) + 255) & ~(uintptr_t)255);
+    u64 *qs = keys + (size_t)n_cfg * n, *es = qs + (size_t)n_cfg * n;
     // The device's limit was read at init and the kernel's attribute is raised once per
     // context: no driver query on the per-token path.
     int cap = (ctx->smem_optin - (int)sizeof(sample_sh) - 1024) / (int)(2 * sizeof(u64));
     if (cap > SAMPLE_CAP_MAX) cap = SAMPLE_CAP_MAX;
-    if (cap < 0) cap = 0;  // every pass then reads the row
+    if (cap < 0) cap = 0;  // every pass then reads the global arrays
     size_t smem = (size_t)cap * 2 * sizeof(u64);
     if (ctx->sample_smem != (int)smem) {
         CUDA_CHECK(ctx, cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         ctx->sample_smem = (int)smem;
     }
-    sample_kernel<<<n_cfg, SAMPLE_THREADS, smem, ctx->stream>>>(out, logits, n, cfg, cap);
+    sample_argmax_kernel<<<nb, SAMPLE_PREP_THREADS, 0, ctx->stream>>>(logits, n, part_v, part_i, count, n_cfg);
+    CUDA_CHECK_LAUNCH(ctx, "sample_argmax_kernel");
+    sample_mass_kernel<<<dim3(nb, n_cfg), SAMPLE_PREP_THREADS, 0, ctx->stream>>>(logits, n, part_v, part_i, nb, cfg,
+                                                                                   count, keys, qs, es);
+    CUDA_CHECK_LAUNCH(ctx, "sample_mass_kernel");
+    sample_kernel<<<n_cfg, SAMPLE_THREADS, smem, ctx->stream>>>(out, logits, cfg, cap, part_v, part_i, nb, count, keys,
+                                                                qs, es, n);
     CUDA_CHECK_LAUNCH(ctx, "sample_kernel");
     return 0;
 }

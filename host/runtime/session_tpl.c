@@ -80,7 +80,9 @@ static int cut_rank(const model *whole, int r, int n, model *out, verr *err) {
 
 int session_tpl_shard(session *s, const session_opts *o, int *cuda_dev, verr *err) {
     int dev[DEVICES_MAX];
-    if (o->n_lora > 0) return verr_set(err, "--tp %d: LoRA adapters are not supported with tensor parallelism", o->tp);
+    if (o->n_lora > 0)
+        return verr_set(err, "--tp %d --devices: LoRA adapters with tensor parallelism in one process are not supported "
+                        "yet; launch one rank per GPU: mpirun -np %d varent ... --device cuda --tp %d", o->tp, o->tp, o->tp);
     if (tpl_devices(o, dev, err)) return -1;
     struct session_tpl *t = calloc(1, sizeof *t);
     if (!t) return verr_set(err, "out of memory");

@@ -4,9 +4,9 @@
 // type (they are r * (n_in + n_out) values a projection, under 1% of its weight at the
 // usual ranks, so fp32 adapters stay fp32 and the device computes with the same values
 // as the CPU), into one registry the weights' owner holds and every forward sharing
-// those weights reads. A shard's adapters arrive cut (lora_shard), so the same code
-// serves tensor parallelism: the row-split projections' deltas join the partial sums
-// before the all-reduce.
+// those weights reads. Under tensor parallelism each device uploads its own share, cut
+// from the uncut pairs as model_shard cuts W, so the row-split projections' deltas join
+// the partial sums before the all-reduce.
 #include "model/forward_cuda.h"
 
 #ifdef VARENT_CUDA
@@ -61,12 +61,36 @@ void cuda_lora_reg_free(struct dev_lora_reg *g) {
 
 #define ALIGN(n) (((n) + 255) & ~(size_t)255)
 
-// Copies a's pairs to the device: one arena, each tensor 256-byte aligned (the matvec's
-// 16-byte loads need it).
+// Pair p of layer l cut to this forward's share, from the uncut pair wh (any TP rank's
+// adapter: the device cuts its own share, so one process's ranks share one load). A of
+// o/down: the share's columns, gathered into cols [r, count]; B of the others: its rows.
+static void cut_pair(const cuda_forward *f, const lora_adapter *a, lora_proj p, const lora_pair *wh, void *cols,
+                     wref *A, wref *B) {
+    const model_config *c = &f->m->cfg;
+    int n_in, n_out;
+    lora_proj_dims(c, p, &n_in, &n_out);
+    size_t first, count, ea = wtype_size(wh->a.type);
+    lora_shard_range(c, &f->m->tp, p, &first, &count);
+    *A = wh->a, *B = wh->b;
+    if (p == LORA_O || p == LORA_DOWN) {
+        for (int r = 0; cols && r < a->r; r++)
+            memcpy((char *)cols + (size_t)r * count * ea, (const char *)wh->a.data + ((size_t)r * n_in + first) * ea,
+                   count * ea);
+        A->data = cols;
+    } else {
+        B->data = (const char *)wh->b.data + first * (size_t)a->r * wtype_size(wh->b.type);
+    }
+}
+
+// Copies a's pairs, cut to this forward's share, to the device: one arena, each tensor
+// 256-byte aligned (the matvec's 16-byte loads need it).
 static struct dev_adapter *upload(cuda_forward *f, const lora_adapter *a, verr *err) {
     struct dev_adapter *d = calloc(1, sizeof *d);
-    if (!d || !(d->w = calloc((size_t)a->n_layers * LORA_N_PROJ, sizeof *d->w))) {
-        if (d) free(d);
+    void *cols = NULL;
+    if (!d || !(d->w = calloc((size_t)a->n_layers * LORA_N_PROJ, sizeof *d->w)) ||
+        !(cols = malloc(sizeof(float) * (size_t)a->r * (f->m->cfg.hidden_dim + f->m->cfg.n_heads * f->m->cfg.head_dim)))) {
+        if (d) free(d->w);
+        free(d);
         verr_set(err, "out of memory");
         return NULL;
     }
@@ -76,17 +100,19 @@ static struct dev_adapter *upload(cuda_forward *f, const lora_adapter *a, verr *
         size_t off = 0;
         for (int l = 0; l < a->n_layers; l++)
             for (int p = 0; p < LORA_N_PROJ; p++) {
-                const lora_pair *pr = lora_get(a, l, (lora_proj)p);
-                if (!pr->a.data) continue;
+                const lora_pair *wh = &a->whole[(size_t)l * LORA_N_PROJ + p];
+                if (!wh->a.data) continue;
                 int n_in, n_out;
                 local_dims(f->m, (lora_proj)p, &n_in, &n_out);
-                size_t ab = (size_t)a->r * n_in * wtype_size(pr->a.type), bb = (size_t)n_out * a->r * wtype_size(pr->b.type);
+                size_t ab = (size_t)a->r * n_in * wtype_size(wh->a.type), bb = (size_t)n_out * a->r * wtype_size(wh->b.type);
                 if (pass == 1) {
                     char *base = d->arena;
+                    wref A, B;
+                    cut_pair(f, a, (lora_proj)p, wh, cols, &A, &B);
                     lora_pair *dp = &d->w[(size_t)l * LORA_N_PROJ + p];
-                    dp->a = (wref){ base + off, pr->a.type }, dp->b = (wref){ base + off + ALIGN(ab), pr->b.type };
-                    if (cuda_upload(&f->ctx, base + off, pr->a.data, ab) ||
-                        cuda_upload(&f->ctx, base + off + ALIGN(ab), pr->b.data, bb)) {
+                    dp->a = (wref){ base + off, A.type }, dp->b = (wref){ base + off + ALIGN(ab), B.type };
+                    if (cuda_upload(&f->ctx, base + off, A.data, ab) ||
+                        cuda_upload(&f->ctx, base + off + ALIGN(ab), B.data, bb)) {
                         verr_set(err, "%s: uploading the LoRA adapter: %s", a->dir, f->ctx.err.msg);
                         goto fail;
                     }
@@ -96,8 +122,10 @@ static struct dev_adapter *upload(cuda_forward *f, const lora_adapter *a, verr *
         bytes = off;
         if (pass == 0 && cuda_malloc(&d->arena, bytes ? bytes : 256, "LoRA adapter", err)) goto fail;
     }
+    free(cols);
     return d;
 fail:
+    free(cols);
     cuda_free(d->arena);
     free(d->w);
     free(d);

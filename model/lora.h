@@ -24,7 +24,8 @@ typedef struct {
     int rslora;         // "use_rslora"
     double scaling;     // alpha / r, or alpha / sqrt(r)
     int n_layers;
-    lora_pair *w;       // [n_layers * LORA_N_PROJ]
+    lora_pair *w;       // [n_layers * LORA_N_PROJ] (a rank's share under TP: lora_shard)
+    lora_pair *whole;   // the same, uncut (== w without TP): a device cuts its own share
     int n_pairs;        // adapted projections
     st_file file;
     long id;            // unique per load: tells a device's uploaded copies apart (model/forward_cuda_lora.c)
@@ -57,6 +58,9 @@ void lora_free(lora_adapter *a);
 // inputs, so each rank's B (A_local x_local) is a partial sum the existing all-reduce
 // completes (B A x = sum over ranks of B A_r x_r).
 int lora_shard(lora_adapter *a, const model_config *c, const tp_shard *s, verr *err);
+// The inputs (o, down) or outputs (the others) of projection p that rank s holds:
+// [first, first + count).
+void lora_shard_range(const model_config *c, const tp_shard *s, lora_proj p, size_t *first, size_t *count);
 // The pair of layer l, projection p (a.data NULL when not adapted).
 static inline const lora_pair *lora_get(const lora_adapter *a, int l, lora_proj p) {
     return &a->w[(size_t)l * LORA_N_PROJ + p];

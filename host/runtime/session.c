@@ -62,9 +62,7 @@ static int open_adapters(session *s, const session_opts *o, verr *err) {
 }
 
 int session_set_lora(session *s, const lora_use *u, int n, verr *err) {
-    if (n > 0 && s->tpl)  // ranks 1.. would need adapters cut to their shares
-        return verr_set(err, "LoRA adapters with --tp over --devices in one process are not supported yet; launch one "
-                        "rank per GPU: mpirun -np N varent ... --device cuda --tp N (docs/distributed.md)");
+    if (s->tpl) return session_tpl_set_lora(s, u, n, err);  // every rank's forward
     if (s->cu) return cuda_forward_set_lora(s->cu, u, n, err);  // the CPU forward's scratch is not needed
     return forward_set_lora(&s->fw, u, n, err);
 }

@@ -14,10 +14,16 @@ numpy reference with the adapters folded into the weights:
   - greedy text under `run --device cuda --lora` equals the CPU's (stories260K);
   - the server's --lora-modules on the device: requests alternating between the adapter
     and the base model on one slot (the decode graph must be captured again at each
-    switch) give the CPU server's greedy texts and echo logprobs.
+    switch) give the CPU server's greedy texts and echo logprobs;
+  - tensor parallelism on two emulated GPUs, `--devices 0,1 --tp 2` in one process and
+    `mpirun -np 2 ... --device cuda --tp 2`, every preset, prefill and decode, two
+    adapters stacked with one scaled: equal to one device within test_emu_tp.py's 1e-2
+    (the ranks' partial sums add in another order), and the two launch forms equal bit
+    for bit.
 """
 import json
 import os
+import shutil
 
 import numpy as np
 
@@ -32,6 +38,7 @@ TOL = 3e-2  # max|diff| / max|ref|: the device keeps K and V in bf16 (test_emu_c
 PRESETS = (("llama3-tiny", "bf16", 11), ("llama-mha-untied", "f32", 12), ("qwen2-tiny", "bf16", 13),
            ("qwen3-tiny", "bf16", 14))
 ERRS = []  # (device-vs-CPU error, check) for the summary line
+ERRS_TP = []  # two ranks against one device
 IDS = [1, 17, 200, 35, 99, 4, 123, 250, 7, 64, 300, 12, 5]
 
 
@@ -144,6 +151,34 @@ def test_server(stories, ad):
     check(ok, "lora_cuda_server_echo_logprobs", f"{dev[4]} vs {cpu[4]}")
 
 
+def test_tp(tmp):
+    mpi = shutil.which("mpirun") is not None
+    for preset, _, seed in PRESETS:
+        d = os.path.join(tmp, preset)
+        ad = os.path.join(tmp, f"ad-{preset}")
+        sub = test_lora.write_adapter(os.path.join(tmp, f"ad-sub-{preset}"), d, targets=["k_proj", "o_proj", "up_proj"],
+                                      r=5, seed=seed + 40, dtype="BF16")
+        args = ("--lora", ad, "--lora-scaled", sub, -0.7)
+        for label, extra in (("prefill", ()), ("decode", ("--chunk", 1))):
+            one, why = logits(EMU, d, os.path.join(tmp, "one.f32"), "--device", "cuda", *args, *extra)
+            loc, why2 = logits(EMU, d, os.path.join(tmp, "loc.f32"), "--devices", "0,1", "--tp", 2, *args, *extra)
+            name = f"lora_cuda_tp_{preset}_{label}"
+            if one is None or loc is None:
+                check(False, name, why or why2)
+                continue
+            ERRS_TP.append(rel(loc, one))
+            check(rel(loc, one) <= 1e-2, f"{name}_devices_0_1", f"max|diff|/max|ref| = {rel(loc, one):.3g}")
+            if mpi:
+                out = os.path.join(tmp, "mpi.f32")
+                if os.path.exists(out):
+                    os.remove(out)
+                r = run("mpirun", "--allow-run-as-root", "--oversubscribe", "-np", 2, EMU, "logits", "-m", d, "--ids",
+                        ",".join(map(str, IDS)), "--out", out, "-t", 1, "--device", "cuda", "--tp", 2, *args, *extra)
+                got = np.fromfile(out, dtype="<f4") if r.returncode == 0 else None
+                check(got is not None and np.array_equal(got, loc), f"{name}_mpirun_equals_one_process",
+                      r.stderr.strip()[-300:])
+
+
 def main():
     if not os.access(EMU, os.X_OK):
         check(False, "lora_cuda", f"no emulated build at {EMU} (make emu)")
@@ -153,6 +188,9 @@ def main():
     test_variants(tmp, d)
     stories, ad = test_greedy(tmp)
     test_server(stories, ad)
+    test_tp(tmp)
+    if ERRS_TP:
+        print(f"TP (2 emulated GPUs) vs one device max|diff|/max|ref|: worst {max(ERRS_TP):.3g}")
     if ERRS:
         print(f"device vs CPU max|diff|/max|ref|: worst {max(ERRS)[0]:.3g} ({max(ERRS)[1]}), median "
               f"{sorted(ERRS)[len(ERRS) // 2][0]:.3g} over {len(ERRS)} comparisons")

@@ -96,6 +96,8 @@ void cpu_attn_stats(double out4[4], const float *scores, int n_heads, int n_keys
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t n);
 // x[n] += y[n]
 void cpu_add(float *x, const float *y, size_t n);
+// x[n] += s * y[n] (a LoRA delta joining its projection's output)
+void cpu_add_scaled(float *x, const float *y, float s, size_t n);
 
 // ---- exact sampling, many configurations from one row of logits ------------------
 // One draw: temperature (<= 0: argmax), then min-p, top-k and top-p truncation (each

@@ -177,6 +177,8 @@ size_t cuda_attn_stats_scratch_bytes(const cuda_ctx *ctx, int n_heads, int max_k
 int cuda_swiglu(cuda_ctx *ctx, float *out, const float *gate, const float *up, size_t n);
 // x[n] += y[n]
 int cuda_add(cuda_ctx *ctx, float *x, const float *y, size_t n);
+// x[n] += s * y[n], rounded after the product and after the sum (no FMA), as cpu_add_scaled
+int cuda_add_scaled(cuda_ctx *ctx, float *x, const float *y, float s, size_t n);
 // Store fp32 rows k[T, kv_dim], v[T, kv_dim] into bf16 caches [positions, kv_dim]
 // at rows pos[t] (device int[T], relative to the given cache buffers).
 int cuda_kv_store(cuda_ctx *ctx, void *k_cache, void *v_cache, const float *k, const float *v,

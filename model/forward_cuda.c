@@ -85,7 +85,7 @@ int cuda_forward_open(cuda_forward **out, const model *m, forward_state *fw, int
                           device);
         f->w = share->w;
     } else {
-        rc = cuda_forward_upload(f, err);
+        rc = cuda_forward_upload(f, err) || cuda_lora_reg_new(f, err);
         f->w = &f->own;
     }
     if (rc == 0) rc = cuda_forward_alloc(f, err);
@@ -119,6 +119,7 @@ void cuda_forward_close(cuda_forward *f) {
     if (f->h_cfg) cudaFreeHost(f->h_cfg);
     if (f->h_out) cudaFreeHost(f->h_out);
     cuda_hooks_free(f);
+    cuda_lora_free(f);
     cuda_tp_free(f);
     cuda_free(f->act);
     cuda_free(f->own.arena);
@@ -253,6 +254,10 @@ static int prefill_layer(cuda_forward *f, int l, int T, int cap, int hk, verr *e
     OP(cuda_matmul(x, q, f->xb, rows_of(L->wqkv, 0, dim), T, dim, q_dim));
     OP(cuda_matmul(x, k, f->xb, rows_of(L->wqkv, q_dim, dim), T, dim, kv_dim));
     OP(cuda_matmul(x, v, f->xb, rows_of(L->wqkv, q_dim + kv_dim, dim), T, dim, kv_dim));
+    float *qkv_out[3] = { q, k, v };
+    for (int p = LORA_Q; p <= LORA_V; p++)
+        if (cuda_lora_on(f, l, (lora_proj)p) && cuda_lora_apply(f, l, (lora_proj)p, qkv_out[p], f->xb, T, 0, err))
+            return -1;
     if (L->bqkv.data) {
         OP(cuda_add_bias(x, q, rows_of(L->bqkv, 0, 1), T, q_dim));
         OP(cuda_add_bias(x, k, rows_of(L->bqkv, q_dim, 1), T, kv_dim));
@@ -271,6 +276,7 @@ static int prefill_layer(cuda_forward *f, int l, int T, int cap, int hk, verr *e
     OP(cuda_attention(x, f->att, q, span, T, sh, scores_of(f, cap, hk, l)));
     if (share_scores(f, cap, hk, l, err) || cuda_hooks_ablate(f, l, f->att, T, err)) return -1;
     OP(cuda_matmul(x, f->y, f->att, L->wo, T, q_dim, dim));
+    if (cuda_lora_on(f, l, LORA_O) && cuda_lora_apply(f, l, LORA_O, f->y, f->att, T, 0, err)) return -1;
     if (f->tp.comm && cuda_tp_sum(f, f->y, (size_t)T * dim, err)) return -1;  // the ranks' partial sums
     if (cuda_hooks_point(f, hk, l, HOOK_ATTN_OUT, f->y, T, err)) return -1;
     OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, L->ffn_norm, T, dim, eps));
@@ -278,8 +284,12 @@ static int prefill_layer(cuda_forward *f, int l, int T, int cap, int hk, verr *e
     float *gate = f->hb, *up = f->hb + (size_t)T * hid;
     OP(cuda_matmul(x, gate, f->xb, rows_of(L->w_gu, 0, dim), T, dim, hid));
     OP(cuda_matmul(x, up, f->xb, rows_of(L->w_gu, hid, dim), T, dim, hid));
+    if ((cuda_lora_on(f, l, LORA_GATE) && cuda_lora_apply(f, l, LORA_GATE, gate, f->xb, T, 0, err)) ||
+        (cuda_lora_on(f, l, LORA_UP) && cuda_lora_apply(f, l, LORA_UP, up, f->xb, T, 0, err)))
+        return -1;
     OP(cuda_swiglu(x, gate, gate, up, (size_t)T * hid));
     OP(cuda_matmul(x, f->y, gate, L->w_down, T, hid, dim));
+    if (cuda_lora_on(f, l, LORA_DOWN) && cuda_lora_apply(f, l, LORA_DOWN, f->y, gate, T, 0, err)) return -1;
     if (f->tp.comm && cuda_tp_sum(f, f->y, (size_t)T * dim, err)) return -1;
     if (cuda_hooks_point(f, hk, l, HOOK_MLP_OUT, f->y, T, err)) return -1;
     const float *cv = cuda_hooks_cvec(f, l);  // x += (mlp_out + vector), as the decode epilogue adds it
@@ -318,22 +328,56 @@ static int decode_project(cuda_forward *f, int hk, int l, int p, const float *in
                           const float *cv, verr *err) {
     cuda_ctx *x = &f->ctx;
     int dim = f->m->cfg.dim;
+    lora_proj lp = p == HOOK_ATTN_OUT ? LORA_O : LORA_DOWN;
+    int lo = cuda_lora_on(f, l, lp);  // its delta joins the product (a partial sum under TP)
     if (f->tp.comm) {  // (no hooks under TP) rank 0 adds its partial product to the residual
         // stream, the others replace theirs with their partial product: the all-reduce of x
         // is then x + sum_r W_r in_r (+ cv), with no extra launch for the add
         const cuda_mv_fuse store = { NULL, 0.f, f->tp.rank == 0, f->tp.rank == 0 ? cv : NULL };
         OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &store));
+        if (lo && cuda_lora_apply(f, l, lp, f->x, in, B, 1, err)) return -1;
         return cuda_tp_sum(f, f->x, (size_t)B * dim, err);
     }
     if (!cuda_hooks_wants(f, hk, l, p)) {
         const cuda_mv_fuse residual = { NULL, 0.f, 1, cv };
         OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &residual));
-        return 0;
+        return lo ? cuda_lora_apply(f, l, lp, f->x, in, B, 1, err) : 0;
     }
     OP(cuda_matvec_rows(x, f->y, in, W, n_in, dim, B, dim, dim));
+    if (lo && cuda_lora_apply(f, l, lp, f->y, in, B, 1, err)) return -1;
     if (cuda_hooks_point(f, hk, l, p, f->y, B, err)) return -1;
     if (cv) OP(cuda_add_bias(x, f->y, (wref){ cv, WT_F32 }, B, dim));  // the fused store's v + bias
     OP(cuda_add(x, f->x, f->y, (size_t)B * dim));                       // and its out += v
+    return 0;
+}
+
+// LoRA on q, k, v of a decode step: their input is the normed x, which the fused qkv
+// matvec never writes, so it is normed here first (xb [B, dim]).
+static int decode_lora_qkv(cuda_forward *f, int l, int B, float *q, float *k, float *v, verr *err) {
+    if (!cuda_lora_on(f, l, LORA_Q) && !cuda_lora_on(f, l, LORA_K) && !cuda_lora_on(f, l, LORA_V)) return 0;
+    const model_config *c = &f->m->cfg;
+    OP(cuda_rmsnorm(&f->ctx, f->xb, f->x, f->w->layers[l].attn_norm, B, c->dim, c->norm_eps));
+    float *out[3] = { q, k, v };
+    for (int p = LORA_Q; p <= LORA_V; p++)
+        if (cuda_lora_on(f, l, (lora_proj)p) && cuda_lora_apply(f, l, (lora_proj)p, out[p], f->xb, B, 1, err))
+            return -1;
+    return 0;
+}
+
+// The MLP's first half of a decode step with LoRA on gate or up: the deltas go in before
+// the SwiGLU, so the one-launch kernel gives way to norm, gate|up matvec (planar
+// [B, hid] twice in hb), the deltas and cuda_swiglu into hb's first half.
+static int decode_lora_glu(cuda_forward *f, int l, int B, verr *err) {
+    const model_config *c = &f->m->cfg;
+    cuda_ctx *x = &f->ctx;
+    int dim = c->dim, hid = f->m->tp.n_ffn;
+    float *gate = f->hb, *up = f->hb + (size_t)B * hid;
+    OP(cuda_rmsnorm(x, f->xb, f->x, f->w->layers[l].ffn_norm, B, dim, c->norm_eps));
+    OP(cuda_matvec_rows(x, f->hb, f->xb, f->w->layers[l].w_gu, dim, 2 * hid, B, hid, 2 * hid));
+    if ((cuda_lora_on(f, l, LORA_GATE) && cuda_lora_apply(f, l, LORA_GATE, gate, f->xb, B, 1, err)) ||
+        (cuda_lora_on(f, l, LORA_UP) && cuda_lora_apply(f, l, LORA_UP, up, f->xb, B, 1, err)))
+        return -1;
+    OP(cuda_swiglu(x, gate, gate, up, (size_t)B * hid));
     return 0;
 }
 
@@ -356,6 +400,7 @@ static int decode_layer(cuda_forward *f, int l, int B, int cap, int hk, step_par
     // One matvec over Wqkv, planar output: q [B, q_dim], k [B, kv_dim], v [B, kv_dim].
     float *q = f->qkv, *k = q + (size_t)B * q_dim, *v = k + (size_t)B * kv_dim;
     OP(cuda_matvec_rows_fused(x, q, f->x, L->wqkv, dim, qkv_dim, B, q_dim, q_dim + kv_dim, &attn_norm));
+    if (decode_lora_qkv(f, l, B, q, k, v, err)) return -1;
     const cuda_kv_layer *dl = &dp.layers[(size_t)l * f->rows];
     // Qwen3's per-head q/k RMSNorm, RoPE and the KV store run inside the attention launch.
     const cuda_rope_kv rk = { k, v, dp.pos, dp.rows, w->inv_freq, (const float *)L->q_norm.data,
@@ -367,7 +412,11 @@ static int decode_layer(cuda_forward *f, int l, int B, int cap, int hk, step_par
         cuda_hooks_point(f, hk, l, HOOK_RESID_MID, f->x, B, err))
         return -1;
     float *h = f->hb;  // [B, hid] = silu(gate) * up, one launch (hb holds [B, 2*hid] if it falls back)
-    OP(cuda_matvec_glu_rows(x, h, f->hb, f->x, L->w_gu, dim, hid, B, &ffn_norm));
+    if (cuda_lora_on(f, l, LORA_GATE) || cuda_lora_on(f, l, LORA_UP)) {
+        if (decode_lora_glu(f, l, B, err)) return -1;
+    } else {
+        OP(cuda_matvec_glu_rows(x, h, f->hb, f->x, L->w_gu, dim, hid, B, &ffn_norm));
+    }
     if (decode_project(f, hk, l, HOOK_MLP_OUT, h, L->w_down, hid, B, cuda_hooks_cvec(f, l), err)) return -1;
     return cuda_hooks_point(f, hk, l, HOOK_RESID_POST, f->x, B, err);
 }
@@ -400,7 +449,8 @@ static int enqueue_decode(cuda_forward *f, int B, int cap, int hk, verr *err) {
 // this capture layer, these hooks and captures, or the scratch moved.
 static int graph_decode(cuda_forward *f, int B, int cap, int hk, verr *err) {
     graph_slot *g = &f->graphs[B];
-    if (!g->exec || g->cap != cap || g->scratch != f->ctx.scratch || g->hook_gen != f->hk.gen || g->hook_cap != hk) {
+    if (!g->exec || g->cap != cap || g->scratch != f->ctx.scratch || g->hook_gen != f->hk.gen || g->hook_cap != hk ||
+        g->lora_gen != f->lora.gen) {
         if (g->exec) CK(cudaGraphExecDestroy(g->exec));
         g->exec = NULL;
         CK(cudaStreamBeginCapture(f->ctx.stream, cudaStreamCaptureModeThreadLocal));
@@ -424,7 +474,7 @@ static int graph_decode(cuda_forward *f, int B, int cap, int hk, verr *err) {
             cudaGetLastError();
             return -1;
         }
-        g->cap = cap, g->scratch = f->ctx.scratch, g->hook_gen = f->hk.gen, g->hook_cap = hk;
+        g->cap = cap, g->scratch = f->ctx.scratch, g->hook_gen = f->hk.gen, g->hook_cap = hk, g->lora_gen = f->lora.gen;
     }
     CK(cudaGraphLaunch(g->exec, f->ctx.stream));
     if (B == 1) f->step = (cuda_step_counts){ g->launches, g->nodes, 0 };

@@ -62,6 +62,14 @@ int cuda_forward_logits(cuda_forward *f, forward_state *fw, verr *err);
 // any view on a bad id, a full view, a host or foreign cache, or two rows sharing a cache.
 int cuda_forward_batch(cuda_forward *f, forward_state *fw, kv_view *views, const int *ids, int B, float *logits,
                        float *stats, verr *err);
+// LoRA adapters (model/lora.h) applied unmerged from the next forward call on, prefill
+// and decode, in place of the previous set. Each adapter is uploaded once per device in
+// its stored type (the first forward that uses it; forwards sharing the weights share
+// the copy, which lives until the weights' owner closes). Uses with scale 0 are left
+// out, so no adapter or scale 0 runs exactly the base model's launches. A changed set
+// or scale makes the next decode step capture its graph again. On a shard (--tp) the
+// adapters must be cut to the same share (lora_load does it on a sharded model).
+int cuda_forward_set_lora(cuda_forward *f, const lora_use *u, int n, verr *err);
 // n draws from the last forward's logits (after a batch: its last row's) in one
 // cuda_sample launch (kernels/ops.h):
 // the configurations go up, the results come back; the logits stay on the device.

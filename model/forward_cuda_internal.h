@@ -39,6 +39,7 @@ typedef struct {
     wref embed, final_norm, lm_head;  // lm_head == embed when tied
     const float *inv_freq;     // [head_dim/2]
     dev_layer *layers;         // host array [n_layers] of device refs
+    struct dev_lora_reg *lora; // LoRA adapters uploaded to this device (model/forward_cuda_lora.c)
 } dev_weights;
 
 // The per-step block, same layout on the device and in its pinned host twin. A prefill
@@ -72,6 +73,22 @@ typedef struct {
     int acts_cap, attn_cap;    // slots the arenas hold
 } dev_hooks;
 
+// The LoRA adapters a forward applies (model/forward_cuda_lora.c): the uses with a
+// non-zero scale, their device pairs and scratch. n == 0: the base model's launches.
+typedef struct {
+    const struct dev_adapter *d;
+    float coef;                // scale * lora_alpha / r (or / sqrt(r))
+} dev_lora_use;
+
+typedef struct {
+    long gen;                  // bumped when the uses, their coefficients or the scratch change
+    dev_lora_use *use;         // [n]
+    int n;
+    unsigned char *on;         // [n_layers * LORA_N_PROJ]: some use adapts the projection
+    float *tmp, *dy;           // device [max_T, rank], [max_T, widest projection output]
+    int rank;
+} dev_lora;
+
 // What a step captures for the hooks (bits): activations, last-query attention scores.
 #define HK_ACTS 1
 #define HK_ATTN 2
@@ -83,6 +100,7 @@ typedef struct {
     void *scratch;             // ctx.scratch it was captured with
     long hook_gen;             // dev_hooks.gen it was captured with
     int hook_cap;              // the HK_* captures it holds
+    long lora_gen;             // dev_lora.gen it was captured with
     long launches;             // kernels and cuBLAS calls captured into it
     long nodes;                // its nodes (the launches plus the step block's copy)
 } graph_slot;
@@ -139,7 +157,23 @@ struct cuda_forward {
     int smp_cap;
     dev_hooks hk;              // forward hooks (model/forward_cuda_hooks.c)
     dev_tp tp;                 // tensor parallelism (model/forward_cuda_tp.c)
+    dev_lora lora;             // LoRA adapters (model/forward_cuda_lora.c)
 };
+
+// ---- LoRA (model/forward_cuda_lora.c) ----
+// The registry of adapters uploaded to the device, held by the forward that uploaded
+// the weights (own.lora) and shared with every forward borrowing them.
+int cuda_lora_reg_new(cuda_forward *f, verr *err);
+void cuda_lora_reg_free(struct dev_lora_reg *g);
+// Some adapter in use adapts projection p of layer l.
+static inline int cuda_lora_on(const cuda_forward *f, int l, lora_proj p) {
+    return f->lora.n && f->lora.on[(size_t)l * LORA_N_PROJ + p];
+}
+// y[T, n_out] += coef * B (A x) over the uses, x [T, n_in] (this share's widths). decode:
+// T rows of one token (the matvec rows kernels, graph-friendly); else a prefill chunk.
+int cuda_lora_apply(cuda_forward *f, int l, lora_proj p, float *y, const float *x, int T, int decode, verr *err);
+// The forward's uses and scratch, and the registry when f owns it.
+void cuda_lora_free(cuda_forward *f);
 
 // ---- tensor parallelism (model/forward_cuda_tp.c) ----
 // Floats of padding x and y need past [max_T, dim] for the padded reduce-scatter.

@@ -251,13 +251,71 @@ int lora_load(lora_adapter *a, const model *m, const char *dir, verr *err) {
     for (int i = 0; i < a->file.n; i++)
         if (add_tensor(a, &m->cfg, &a->file.tensors[i], targets, err)) return lora_free(a), -1;
     if (check_pairs(a, err)) return lora_free(a), -1;
+    a->whole = a->w;
+    if (m->tp.size > 1 && lora_shard(a, &m->cfg, &m->tp, err)) return lora_free(a), -1;
+    static _Atomic long next_id;
+    a->id = ++next_id;
     return 0;
 }
 
 void lora_free(lora_adapter *a) {
     st_close(&a->file);
+    if (a->whole != a->w) free(a->whole);
     free(a->w);
+    free(a->tp_owned);
     memset(a, 0, sizeof *a);
+}
+
+// ---- tensor parallelism -----------------------------------------------------------
+
+// The rank's first input or output and their count for projection p (the rows of W it holds).
+void lora_shard_range(const model_config *c, const tp_shard *s, lora_proj p, size_t *first, size_t *count) {
+    size_t hd = (size_t)c->head_dim;
+    if (p == LORA_Q || p == LORA_O) *first = (size_t)s->head0 * hd, *count = (size_t)s->n_heads * hd;
+    else if (p == LORA_K || p == LORA_V) *first = (size_t)s->kv_head0 * hd, *count = (size_t)s->n_kv_heads * hd;
+    else *first = (size_t)s->ffn0, *count = (size_t)s->n_ffn;
+}
+
+int lora_shard(lora_adapter *a, const model_config *c, const tp_shard *s, verr *err) {
+    if (s->size <= 1) return 0;
+    if (a->tp_owned) return verr_set(err, "%s: the adapter is already sharded", a->dir);
+    size_t bytes = 0;
+    for (int l = 0; l < a->n_layers; l++)
+        for (int p = LORA_O; p <= LORA_DOWN; p += LORA_DOWN - LORA_O) {
+            const lora_pair *pr = lora_get(a, l, (lora_proj)p);
+            size_t first, count;
+            lora_shard_range(c, s, (lora_proj)p, &first, &count);
+            if (pr->a.data) bytes += (size_t)a->r * count * wtype_size(pr->a.type);
+        }
+    size_t n_pairs = (size_t)a->n_layers * LORA_N_PROJ;
+    char *dst = a->tp_owned = malloc(bytes ? bytes : 1);
+    a->whole = malloc(sizeof *a->whole * n_pairs);
+    if (!dst || !a->whole) {
+        free(a->whole);
+        a->whole = a->w;  // lora_free frees tp_owned
+        return verr_set(err, "%s: out of memory copying the rank's %zu bytes of lora_A columns", a->dir, bytes);
+    }
+    memcpy(a->whole, a->w, sizeof *a->whole * n_pairs);
+    for (int l = 0; l < a->n_layers; l++)
+        for (int p = 0; p < LORA_N_PROJ; p++) {
+            lora_pair *pr = &a->w[(size_t)l * LORA_N_PROJ + p];
+            if (!pr->a.data) continue;
+            int n_in, n_out;
+            lora_proj_dims(c, (lora_proj)p, &n_in, &n_out);
+            size_t first, count;
+            lora_shard_range(c, s, (lora_proj)p, &first, &count);
+            if (p != LORA_O && p != LORA_DOWN) {  // B [n_out, r]: the rank's output rows, a view
+                pr->b.data = (const char *)pr->b.data + first * (size_t)a->r * wtype_size(pr->b.type);
+                continue;
+            }
+            size_t es = wtype_size(pr->a.type);  // A [r, n_in]: the rank's input columns, copied
+            for (int r = 0; r < a->r; r++)
+                memcpy(dst + (size_t)r * count * es, (const char *)pr->a.data + ((size_t)r * n_in + first) * es,
+                       count * es);
+            pr->a.data = dst;
+            dst += (size_t)a->r * count * es;
+        }
+    return 0;
 }
 
 // ---- the CPU forward's part --------------------------------------------------------
@@ -271,7 +329,6 @@ void lora_apply(const lora_use *u, int n, int l, lora_proj p, float *y, const fl
         int r = u[i].a->r;
         cpu_matmul(tmp, x, pr->a, T, n_in, r);     // [T, r] = x A^T
         cpu_matmul(dy, tmp, pr->b, T, r, n_out);   // [T, n_out] = tmp B^T
-        size_t N = (size_t)T * n_out;
-        for (size_t k = 0; k < N; k++) y[k] += coef * dy[k];
+        cpu_add_scaled(y, dy, coef, (size_t)T * n_out);
     }
 }

@@ -24,9 +24,12 @@ typedef struct {
     int rslora;         // "use_rslora"
     double scaling;     // alpha / r, or alpha / sqrt(r)
     int n_layers;
-    lora_pair *w;       // [n_layers * LORA_N_PROJ]
+    lora_pair *w;       // [n_layers * LORA_N_PROJ] (a rank's share under TP: lora_shard)
+    lora_pair *whole;   // the same, uncut (== w without TP): a device cuts its own share
     int n_pairs;        // adapted projections
     st_file file;
+    long id;            // unique per load: tells a device's uploaded copies apart (model/forward_cuda_lora.c)
+    void *tp_owned;     // a tensor-parallel rank's column slices of A (o_proj, down_proj)
 } lora_adapter;
 
 // An adapter to load: its PEFT directory and scale.
@@ -45,9 +48,19 @@ typedef struct {
 // against m: every tensor must be a lora_A/lora_B of a q/k/v/o/gate/up/down projection
 // of a layer of m, with A [r, n_in] and B [n_out, r]. DoRA, modules_to_save, embedding
 // or lm_head adapters, bias training, fan_in_fan_out and per-module rank or alpha
-// patterns are refused. Errors name the file and the key. 0, or -1 with err.
+// patterns are refused. Errors name the file and the key. On a shard (m->tp.size > 1)
+// the pairs are cut like the weights (lora_shard). 0, or -1 with err.
 int lora_load(lora_adapter *a, const model *m, const char *dir, verr *err);
 void lora_free(lora_adapter *a);
+// Tensor parallelism: cuts a's pairs to rank s's share, as model_shard cuts W. Column-
+// split projections (q/k/v, gate/up) keep A whole and view B's rows of the rank's
+// outputs; row-split ones (o, down) keep B whole and copy A's columns of the rank's
+// inputs, so each rank's B (A_local x_local) is a partial sum the existing all-reduce
+// completes (B A x = sum over ranks of B A_r x_r).
+int lora_shard(lora_adapter *a, const model_config *c, const tp_shard *s, verr *err);
+// The inputs (o, down) or outputs (the others) of projection p that rank s holds:
+// [first, first + count).
+void lora_shard_range(const model_config *c, const tp_shard *s, lora_proj p, size_t *first, size_t *count);
 // The pair of layer l, projection p (a.data NULL when not adapted).
 static inline const lora_pair *lora_get(const lora_adapter *a, int l, lora_proj p) {
     return &a->w[(size_t)l * LORA_N_PROJ + p];

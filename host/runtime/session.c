@@ -50,7 +50,6 @@ static int open_steer(session *s, const steer_spec *sp, verr *err) {
 // --lora / --lora-scaled: each adapter checked against the model, then applied.
 static int open_adapters(session *s, const session_opts *o, verr *err) {
     if (o->n_lora <= 0) return 0;
-    if (s->cu) return verr_set(err, "--lora: LoRA adapters run on the CPU backend only (use --device cpu)");
     s->adapters = calloc((size_t)o->n_lora, sizeof *s->adapters);
     s->lora = calloc((size_t)o->n_lora, sizeof *s->lora);
     if (!s->adapters || !s->lora) return verr_set(err, "out of memory");
@@ -63,7 +62,8 @@ static int open_adapters(session *s, const session_opts *o, verr *err) {
 }
 
 int session_set_lora(session *s, const lora_use *u, int n, verr *err) {
-    if (n > 0 && s->cu) return verr_set(err, "LoRA adapters run on the CPU backend only (use --device cpu)");
+    if (s->tpl) return session_tpl_set_lora(s, u, n, err);  // every rank's forward
+    if (s->cu) return cuda_forward_set_lora(s->cu, u, n, err);  // the CPU forward's scratch is not needed
     return forward_set_lora(&s->fw, u, n, err);
 }
 

@@ -76,6 +76,8 @@ int session_tpl_shard(session *s, const session_opts *o, int *cuda_dev, verr *er
 int session_tpl_open(session *s, const session_opts *o, verr *err);
 int session_tpl_forward(session *s, kv_view *kv, const int *ids, int T, verr *err);
 int session_tpl_batch(session *s, kv_view *views, const int *ids, int B, float *logits, float *stats, verr *err);
+// The adapters of every open rank's forward (session_set_lora under one-process TP).
+int session_tpl_set_lora(session *s, const lora_use *u, int n, verr *err);
 void session_tpl_close(session *s);
 // Every rank leaves the NCCL group at once (before any rank's forward is closed).
 void session_tpl_leave(session *s);
@@ -87,7 +89,8 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err);
 void session_close(session *s);
 // The adapters the next passes apply: u[0..n) (n 0: the base model alone); u must
 // outlive their use. session_open applies s->lora; the server swaps per request.
-// -1 with err when out of memory, or on a CUDA session (LoRA runs on the CPU backend).
+// On CUDA the adapters are uploaded to the device on first use. -1 with err when out of
+// memory.
 int session_set_lora(session *s, const lora_use *u, int n, verr *err);
 // The forward pass on the session's backend: appends T tokens to the sequence in kv
 // and leaves the last token's logits in s->fw.logits (host memory on every backend),

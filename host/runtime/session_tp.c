@@ -34,7 +34,6 @@ int session_tp_shard(session *s, const session_opts *o, int failed, int cuda_dev
     if (c->size != o->tp)
         return verr_set(err, "--tp %d: the tensor-parallel group has %d ranks", o->tp, c->size);
     if (tp_agree(c, !failed, err->msg, err)) return -1;
-    if (o->n_lora > 0) return verr_set(err, "--tp %d: LoRA adapters are not supported with tensor parallelism", o->tp);
     tp_shard plan;
     if (tp_shard_plan(&s->m.cfg, c->rank, c->size, &plan, err) || same_checkpoint(s, c, err)) return -1;
     verr why;

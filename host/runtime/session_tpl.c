@@ -7,7 +7,8 @@
 // callers' views, branch tails (kv_cache_init_like) and commits cover every rank. A
 // forward call runs every rank's forward at once, each on its device's thread (dev_pool),
 // and they meet in NCCL collectives; the session's caches give every rank's lengths.
-// Second contexts on the model (critic, server slots, agent replicas) are refused.
+// Second contexts on the model (critic, server slots, agent replicas) are refused. LoRA
+// adapters go to every rank's forward (session_tpl_set_lora).
 #include "host/runtime/session.h"
 
 #include <stdlib.h>
@@ -40,6 +41,8 @@ struct session_tpl {
     float *stats;
     double timeout;
     unsigned char id[CUDA_TP_ID_BYTES];
+    const lora_use *lora;    // session_tpl_set_lora's adapters
+    int n_lora;
 };
 
 // --devices as GPU indices, at least --tp of them, no GPU twice.
@@ -80,7 +83,6 @@ static int cut_rank(const model *whole, int r, int n, model *out, verr *err) {
 
 int session_tpl_shard(session *s, const session_opts *o, int *cuda_dev, verr *err) {
     int dev[DEVICES_MAX];
-    if (o->n_lora > 0) return verr_set(err, "--tp %d: LoRA adapters are not supported with tensor parallelism", o->tp);
     if (tpl_devices(o, dev, err)) return -1;
     struct session_tpl *t = calloc(1, sizeof *t);
     if (!t) return verr_set(err, "out of memory");
@@ -139,6 +141,23 @@ int session_tpl_open(session *s, const session_opts *o, verr *err) {
     dev_pool_run(t->pool, (1u << t->n) - 1, open_job, t);
     if (first_error(t, err)) return -1;
     dev_pool_run(t->pool, (1u << t->n) - 1, join_job, t);
+    if (first_error(t, err)) return -1;
+    return s->n_adapters ? session_tpl_set_lora(s, s->lora, s->n_adapters, err) : 0;  // rank 0 has them already
+}
+
+// LoRA: every open rank's forward takes the same uses; each device cuts its own share
+// of the adapters (model/forward_cuda_lora.c).
+static void lora_job(void *ud, int r) {
+    struct session_tpl *t = ud;
+    tpl_rank *R = &t->r[r];
+    struct cuda_forward *cu = r ? R->cu : t->s->cu;
+    R->rc = cu ? cuda_forward_set_lora(cu, t->lora, t->n_lora, &R->err) : 0;
+}
+
+int session_tpl_set_lora(session *s, const lora_use *u, int n, verr *err) {
+    struct session_tpl *t = s->tpl;
+    t->s = s, t->lora = u, t->n_lora = n;
+    dev_pool_run(t->pool, (1u << t->n) - 1, lora_job, t);
     return first_error(t, err);
 }
 

@@ -8,7 +8,6 @@
 int server_adapters_load(server *s, verr *err) {
     const server_opts *o = &s->o;
     if (o->n_lora_modules <= 0) return 0;
-    if (s->base->cu) return verr_set(err, "--lora-modules: LoRA adapters run on the CPU backend only (use --device cpu)");
     s->mods = calloc((size_t)o->n_lora_modules, sizeof *s->mods);
     lora_use *all = calloc((size_t)o->n_lora_modules + (size_t)s->base->n_adapters, sizeof *all);
     if (!s->mods || !all) return free(all), verr_set(err, "out of memory");
@@ -23,7 +22,8 @@ int server_adapters_load(server *s, verr *err) {
         s->n_mods = i + 1;
     }
     // Slot 0 runs on the base session's forward state (copied by value): size its LoRA
-    // scratch for every adapter now, so a request never reallocates what base shares.
+    // scratch for every adapter now, so a request never reallocates what base shares
+    // (on CUDA: this uploads every adapter once, before the slots start).
     if (s->base->n_adapters) memcpy(all, s->base->lora, sizeof *all * (size_t)s->base->n_adapters);  // lora: NULL without
     for (int i = 0; i < s->n_mods; i++) all[s->base->n_adapters + i] = (lora_use){ &s->mods[i], 1.0f };
     int rc = session_set_lora(s->base, all, s->base->n_adapters + s->n_mods, err) ||

@@ -112,3 +112,7 @@ void cpu_swiglu(float *out, const float *gate, const float *up, size_t n) {
 void cpu_add(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
+
+void cpu_add_scaled(float *x, const float *y, float s, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] += s * y[i];
+}

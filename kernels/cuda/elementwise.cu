@@ -34,6 +34,19 @@ extern "C" int cuda_add(cuda_ctx *ctx, float *x, const float *y, size_t n) {
     return 0;
 }
 
+// ---- add_scaled: x[n] += s * y[n] (LoRA deltas) ------------------------------------
+__global__ void add_scaled_kernel(float *x, const float *y, float s, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fadd_rn(x[i], __fmul_rn(s, y[i]));
+}
+
+extern "C" int cuda_add_scaled(cuda_ctx *ctx, float *x, const float *y, float s, size_t n) {
+    if (n == 0) return 0;
+    add_scaled_kernel<<<cdiv_u(n, 256), 256, 0, ctx->stream>>>(x, y, s, n);
+    CUDA_CHECK_LAUNCH(ctx, "add_scaled_kernel");
+    return 0;
+}
+
 // ---- add_bias: x[T, n] += b[n] ----------------------------------------------------
 __global__ void add_bias_kernel(float *x, const void *b, int bt, int n, size_t total) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;

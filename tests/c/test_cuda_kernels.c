@@ -113,6 +113,18 @@ static void test_pointwise(void) {
     got = fdown(dg, n);
     cmp("cuda_add n=100003", got, ref, n, 0, 0);
     free(got);
+    // add_scaled (LoRA deltas): odd sizes, a negative and a tiny scale, 0 leaves x as it was
+    const float scales[] = { 0.75f, -1.5f, 3e-3f, 0.f };
+    const size_t sizes[] = { 1, 7, 257, 100003 };
+    for (int i = 0; i < 4; i++) {
+        OK(cuda_upload(&C, dg, g, n * 4));
+        memcpy(ref, g, n * 4);
+        cpu_add_scaled(ref, u, scales[i], sizes[i]);
+        OK(cuda_add_scaled(&C, dg, du, scales[i], sizes[i]));
+        got = fdown(dg, n);  // the elements past sizes[i] must be untouched
+        cmp(NAME("cuda_add_scaled s=%g n=%zu", scales[i], sizes[i]), got, ref, n, 1e-7f, 1e-6f);
+        free(got);
+    }
     for (int k = 0; k < 3; k++) {  // add_bias
         int T = 3, nb = 1001;
         void *raw = wmake(TYPES[k], nb, 1.f);

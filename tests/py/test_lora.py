@@ -18,18 +18,18 @@ adapters folded into its weights (tests/reference/ref_lora.py, from PEFT's defin
     .bin, an unknown tensor, PEFT variants such as aLoRA, lora_bias, layer_replication,
     trainable tokens and KaSA) fail naming the file and the key, and write nothing;
   - PEFT's own adapters, logits and merge_and_unload(), where torch and peft import:
-    tests/py/test_lora_peft.py (VARENT_HF_PYTHON).
+    tests/py/test_lora_peft.py (VARENT_HF_PYTHON); the CUDA device: tests/py/test_lora_cuda.py;
+    tensor parallelism over MPI: tests/py/test_lora_tp.py.
 """
 import json
 import os
 import shutil
-import subprocess
 
 import numpy as np
 
 import servertest
 import vtest
-from vtest import check, expect_fail, skip, stories_dir, tmpdir, varent
+from vtest import check, expect_fail, stories_dir, tmpdir, varent
 import gen_random_checkpoint as gen
 import ref_lora
 import ref_model
@@ -251,14 +251,6 @@ def test_bad_adapters(tmp, d):
                 "adapter_model.bin", "safetensors")
     expect_fail("lora_bad_missing_dir", varent("logits", "-m", d, "--ids", "1", "--out", out, "--lora",
                                                os.path.join(tmp, "nope")), "nope/adapter_config.json")
-    emu = os.path.join(os.environ.get("EMU_BUILD", os.path.join(vtest.ROOT, "build", "emu")), "varent")
-    if os.path.exists(emu):  # the device forward has no adapters yet: a clear error, nothing run
-        ad = os.path.join(tmp, "ad-sub")
-        r = subprocess.run([emu, "logits", "-m", d, "--ids", "1", "--out", out, "--device", "cuda", "--lora", ad],
-                           capture_output=True, text=True, timeout=300)
-        expect_fail("lora_cuda_refused_clearly", r, "CPU backend only")
-    else:
-        skip("lora_cuda_refused_clearly", f"{emu} not built (make emu)")
     expect_fail("lora_scaled_needs_two", varent("logits", "-m", d, "--ids", "1", "--out", out, "--lora-scaled", "x"),
                 "--lora-scaled", rc=2)
     expect_fail("lora_scaled_bad_number", varent("logits", "-m", d, "--ids", "1", "--out", out, "--lora-scaled",

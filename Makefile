@@ -96,6 +96,13 @@ $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
+# The entropix decision (kernels/entropix_core.h) runs on the host and on the device:
+# neither side may contract its multiply-adds, so both make the same parameters.
+%/host/decode/entropix.o: CFLAGS += -ffp-contract=off
+%/host/decode/entropix.o: EMU_CFLAGS += -ffp-contract=off
+%/kernels/cuda/entropix.cu.o: NVCCFLAGS += -fmad=false
+%/kernels/cuda/entropix.cu.o: EMU_CXXFLAGS += -ffp-contract=off
+
 # The server's web page (host/serve/web/index.html), built into the binary.
 $(BUILD)/gen/web_index.c: host/serve/web/index.html tools/embed.py
 	@mkdir -p $(dir $@)

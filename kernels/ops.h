@@ -100,6 +100,14 @@ void cpu_add(float *x, const float *y, size_t n);
 void cpu_add_scaled(float *x, const float *y, float s, size_t n);
 
 // ---- exact sampling, many configurations from one row of logits ------------------
+// A sampler's parameters (host/runtime/sampler.h; entropix picks them per step).
+typedef struct {
+    float temperature;  // 0: greedy argmax
+    int top_k;          // 0: off
+    float top_p;        // 1: off
+    float min_p;        // 0: off
+} sampler_params;
+
 // One draw: temperature (<= 0: argmax), then min-p, top-k and top-p truncation (each
 // off at 0, 0 and >= 1), then an exact categorical draw with uniform u in [0, 1).
 // kernels/sample_core.h defines the arithmetic (fixed-point masses) both backends share.

@@ -242,10 +242,17 @@ int cuda_attention_validate(cuda_ctx *ctx, attn_shape s);
 int cuda_vocab_stats(cuda_ctx *ctx, float *out, const float *logits, int rows, int n);
 // out[rows] = argmax of logits[rows, n] (first index on ties; NaN never wins).
 int cuda_argmax(cuda_ctx *ctx, int *out, const float *logits, int rows, int n);
-// cpu_sample on the device, one block per configuration, in one launch: out and cfg
-// are device arrays [n_cfg], so a caller uploads the configurations (uniforms
-// included) and downloads the results around it. Same tokens as cpu_sample.
+// cpu_sample on the device (three launches, kernels/cuda/sample.cu): out and cfg are
+// device arrays [n_cfg], so a caller uploads the configurations (uniforms included)
+// and downloads the results around it. Same tokens as cpu_sample.
 int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg, int n_cfg);
+// The entropix decision on the device (kernels/entropix_core.h) from a step's logit
+// stats {max, lse, H, V} and attention stats, into k >= 1 draw configurations cfg
+// (device arrays, as c and the peeked uniforms u[k]): the step's draws, then argmax
+// fillers. One launch; the same parameters as the host's entropix_decide.
+struct entropix_config_s;
+int cuda_entropix_arm(cuda_ctx *ctx, sample_cfg *cfg, int k, const float *logit_stats, const float *attn_stats,
+                      const struct entropix_config_s *c, const double *u, int prev_token, int clarifier);
 
 #ifdef __cplusplus
 }

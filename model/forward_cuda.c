@@ -116,6 +116,7 @@ void cuda_forward_close(cuda_forward *f) {
     if (f->h_stats) cudaFreeHost(f->h_stats);
     cuda_free(f->d_cfg);
     cuda_free(f->d_out);
+    cuda_arm_free(f);
     if (f->h_cfg) cudaFreeHost(f->h_cfg);
     if (f->h_out) cudaFreeHost(f->h_out);
     cuda_hooks_free(f);
@@ -630,9 +631,12 @@ int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int 
         rc = run_chunk(f, kv, ids + done, n, last ? cap : -1, last ? hk : hk & ~HK_ATTN, err);
     }
     f->logits_stale = 0, f->logits_valid = 0;
+    if (rc == 0) rc = cuda_arm_enqueue(f, cap, err);  // an armed entropix step decides and draws here
+    f->arm.armed = 0;
     if (rc == 0)
         rc = fetch(f, fw->lazy_logits ? NULL : fw->logits, 1, cap, cap >= 0 && fw->copy_scores ? f->last_keys : 0,
                    err);
+    f->arm.ready = rc == 0 && f->arm.ready == -1;
     if (rc) {  // the cache keeps its length: the rows written past it are never read
         dst->len = len0, kv->n_trunk = n_trunk0;
         return -1;
@@ -704,6 +708,7 @@ int cuda_forward_batch(cuda_forward *f, forward_state *fw, kv_view *views, const
         saved[2 * b + 1] = views[b].n_trunk;
     }
     fw->dev_stats = 0, f->logits_stale = 0, f->logits_valid = 0;
+    f->arm.armed = f->arm.ready = 0;  // a batch is never armed
     size_t V = (size_t)f->m->cfg.vocab_size;
     int done = 0, n = 0, rc = 0;
     for (; rc == 0 && done < B; done += n) {
@@ -732,6 +737,14 @@ int cuda_forward_batch(cuda_forward *f, forward_state *fw, kv_view *views, const
 }
 
 // ---- sampling on the device ----------------------------------------------------------------
+// A NaN or +inf maximum (every logit NaN, or an overflow) is drawn as its argmax: refuse
+// it as the CPU forward does.
+static int check_draws(const cuda_forward *f, const sample_out *out, int n, verr *err) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(out[i].logit)) return nonfinite_err(f, f->last_keys - 1, out[i].token, out[i].logit, err);
+    return 0;
+}
+
 // Room for n configurations and results, on the device and pinned on the host.
 static int sample_buffers(cuda_forward *f, int n, verr *err) {
     cuda_free(f->d_cfg), cuda_free(f->d_out);
@@ -753,6 +766,7 @@ int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_ou
     OP(cuda_activate(&f->ctx));
     if (n > f->smp_cap && sample_buffers(f, n, err)) return -1;
     if (!f->logits_valid) return verr_set(err, "no logits to sample: the last forward pass failed");
+    if (cuda_arm_take(f, cfg, n, out)) return check_draws(f, out, n, err);
     const float *row = f->logits + (size_t)f->sample_row * f->m->cfg.vocab_size;
     // Pinned staging: both copies are queued with the launch and one wait covers all three.
     cudaStream_t st = f->ctx.stream;
@@ -764,11 +778,7 @@ int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_ou
     if (cuda_tp_wait(f, err)) return -1;
     f->par_pending = 0;  // the wait covered the step block's copy too
     memcpy(out, f->h_out, sizeof *out * (size_t)n);
-    // A NaN or +inf maximum (every logit NaN, or an overflow) is drawn as its argmax:
-    // refuse it as the CPU forward does.
-    for (int i = 0; i < n; i++)
-        if (!isfinite(out[i].logit)) return nonfinite_err(f, f->last_keys - 1, out[i].token, out[i].logit, err);
-    return 0;
+    return check_draws(f, out, n, err);
 }
 
 #endif

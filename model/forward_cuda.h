@@ -70,10 +70,22 @@ int cuda_forward_batch(cuda_forward *f, forward_state *fw, kv_view *views, const
 // or scale makes the next decode step capture its graph again. On a shard (--tp) the
 // adapters must be cut to the same share (lora_load does it on a sharded model).
 int cuda_forward_set_lora(cuda_forward *f, const lora_use *u, int n, verr *err);
-// n draws from the last forward's logits (after a batch: its last row's) in one
-// cuda_sample launch (kernels/ops.h):
-// the configurations go up, the results come back; the logits stay on the device.
+// n draws from the last forward's logits (after a batch: its last row's) with cuda_sample
+// (kernels/ops_cuda.h): the configurations go up, the results come back; the logits
+// stay on the device. An armed step's draws are returned without a launch when cfg is
+// what the device drew with.
 int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err);
+// Arms the next cuda_forward_run (one token or a prompt, with a capture layer, not
+// sharded): right after its statistics the device decides as entropix_decide does
+// (kernels/entropix_core.h, profile c, the sequence's last token prev_token) and makes
+// its k draws (k >= the profile's sample count) with the peeked uniforms u[k], and the
+// step's one wait brings the draws back with the statistics. The host's own decision
+// then takes them through cuda_forward_sample: one host round trip per entropix token.
+int cuda_forward_arm_entropix(cuda_forward *f, const struct entropix_config_s *c, const double *u, int k,
+                              int prev_token, int clarifier, verr *err);
+// Draw requests answered from armed steps, and requests after an armed step whose
+// configurations differed from the device's (they launched an ordinary draw).
+void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses);
 
 // ---- tensor parallelism (model/forward_cuda_tp.c, docs/distributed.md) ----
 // A forward opened on a shard (model_shard: rank m->tp.rank of m->tp.size) joins its

@@ -123,6 +123,20 @@ typedef struct {
 
 #define CUDA_ROWS CUDA_MATVEC_ROWS  // decode rows per pass (the batched matvec's widest launch)
 
+// An armed step (cuda_forward_arm_entropix): the profile and the peeked uniforms are
+// on the device; the step decides and draws after its statistics.
+typedef struct {
+    int armed;                   // the next cuda_forward_run decides and draws
+    int ready;                   // h_cfg / h_out hold the last step's decision and draws
+    int k, prev_token, clarifier;
+    struct entropix_config_s *d_c, *h_c;  // the profile (device, pinned)
+    double *d_u, *h_u;           // [cap] the uniforms
+    sample_cfg *d_cfg, *h_cfg;   // [cap] the configurations the device drew with
+    sample_out *d_out, *h_out;   // [cap] its draws
+    int cap;
+    long hits, misses;           // draw requests answered from armed draws, and ones that differed
+} dev_arm;
+
 struct cuda_forward {
     cuda_ctx ctx;              // device, stream, cuBLAS handle, scratch
     const model *m;
@@ -158,7 +172,16 @@ struct cuda_forward {
     dev_hooks hk;              // forward hooks (model/forward_cuda_hooks.c)
     dev_tp tp;                 // tensor parallelism (model/forward_cuda_tp.c)
     dev_lora lora;             // LoRA adapters (model/forward_cuda_lora.c)
+    dev_arm arm;               // entropix decided and drawn on the device (model/forward_cuda_arm.c)
 };
+
+// ---- armed entropix steps (model/forward_cuda_arm.c) ----
+// After an armed step's statistics: the decision and its draws, queued before the
+// step's one wait (the caller's fetch). The step's ready flag is set by the caller.
+int cuda_arm_enqueue(cuda_forward *f, int cap, verr *err);
+// The armed draws when cfg[n] is what the device drew with (1: out filled), else 0.
+int cuda_arm_take(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out);
+void cuda_arm_free(cuda_forward *f);
 
 // ---- LoRA (model/forward_cuda_lora.c) ----
 // The registry of adapters uploaded to the device, held by the forward that uploaded

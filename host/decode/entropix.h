@@ -10,52 +10,15 @@
 #include "host/runtime/metrics.h"
 #include "host/runtime/sampler.h"
 
-typedef enum { Q_LELV, Q_HELV, Q_LEHV, Q_HEHV, Q_ADAPTIVE, Q_BRANCH, Q_STANDARD, Q_COUNT } entropix_quadrant;
-#define ENTROPIX_N_BOXES 4  // LELV..HEHV have boxes; the rest are outcomes
-
-enum { M_ENT, M_VENT, M_AENT, M_AVENT, M_AGREE, M_INTER, M_COUNT };
-
-// A quadrant matches when lo[i] < metric[i] < hi[i] for every metric (strict, as in
-// entropix; +-inf leaves a metric unconstrained).
-typedef struct {
-    double lo[M_COUNT], hi[M_COUNT];
-} entropix_box;
-
-typedef struct {
-    char name[32];
-    double temp, top_p, min_p, top_k;  // T0, P0, M0, K0
-    double n_samples;                  // ADAPTIVE draws
-    entropix_box box[ENTROPIX_N_BOXES];
-    int order[ENTROPIX_N_BOXES];       // quadrants in the order they are checked
-    // HELV: T = min(helv_t_max, T0 (helv_t_off + helv_t_coef * attn_entropy))
-    double helv_t_off, helv_t_coef, helv_t_max;
-    // LEHV: T = min(lehv_t_max, T0 (lehv_t_off + lehv_t_coef * inter)),
-    //       top_k = max(lehv_k_min, floor(K0 (1 + lehv_k_coef (1 - agreement))))
-    double lehv_t_off, lehv_t_coef, lehv_t_max, lehv_k_coef, lehv_k_min;
-    // HEHV: T = max(hehv_t_min, T0 (hehv_t_off + hehv_t_coef * attn_varentropy)),
-    //       top_p = max(hehv_p_min, P0 - hehv_p_coef * attn_entropy)
-    double hehv_t_off, hehv_t_coef, hehv_t_min, hehv_p_coef, hehv_p_min;
-    // ADAPTIVE temperature, top-p, top-k and min-p coefficients (see entropix_decide)
-    double ad_t_logits, ad_t_attn, ad_t_agree, ad_p_avent, ad_k_inter, ad_k_agree, ad_m_unc;
-    // ADAPTIVE sample score weights: H, attn_entropy, V, attn_varentropy, agreement, inter
-    double score_w[M_COUNT];
-} entropix_config;
-
-// What one step decided.
-typedef struct {
-    entropix_quadrant q;
-    int greedy;        // LELV: argmax
-    int clarify;       // HELV: emit the clarifier token as is
-    sampler_params sp; // parameters of the draw (when neither greedy nor clarify)
-    int n_samples;     // draws to score (ADAPTIVE), else 1
-} entropix_step;
+// The types and the decision itself live in kernels/entropix_core.h, which the device
+// shares (a CUDA step decides and draws there; docs/entropix.md).
+#include "kernels/entropix_core.h"
 
 const char *entropix_quadrant_name(entropix_quadrant q);
 // The profile's base draw (T0, K0, P0, M0) and ADAPTIVE draw count as the sampler takes
 // them: every float->int conversion here and in entropix_decide is range-checked (NaN
 // gives the default, anything else is clipped: top-k into 0..2^30, 0 = off; draws into
 // 1..ENTROPIX_MAX_SAMPLES), so non-finite metrics or constants never reach a cast.
-#define ENTROPIX_MAX_SAMPLES 1024
 sampler_params entropix_base_params(const entropix_config *c);
 int entropix_n_samples(const entropix_config *c);
 // Copies the named profile ("seed", "jax", "frog"); -1 with err for an unknown name.
@@ -75,6 +38,8 @@ int entropix_set(entropix_config *c, const char *key, const char *value, verr *e
 // is skipped.
 int entropix_load_json(entropix_config *c, const char *path, verr *err);
 
+// m's six metrics in M_* order (the decision's input).
+void entropix_metric_vector(const token_metrics *m, double x[M_COUNT]);
 // The quadrant the metrics fall in, by the profile's boxes and order.
 entropix_quadrant entropix_classify(const entropix_config *c, const token_metrics *m);
 // The quadrant and the parameters. prev_token: the sequence's last token (-1: none).

@@ -38,10 +38,12 @@ typedef struct {
     sample_out *drawn;     // [n_draw] their results
     int n_draw;
     int lazy;              // CUDA: steps leave their logits on the device (lazy_logits)
+    int arm;               // CUDA entropix: each step decides and draws on the device (arm_step)
+    double *u;             // [n_draw] arm_step's peeked uniforms
 } gen_ctx;
 
 static void ctx_free(gen_ctx *c) {
-    free(c->hist), free(c->work), free(c->seen), free(c->cfg), free(c->drawn);
+    free(c->hist), free(c->work), free(c->seen), free(c->cfg), free(c->drawn), free(c->u);
     metrics_ws_free(&c->ws);
     branch_free(&c->bs);
 }
@@ -63,7 +65,9 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
     c->n_draw = o->ex ? entropix_n_samples(o->ex) : 1;
     c->cfg = malloc(sizeof *c->cfg * (size_t)c->n_draw);
     c->drawn = malloc(sizeof *c->drawn * (size_t)c->n_draw);
-    if (!c->hist || !c->work || !c->seen || !c->cfg || !c->drawn) return ctx_free(c), verr_set(err, "out of memory");
+    c->u = malloc(sizeof *c->u * (size_t)c->n_draw);
+    if (!c->hist || !c->work || !c->seen || !c->cfg || !c->drawn || !c->u)
+        return ctx_free(c), verr_set(err, "out of memory");
     memcpy(c->hist, prompt, sizeof(int) * (size_t)n_prompt);
     c->n_hist = n_prompt;
     if (branching && branch_init(&c->bs, &s->m, o->branch_k, o->branch_b, err)) return ctx_free(c), -1;
@@ -73,7 +77,21 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
         return verr_set(err, "--attn-layer %d is out of range: the model has layers 0..%d", layer, last);
     }
     s->fw.attn_layer = c->metrics ? layer : -1;
+    // The draws of an entropix step read the forward's own logits unless penalties or a
+    // bias rewrite them (draw_logits): then the device can make them with the statistics.
+    c->arm = c->lazy && o->sampler == GEN_ENTROPIX && c->metrics && o->no_repeat_ngram <= 0 &&
+             !(o->repeat_penalty > 0 && o->repeat_penalty != 1) && o->n_bias <= 0;
     return 0;
+}
+
+// Before a forward whose logits the next step draws from: on CUDA, arm it to decide and
+// draw on the device (session_arm_entropix) with the uniforms the step will take from
+// the run's stream, peeked (the step consumes them itself, so the stream is unchanged).
+static int arm_step(gen_ctx *c, verr *err) {
+    if (!c->arm) return 0;
+    rng peek = c->r;
+    for (int i = 0; i < c->n_draw; i++) c->u[i] = rng_uniform(&peek);
+    return session_arm_entropix(c->s, c->o->ex, c->u, c->n_draw, c->hist[c->n_hist - 1], c->o->clarifier, err);
 }
 
 // The logits the draw sees: the forward's own (s->fw.logits, which on CUDA may still be
@@ -207,7 +225,7 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
     kv_view kv = kv_view_of(&s->kv);
     double t0 = gen_now();
     s->fw.lazy_logits = c.lazy;
-    int rc = session_forward(s, &kv, prompt, n_prompt, err);
+    int rc = arm_step(&c, err) ? -1 : session_forward(s, &kv, prompt, n_prompt, err);
     st->prefill_s = gen_now() - t0;
     t0 = gen_now();
     int unfed = -1;  // the last emitted token when the model has not seen it
@@ -229,7 +247,7 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
             st->hit_ctx = 1;
             break;
         }
-        rc = session_forward(s, &kv, &toks[n - 1], 1, err);
+        rc = arm_step(&c, err) ? -1 : session_forward(s, &kv, &toks[n - 1], 1, err);
     }
     if (rc == 0 && o->feed_last && unfed >= 0 && s->kv.len < s->ctx) {
         kv = kv_view_of(&s->kv);

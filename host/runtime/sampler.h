@@ -8,13 +8,6 @@
 
 #include "kernels/ops.h"
 
-typedef struct {
-    float temperature;  // 0: greedy argmax
-    int top_k;          // 0: off
-    float top_p;        // 1: off
-    float min_p;        // 0: off
-} sampler_params;
-
 // Counter-based: draw i is a pure function of (seed, i), as on the device.
 typedef struct {
     uint64_t seed, counter;

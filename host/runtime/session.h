@@ -105,6 +105,14 @@ int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *o
 // Both give the same tokens (kernels/sample_core.h). out[i].entropy is the bits of
 // draw i's truncated distribution (0 for argmax). host/runtime/session_sample.c.
 int session_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, verr *err);
+// Arms the next session_forward of a one-device CUDA session (cuda_forward_arm_entropix
+// in model/forward_cuda.h): the entropix decision of profile c and its draws with the
+// peeked uniforms u[k] are made on the device right after the statistics and come back
+// with them; the session_sample that asks for those draws then costs no second wait.
+// A no-op on the CPU and under tensor parallelism. host/runtime/session_sample.c.
+struct entropix_config_s;
+int session_arm_entropix(session *s, const struct entropix_config_s *c, const double *u, int k, int prev_token,
+                         int clarifier, verr *err);
 // The last session_forward's logits in host memory (s->fw.logits): on CUDA after a
 // step run with s->fw.lazy_logits they are copied now (once); NULL only when that copy
 // fails (err set).

@@ -8,3 +8,9 @@ int session_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, ve
     sampler_sample_n(&s->smp, s->fw.logits, cfg, n, out);
     return 0;
 }
+
+int session_arm_entropix(session *s, const struct entropix_config_s *c, const double *u, int k, int prev_token,
+                         int clarifier, verr *err) {
+    if (!s->cu || s->m.tp.size > 1) return 0;
+    return cuda_forward_arm_entropix(s->cu, c, u, k, prev_token, clarifier, err);
+}

@@ -12,6 +12,7 @@
 #include <math.h>
 
 #include "check.h"
+#include "host/decode/entropix.h"
 #include "host/runtime/sampler.h"
 #include "kernels/ops.h"
 
@@ -227,6 +228,71 @@ static void bench_device(cuda_ctx *C) {
     }
 }
 
+// The entropix decision on the device (cuda_entropix_arm) against the host's
+// entropix_decide, bit for bit, on every stock profile: random metrics, each box's exact
+// bounds and their neighbours, NaN and inf, with and without the clarifier before.
+// A metric is a float on both sides (the device statistics), widened to double.
+static float metric_value(const entropix_config *c, int i, int k) {
+    int q = (int)(urand() * ENTROPIX_N_BOXES);
+    double lo = c->box[q].lo[i], hi = c->box[q].hi[i];
+    switch (k % 6) {
+    case 0: return isfinite(lo) ? (float)lo : 0.f;
+    case 1: return isfinite(hi) ? nextafterf((float)hi, -INFINITY) : 9.f;
+    case 2: return k % 37 == 2 ? NAN : k % 41 == 2 ? INFINITY : (float)(urand() * 12);
+    default: return (float)(urand() * (i == M_AGREE ? 1.2 : i == M_INTER ? 30 : 8));
+    }
+}
+
+static int device_entropix(cuda_ctx *C) {
+    static const char *profiles[] = { "seed", "jax", "frog" };
+    enum { CASES = 400, K = 8 };
+    float *ds;
+    entropix_config *dc;
+    double *du;
+    sample_cfg *dcfg;
+    verr e;
+    if (cuda_malloc((void **)&ds, 8 * sizeof(float), "stats", &e) || cuda_malloc((void **)&dc, sizeof *dc, "profile", &e) ||
+        cuda_malloc((void **)&du, K * sizeof(double), "uniforms", &e) ||
+        cuda_malloc((void **)&dcfg, K * sizeof(sample_cfg), "cfg", &e)) {
+        CHECK(0, "cuda_entropix_arm alloc", "%s", e.msg);
+        return -1;
+    }
+    for (int p = 0; p < 3; p++) {
+        entropix_config c;
+        if (entropix_profile(profiles[p], &c, &e) || cuda_upload(C, dc, &c, sizeof c)) return dev_fail(C, "profile");
+        int bad = 0, quadrants[Q_COUNT] = { 0 };
+        char detail[200] = "";
+        for (int k = 0; k < CASES; k++) {
+            float st[8] = { 0, 0, metric_value(&c, M_ENT, k), metric_value(&c, M_VENT, k), metric_value(&c, M_AENT, k),
+                            metric_value(&c, M_AVENT, k), metric_value(&c, M_AGREE, k), metric_value(&c, M_INTER, k) };
+            double u[K];
+            for (int i = 0; i < K; i++) u[i] = urand();
+            int prev = k % 3 == 0 ? 99 : 7;
+            sample_cfg got[K], want[K];
+            if (cuda_upload(C, ds, st, sizeof st) || cuda_upload(C, du, u, sizeof u) || cuda_memset(C, dcfg, 0xFF, sizeof got) ||
+                cuda_entropix_arm(C, dcfg, K, ds, ds + 4, dc, du, prev, 99) || cuda_download(C, got, dcfg, sizeof got))
+                return dev_fail(C, "cuda_entropix_arm run");
+            token_metrics m = { 0 };
+            float ls[4] = { st[0], st[1], st[2], st[3] };
+            metrics_from_stats(&m, ls, st + 4);
+            entropix_step step = entropix_decide(&c, &m, prev, 99);
+            int n = ex_draws(&step, u, want);
+            for (int i = n; i < K; i++) want[i] = (sample_cfg){ 0.f, 1, 1.f, 0.f, 0.0 };
+            quadrants[step.q]++;
+            if (memcmp(got, want, sizeof got) && !bad++)
+                snprintf(detail, sizeof detail, "case %d (%s): device T %.9g k %d p %.9g, host T %.9g k %d p %.9g", k,
+                         entropix_quadrant_name(step.q), got[0].temperature, got[0].top_k, got[0].top_p,
+                         want[0].temperature, want[0].top_k, want[0].top_p);
+        }
+        char name[96];
+        snprintf(name, sizeof name, "cuda_entropix_arm_%s_matches_host_decide", profiles[p]);
+        CHECK(!bad && quadrants[Q_LELV] && quadrants[Q_ADAPTIVE], name, "%d of %d differ: %s (LELV %d, ADAPTIVE %d)",
+              bad, CASES, detail, quadrants[Q_LELV], quadrants[Q_ADAPTIVE]);
+    }
+    cuda_free(ds), cuda_free(dc), cuda_free(du), cuda_free(dcfg);
+    return 0;
+}
+
 static void test_device(int bench) {
     if (cuda_device_count() == 0) {
         SKIP("cuda_sample", "no CUDA device");
@@ -253,6 +319,7 @@ static void test_device(int bench) {
         }
         free(x);
     }
+    device_entropix(&C);
     if (bench) bench_device(&C);
     cuda_destroy(&C);
 }

@@ -176,6 +176,21 @@ def test_step_counts(tmp):
         launches, nodes, syncs, line = step_line(d, ("VARENT_CUDA_GRAPHS", "0"))
         check(launches == want and nodes == 0 and syncs == 1.0, f"{name}_no_graph",
               f"{line!r}: want {want} launches, 0 graph nodes")
+    test_sampler_syncs(os.path.join(tmp, "llama3-tiny"))
+
+
+def test_sampler_syncs(d):
+    """An entropix token costs one host round trip, as a stock one does: the device
+    decides and draws right after the statistics (model/forward_cuda_arm.c). 16 tokens
+    and the prompt's step: at most 17 waits (two per token without arming: 2.00)."""
+    import subprocess
+    args = ["bench", "-m", d, "--device", "cuda", "-n", 16, "--prompt-len", 5, "--runs", 1, "--sampler",
+            "standard,entropix"]
+    r = subprocess.run([EMU, *map(str, args)], capture_output=True, text=True, timeout=600)
+    got = dict(re.findall(r"sampler\s+(\S+)\s.*, ([\d.]+) host syncs per token", r.stdout))
+    for name in ("standard", "entropix"):
+        check(name in got and float(got[name]) <= 17 / 16 + 1e-9, f"emu_bench_{name}_one_sync_per_token",
+              f"{got}: {(r.stdout + r.stderr).strip()[-300:]}")
 
 
 def test_nonfinite(model, tmp):

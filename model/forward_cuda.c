@@ -486,6 +486,7 @@ static int check_view(const cuda_forward *f, const kv_view *kv, verr *err) {
 // run on shards (their captures and ablations are per head, and the heads are split).
 static int check_tp(const cuda_forward *f, const forward_state *fw, verr *err) {
     if (f->tp.broken) return verr_set(err, "%s", f->tp.why);
+    if (f->tp.lead && f->tp.lead->broken) return verr_set(err, "%s", f->tp.lead->why);  // another context's failure
     if (f->tp.comm && fw->hooks)
         return verr_set(err, "interventions and captures (--skip-layer, --ablate-head, control vectors, probes) do not "
                         "run with tensor parallelism on CUDA (use --device cpu, or no --tp)");

@@ -130,15 +130,15 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
         session_close(s);
         return verr_set(err, "context %d exceeds the model's max_position_embeddings (%d)", ctx, base->m.cfg.max_pos);
     }
-    if (base->cu && base->m.tp.size > 1) {  // its forward would need a place in the NCCL group
-        session_close(s);
-        return verr_set(err, "a second context (critic, server slot, agent replica) on a tensor-parallel CUDA model is "
-                        "not supported (docs/distributed.md)");
-    }
     const model_config *c = &s->m.cfg;
+    // On a tensor-parallel shard the context joins base's group (docs/distributed.md): on
+    // the CPU base's MPI communicator, on CUDA base's NCCL communicator (session_cuda_open),
+    // in one process base's other ranks too.
     if (forward_init(&s->fw, &s->m, base->fw.max_T < s->ctx ? base->fw.max_T : s->ctx, s->ctx, err) ||
         (base->cu ? session_cuda_open(s, cuda_forward_device(base->cu), base, err)
                   : kv_cache_init_typed(&s->kv, c->n_layers, s->ctx, model_kv_dim(&s->m), base->kv.bf16, err)) ||
+        (!base->cu && base->fw.comm && forward_set_comm(&s->fw, base->fw.comm, err)) ||
+        (base->tpl && session_tpl_open_shared(s, base, err)) ||
         sampler_init(&s->smp, c->vocab_size) != 0 || session_set_lora(s, s->lora, s->n_adapters, err)) {
         if (!err->msg[0]) verr_set(err, "out of memory");
         session_close(s);

@@ -79,10 +79,15 @@ int session_tpl_batch(session *s, kv_view *views, const int *ids, int B, float *
 void session_tpl_close(session *s);
 // Every rank leaves the NCCL group at once (before any rank's forward is closed).
 void session_tpl_leave(session *s);
+// session_open_shared on a one-process group: after s's rank 0 forward is open in base's
+// group, ranks 1.. of s (their forwards and KV shares) on base's devices and threads.
+int session_tpl_open_shared(session *s, const session *base, verr *err);
 // A second context on base's model: its own forward scratch, KV cache (ctx positions,
 // 0: base's) and sampler, borrowing base's weights, tokenizer and interventions, which
 // must outlive it.
-// Used for the critic, server slots and agent replicas on one device.
+// Used for the critic, server slots and agent replicas on one device. On a tensor-
+// parallel model it joins base's group: every rank opens it alike (the MPI form) and its
+// forward calls are collective with base's, one context's call at a time.
 int session_open_shared(session *s, const session *base, int ctx, verr *err);
 void session_close(session *s);
 // The adapters the next passes apply: u[0..n) (n 0: the base model alone); u must

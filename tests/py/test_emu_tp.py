@@ -13,6 +13,9 @@ one-device run of the same emulated build (never against its own output):
     heads, computed on the device after the gathers) match the one-device run, with the
     same tokens and quadrants; LEHV branches (batched rows, KV tails, commits on every
     rank) give the one-device text;
+  - second contexts on the shards: the agents' critic (--check-every) makes the one-device
+    run's choices and verdicts in both forms (the two forms' logs identical); serve
+    --parallel 2 streams two requests at once with the one-device server's texts;
   - bad input gives clear errors: --tp larger than the GPUs, a degree that does not divide
     the heads (one process and MPI), a GPU listed twice, --devices without --tp, the
     forward hooks with TP on CUDA; an MPI rank stopped mid-run makes rank 0 fail with a
@@ -24,6 +27,7 @@ device-against-CPU bound of test_emu_cli.py is 3e-2.
 import json
 import os
 import shutil
+import signal
 import subprocess
 
 import numpy as np
@@ -32,6 +36,7 @@ import vtest
 from vtest import check, skip, stories_dir
 import gen_random_checkpoint as gen
 
+MODEL = []  # stories260K, set by main
 EMU = os.path.join(os.environ.get("EMU_BUILD", os.path.join(vtest.ROOT, "build", "emu")), "varent")
 TOL = 1e-2
 PRESETS = (("llama3-tiny", "bf16", 11), ("llama-mha-untied", "f32", 12),
@@ -171,6 +176,108 @@ def test_branches(model, tmp):
           why or why2 or f"texts equal {t1 == t2}; quadrants {sorted(set(map(str, quads)))}")
 
 
+def agents_log(tmp, name, launch, devices):
+    path = os.path.join(tmp, name + ".jsonl")
+    r = run(launch + [EMU, "agents", "-m", MODEL[0], "-p", "Once upon a time", "-n", 12, "-s", 9, "--check-every", 3,
+                      "--rollback", 1, "--log", path, "--force"] + devices)
+    if r.returncode != 0 or not os.path.exists(path):
+        return None, f"rc {r.returncode}: {r.stderr.strip()[-300:]}"
+    return [x for x in open(path).read().splitlines() if '"tok_per_s"' not in x], r.stdout
+
+
+def test_agents_critic(tmp, mpi):
+    """The agents with their critic, a second context on the sharded model: the one-device
+    run's choices, verdicts and rollbacks; entropies and the critic's log-probabilities
+    within TOL (its prompt is a bf16 prefill, the ranks' sums reordered: measured 8e-3
+    absolute on log-probabilities near -40); the two launch forms' logs identical."""
+    one, t1 = agents_log(tmp, "ag1", [], ["--devices", "cuda"])
+    loc, t2 = agents_log(tmp, "ag2", [], ["--devices", "0,1", "--tp", 2])
+    if one is None or loc is None:
+        check(False, "emu_tp_agents_critic", t1 if one is None else t2)
+        return
+    critic = sum('"event":"critic"' in x for x in one)
+    why = vtest.same_decisions(loc, one, TOL) or ("" if critic >= 3 else f"{critic} critic records")
+    check(not why and t2 == t1, "emu_tp_agents_critic_devices_0_1", why or f"text {t2!r} against {t1!r}")
+    if mpi:
+        got, t3 = agents_log(tmp, "ag3", MPIRUN + [2], ["--devices", "cuda", "--tp", 2])
+        check(got is not None and got == loc and t3 == t1, "emu_tp_agents_critic_mpirun",
+              t3 if got is None else vtest.same_decisions(got, loc, 0) or "the text differs")
+
+
+def stream(port, body, out, i):
+    """One streamed completion: out[i] = (text, time of the first token, time of the end)."""
+    import http.client
+    import time
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
+        r, text, first = c.getresponse(), "", None
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            piece = json.loads(line[6:])["choices"][0].get("text", "")
+            if piece and first is None:
+                first = time.time()
+            text += piece
+        out[i] = (text, first, time.time())
+    except Exception as e:
+        out[i] = (repr(e), None, None)
+    finally:
+        c.close()
+
+
+def serve_two(cmd):
+    """Two requests at once on a server started with cmd; [(text, first, end)] or an error."""
+    import socket
+    import threading
+    import time
+    import urllib.request
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    p = subprocess.Popen(list(map(str, [EMU, "serve", "-m", MODEL[0], "--port", port, "--parallel", 2] + cmd)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                break
+            except Exception:
+                if p.poll() is not None:
+                    return f"rc {p.returncode}: {p.stderr.read()[-300:]}"
+                time.sleep(0.1)
+        bodies = ({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8, "seed": 5},
+                  {"prompt": "The cat", "max_tokens": 24, "temperature": 0})
+        out = [None, None]
+        th = [threading.Thread(target=stream, args=(port, b, out, i)) for i, b in enumerate(bodies)]
+        [t.start() for t in th]
+        [t.join() for t in th]
+        return out
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+
+
+def test_serve_parallel():
+    """serve --parallel 2 on --devices 0,1 --tp 2: two requests at once, each on its slot
+    (the second a second context on the shards), stream the one-device server's texts,
+    and both are under way at once (each sent a token before either ended)."""
+    one = serve_two(["--device", "cuda"])
+    two = serve_two(["--devices", "0,1", "--tp", 2])
+    if isinstance(one, str) or isinstance(two, str):
+        check(False, "emu_tp_serve_parallel_2", one if isinstance(one, str) else two)
+        return
+    same = [a[0] for a in one] == [b[0] for b in two] and all(a[0] for a in one)
+    overlap = all(b[1] for b in two) and max(b[1] for b in two) < min(b[2] for b in two)
+    check(same and overlap, "emu_tp_serve_parallel_2_same_texts_at_once",
+          f"texts {[b[0] for b in two]!r} against {[a[0] for a in one]!r}; at once {overlap}")
+
+
 def test_bad_input(tmp, model, mpi):
     d = os.path.join(tmp, "llama3-tiny")  # 4 query heads, 2 KV heads
     base = [EMU, "logits", "-m", d, "--ids", "1,2,3", "--out", os.path.join(tmp, "bad.f32")]
@@ -250,6 +357,7 @@ def main():
         vtest.done()
     tmp = vtest.tmpdir("emu-tp")
     model = stories_dir("f32")
+    MODEL.append(model)
     mpi, why = mpi_ok(model, tmp)
     if not mpi:
         skip("emu_tp_mpirun", f"the MPI launch form: {why}")
@@ -257,6 +365,8 @@ def main():
     test_greedy(model, mpi)
     test_metrics(model, tmp, mpi)
     test_branches(model, tmp)
+    test_agents_critic(tmp, mpi)
+    test_serve_parallel()
     test_bad_input(tmp, model, mpi)
     if mpi:
         test_stuck_rank(model)

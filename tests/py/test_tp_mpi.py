@@ -6,7 +6,9 @@
   - greedy text and the entropix sampler's tokens and JSONL metrics equal the one-process
     run; the output appears once (rank 0 prints, the others are silent);
   - agents over ranks (replicas, lookahead, tensor-parallel groups): logs byte-identical
-    to the one-process run, the done record's tok_per_s aside;
+    to the one-process run, the done record's tok_per_s aside; one tensor-parallel group
+    (the critic a second context on the shards) makes the one-process run's choices and
+    verdicts, its floats within 1e-4;
   - bad input: a degree that does not split the heads, --tp without mpirun, --tp that is
     not the launch's size, ranks holding different checkpoints, a rank killed mid-run
     and a rank that stops answering (--tp-timeout): a clear error and a non-zero exit,
@@ -167,6 +169,9 @@ def test_agents(tmp, stories):
         tp4, r4 = agents_log(tmp, f"agents-{tag}-2x2", 4, stories, *extra, "--tp", 2)
         check(tp2 is not None and tp2 == tp4 and len(tp2) > 10, f"agents_{tag}_two_tp_groups_equal_one",
               f"rc={r4.returncode} {r4.stderr[-300:]!r}")
+        # the sharded model (and its critic, a second context on the shard) against one process
+        why = vtest.same_decisions(tp2, one, 1e-4) if tp2 and one else f"rc={r2.returncode} {r2.stderr[-300:]!r}"
+        check(not why and r2.stdout == r1.stdout, f"agents_{tag}_tp2_critic_equals_one_process", why or "stdout")
 
 
 def test_bad_input(tmp, models, stories):

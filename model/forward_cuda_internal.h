@@ -162,6 +162,9 @@ int cuda_tp_logits(cuda_forward *f, int B, verr *err);
 // max_ctx, [n_heads_local, n_keys] packed) gathered into f->scores (row b at b * n_heads *
 // max_ctx, [n_heads, n_keys] packed); lens: the rows' key counts (host).
 int cuda_tp_scores(cuda_forward *f, int B, const cuda_kv_lens *lens, verr *err);
+// One attention capture of this rank's heads ([n_heads_local, keys] packed, in a buffer
+// of n_heads * max_ctx) replaced in place by every rank's ([n_heads, keys] packed).
+int cuda_tp_gather_heads(cuda_forward *f, float *scores, int keys, verr *err);
 // Waits for the stream: under tensor parallelism it polls, checks NCCL's asynchronous
 // error and gives up after the timeout (aborting the communicator), so a dead peer is an
 // error, not a hang. Without it, cudaStreamSynchronize.

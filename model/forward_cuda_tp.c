@@ -11,7 +11,8 @@
 //   - with a capture layer: every rank's heads' scores all-gathered before the
 //     attention statistics, which need all heads (agreement mixes them). A capture row is
 //     [n_heads, n_keys] packed, so where rank r's heads go depends on the step's key
-//     count: these copies and the statistics run after the step's graph, not in it.
+//     count: these copies and the statistics run after the step's graph, not in it; the
+//     hooks' attention captures (--attn-layers, probes) likewise, before they come back.
 // The communicators are non-blocking: joining and every call poll NCCL's state, and waits
 // on the stream poll NCCL's asynchronous error, all giving up after --tp-timeout and
 // aborting the communicator: a dead or stuck peer is an error on every other rank, not a
@@ -194,6 +195,16 @@ int cuda_tp_scores(cuda_forward *f, int B, const cuda_kv_lens *lens, verr *err) 
                                t->gather + (size_t)r * block + (size_t)b * t->n_heads[r] * mc,
                                sizeof(float) * t->n_heads[r] * keys, cudaMemcpyDeviceToDevice, f->ctx.stream));
     }
+    return 0;
+}
+
+int cuda_tp_gather_heads(cuda_forward *f, float *scores, int keys, verr *err) {
+    const dev_tp *t = &f->tp;
+    size_t block = (size_t)f->m->tp.max_heads * keys;  // within the buffer: max_heads <= n_heads
+    NK(f, ncclAllGather(scores, t->gather, block, ncclFloat32, cuda_tp_group(f)->comm, f->ctx.stream));
+    for (int r = 0; r < t->size; r++)
+        CK(cudaMemcpyAsync(scores + (size_t)t->head0[r] * keys, t->gather + (size_t)r * block,
+                           sizeof(float) * t->n_heads[r] * keys, cudaMemcpyDeviceToDevice, f->ctx.stream));
     return 0;
 }
 

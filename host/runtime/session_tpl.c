@@ -28,6 +28,7 @@ typedef struct {
     int device;
     kv_view *views;          // [cap] the call's views, translated to this rank's caches
     float *logits;           // [cap, vocab] a batch's logits (ranks >= 1: scratch)
+    forward_hooks hooks;     // ranks >= 1: the session's hooks, their callbacks silenced
     int cap;
     int rc;
     verr err;
@@ -243,6 +244,24 @@ static int translate(struct session_tpl *t, const kv_view *views, int B, verr *e
     return 0;
 }
 
+// Ranks >= 1 make the session's interventions and captures (the captures' gathers are
+// collective) but only rank 0, the session, hands them to the callbacks.
+static void quiet_act(void *ud, int layer, int point, const float *x, int T, int pos0) {
+    (void)ud, (void)layer, (void)point, (void)x, (void)T, (void)pos0;
+}
+static void quiet_attn(void *ud, int layer, const float *scores, int keys) {
+    (void)ud, (void)layer, (void)scores, (void)keys;
+}
+
+static const forward_hooks *quiet(tpl_rank *R, const forward_hooks *h) {
+    if (!h) return NULL;
+    R->hooks = *h;
+    R->hooks.on_act = h->on_act ? quiet_act : NULL;
+    R->hooks.on_attn = h->on_attn ? quiet_attn : NULL;
+    R->hooks.attn_buf = NULL, R->hooks.ud = NULL;
+    return &R->hooks;
+}
+
 static void forward_job(void *ud, int r) {
     struct session_tpl *t = ud;
     session *s = t->s;
@@ -252,7 +271,8 @@ static void forward_job(void *ud, int r) {
                          : cuda_forward_run(s->cu, &s->fw, R->views, t->ids, t->T, &R->err);
         return;
     }
-    R->fw.attn_layer = s->fw.attn_layer, R->fw.lazy_logits = 1, R->fw.copy_scores = 0, R->fw.hooks = s->fw.hooks;
+    R->fw.attn_layer = s->fw.attn_layer, R->fw.lazy_logits = 1, R->fw.copy_scores = 0;
+    R->fw.hooks = quiet(R, s->fw.hooks);
     R->rc = t->batch ? cuda_forward_batch(R->cu, &R->fw, R->views, t->ids, t->T, R->logits, NULL, &R->err)
                      : cuda_forward_run(R->cu, &R->fw, R->views, t->ids, t->T, &R->err);
 }

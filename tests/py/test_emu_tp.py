@@ -176,6 +176,87 @@ def test_branches(model, tmp):
           why or why2 or f"texts equal {t1 == t2}; quadrants {sorted(set(map(str, quads)))}")
 
 
+def st_arrays(path):
+    """{name: float32 array} of a safetensors file of F32 tensors."""
+    h, data = vtest.read_st(path)
+    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], dtype="<f4").reshape(v["shape"])
+            for k, v in h.items() if k != "__metadata__"}
+
+
+def captures(tmp, tag, launch, devices):
+    """(metrics records, activations) of a greedy run with every capture on, or an error."""
+    m, a = os.path.join(tmp, f"cap-{tag}.jsonl"), os.path.join(tmp, f"cap-{tag}.safetensors")
+    r = run(launch + [EMU, "run", "-m", MODEL[0], "-p", "Once upon a time", "-n", 6, "--temp", 0, "--logit-lens",
+                      "--attn-layers", "all", "--metrics-out", m, "--force", "--dump-acts", a, "--dump-points",
+                      "resid_pre,attn_out,resid_mid,mlp_out,resid_post", "--dump-layers", "all"] + devices)
+    if r.returncode != 0:
+        return f"rc {r.returncode}: {r.stderr.strip()[-300:]}"
+    return [json.loads(x) for x in open(m)], st_arrays(a)
+
+
+def captures_differ(got, one):
+    """'' when two captures() agree: the logit lens' top tokens, its entropies and the
+    per-layer attention statistics within 1e-3 relative (+1e-4), the activations within TOL."""
+    if isinstance(got, str) or isinstance(one, str):
+        return got if isinstance(got, str) else one
+    (mg, ag), (mo, ao) = got, one
+    if len(mg) != len(mo) or sorted(ag) != sorted(ao) or not ao:
+        return f"{len(mg)} records against {len(mo)}; tensors {sorted(ag)[:3]} against {sorted(ao)[:3]}"
+    for x, y in zip(mg, mo):
+        for lx, ly in zip(x["logit_lens"], y["logit_lens"]):
+            if [t["id"] for t in lx["top"]] != [t["id"] for t in ly["top"]] or \
+                    abs(lx["entropy"] - ly["entropy"]) > 1e-4 + 1e-3 * abs(ly["entropy"]):
+                return f"pos {x['pos']} layer {lx['layer']}: lens {lx} against {ly}"
+        for ax, ay in zip(x["attn_layers"], y["attn_layers"]):
+            for k in ("entropy", "varentropy"):
+                u, v = (np.array([np.nan if e is None else e for e in z[k]], dtype=float) for z in (ax, ay))
+                if u.shape != v.shape or not np.allclose(u, v, rtol=1e-3, atol=1e-4):
+                    return f"pos {x['pos']} layer {ax['layer']}: attention {k} {u} against {v}"
+        if len(x["attn_layers"]) != len(y["attn_layers"]) or not y["attn_layers"] or not y["logit_lens"]:
+            return f"pos {x['pos']}: {len(x['attn_layers'])} attention layers against {len(y['attn_layers'])}"
+    worst = max((rel(ag[k], ao[k]), k) for k in ao)
+    return "" if worst[0] <= TOL else f"{worst[1]}: max|diff|/max|ref| = {worst[0]:.3g}"
+
+
+def test_hooks(tmp, mpi):
+    """Interventions and captures on the shards against one device: head ablation (heads
+    of both ranks), a skipped layer and a control vector, in prefill and in decode; the
+    logit lens, every layer's attention statistics (each layer's heads gathered) and the
+    five activation points of every layer."""
+    d = MODEL[0]
+    cv, pos, neg = (os.path.join(tmp, x) for x in ("cv.gguf", "pos.txt", "neg.txt"))
+    open(pos, "w").write("The girl was happy and laughed.\nWhat a sunny day!\n")
+    open(neg, "w").write("The girl was sad and cried.\nWhat a gloomy day.\n")
+    if os.path.exists(cv):
+        os.remove(cv)
+    r = vtest.varent("cvector", "-m", d, "--positive", pos, "--negative", neg, "-o", cv)  # the CPU build
+    hooks = ["--ablate-head", "0:5", "--ablate-head", "4:2", "--skip-layer", 2]
+    if r.returncode == 0:
+        hooks += ["--control-vector-scaled", cv, 2]
+    else:
+        check(False, "emu_tp_hooks_control_vector", r.stderr[-300:])
+    ids = ["--ids", "5,6,7,8,9,10,11,12,13"]
+    for mode, extra in (("prefill", []), ("decode", ["--chunk", 1])):
+        base, _ = logits([EMU, "logits", "-m", d, *ids, *extra, "--device", "cuda"], os.path.join(tmp, "h0.f32"))
+        one, why = logits([EMU, "logits", "-m", d, *ids, *extra, *hooks, "--device", "cuda"], os.path.join(tmp, "h1.f32"))
+        loc, why2 = logits([EMU, "logits", "-m", d, *ids, *extra, *hooks, "--devices", "0,1", "--tp", 2],
+                           os.path.join(tmp, "h2.f32"))
+        ok = one is not None and loc is not None and base is not None and rel(loc, one) <= TOL and rel(one, base) > 1e-2
+        check(ok, f"emu_tp_hooks_interventions_{mode}_devices_0_1",
+              why or why2 or f"vs one device {rel(loc, one):.3g}; the hooks changed the logits by {rel(one, base):.3g}")
+        if mpi:
+            got, why = logits(MPIRUN + [2, EMU, "logits", "-m", d, *ids, *extra, *hooks, "--device", "cuda", "--tp", 2],
+                              os.path.join(tmp, "h3.f32"))
+            check(ok and got is not None and rel(got, one) <= TOL and np.array_equal(got, loc),
+                  f"emu_tp_hooks_interventions_{mode}_mpirun", why or "differs from one device or --devices 0,1")
+    one = captures(tmp, "one", [], ["--device", "cuda"])
+    why = captures_differ(captures(tmp, "loc", [], ["--devices", "0,1", "--tp", 2]), one)
+    check(not why, "emu_tp_captures_devices_0_1", why)
+    if mpi:
+        why = captures_differ(captures(tmp, "mpi", MPIRUN + [2], ["--device", "cuda", "--tp", 2]), one)
+        check(not why, "emu_tp_captures_mpirun", why)
+
+
 def agents_log(tmp, name, launch, devices):
     path = os.path.join(tmp, name + ".jsonl")
     r = run(launch + [EMU, "agents", "-m", MODEL[0], "-p", "Once upon a time", "-n", 12, "-s", 9, "--check-every", 3,
@@ -288,7 +369,6 @@ def test_bad_input(tmp, model, mpi):
          "cannot be split over 3 ranks"),
         ("gpu_twice", ["--devices", "0,0", "--tp", 2], {}, "cuda:0 twice"),
         ("devices_without_tp", ["--devices", "0,1"], {}, "give --tp N"),
-        ("hooks", ["--devices", "0,1", "--tp", 2, "--skip-layer", 0], {}, "do not run with tensor parallelism on CUDA"),
     )
     for name, extra, env, want in cases:
         r = run(base + extra, env)
@@ -365,6 +445,7 @@ def main():
     test_greedy(model, mpi)
     test_metrics(model, tmp, mpi)
     test_branches(model, tmp)
+    test_hooks(tmp, mpi)
     test_agents_critic(tmp, mpi)
     test_serve_parallel()
     test_bad_input(tmp, model, mpi)

@@ -167,14 +167,32 @@ void session_close(session *s) {
     memset(s, 0, sizeof *s);
 }
 
-int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err) {
+int session_turn_begin(session *s, verr *err) { return s->turn ? s->turn->begin(s->turn->ud, err) : 0; }
+
+void session_turn_end(session *s) {
+    if (s->turn) s->turn->end(s->turn->ud);
+}
+
+static int forward_once(session *s, kv_view *kv, const int *ids, int T, verr *err) {
     if (s->tpl) return session_tpl_forward(s, kv, ids, T, err);
     if (s->cu) return cuda_forward_run(s->cu, &s->fw, kv, ids, T, err);
     return forward(&s->fw, kv, ids, T, err);
 }
 
+int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err) {
+    if (session_turn_begin(s, err)) return -1;
+    int rc = forward_once(s, kv, ids, T, err);
+    session_turn_end(s);
+    return rc;
+}
+
 int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *out, verr *err) {
-    if (!s->cu) return forward_all(&s->fw, kv, ids, T, out, err);
+    if (!s->cu) {
+        if (session_turn_begin(s, err)) return -1;
+        int rc = forward_all(&s->fw, kv, ids, T, out, err);
+        session_turn_end(s);
+        return rc;
+    }
     size_t vocab = (size_t)s->m.cfg.vocab_size;
     for (int t = 0; t < T; t++) {
         if (session_forward(s, kv, ids + t, 1, err)) return -1;

@@ -15,7 +15,10 @@ one-device run of the same emulated build (never against its own output):
     rank) give the one-device text;
   - second contexts on the shards: the agents' critic (--check-every) makes the one-device
     run's choices and verdicts in both forms (the two forms' logs identical); serve
-    --parallel 2 streams two requests at once with the one-device server's texts;
+    --parallel 2 (both forms; under MPI the slots take turns) streams two requests at once
+    with the one-device server's texts; interventions (head ablation, a skipped layer, a
+    control vector) and captures (logit lens, per-layer attention statistics, activations)
+    equal one device's;
   - bad input gives clear errors: --tp larger than the GPUs, a degree that does not divide
     the heads (one process and MPI), a GPU listed twice, --devices without --tp, the
     forward hooks with TP on CUDA; an MPI rank stopped mid-run makes rank 0 fail with a
@@ -285,30 +288,7 @@ def test_agents_critic(tmp, mpi):
               t3 if got is None else vtest.same_decisions(got, loc, 0) or "the text differs")
 
 
-def stream(port, body, out, i):
-    """One streamed completion: out[i] = (text, time of the first token, time of the end)."""
-    import http.client
-    import time
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    try:
-        c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
-        r, text, first = c.getresponse(), "", None
-        for line in r:
-            line = line.decode().strip()
-            if not line.startswith("data: {"):
-                continue
-            piece = json.loads(line[6:])["choices"][0].get("text", "")
-            if piece and first is None:
-                first = time.time()
-            text += piece
-        out[i] = (text, first, time.time())
-    except Exception as e:
-        out[i] = (repr(e), None, None)
-    finally:
-        c.close()
-
-
-def serve_two(cmd):
+def serve_two(cmd, launch=()):
     """Two requests at once on a server started with cmd; [(text, first, end)] or an error."""
     import socket
     import threading
@@ -317,7 +297,7 @@ def serve_two(cmd):
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
-    p = subprocess.Popen(list(map(str, [EMU, "serve", "-m", MODEL[0], "--port", port, "--parallel", 2] + cmd)),
+    p = subprocess.Popen(list(map(str, [*launch, EMU, "serve", "-m", MODEL[0], "--port", port, "--parallel", 2] + cmd)),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(1200):
@@ -331,7 +311,7 @@ def serve_two(cmd):
         bodies = ({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8, "seed": 5},
                   {"prompt": "The cat", "max_tokens": 24, "temperature": 0})
         out = [None, None]
-        th = [threading.Thread(target=stream, args=(port, b, out, i)) for i, b in enumerate(bodies)]
+        th = [threading.Thread(target=vtest.stream_completion, args=(port, b, out, i)) for i, b in enumerate(bodies)]
         [t.start() for t in th]
         [t.join() for t in th]
         return out
@@ -344,19 +324,23 @@ def serve_two(cmd):
             p.communicate()
 
 
-def test_serve_parallel():
-    """serve --parallel 2 on --devices 0,1 --tp 2: two requests at once, each on its slot
-    (the second a second context on the shards), stream the one-device server's texts,
-    and both are under way at once (each sent a token before either ended)."""
+def test_serve_parallel(mpi):
+    """serve --parallel 2 on --devices 0,1 --tp 2 and on mpirun -np 2 --device cuda --tp 2:
+    two requests at once, each on its slot (the second a second context on the shards),
+    stream the one-device server's texts, and both are under way at once (each sent a
+    token before either ended; under MPI the slots take turns at the collectives)."""
     one = serve_two(["--device", "cuda"])
-    two = serve_two(["--devices", "0,1", "--tp", 2])
-    if isinstance(one, str) or isinstance(two, str):
-        check(False, "emu_tp_serve_parallel_2", one if isinstance(one, str) else two)
-        return
-    same = [a[0] for a in one] == [b[0] for b in two] and all(a[0] for a in one)
-    overlap = all(b[1] for b in two) and max(b[1] for b in two) < min(b[2] for b in two)
-    check(same and overlap, "emu_tp_serve_parallel_2_same_texts_at_once",
-          f"texts {[b[0] for b in two]!r} against {[a[0] for a in one]!r}; at once {overlap}")
+    forms = [("devices_0_1", serve_two(["--devices", "0,1", "--tp", 2]))]
+    if mpi:
+        forms.append(("mpirun", serve_two(["--device", "cuda", "--tp", 2], MPIRUN + [2])))
+    for name, two in forms:
+        if isinstance(one, str) or isinstance(two, str):
+            check(False, f"emu_tp_serve_parallel_2_{name}", one if isinstance(one, str) else two)
+            continue
+        same = [a[0] for a in one] == [b[0] for b in two] and all(a[0] for a in one)
+        overlap = all(b[1] for b in two) and max(b[1] for b in two) < min(b[2] for b in two)
+        check(same and overlap, f"emu_tp_serve_parallel_2_{name}_same_texts_at_once",
+              f"texts {[b[0] for b in two]!r} against {[a[0] for a in one]!r}; at once {overlap}")
 
 
 def test_bad_input(tmp, model, mpi):
@@ -447,7 +431,7 @@ def main():
     test_branches(model, tmp)
     test_hooks(tmp, mpi)
     test_agents_critic(tmp, mpi)
-    test_serve_parallel()
+    test_serve_parallel(mpi)
     test_bad_input(tmp, model, mpi)
     if mpi:
         test_stuck_rank(model)

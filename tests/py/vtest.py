@@ -110,6 +110,29 @@ def same_decisions(a, b, tol):
     return ""
 
 
+def stream_completion(port, body, out, i):
+    """One streamed completion: out[i] = (text, time of the first token, time of the end)."""
+    import http.client
+    import time
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
+        r, text, first = c.getresponse(), "", None
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            piece = json.loads(line[6:])["choices"][0].get("text", "")
+            if piece and first is None:
+                first = time.time()
+            text += piece
+        out[i] = (text, first, time.time())
+    except Exception as e:
+        out[i] = (repr(e), None, None)
+    finally:
+        c.close()
+
+
 def stories_dir(dtype="f32"):
     """stories260K converted to a HF dir with `varent convert llama2c` (cached per test run)."""
     import lzma

@@ -20,8 +20,8 @@ one-device run of the same emulated build (never against its own output):
     control vector) and captures (logit lens, per-layer attention statistics, activations)
     equal one device's;
   - bad input gives clear errors: --tp larger than the GPUs, a degree that does not divide
-    the heads (one process and MPI), a GPU listed twice, --devices without --tp, the
-    forward hooks with TP on CUDA; an MPI rank stopped mid-run makes rank 0 fail with a
+    the heads (one process and MPI), a GPU listed twice, --devices without --tp, agents
+    on more GPUs than --tp (one group holds one replica); an MPI rank stopped mid-run makes rank 0 fail with a
     message naming the rank that did not arrive, and the launch ends instead of hanging.
 TOL: the ranks' partial sums add in another order (fp32), which the bf16 rounding of
 prefill activations and of the KV cache can turn into one bf16 step of an element; the
@@ -357,6 +357,11 @@ def test_bad_input(tmp, model, mpi):
     for name, extra, env, want in cases:
         r = run(base + extra, env)
         check(r.returncode != 0 and want in r.stderr, f"emu_tp_refuses_{name}", f"rc {r.returncode}: {r.stderr[-300:]}")
+    # one group holds one replica: more GPUs than --tp for the agents is refused
+    r = run([EMU, "agents", "-m", model, "-p", "Hi", "-n", 2, "--devices", "0,1,2", "--tp", 2],
+            {"VARENT_EMU_DEVICES": "4"})
+    check(r.returncode == 2 and "a tensor-parallel group holds one replica" in r.stderr,
+          "emu_tp_refuses_agents_more_gpus_than_tp", f"rc {r.returncode}: {r.stderr[-300:]}")
     if mpi:
         r = run(MPIRUN + [3] + base + ["--device", "cuda"], {"VARENT_EMU_DEVICES": "3"})
         check(r.returncode != 0 and "cannot be split over 3 ranks" in r.stderr, "emu_tp_refuses_mpirun_degree",

@@ -216,11 +216,14 @@ static float *scores_of(cuda_forward *f, int cap, int hk, int l) {
     return s ? s : l != cap ? NULL : f->tp.comm ? f->tp.part_scores : f->scores;
 }
 
+// (Under tensor parallelism the slot holds this rank's heads until the step's end, and
+// the capture layer's statistics gather them from part_scores.)
 static int share_scores(cuda_forward *f, int cap, int hk, int l, verr *err) {
     float *s = cuda_hooks_scores(f, hk, l);
+    int heads = f->tp.comm ? f->m->tp.max_heads : f->m->cfg.n_heads;
     if (s && l == cap)
-        CK(cudaMemcpyAsync(f->scores, s, sizeof(float) * f->m->cfg.n_heads * f->max_ctx, cudaMemcpyDeviceToDevice,
-                           f->ctx.stream));
+        CK(cudaMemcpyAsync(f->tp.comm ? f->tp.part_scores : f->scores, s, sizeof(float) * heads * f->max_ctx,
+                           cudaMemcpyDeviceToDevice, f->ctx.stream));
     return 0;
 }
 
@@ -331,21 +334,23 @@ static int decode_project(cuda_forward *f, int hk, int l, int p, const float *in
     int dim = f->m->cfg.dim;
     lora_proj lp = p == HOOK_ATTN_OUT ? LORA_O : LORA_DOWN;
     int lo = cuda_lora_on(f, l, lp);  // its delta joins the product (a partial sum under TP)
-    if (f->tp.comm) {  // (no hooks under TP) rank 0 adds its partial product to the residual
-        // stream, the others replace theirs with their partial product: the all-reduce of x
-        // is then x + sum_r W_r in_r (+ cv), with no extra launch for the add
+    int wanted = cuda_hooks_wants(f, hk, l, p);
+    if (f->tp.comm && !wanted) {  // rank 0 adds its partial product to the residual stream,
+        // the others replace theirs with their partial product: the all-reduce of x is then
+        // x + sum_r W_r in_r (+ cv), with no extra launch for the add
         const cuda_mv_fuse store = { NULL, 0.f, f->tp.rank == 0, f->tp.rank == 0 ? cv : NULL };
         OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &store));
         if (lo && cuda_lora_apply(f, l, lp, f->x, in, B, 1, err)) return -1;
         return cuda_tp_sum(f, f->x, (size_t)B * dim, err);
     }
-    if (!cuda_hooks_wants(f, hk, l, p)) {
+    if (!wanted) {
         const cuda_mv_fuse residual = { NULL, 0.f, 1, cv };
         OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &residual));
         return lo ? cuda_lora_apply(f, l, lp, f->x, in, B, 1, err) : 0;
     }
     OP(cuda_matvec_rows(x, f->y, in, W, n_in, dim, B, dim, dim));
     if (lo && cuda_lora_apply(f, l, lp, f->y, in, B, 1, err)) return -1;
+    if (f->tp.comm && cuda_tp_sum(f, f->y, (size_t)B * dim, err)) return -1;  // captured: the whole product
     if (cuda_hooks_point(f, hk, l, p, f->y, B, err)) return -1;
     if (cv) OP(cuda_add_bias(x, f->y, (wref){ cv, WT_F32 }, B, dim));  // the fused store's v + bias
     OP(cuda_add(x, f->x, f->y, (size_t)B * dim));                       // and its out += v
@@ -533,13 +538,11 @@ static int check_view(const cuda_forward *f, const kv_view *kv, verr *err) {
     return 0;
 }
 
-// A tensor-parallel forward whose group failed stays failed; the forward hooks do not
-// run on shards (their captures and ablations are per head, and the heads are split).
+// A tensor-parallel forward whose group failed stays failed.
 static int check_tp(const cuda_forward *f, const forward_state *fw, verr *err) {
+    (void)fw;
     if (f->tp.broken) return verr_set(err, "%s", f->tp.why);
-    if (f->tp.comm && fw->hooks)
-        return verr_set(err, "interventions and captures (--skip-layer, --ablate-head, control vectors, probes) do not "
-                        "run with tensor parallelism on CUDA (use --device cpu, or no --tp)");
+    if (f->tp.lead && f->tp.lead->broken) return verr_set(err, "%s", f->tp.lead->why);  // another context's failure
     return 0;
 }
 

@@ -99,8 +99,15 @@ void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses);
 #define CUDA_TP_ID_BYTES 128
 int cuda_forward_tp_id(unsigned char id[CUDA_TP_ID_BYTES], verr *err);
 int cuda_forward_tp_join(cuda_forward *f, const unsigned char id[CUDA_TP_ID_BYTES], double timeout_s, verr *err);
+// A second context on the same shard (f opened sharing lead's weights): f joins lead's
+// group by borrowing its communicator, which needs no collective. The contexts' steps
+// must not overlap: every rank makes the same steps of the same contexts in the same
+// order, one at a time (each tensor-parallel step waits for its stream before it
+// returns). lead must outlive f; a failure of the group fails both.
+int cuda_forward_tp_share(cuda_forward *f, cuda_forward *lead, verr *err);
 // Leaves the group (ncclCommDestroy; NCCL may wait there for the peers, so in one
-// process every rank leaves on its own thread at once). Later calls on f fail.
+// process every rank leaves on its own thread at once). Later calls on f fail. A
+// borrower only stops using the lead's communicator.
 void cuda_forward_tp_leave(cuda_forward *f);
 
 #endif

@@ -154,12 +154,15 @@ float *cuda_hooks_scores(const cuda_forward *f, int cap, int l) {
     return k->d_attn + (size_t)k->attn_slot[l] * f->m->cfg.n_heads * f->max_ctx;
 }
 
+// att holds this rank's heads (all of them without tensor parallelism): local head h is
+// the model's head head0 + h.
 int cuda_hooks_ablate(cuda_forward *f, int l, float *att, int T, verr *err) {
     if (!f->hk.active) return 0;
     const model_config *c = &f->m->cfg;
-    const unsigned char *a = f->hk.ablate + (size_t)l * c->n_heads;
-    size_t hd = (size_t)c->head_dim, pitch = sizeof(float) * c->n_heads * hd;
-    for (int h = 0; h < c->n_heads; h++)
+    const tp_shard *t = &f->m->tp;
+    const unsigned char *a = f->hk.ablate + (size_t)l * c->n_heads + t->head0;
+    size_t hd = (size_t)c->head_dim, pitch = sizeof(float) * t->n_heads * hd;
+    for (int h = 0; h < t->n_heads; h++)
         if (a[h]) CK(cudaMemset2DAsync(att + h * hd, pitch, 0, sizeof(float) * hd, (size_t)T, f->ctx.stream));
     return 0;
 }
@@ -188,6 +191,10 @@ int cuda_hooks_deliver(cuda_forward *f, int cap, int T, int pos0, int keys, verr
     dev_hooks *k = &f->hk;
     const model_config *c = &f->m->cfg;
     cudaStream_t st = f->ctx.stream;
+    for (int l = 0; (cap & HK_ATTN) && f->tp.comm && l < c->n_layers; l++)  // every rank's heads, in place
+        if (k->attn_slot[l] >= 0 &&
+            cuda_tp_gather_heads(f, k->d_attn + (size_t)k->attn_slot[l] * c->n_heads * f->max_ctx, keys, err))
+            return -1;
     if (cap & HK_ACTS)
         CK(cudaMemcpyAsync(k->h_acts, k->d_acts, sizeof(float) * k->n_act * T * c->dim, cudaMemcpyDeviceToHost, st));
     if (cap & HK_ATTN) {  // row s of slot l: [n_heads, keys] packed, from [n_heads, max_ctx] slots
@@ -196,9 +203,13 @@ int cuda_hooks_deliver(cuda_forward *f, int cap, int T, int pos0, int keys, verr
                              (size_t)k->n_attn, cudaMemcpyDeviceToHost, st));
     }
     f->ctx.n_syncs++;
-    cudaError_t e = cudaStreamSynchronize(st);
-    if (e != cudaSuccess)
-        return verr_set(err, "CUDA forward pass failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
+    if (f->tp.comm) {
+        if (cuda_tp_wait(f, err)) return -1;
+    } else {
+        cudaError_t e = cudaStreamSynchronize(st);
+        if (e != cudaSuccess)
+            return verr_set(err, "CUDA forward pass failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
+    }
     f->par_pending = 0;
     callbacks(f, cap, T, pos0, keys);
     return 0;

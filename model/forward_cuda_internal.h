@@ -107,9 +107,13 @@ typedef struct {
 
 // Tensor parallelism on the device (model/forward_cuda_tp.c): this forward holds rank
 // `rank` of `size`'s shard (f->m->tp) and meets the other ranks in NCCL collectives on
-// its stream. comm NULL: the whole model on this device.
-typedef struct {
-    void *comm;                // ncclComm_t
+// its stream. comm NULL: the whole model on this device. A second context on the same
+// shard (cuda_forward_tp_share) borrows its lead's communicator: lead points at the
+// lead's dev_tp, which holds the group's state (comm, broken, why); the buffers are
+// each forward's own.
+typedef struct dev_tp {
+    void *comm;                // ncclComm_t (a borrower: a copy of the lead's, used only through the lead)
+    struct dev_tp *lead;       // NULL: this forward joined the group itself
     int rank, size;
     int *head0, *n_heads;      // [size] every rank's query heads (host)
     int *vocab0, *n_vocab;     // [size] and vocabulary rows
@@ -201,6 +205,10 @@ void cuda_lora_free(cuda_forward *f);
 // ---- tensor parallelism (model/forward_cuda_tp.c) ----
 // Floats of padding x and y need past [max_T, dim] for the padded reduce-scatter.
 static inline size_t cuda_tp_pad(const cuda_forward *f) { return (size_t)f->m->tp.size; }
+// The dev_tp that holds the group's communicator and state: the lead's for a borrower.
+static inline dev_tp *cuda_tp_group(const cuda_forward *f) {
+    return f->tp.lead ? f->tp.lead : (dev_tp *)&f->tp;
+}
 // y[n] summed over the ranks, in place, the same bits on every rank (reduce-scatter,
 // then all-gather), queued on the stream. y has room for cuda_tp_pad more floats.
 int cuda_tp_sum(cuda_forward *f, float *y, size_t n, verr *err);
@@ -211,6 +219,9 @@ int cuda_tp_logits(cuda_forward *f, int B, verr *err);
 // max_ctx, [n_heads_local, n_keys] packed) gathered into f->scores (row b at b * n_heads *
 // max_ctx, [n_heads, n_keys] packed); lens: the rows' key counts (host).
 int cuda_tp_scores(cuda_forward *f, int B, const cuda_kv_lens *lens, verr *err);
+// One attention capture of this rank's heads ([n_heads_local, keys] packed, in a buffer
+// of n_heads * max_ctx) replaced in place by every rank's ([n_heads, keys] packed).
+int cuda_tp_gather_heads(cuda_forward *f, float *scores, int keys, verr *err);
 // Waits for the stream: under tensor parallelism it polls, checks NCCL's asynchronous
 // error and gives up after the timeout (aborting the communicator), so a dead peer is an
 // error, not a hang. Without it, cudaStreamSynchronize.

@@ -11,7 +11,8 @@
 //   - with a capture layer: every rank's heads' scores all-gathered before the
 //     attention statistics, which need all heads (agreement mixes them). A capture row is
 //     [n_heads, n_keys] packed, so where rank r's heads go depends on the step's key
-//     count: these copies and the statistics run after the step's graph, not in it.
+//     count: these copies and the statistics run after the step's graph, not in it; the
+//     hooks' attention captures (--attn-layers, probes) likewise, before they come back.
 // The communicators are non-blocking: joining and every call poll NCCL's state, and waits
 // on the stream poll NCCL's asynchronous error, all giving up after --tp-timeout and
 // aborting the communicator: a dead or stuck peer is an error on every other rank, not a
@@ -26,6 +27,11 @@ int cuda_forward_tp_id(unsigned char id[CUDA_TP_ID_BYTES], verr *err) {
 }
 int cuda_forward_tp_join(cuda_forward *f, const unsigned char id[CUDA_TP_ID_BYTES], double timeout_s, verr *err) {
     (void)f, (void)id, (void)timeout_s;
+    return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
+}
+
+int cuda_forward_tp_share(cuda_forward *f, cuda_forward *lead, verr *err) {
+    (void)f, (void)lead;
     return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
 }
 
@@ -65,12 +71,12 @@ static ncclResult_t settle(ncclComm_t c, ncclResult_t r, double timeout_s) {
 // A failed NCCL call: name it, with file and line, and NCCL's own last message.
 #define NK(f, call)                                                                                     \
     do {                                                                                                \
-        ncclResult_t r_ = settle((f)->tp.comm, (call), (f)->tp.timeout_s);                              \
+        ncclResult_t r_ = settle(cuda_tp_group(f)->comm, (call), (f)->tp.timeout_s);                    \
         if (r_ != ncclSuccess)                                                                          \
             return verr_set(err, "%s failed: %s (%s) (%s:%d)", #call,                                   \
                             r_ == ncclInProgress ? "did not complete within --tp-timeout"              \
                                                  : ncclGetErrorString(r_),                              \
-                            ncclGetLastError((f)->tp.comm), __FILE__, __LINE__);                         \
+                            ncclGetLastError(cuda_tp_group(f)->comm), __FILE__, __LINE__);               \
     } while (0)
 
 int cuda_forward_tp_id(unsigned char id[CUDA_TP_ID_BYTES], verr *err) {
@@ -136,11 +142,27 @@ int cuda_forward_tp_join(cuda_forward *f, const unsigned char id[CUDA_TP_ID_BYTE
     return 0;
 }
 
+int cuda_forward_tp_share(cuda_forward *f, cuda_forward *lead, verr *err) {
+    const tp_shard *s = &f->m->tp;
+    dev_tp *g = cuda_tp_group(lead);
+    if (!g->comm || g->broken)
+        return verr_set(err, "cuda_forward_tp_share: %s", g->broken ? g->why : "the lead forward is not in a group");
+    if (f->tp.comm) return verr_set(err, "cuda_forward_tp_share: already in a group");
+    if (f->w != lead->w || s->rank != g->rank || s->size != g->size)
+        return verr_set(err, "cuda_forward_tp_share: the forward does not share the lead's weights (rank %d of %d)",
+                        g->rank, g->size);
+    OP(cuda_activate(&f->ctx));
+    if (plan_all(f, err) || alloc_buffers(f, err)) return -1;
+    f->tp.comm = g->comm, f->tp.lead = g, f->tp.rank = g->rank, f->tp.size = g->size, f->tp.timeout_s = g->timeout_s;
+    return 0;
+}
+
 int cuda_tp_sum(cuda_forward *f, float *y, size_t n, verr *err) {
     size_t size = (size_t)f->tp.size, per = (n + size - 1) / size;  // y holds size * per floats (cuda_tp_pad)
     float *mine = y + (size_t)f->tp.rank * per;
-    NK(f, ncclReduceScatter(y, mine, per, ncclFloat32, ncclSum, f->tp.comm, f->ctx.stream));
-    NK(f, ncclAllGather(mine, y, per, ncclFloat32, f->tp.comm, f->ctx.stream));
+    ncclComm_t c = cuda_tp_group(f)->comm;
+    NK(f, ncclReduceScatter(y, mine, per, ncclFloat32, ncclSum, c, f->ctx.stream));
+    NK(f, ncclAllGather(mine, y, per, ncclFloat32, c, f->ctx.stream));
     return 0;
 }
 
@@ -158,14 +180,14 @@ static int place(cuda_forward *f, float *out, size_t width, size_t block, const 
 
 int cuda_tp_logits(cuda_forward *f, int B, verr *err) {
     size_t block = (size_t)B * f->m->tp.max_vocab;
-    NK(f, ncclAllGather(f->tp.part_logits, f->tp.gather, block, ncclFloat32, f->tp.comm, f->ctx.stream));
+    NK(f, ncclAllGather(f->tp.part_logits, f->tp.gather, block, ncclFloat32, cuda_tp_group(f)->comm, f->ctx.stream));
     return place(f, f->logits, (size_t)f->m->cfg.vocab_size, block, f->tp.vocab0, f->tp.n_vocab, 1, B, err);
 }
 
 int cuda_tp_scores(cuda_forward *f, int B, const cuda_kv_lens *lens, verr *err) {
     const dev_tp *t = &f->tp;
     size_t mc = (size_t)f->max_ctx, H = (size_t)f->m->cfg.n_heads, block = (size_t)B * f->m->tp.max_heads * mc;
-    NK(f, ncclAllGather(t->part_scores, t->gather, block, ncclFloat32, t->comm, f->ctx.stream));
+    NK(f, ncclAllGather(t->part_scores, t->gather, block, ncclFloat32, cuda_tp_group(f)->comm, f->ctx.stream));
     for (int b = 0; b < B; b++) {  // row b: [n_heads, n_keys] packed, rank r's heads from head0(r) on
         size_t keys = (size_t)lens[b].n_keys;
         for (int r = 0; r < t->size; r++)
@@ -176,19 +198,31 @@ int cuda_tp_scores(cuda_forward *f, int B, const cuda_kv_lens *lens, verr *err) 
     return 0;
 }
 
+int cuda_tp_gather_heads(cuda_forward *f, float *scores, int keys, verr *err) {
+    const dev_tp *t = &f->tp;
+    size_t block = (size_t)f->m->tp.max_heads * keys;  // within the buffer: max_heads <= n_heads
+    NK(f, ncclAllGather(scores, t->gather, block, ncclFloat32, cuda_tp_group(f)->comm, f->ctx.stream));
+    for (int r = 0; r < t->size; r++)
+        CK(cudaMemcpyAsync(scores + (size_t)t->head0[r] * keys, t->gather + (size_t)r * block,
+                           sizeof(float) * t->n_heads[r] * keys, cudaMemcpyDeviceToDevice, f->ctx.stream));
+    return 0;
+}
+
 // The group is broken: abort the communicator (which ends any collective still waiting
 // on a peer) and refuse every later call with the reason.
+// (A borrower breaks its lead's group: the other contexts' steps fail too.)
 static int broken(cuda_forward *f, verr *err, const char *why) {
-    dev_tp *t = &f->tp;
+    dev_tp *t = cuda_tp_group(f);
     snprintf(t->why, sizeof t->why, "tensor parallelism (rank %d of %d, CUDA device %d): %s", t->rank, t->size,
              f->ctx.device, why);
     if (t->comm) ncclCommAbort(t->comm);
     t->comm = NULL, t->broken = 1;
+    if (f->tp.lead) f->tp.comm = NULL, f->tp.broken = 1, memcpy(f->tp.why, t->why, sizeof t->why);
     return verr_set(err, "%s", t->why);
 }
 
 int cuda_tp_wait(cuda_forward *f, verr *err) {
-    dev_tp *t = &f->tp;
+    dev_tp *t = cuda_tp_group(f);
     if (t->broken) return verr_set(err, "%s", t->why);
     if (!t->comm) {
         CK(cudaStreamSynchronize(f->ctx.stream));
@@ -228,14 +262,14 @@ void cuda_forward_tp_leave(cuda_forward *f) {
     dev_tp *t = &f->tp;
     cuda_activate(&f->ctx);
     cudaStreamSynchronize(f->ctx.stream);  // teardown: errors are not acted on
-    ncclCommDestroy(t->comm);
+    if (!t->lead) ncclCommDestroy(t->comm);  // a borrower's is its lead's
     t->comm = NULL, t->broken = 1;
     snprintf(t->why, sizeof t->why, "tensor parallelism: rank %d has left its group", t->rank);
 }
 
 void cuda_tp_free(cuda_forward *f) {
     dev_tp *t = &f->tp;
-    if (t->comm) ncclCommDestroy(t->comm);
+    if (t->comm && !t->lead) ncclCommDestroy(t->comm);
     cuda_free(t->part_logits);
     cuda_free(t->part_scores);
     cuda_free(t->gather);

@@ -541,6 +541,27 @@ static int generate_and_print(agents_rig *g, agents_logs *L, sampler_params *ag,
     return rc ? fail(err.msg) : L->interrupted ? INTERRUPT_EXIT : 0;
 }
 
+// --tp N outside mpirun with --devices listing N GPUs (or plain cuda: GPUs 0..N-1): one
+// replica on a tensor-parallel group in this process (host/runtime/session_tpl.c). 1
+// with *local the arguments for it and the rig cut to one device.
+static int one_process_group(const agents_args *g, agents_rig *rig, agents_args *local) {
+    static char first_n[DEVICES_MAX * 4];  // CLI state: the default list
+    int tp = g->so.tp, plain = rig->n_dev == 1 && !strcmp(rig->dev[0].name, "cuda");
+    if (tp <= 1 || g->so.tp_comm || (rig->n_dev != tp && !plain)) return 0;
+    for (int d = 0; d < rig->n_dev; d++)
+        if (strncmp(rig->dev[d].name, "cuda", 4) != 0) return 0;
+    *local = *g;
+    local->so.tp_devices = g->devices;
+    if (plain) {
+        size_t used = 0;
+        for (int i = 0; i < tp && i < DEVICES_MAX; i++)
+            used += (size_t)snprintf(first_n + used, sizeof first_n - used, "%s%d", i ? "," : "", i);
+        local->so.tp_devices = first_n;
+    }
+    rig->n_dev = 1;  // the replica's thread drives the group (the session's own threads drive the ranks)
+    return 1;
+}
+
 // Everything after the arguments: devices, logs, models, generation.
 static int agents_main(const agents_args *g, char *msg, size_t len) {
     verr err = { { 0 } };
@@ -549,9 +570,11 @@ static int agents_main(const agents_args *g, char *msg, size_t len) {
     if (n_ag < 0) return cli_usage_error("agents", "%s", err.msg);
     agents_rig rig = { .a = g };
     if ((rig.n_dev = devices_parse(g->devices, rig.dev, &err)) < 0) return cli_usage_error("agents", "%s", err.msg);
-    if (g->so.tp > 1 && rig.n_dev > 1)  // each device's thread would make the group's collectives at once
+    agents_args local;
+    if (one_process_group(g, &rig, &local)) g = rig.a = &local;
+    else if (g->so.tp > 1 && rig.n_dev > 1)  // each device's thread would make the group's collectives at once
         return cli_usage_error("agents", "--devices %s with --tp %d: a tensor-parallel group holds one replica (launch "
-                               "more ranks for more replicas)", g->devices, g->so.tp);
+                               "more ranks for more replicas, or list --tp GPUs outside mpirun)", g->devices, g->so.tp);
     interrupt_install();  // Ctrl-C: stop after the current record, print the text, keep the logs
     agents_logs L = { .a = g };
     if (open_logs(&L, g, msg, len)) return close_logs(&L, 0, msg, 0), fail(msg);

@@ -190,9 +190,6 @@ int cmd_serve(int argc, char **argv) {
     if (bad) return cli_usage_error("serve", "%s", msg);
     o.tp = so.tp_comm;
     if (check_probe(&ps, &o, msg, sizeof msg)) return cli_usage_error("serve", "%s", msg);
-    if (o.tp && o.parallel > 1)
-        return cli_usage_error("serve", "--parallel %d with --tp %d: a tensor-parallel server runs one slot (the "
-                               "ranks make every forward pass together)", o.parallel, so.tp);
     if (o.tp && o.tp->rank > 0) return follow(&so, &o);
     // Signals go to sigwait below: block them before any thread (OpenMP, slots,
     // libmicrohttpd) starts, so every thread inherits the mask.

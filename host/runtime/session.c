@@ -130,15 +130,15 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
         session_close(s);
         return verr_set(err, "context %d exceeds the model's max_position_embeddings (%d)", ctx, base->m.cfg.max_pos);
     }
-    if (base->cu && base->m.tp.size > 1) {  // its forward would need a place in the NCCL group
-        session_close(s);
-        return verr_set(err, "a second context (critic, server slot, agent replica) on a tensor-parallel CUDA model is "
-                        "not supported (docs/distributed.md)");
-    }
     const model_config *c = &s->m.cfg;
+    // On a tensor-parallel shard the context joins base's group (docs/distributed.md): on
+    // the CPU base's MPI communicator, on CUDA base's NCCL communicator (session_cuda_open),
+    // in one process base's other ranks too.
     if (forward_init(&s->fw, &s->m, base->fw.max_T < s->ctx ? base->fw.max_T : s->ctx, s->ctx, err) ||
         (base->cu ? session_cuda_open(s, cuda_forward_device(base->cu), base, err)
                   : kv_cache_init_typed(&s->kv, c->n_layers, s->ctx, model_kv_dim(&s->m), base->kv.bf16, err)) ||
+        (!base->cu && base->fw.comm && forward_set_comm(&s->fw, base->fw.comm, err)) ||
+        (base->tpl && session_tpl_open_shared(s, base, err)) ||
         sampler_init(&s->smp, c->vocab_size) != 0 || session_set_lora(s, s->lora, s->n_adapters, err)) {
         if (!err->msg[0]) verr_set(err, "out of memory");
         session_close(s);
@@ -167,14 +167,32 @@ void session_close(session *s) {
     memset(s, 0, sizeof *s);
 }
 
-int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err) {
+int session_turn_begin(session *s, verr *err) { return s->turn ? s->turn->begin(s->turn->ud, err) : 0; }
+
+void session_turn_end(session *s) {
+    if (s->turn) s->turn->end(s->turn->ud);
+}
+
+static int forward_once(session *s, kv_view *kv, const int *ids, int T, verr *err) {
     if (s->tpl) return session_tpl_forward(s, kv, ids, T, err);
     if (s->cu) return cuda_forward_run(s->cu, &s->fw, kv, ids, T, err);
     return forward(&s->fw, kv, ids, T, err);
 }
 
+int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err) {
+    if (session_turn_begin(s, err)) return -1;
+    int rc = forward_once(s, kv, ids, T, err);
+    session_turn_end(s);
+    return rc;
+}
+
 int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *out, verr *err) {
-    if (!s->cu) return forward_all(&s->fw, kv, ids, T, out, err);
+    if (!s->cu) {
+        if (session_turn_begin(s, err)) return -1;
+        int rc = forward_all(&s->fw, kv, ids, T, out, err);
+        session_turn_end(s);
+        return rc;
+    }
     size_t vocab = (size_t)s->m.cfg.vocab_size;
     for (int t = 0; t < T; t++) {
         if (session_forward(s, kv, ids + t, 1, err)) return -1;

@@ -33,6 +33,15 @@ typedef struct {
     const char *tp_devices;  // --devices: tp > 1 in one process, one rank per listed GPU (session_tpl.c)
 } session_opts;
 
+// Called around every forward call of a session (collective under tensor parallelism):
+// the MPI server's slots take turns with it (host/serve/follow.c). begin returns -1 with
+// err to fail the call; end follows every begin that returned 0.
+typedef struct {
+    int (*begin)(void *ud, verr *err);
+    void (*end)(void *ud);
+    void *ud;
+} session_turn;
+
 typedef struct {
     model m;
     forward_state fw;
@@ -51,6 +60,7 @@ typedef struct {
     lora_use *lora;           // [n_adapters] with their scales: what every pass applies by default
     int n_adapters;
     struct session_tpl *tpl;  // tensor parallelism in one process: ranks 1.. (session_tpl.c); NULL: none
+    const session_turn *turn; // NULL: none (not copied by session_open_shared)
 } session;
 
 int session_open(session *s, const session_opts *o, verr *err);
@@ -81,10 +91,15 @@ int session_tpl_set_lora(session *s, const lora_use *u, int n, verr *err);
 void session_tpl_close(session *s);
 // Every rank leaves the NCCL group at once (before any rank's forward is closed).
 void session_tpl_leave(session *s);
+// session_open_shared on a one-process group: after s's rank 0 forward is open in base's
+// group, ranks 1.. of s (their forwards and KV shares) on base's devices and threads.
+int session_tpl_open_shared(session *s, const session *base, verr *err);
 // A second context on base's model: its own forward scratch, KV cache (ctx positions,
 // 0: base's) and sampler, borrowing base's weights, tokenizer and interventions, which
 // must outlive it.
-// Used for the critic, server slots and agent replicas on one device.
+// Used for the critic, server slots and agent replicas on one device. On a tensor-
+// parallel model it joins base's group: every rank opens it alike (the MPI form) and its
+// forward calls are collective with base's, one context's call at a time.
 int session_open_shared(session *s, const session *base, int ctx, verr *err);
 void session_close(session *s);
 // The adapters the next passes apply: u[0..n) (n 0: the base model alone); u must
@@ -96,6 +111,9 @@ int session_set_lora(session *s, const lora_use *u, int n, verr *err);
 // and leaves the last token's logits in s->fw.logits (host memory on every backend),
 // plus the attention capture when s->fw.attn_layer >= 0. Use this, not forward().
 int session_forward(session *s, kv_view *kv, const int *ids, int T, verr *err);
+// s->turn's begin and end (no-ops without one): for collectives outside a forward call.
+int session_turn_begin(session *s, verr *err);
+void session_turn_end(session *s);
 // session_forward that also writes every new position's logits to out [T, vocab], host
 // memory (perplexity, scoring). The CUDA backend feeds one token at a time for now.
 int session_forward_all(session *s, kv_view *kv, const int *ids, int T, float *out, verr *err);

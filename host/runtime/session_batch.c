@@ -72,9 +72,8 @@ static int forward_on_device(session *s, kv_view *views, const int *ids, int B, 
     return 0;
 }
 
-int session_forward_batch(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
-                          metrics_ws *ws, batch_ws *bw, verr *err) {
-    if (B <= 0) return verr_set(err, "session_forward_batch: no rows");
+static int forward_batch_rows(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
+                              metrics_ws *ws, batch_ws *bw, verr *err) {
     if (s->cu) return forward_on_device(s, views, ids, B, logits, m, ws, bw, err);
     size_t vocab = (size_t)s->m.cfg.vocab_size;
     for (int done = 0; done < B; done += s->fw.max_T) {
@@ -83,4 +82,13 @@ int session_forward_batch(session *s, kv_view *views, const int *ids, int B, flo
             return -1;
     }
     return 0;
+}
+
+int session_forward_batch(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
+                          metrics_ws *ws, batch_ws *bw, verr *err) {
+    if (B <= 0) return verr_set(err, "session_forward_batch: no rows");
+    if (session_turn_begin(s, err)) return -1;
+    int rc = forward_batch_rows(s, views, ids, B, logits, m, ws, bw, err);
+    session_turn_end(s);
+    return rc;
 }

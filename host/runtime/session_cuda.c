@@ -49,7 +49,9 @@ int session_cuda_open(session *s, int device, const session *base, verr *err) {
     const char *g = getenv("VARENT_CUDA_GRAPHS");
     if (g && !strcmp(g, "0")) cuda_forward_set_graphs(s->cu, 0);
     const model_config *c = &s->m.cfg;
-    return kv_cache_init_cuda(&s->kv, cuda_forward_ctx(s->cu), c->n_layers, s->ctx, model_kv_dim(&s->m), err);
+    if (kv_cache_init_cuda(&s->kv, cuda_forward_ctx(s->cu), c->n_layers, s->ctx, model_kv_dim(&s->m), err)) return -1;
+    // a second context on a tensor-parallel shard: in the base's group, on its communicator
+    return base && base->m.tp.size > 1 ? cuda_forward_tp_share(s->cu, base->cu, err) : 0;
 }
 
 void session_cuda_close(session *s) {

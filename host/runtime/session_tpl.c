@@ -7,10 +7,14 @@
 // callers' views, branch tails (kv_cache_init_like) and commits cover every rank. A
 // forward call runs every rank's forward at once, each on its device's thread (dev_pool),
 // and they meet in NCCL collectives; the session's caches give every rank's lengths.
-// Second contexts on the model (critic, server slots, agent replicas) are refused. LoRA
-// adapters go to every rank's forward (session_tpl_set_lora).
+// A second context on the model (critic, server slot: session_tpl_open_shared) has its
+// own ranks' forwards and KV shares, borrowing the base's weights, threads and NCCL
+// communicators; the base's lock makes the contexts' calls one at a time, so the
+// collectives on each communicator come in the same order on every rank.
+// LoRA adapters go to every rank's forward (session_tpl_set_lora).
 #include "host/runtime/session.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +29,7 @@ typedef struct {
     int device;
     kv_view *views;          // [cap] the call's views, translated to this rank's caches
     float *logits;           // [cap, vocab] a batch's logits (ranks >= 1: scratch)
+    forward_hooks hooks;     // ranks >= 1: the session's hooks, their callbacks silenced
     int cap;
     int rc;
     verr err;
@@ -34,6 +39,8 @@ struct session_tpl {
     int n;
     tpl_rank r[DEVICES_MAX];  // r[0] lends its device and error only: its state is the session's
     dev_pool *pool;
+    struct session_tpl *lead; // a second context's: the base's (its pool, weights, communicators)
+    pthread_mutex_t mu;       // the lead's: one forward call of any of its contexts at a time
     // the call in flight
     session *s;
     const int *ids;
@@ -87,6 +94,7 @@ int session_tpl_shard(session *s, const session_opts *o, int *cuda_dev, verr *er
     struct session_tpl *t = calloc(1, sizeof *t);
     if (!t) return verr_set(err, "out of memory");
     s->tpl = t;
+    pthread_mutex_init(&t->mu, NULL);
     t->n = o->tp;
     for (int r = 0; r < t->n; r++) t->r[r].device = dev[r];
     for (int r = 1; r < t->n; r++)  // before rank 0's cut, which cuts s->m in place
@@ -107,10 +115,12 @@ static void open_job(void *ud, int r) {
     kv_cache *peer = &s->kv;
     for (int i = 0; i < r; i++) peer = peer->peer;
     kv_cache *next = peer->peer;  // the init clears the cache, link included
+    cuda_forward *lead = t->lead ? t->lead->r[r].cu : NULL;  // a second context: the base's rank r
     R->rc = forward_init(&R->fw, &R->m, s->fw.max_T, s->ctx, &R->err) ||
-            cuda_forward_open(&R->cu, &R->m, &R->fw, R->device, NULL, &R->err) ||
+            cuda_forward_open(&R->cu, &R->m, &R->fw, R->device, lead, &R->err) ||
             kv_cache_init_cuda(peer, cuda_forward_ctx(R->cu), R->m.cfg.n_layers, s->ctx, model_kv_dim(&R->m),
-                               &R->err);
+                               &R->err) ||
+            (lead && cuda_forward_tp_share(R->cu, lead, &R->err));
     peer->peer = next;
     const char *g = getenv("VARENT_CUDA_GRAPHS");
     if (R->rc == 0 && g && !strcmp(g, "0")) cuda_forward_set_graphs(R->cu, 0);
@@ -131,12 +141,17 @@ static int first_error(struct session_tpl *t, verr *err) {
     return 0;
 }
 
+// The chain of peer caches behind s->kv, filled on the ranks' threads.
+static int chain(session *s, int n, verr *err) {
+    kv_cache *c = &s->kv;
+    for (int r = 1; r < n; r++, c = c->peer)
+        if (!(c->peer = calloc(1, sizeof *c->peer))) return verr_set(err, "out of memory");
+    return 0;
+}
+
 int session_tpl_open(session *s, const session_opts *o, verr *err) {
     struct session_tpl *t = s->tpl;
-    kv_cache *c = &s->kv;
-    for (int r = 1; r < t->n; r++, c = c->peer)  // the chain of peer caches, filled on the ranks' threads
-        if (!(c->peer = calloc(1, sizeof *c->peer))) return verr_set(err, "out of memory");
-    if (cuda_forward_tp_id(t->id, err)) return -1;
+    if (chain(s, t->n, err) || cuda_forward_tp_id(t->id, err)) return -1;
     t->s = s, t->timeout = o->tp_timeout;
     dev_pool_run(t->pool, (1u << t->n) - 1, open_job, t);
     if (first_error(t, err)) return -1;
@@ -161,6 +176,20 @@ int session_tpl_set_lora(session *s, const lora_use *u, int n, verr *err) {
     return first_error(t, err);
 }
 
+int session_tpl_open_shared(session *s, const session *base, verr *err) {
+    struct session_tpl *b = base->tpl, *t = calloc(1, sizeof *t);
+    if (!t) return verr_set(err, "out of memory");
+    s->tpl = t;
+    t->n = b->n, t->pool = b->pool, t->lead = b;
+    for (int r = 0; r < t->n; r++) t->r[r].device = b->r[r].device, t->r[r].m = b->r[r].m;  // shallow: the base's
+    if (chain(s, t->n, err)) return -1;
+    t->s = s;
+    pthread_mutex_lock(&b->mu);  // the pool's threads are the base's
+    dev_pool_run(t->pool, (1u << t->n) - 1, open_job, t);
+    pthread_mutex_unlock(&b->mu);
+    return first_error(t, err);
+}
+
 static void leave_job(void *ud, int r) {
     struct session_tpl *t = ud;
     cuda_forward_tp_leave(r ? t->r[r].cu : t->s->cu);
@@ -169,6 +198,10 @@ static void leave_job(void *ud, int r) {
 void session_tpl_leave(session *s) {
     struct session_tpl *t = s->tpl;
     if (!t || !t->pool) return;
+    if (t->lead) {  // a second context borrows the base's communicators: nothing to leave
+        for (int r = 1; r < t->n; r++) cuda_forward_tp_leave(t->r[r].cu);
+        return;
+    }
     t->s = s;
     dev_pool_run(t->pool, (1u << t->n) - 1, leave_job, t);
 }
@@ -180,11 +213,15 @@ void session_tpl_close(session *s) {
         tpl_rank *R = &t->r[r];
         cuda_forward_close(R->cu);  // after the session's caches (their peers) are freed
         forward_free(&R->fw);
+        if (t->lead) continue;  // the model's shares and the pool are the base's
         free(R->m.layers);
         free(R->m.tp_owned);
     }
     for (int r = 0; r < t->n; r++) free(t->r[r].views), free(t->r[r].logits);
-    if (t->pool) dev_pool_stop(t->pool);
+    if (!t->lead) {
+        if (t->pool) dev_pool_stop(t->pool);
+        pthread_mutex_destroy(&t->mu);
+    }
     free(t);
     s->tpl = NULL;
 }
@@ -226,6 +263,24 @@ static int translate(struct session_tpl *t, const kv_view *views, int B, verr *e
     return 0;
 }
 
+// Ranks >= 1 make the session's interventions and captures (the captures' gathers are
+// collective) but only rank 0, the session, hands them to the callbacks.
+static void quiet_act(void *ud, int layer, int point, const float *x, int T, int pos0) {
+    (void)ud, (void)layer, (void)point, (void)x, (void)T, (void)pos0;
+}
+static void quiet_attn(void *ud, int layer, const float *scores, int keys) {
+    (void)ud, (void)layer, (void)scores, (void)keys;
+}
+
+static const forward_hooks *quiet(tpl_rank *R, const forward_hooks *h) {
+    if (!h) return NULL;
+    R->hooks = *h;
+    R->hooks.on_act = h->on_act ? quiet_act : NULL;
+    R->hooks.on_attn = h->on_attn ? quiet_attn : NULL;
+    R->hooks.attn_buf = NULL, R->hooks.ud = NULL;
+    return &R->hooks;
+}
+
 static void forward_job(void *ud, int r) {
     struct session_tpl *t = ud;
     session *s = t->s;
@@ -235,7 +290,8 @@ static void forward_job(void *ud, int r) {
                          : cuda_forward_run(s->cu, &s->fw, R->views, t->ids, t->T, &R->err);
         return;
     }
-    R->fw.attn_layer = s->fw.attn_layer, R->fw.lazy_logits = 1, R->fw.copy_scores = 0, R->fw.hooks = s->fw.hooks;
+    R->fw.attn_layer = s->fw.attn_layer, R->fw.lazy_logits = 1, R->fw.copy_scores = 0;
+    R->fw.hooks = quiet(R, s->fw.hooks);
     R->rc = t->batch ? cuda_forward_batch(R->cu, &R->fw, R->views, t->ids, t->T, R->logits, NULL, &R->err)
                      : cuda_forward_run(R->cu, &R->fw, R->views, t->ids, t->T, &R->err);
 }
@@ -247,7 +303,10 @@ static int run_all(session *s, kv_view *views, const int *ids, int n, int batch,
     memcpy(t->r[0].views, views, sizeof *views * (size_t)B);
     if (translate(t, views, B, err)) return -1;
     t->s = s, t->ids = ids, t->T = n, t->batch = batch, t->stats = stats;
+    pthread_mutex_t *mu = t->lead ? &t->lead->mu : &t->mu;  // contexts on other threads (server slots) wait here
+    pthread_mutex_lock(mu);
     dev_pool_run(t->pool, (1u << t->n) - 1, forward_job, t);
+    pthread_mutex_unlock(mu);
     if (first_error(t, err)) return -1;
     memcpy(views, t->r[0].views, sizeof *views * (size_t)B);  // rank 0 advanced its views
     return 0;

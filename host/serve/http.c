@@ -550,6 +550,7 @@ static server *start(session *base, const server_opts *o, verr *err) {
     s->o = *o, s->base = base, s->created = (long)time(NULL);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
+    server_tp_init(s);
     int cores = cpu_set_threads(0), total = o->threads > 0 ? o->threads : cores;
     s->threads_per_slot = total / o->parallel > 0 ? total / o->parallel : 1;
     struct sockaddr_storage ss;
@@ -624,5 +625,6 @@ void server_stop(server *s) {
     free(s->tok_off);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    server_tp_free(s);
     free(s);
 }

@@ -20,6 +20,8 @@ typedef struct {
     probe *probe;   // server_opts.probe on s; NULL: none
     pthread_t th;
     int started;
+    session_turn turn;      // tensor parallelism with slots: s.turn (follow.c)
+    server_job *job;        // the other ranks: the job handed to this slot, under srv->tp_mu
 } server_slot;
 
 // One completion request, shared by its connection thread and the slot that runs it.
@@ -63,6 +65,7 @@ struct server_job {
     char *raw;                // tensor parallelism, rank 0: the request body, for the other ranks
     size_t raw_len;
     int raw_chat;             // it came to /v1/chat/completions
+    int slot;                 // the slot that runs it (server_run_job)
     server_job *next;
 };
 
@@ -93,6 +96,12 @@ struct server {
     int n_mods;
     long created;
     int tp_live;              // tensor parallelism: every rank started; rank 0 tells them when it stops
+    // tensor parallelism with --parallel > 1 (follow.c): the slots take turns at the collectives
+    int tp_turns;             // turns are on
+    pthread_mutex_t tp_mu;    // rank 0: held through a turn; the other ranks: guards what follows
+    pthread_cond_t tp_cv;
+    int tp_turn;              // the other ranks: the slot whose turn it is (-1: none)
+    int tp_stop;              // the other ranks: rank 0 stopped
 };
 
 // jobs.c
@@ -118,10 +127,20 @@ int server_setup_model(server *s, verr *err);
 // follow.c: tensor parallelism. Rank 0 announces each job before running it (and a stop
 // when it ends); every rank then agrees, at each choice and each token, on rank 0's
 // decision to go on, so all make the same forward passes.
+// With --parallel > 1 the slots take turns: rank 0 tells the other ranks which slot makes
+// its next collectives (a forward call, an agreement), and their slot of that index makes
+// the same ones then, so every communicator sees the same calls in the same order.
 int server_tp_announce(server *s, server_job *j, verr *err);
 void server_tp_stop(server *s);
-// Rank 0's value of mine, on every rank.
-int server_tp_agree(server *s, int mine);
+// Rank 0's value of mine, on every rank (a turn of j's slot).
+int server_tp_agree(server_job *j, int mine);
+// The turns' state (server_start, server_follow) and its end (server_stop).
+void server_tp_init(server *s);
+void server_tp_free(server *s);
+// A slot's session turns (none without tensor parallelism or with one slot).
+void server_tp_slot(server_slot *sl);
+// The other ranks' slot threads: the jobs the dispatcher hands them.
+void *server_tp_slot_main(void *arg);
 
 // adapters.c: the named LoRA adapters (--lora-modules).
 int server_adapters_load(server *s, verr *err);

@@ -424,7 +424,7 @@ static int on_token(void *ud, int id) {
     j->token_s += server_now() - t0;
     if (j->srv->o.token_delay_ms > 0) nap_ms(j, j->srv->o.token_delay_ms);
     int stop = atomic_load(&j->cancelled) || atomic_load(&j->srv->stopping);
-    return j->srv->o.tp ? server_tp_agree(j->srv, stop) : stop;
+    return j->srv->o.tp ? server_tp_agree(j, stop) : stop;
 }
 
 static void choice_free(choice *c) {
@@ -555,13 +555,14 @@ static void finish_job(server_job *j, sbuf *choices, int cut, int *failed, verr 
 static int next_choice(server_job *j, int i, int cut) {
     int go = i < j->req.n && !atomic_load(&j->cancelled) && !cut;
     if (!j->srv->o.tp) return go;
-    go = server_tp_agree(j->srv, go);
+    go = server_tp_agree(j, go);
     if (!go && i < j->req.n) atomic_store(&j->cancelled, 1);  // the other ranks learn rank 0's cancel
     return go;
 }
 
 void server_run_job(server_slot *sl, server_job *j) {
     j->t_start = server_now();
+    j->slot = (int)(sl - j->srv->slots);
     pthread_mutex_lock(&j->mu);
     j->started = !atomic_load(&j->cancelled);  // a streamed job's connection sends its headers now
     if (j->waiting) pthread_cond_broadcast(&j->cv);
@@ -619,9 +620,11 @@ int server_slots_start(server *s, verr *err) {
         sl->owned = i > 0;
         s->n_slots = i + 1;
         if (probe_spec_active(s->o.probe) && probe_open(&sl->probe, s->o.probe, &sl->s, err)) return -1;
+        server_tp_slot(sl);
     }
+    int follower = s->o.tp && s->o.tp->rank > 0;  // rank 0's jobs, handed over by server_follow
     for (int i = 0; i < s->n_slots; i++) {
-        if (pthread_create(&s->slots[i].th, NULL, slot_main, &s->slots[i]) != 0)
+        if (pthread_create(&s->slots[i].th, NULL, follower ? server_tp_slot_main : slot_main, &s->slots[i]) != 0)
             return verr_set(err, "cannot start slot thread %d", i);
         s->slots[i].started = 1;
     }

@@ -13,9 +13,15 @@ one-device run of the same emulated build (never against its own output):
     heads, computed on the device after the gathers) match the one-device run, with the
     same tokens and quadrants; LEHV branches (batched rows, KV tails, commits on every
     rank) give the one-device text;
+  - second contexts on the shards: the agents' critic (--check-every) makes the one-device
+    run's choices and verdicts in both forms (the two forms' logs identical); serve
+    --parallel 2 (both forms; under MPI the slots take turns) streams two requests at once
+    with the one-device server's texts; interventions (head ablation, a skipped layer, a
+    control vector) and captures (logit lens, per-layer attention statistics, activations)
+    equal one device's;
   - bad input gives clear errors: --tp larger than the GPUs, a degree that does not divide
-    the heads (one process and MPI), a GPU listed twice, --devices without --tp, the
-    forward hooks with TP on CUDA; an MPI rank stopped mid-run makes rank 0 fail with a
+    the heads (one process and MPI), a GPU listed twice, --devices without --tp, agents
+    on more GPUs than --tp (one group holds one replica); an MPI rank stopped mid-run makes rank 0 fail with a
     message naming the rank that did not arrive, and the launch ends instead of hanging.
 TOL: the ranks' partial sums add in another order (fp32), which the bf16 rounding of
 prefill activations and of the KV cache can turn into one bf16 step of an element; the
@@ -24,6 +30,7 @@ device-against-CPU bound of test_emu_cli.py is 3e-2.
 import json
 import os
 import shutil
+import signal
 import subprocess
 
 import numpy as np
@@ -32,6 +39,7 @@ import vtest
 from vtest import check, skip, stories_dir
 import gen_random_checkpoint as gen
 
+MODEL = []  # stories260K, set by main
 EMU = os.path.join(os.environ.get("EMU_BUILD", os.path.join(vtest.ROOT, "build", "emu")), "varent")
 TOL = 1e-2
 PRESETS = (("llama3-tiny", "bf16", 11), ("llama-mha-untied", "f32", 12),
@@ -171,6 +179,170 @@ def test_branches(model, tmp):
           why or why2 or f"texts equal {t1 == t2}; quadrants {sorted(set(map(str, quads)))}")
 
 
+def st_arrays(path):
+    """{name: float32 array} of a safetensors file of F32 tensors."""
+    h, data = vtest.read_st(path)
+    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], dtype="<f4").reshape(v["shape"])
+            for k, v in h.items() if k != "__metadata__"}
+
+
+def captures(tmp, tag, launch, devices):
+    """(metrics records, activations) of a greedy run with every capture on, or an error."""
+    m, a = os.path.join(tmp, f"cap-{tag}.jsonl"), os.path.join(tmp, f"cap-{tag}.safetensors")
+    r = run(launch + [EMU, "run", "-m", MODEL[0], "-p", "Once upon a time", "-n", 6, "--temp", 0, "--logit-lens",
+                      "--attn-layers", "all", "--metrics-out", m, "--force", "--dump-acts", a, "--dump-points",
+                      "resid_pre,attn_out,resid_mid,mlp_out,resid_post", "--dump-layers", "all"] + devices)
+    if r.returncode != 0:
+        return f"rc {r.returncode}: {r.stderr.strip()[-300:]}"
+    return [json.loads(x) for x in open(m)], st_arrays(a)
+
+
+def captures_differ(got, one):
+    """'' when two captures() agree: the logit lens' top tokens, its entropies and the
+    per-layer attention statistics within 1e-3 relative (+1e-4), the activations within TOL."""
+    if isinstance(got, str) or isinstance(one, str):
+        return got if isinstance(got, str) else one
+    (mg, ag), (mo, ao) = got, one
+    if len(mg) != len(mo) or sorted(ag) != sorted(ao) or not ao:
+        return f"{len(mg)} records against {len(mo)}; tensors {sorted(ag)[:3]} against {sorted(ao)[:3]}"
+    for x, y in zip(mg, mo):
+        for lx, ly in zip(x["logit_lens"], y["logit_lens"]):
+            if [t["id"] for t in lx["top"]] != [t["id"] for t in ly["top"]] or \
+                    abs(lx["entropy"] - ly["entropy"]) > 1e-4 + 1e-3 * abs(ly["entropy"]):
+                return f"pos {x['pos']} layer {lx['layer']}: lens {lx} against {ly}"
+        for ax, ay in zip(x["attn_layers"], y["attn_layers"]):
+            for k in ("entropy", "varentropy"):
+                u, v = (np.array([np.nan if e is None else e for e in z[k]], dtype=float) for z in (ax, ay))
+                if u.shape != v.shape or not np.allclose(u, v, rtol=1e-3, atol=1e-4):
+                    return f"pos {x['pos']} layer {ax['layer']}: attention {k} {u} against {v}"
+        if len(x["attn_layers"]) != len(y["attn_layers"]) or not y["attn_layers"] or not y["logit_lens"]:
+            return f"pos {x['pos']}: {len(x['attn_layers'])} attention layers against {len(y['attn_layers'])}"
+    worst = max((rel(ag[k], ao[k]), k) for k in ao)
+    return "" if worst[0] <= TOL else f"{worst[1]}: max|diff|/max|ref| = {worst[0]:.3g}"
+
+
+def test_hooks(tmp, mpi):
+    """Interventions and captures on the shards against one device: head ablation (heads
+    of both ranks), a skipped layer and a control vector, in prefill and in decode; the
+    logit lens, every layer's attention statistics (each layer's heads gathered) and the
+    five activation points of every layer."""
+    d = MODEL[0]
+    cv, pos, neg = (os.path.join(tmp, x) for x in ("cv.gguf", "pos.txt", "neg.txt"))
+    open(pos, "w").write("The girl was happy and laughed.\nWhat a sunny day!\n")
+    open(neg, "w").write("The girl was sad and cried.\nWhat a gloomy day.\n")
+    if os.path.exists(cv):
+        os.remove(cv)
+    r = vtest.varent("cvector", "-m", d, "--positive", pos, "--negative", neg, "-o", cv)  # the CPU build
+    hooks = ["--ablate-head", "0:5", "--ablate-head", "4:2", "--skip-layer", 2]
+    if r.returncode == 0:
+        hooks += ["--control-vector-scaled", cv, 2]
+    else:
+        check(False, "emu_tp_hooks_control_vector", r.stderr[-300:])
+    ids = ["--ids", "5,6,7,8,9,10,11,12,13"]
+    for mode, extra in (("prefill", []), ("decode", ["--chunk", 1])):
+        base, _ = logits([EMU, "logits", "-m", d, *ids, *extra, "--device", "cuda"], os.path.join(tmp, "h0.f32"))
+        one, why = logits([EMU, "logits", "-m", d, *ids, *extra, *hooks, "--device", "cuda"], os.path.join(tmp, "h1.f32"))
+        loc, why2 = logits([EMU, "logits", "-m", d, *ids, *extra, *hooks, "--devices", "0,1", "--tp", 2],
+                           os.path.join(tmp, "h2.f32"))
+        ok = one is not None and loc is not None and base is not None and rel(loc, one) <= TOL and rel(one, base) > 1e-2
+        check(ok, f"emu_tp_hooks_interventions_{mode}_devices_0_1",
+              why or why2 or f"vs one device {rel(loc, one):.3g}; the hooks changed the logits by {rel(one, base):.3g}")
+        if mpi:
+            got, why = logits(MPIRUN + [2, EMU, "logits", "-m", d, *ids, *extra, *hooks, "--device", "cuda", "--tp", 2],
+                              os.path.join(tmp, "h3.f32"))
+            check(ok and got is not None and rel(got, one) <= TOL and np.array_equal(got, loc),
+                  f"emu_tp_hooks_interventions_{mode}_mpirun", why or "differs from one device or --devices 0,1")
+    one = captures(tmp, "one", [], ["--device", "cuda"])
+    why = captures_differ(captures(tmp, "loc", [], ["--devices", "0,1", "--tp", 2]), one)
+    check(not why, "emu_tp_captures_devices_0_1", why)
+    if mpi:
+        why = captures_differ(captures(tmp, "mpi", MPIRUN + [2], ["--device", "cuda", "--tp", 2]), one)
+        check(not why, "emu_tp_captures_mpirun", why)
+
+
+def agents_log(tmp, name, launch, devices):
+    path = os.path.join(tmp, name + ".jsonl")
+    r = run(launch + [EMU, "agents", "-m", MODEL[0], "-p", "Once upon a time", "-n", 12, "-s", 9, "--check-every", 3,
+                      "--rollback", 1, "--log", path, "--force"] + devices)
+    if r.returncode != 0 or not os.path.exists(path):
+        return None, f"rc {r.returncode}: {r.stderr.strip()[-300:]}"
+    return [x for x in open(path).read().splitlines() if '"tok_per_s"' not in x], r.stdout
+
+
+def test_agents_critic(tmp, mpi):
+    """The agents with their critic, a second context on the sharded model: the one-device
+    run's choices, verdicts and rollbacks; entropies and the critic's log-probabilities
+    within TOL (its prompt is a bf16 prefill, the ranks' sums reordered: measured 8e-3
+    absolute on log-probabilities near -40); the two launch forms' logs identical."""
+    one, t1 = agents_log(tmp, "ag1", [], ["--devices", "cuda"])
+    loc, t2 = agents_log(tmp, "ag2", [], ["--devices", "0,1", "--tp", 2])
+    if one is None or loc is None:
+        check(False, "emu_tp_agents_critic", t1 if one is None else t2)
+        return
+    critic = sum('"event":"critic"' in x for x in one)
+    why = vtest.same_decisions(loc, one, TOL) or ("" if critic >= 3 else f"{critic} critic records")
+    check(not why and t2 == t1, "emu_tp_agents_critic_devices_0_1", why or f"text {t2!r} against {t1!r}")
+    if mpi:
+        got, t3 = agents_log(tmp, "ag3", MPIRUN + [2], ["--devices", "cuda", "--tp", 2])
+        check(got is not None and got == loc and t3 == t1, "emu_tp_agents_critic_mpirun",
+              t3 if got is None else vtest.same_decisions(got, loc, 0) or "the text differs")
+
+
+def serve_two(cmd, launch=()):
+    """Two requests at once on a server started with cmd; [(text, first, end)] or an error."""
+    import socket
+    import threading
+    import time
+    import urllib.request
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    p = subprocess.Popen(list(map(str, [*launch, EMU, "serve", "-m", MODEL[0], "--port", port, "--parallel", 2] + cmd)),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                break
+            except Exception:
+                if p.poll() is not None:
+                    return f"rc {p.returncode}: {p.stderr.read()[-300:]}"
+                time.sleep(0.1)
+        bodies = ({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0.8, "seed": 5},
+                  {"prompt": "The cat", "max_tokens": 24, "temperature": 0})
+        out = [None, None]
+        th = [threading.Thread(target=vtest.stream_completion, args=(port, b, out, i)) for i, b in enumerate(bodies)]
+        [t.start() for t in th]
+        [t.join() for t in th]
+        return out
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+
+
+def test_serve_parallel(mpi):
+    """serve --parallel 2 on --devices 0,1 --tp 2 and on mpirun -np 2 --device cuda --tp 2:
+    two requests at once, each on its slot (the second a second context on the shards),
+    stream the one-device server's texts, and both are under way at once (each sent a
+    token before either ended; under MPI the slots take turns at the collectives)."""
+    one = serve_two(["--device", "cuda"])
+    forms = [("devices_0_1", serve_two(["--devices", "0,1", "--tp", 2]))]
+    if mpi:
+        forms.append(("mpirun", serve_two(["--device", "cuda", "--tp", 2], MPIRUN + [2])))
+    for name, two in forms:
+        if isinstance(one, str) or isinstance(two, str):
+            check(False, f"emu_tp_serve_parallel_2_{name}", one if isinstance(one, str) else two)
+            continue
+        same = [a[0] for a in one] == [b[0] for b in two] and all(a[0] for a in one)
+        overlap = all(b[1] for b in two) and max(b[1] for b in two) < min(b[2] for b in two)
+        check(same and overlap, f"emu_tp_serve_parallel_2_{name}_same_texts_at_once",
+              f"texts {[b[0] for b in two]!r} against {[a[0] for a in one]!r}; at once {overlap}")
+
+
 def test_bad_input(tmp, model, mpi):
     d = os.path.join(tmp, "llama3-tiny")  # 4 query heads, 2 KV heads
     base = [EMU, "logits", "-m", d, "--ids", "1,2,3", "--out", os.path.join(tmp, "bad.f32")]
@@ -181,11 +353,15 @@ def test_bad_input(tmp, model, mpi):
          "cannot be split over 3 ranks"),
         ("gpu_twice", ["--devices", "0,0", "--tp", 2], {}, "cuda:0 twice"),
         ("devices_without_tp", ["--devices", "0,1"], {}, "give --tp N"),
-        ("hooks", ["--devices", "0,1", "--tp", 2, "--skip-layer", 0], {}, "do not run with tensor parallelism on CUDA"),
     )
     for name, extra, env, want in cases:
         r = run(base + extra, env)
         check(r.returncode != 0 and want in r.stderr, f"emu_tp_refuses_{name}", f"rc {r.returncode}: {r.stderr[-300:]}")
+    # one group holds one replica: more GPUs than --tp for the agents is refused
+    r = run([EMU, "agents", "-m", model, "-p", "Hi", "-n", 2, "--devices", "0,1,2", "--tp", 2],
+            {"VARENT_EMU_DEVICES": "4"})
+    check(r.returncode == 2 and "a tensor-parallel group holds one replica" in r.stderr,
+          "emu_tp_refuses_agents_more_gpus_than_tp", f"rc {r.returncode}: {r.stderr[-300:]}")
     if mpi:
         r = run(MPIRUN + [3] + base + ["--device", "cuda"], {"VARENT_EMU_DEVICES": "3"})
         check(r.returncode != 0 and "cannot be split over 3 ranks" in r.stderr, "emu_tp_refuses_mpirun_degree",
@@ -250,6 +426,7 @@ def main():
         vtest.done()
     tmp = vtest.tmpdir("emu-tp")
     model = stories_dir("f32")
+    MODEL.append(model)
     mpi, why = mpi_ok(model, tmp)
     if not mpi:
         skip("emu_tp_mpirun", f"the MPI launch form: {why}")
@@ -257,6 +434,9 @@ def main():
     test_greedy(model, mpi)
     test_metrics(model, tmp, mpi)
     test_branches(model, tmp)
+    test_hooks(tmp, mpi)
+    test_agents_critic(tmp, mpi)
+    test_serve_parallel(mpi)
     test_bad_input(tmp, model, mpi)
     if mpi:
         test_stuck_rank(model)

@@ -6,7 +6,11 @@
   - greedy text and the entropix sampler's tokens and JSONL metrics equal the one-process
     run; the output appears once (rank 0 prints, the others are silent);
   - agents over ranks (replicas, lookahead, tensor-parallel groups): logs byte-identical
-    to the one-process run, the done record's tok_per_s aside;
+    to the one-process run, the done record's tok_per_s aside; one tensor-parallel group
+    (the critic a second context on the shards) makes the one-process run's choices and
+    verdicts, its floats within 1e-4;
+  - serve under mpirun, with one slot and with --parallel 2 (the slots taking turns at
+    the collectives): the one-process server's texts;
   - bad input: a degree that does not split the heads, --tp without mpirun, --tp that is
     not the launch's size, ranks holding different checkpoints, a rank killed mid-run
     and a rank that stops answering (--tp-timeout): a clear error and a non-zero exit,
@@ -167,6 +171,9 @@ def test_agents(tmp, stories):
         tp4, r4 = agents_log(tmp, f"agents-{tag}-2x2", 4, stories, *extra, "--tp", 2)
         check(tp2 is not None and tp2 == tp4 and len(tp2) > 10, f"agents_{tag}_two_tp_groups_equal_one",
               f"rc={r4.returncode} {r4.stderr[-300:]!r}")
+        # the sharded model (and its critic, a second context on the shard) against one process
+        why = vtest.same_decisions(tp2, one, 1e-4) if tp2 and one else f"rc={r2.returncode} {r2.stderr[-300:]!r}"
+        check(not why and r2.stdout == r1.stdout, f"agents_{tag}_tp2_critic_equals_one_process", why or "stdout")
 
 
 def test_bad_input(tmp, models, stories):
@@ -265,9 +272,58 @@ def test_serve(tmp, stories):
             except subprocess.TimeoutExpired:
                 p.kill()
     check(two.returncode is not None, "serve_np2_stops_on_sigterm", "still running")
-    r = mpirun(2, "serve", "-m", stories, "--port", free_port(), "--parallel", 2)
-    check(r.returncode == 2 and "a tensor-parallel server runs one slot" in r.stderr, "serve_parallel_with_tp_refused",
-          f"rc={r.returncode} {r.stderr[-300:]!r}")
+
+
+def serve_parallel(cmd, port, reqs):
+    """Every request at once on a server started with cmd (--parallel 2); the texts, two
+    streams' (text, first token, end), or an error."""
+    import threading
+    p = start_server(cmd, port)
+    try:
+        out, streams = [None] * len(reqs), [None, None]
+
+        def one(i):
+            try:
+                out[i] = texts(post(port, *reqs[i]))
+            except Exception as e:
+                out[i] = repr(e)
+        bodies = ({"prompt": "Once upon a time", "max_tokens": 60, "seed": 7}, {"prompt": "The dog", "max_tokens": 60,
+                                                                                   "temperature": 0})
+        for th in ([threading.Thread(target=one, args=(i,)) for i in range(len(reqs))],
+                   [threading.Thread(target=vtest.stream_completion, args=(port, b, streams, i))
+                    for i, b in enumerate(bodies)]):  # the requests, then the two streams alone
+            [t.start() for t in th]
+            [t.join() for t in th]
+        return out, streams
+    except Exception as e:
+        return repr(e), None
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+
+
+def test_serve_parallel(tmp, stories):
+    """serve --parallel 2 under mpirun: the slots take turns at the collectives; four
+    requests at once (two choices with a seed, greedy with a stop string, a chat
+    completion, echo with logprobs), then two streams at once, give the one-process
+    server's texts, and the two streams are under way at once."""
+    reqs = (("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0.8, "seed": 5, "n": 2}),
+            ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "stop": ["park"]}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20, "seed": 3}),
+            ("/v1/completions", {"prompt": "The cat", "max_tokens": 5, "echo": True, "logprobs": 2, "seed": 1}))
+    ports = free_port(), free_port()
+    opts = ["--parallel", "2", "--token-delay-ms", "5"]  # the streams last long enough to meet
+    a, sa = serve_parallel([vtest.VARENT, "serve", "-m", stories, "--port", str(ports[0]), *opts], ports[0], reqs)
+    b, sb = serve_parallel([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", vtest.VARENT, "serve", "-m",
+                            stories, "--port", str(ports[1]), *opts], ports[1], reqs)
+    ok = isinstance(a, list) and a == b and all(isinstance(x, list) and all(x) for x in a)
+    same = sa and sb and [x[0] for x in sa] == [x[0] for x in sb] and all(x[1] for x in sb)
+    check(ok and same, "serve_np2_parallel_2_same_texts", f"{b!r} vs {a!r}; streams {sb!r} vs {sa!r}")
+    check(same and max(x[1] for x in sb) < min(x[2] for x in sb), "serve_np2_parallel_2_streams_at_once", repr(sb))
 
 
 def rank_pid(mpi, rank):
@@ -334,6 +390,7 @@ def main():
     test_stdin(stories)
     test_agents(tmp, stories)
     test_serve(tmp, stories)
+    test_serve_parallel(tmp, stories)
     test_bad_input(tmp, models, stories)
     test_rank_failures(tmp, stories)
     shutil.rmtree(tmp, ignore_errors=True)

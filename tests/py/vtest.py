@@ -1,4 +1,5 @@
 """vtest: helpers for the Python test programs (PASS/FAIL/SKIP protocol of tests/run.sh)."""
+import json
 import os
 import subprocess
 import sys
@@ -82,6 +83,54 @@ def tmpdir(prefix):
 
 def done():
     sys.exit(1 if failures else 0)
+
+
+def same_decisions(a, b, tol):
+    """'' when agents logs a and b (JSONL lines) make the same choices: every record's fields
+    equal but the floats (entropies, the critic's log-probabilities), which agree within
+    tol relative (the ranks' partial sums add in another order); else the first difference."""
+    if len(a) != len(b):
+        return f"{len(a)} records against {len(b)}"
+
+    def walk(x, y, where):
+        if isinstance(x, float) or isinstance(y, float):
+            ok = isinstance(x, (int, float)) and isinstance(y, (int, float)) and abs(x - y) <= tol * (1 + abs(y))
+            return "" if ok else f"{where}: {x} against {y}"
+        if isinstance(x, dict) and isinstance(y, dict):
+            if x.keys() != y.keys():
+                return f"{where}: keys {sorted(x)} against {sorted(y)}"
+            return next((w for k in x for w in [walk(x[k], y[k], f"{where}.{k}")] if w), "")
+        if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            return next((w for i, (u, v) in enumerate(zip(x, y)) for w in [walk(u, v, f"{where}[{i}]")] if w), "")
+        return "" if x == y else f"{where}: {x!r} against {y!r}"
+    for i, (x, y) in enumerate(zip(a, b)):
+        why = walk(json.loads(x), json.loads(y), f"record {i}")
+        if why:
+            return why
+    return ""
+
+
+def stream_completion(port, body, out, i):
+    """One streamed completion: out[i] = (text, time of the first token, time of the end)."""
+    import http.client
+    import time
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    try:
+        c.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)), {"Content-Type": "application/json"})
+        r, text, first = c.getresponse(), "", None
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            piece = json.loads(line[6:])["choices"][0].get("text", "")
+            if piece and first is None:
+                first = time.time()
+            text += piece
+        out[i] = (text, first, time.time())
+    except Exception as e:
+        out[i] = (repr(e), None, None)
+    finally:
+        c.close()
 
 
 def stories_dir(dtype="f32"):

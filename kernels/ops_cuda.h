@@ -246,6 +246,11 @@ int cuda_argmax(cuda_ctx *ctx, int *out, const float *logits, int rows, int n);
 // device arrays [n_cfg], so a caller uploads the configurations (uniforms included)
 // and downloads the results around it. Same tokens as cpu_sample.
 int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg, int n_cfg);
+// Room for cuda_sample's candidate arrays (24 bytes per token and configuration): call at
+// setup, not per token, since growing them frees and allocates device memory, which
+// waits for the device (other streams' collectives included). A draw with more
+// configurations than reserved grows them then.
+int cuda_reserve_sample(cuda_ctx *ctx, int n, int n_cfg);
 // The entropix decision on the device (kernels/entropix_core.h) from a step's logit
 // stats {max, lse, H, V} and attention stats, into k >= 1 draw configurations cfg
 // (device arrays, as c and the peeked uniforms u[k]): the step's draws, then argmax

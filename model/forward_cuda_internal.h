@@ -179,6 +179,8 @@ struct cuda_forward {
     dev_arm arm;               // entropix decided and drawn on the device (model/forward_cuda_arm.c)
 };
 
+#define CUDA_SAMPLE_RESERVE 16  // draws per launch the sampler's arrays are sized for at open
+
 // ---- armed entropix steps (model/forward_cuda_arm.c) ----
 // After an armed step's statistics: the decision and its draws, queued before the
 // step's one wait (the caller's fetch). The step's ready flag is set by the caller.

@@ -241,6 +241,9 @@ int cuda_forward_alloc(cuda_forward *f, verr *err) {
     size_t at = cuda_attention_rows_scratch_bytes(&f->ctx, f->max_ctx, sh, f->rows);
     if (cuda_reserve_scratch(&f->ctx, mm > at ? mm : at)) return verr_set(err, "%s", f->ctx.err.msg);
     if (cuda_reserve_attention(&f->ctx, f->rows * t->n_kv_heads)) return verr_set(err, "%s", f->ctx.err.msg);
+    // The sampler's arrays for the agents' usual spread and entropix's draws (more grow
+    // them at the first such draw).
+    if (cuda_reserve_sample(&f->ctx, c->vocab_size, CUDA_SAMPLE_RESERVE)) return verr_set(err, "%s", f->ctx.err.msg);
     return 0;
 }
 

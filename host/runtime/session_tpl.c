@@ -171,8 +171,11 @@ static void lora_job(void *ud, int r) {
 
 int session_tpl_set_lora(session *s, const lora_use *u, int n, verr *err) {
     struct session_tpl *t = s->tpl;
+    pthread_mutex_t *mu = t->lead ? &t->lead->mu : &t->mu;  // the pool's threads may be running another context
+    pthread_mutex_lock(mu);
     t->s = s, t->lora = u, t->n_lora = n;
     dev_pool_run(t->pool, (1u << t->n) - 1, lora_job, t);
+    pthread_mutex_unlock(mu);
     return first_error(t, err);
 }
 

@@ -244,11 +244,15 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
 }
 
+static size_t sample_bytes(int n, int n_cfg, int nb) {
+    return (size_t)nb * 8 + (size_t)n_cfg * 4 + 256 + (size_t)n_cfg * n * 24;
+}
+
 // The sampler's device arrays for n tokens and n_cfg configurations, grown (never
 // shrunk) on the first call that needs more: argmax partials, counters, then per
 // configuration n keys, masses and entropy terms.
 static int sample_reserve(cuda_ctx *ctx, int n, int n_cfg, int nb) {
-    size_t need = (size_t)nb * 8 + (size_t)n_cfg * 4 + 256 + (size_t)n_cfg * n * 24;
+    size_t need = sample_bytes(n, n_cfg, nb);
     if (need <= ctx->sample_bytes) return 0;
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));  // queued draws may use the old arrays
     if (ctx->sample_buf) CUDA_CHECK(ctx, cudaFree(ctx->sample_buf));
@@ -257,6 +261,12 @@ static int sample_reserve(cuda_ctx *ctx, int n, int n_cfg, int nb) {
     if (cuda_malloc(&ctx->sample_buf, need, "sampler candidates", &ctx->err)) return -1;
     ctx->sample_bytes = need;
     return 0;
+}
+
+extern "C" int cuda_reserve_sample(cuda_ctx *ctx, int n, int n_cfg) {
+    CUDA_REQUIRE(ctx, n > 0 && n <= SAMPLE_MAX_VOCAB && n_cfg > 0 && n_cfg <= 65535,
+                 "cuda_reserve_sample: bad shape n=%d n_cfg=%d", n, n_cfg);
+    return sample_reserve(ctx, n, n_cfg, (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK);
 }
 
 extern "C" int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg,

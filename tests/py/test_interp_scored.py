@@ -1,0 +1,109 @@
+"""The captures (--dump-acts, --dump-attn, --attn-layers, --logit-lens; docs/research.md)
+in ppl and eval, against the numpy reference (tests/reference/ref_model.py forward_hooked)
+on stories260K. ppl: the windows (and llama.cpp's chunks) are recomputed here from the
+protocol's definition, every captured row from the ids its window fed, every scored
+token's record (and logprob) from the context the protocol gives it. eval: a file per
+item, repeat and arm, its rows recomputed from the prompt and the trial's output ids, and
+the --metrics-out records from the context each token was drawn in. Bad combinations are
+usage errors that write nothing."""
+import json
+import os
+import shutil
+
+import numpy as np
+
+import vtest
+from vtest import check
+import ref_model
+from test_interp import read_tensors
+from test_interp_cmds import POINTS, Ref, capture_args, check_acts, check_attn_file, check_records, gone
+
+TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with "
+        "her dog. One day, she saw a big red ball.\n")
+
+
+def logprob(model, ctx, tok):
+    lg = ref_model.forward_hooked(model, list(ctx))[0][-1]
+    return float(lg[tok] - lg.max() - np.log(np.exp(lg - lg.max()).sum()))
+
+
+def strided(ids, ctx, stride):
+    """[(fed ids, first text index, {scored text index: its context})] per window."""
+    out, end, b, n = [], 1, 0, len(ids)
+    while end < n:
+        e = min(b + ctx, n)
+        out.append((ids[b:e - 1], b, {i: ids[b:i] for i in range(end, e)}))
+        end, b = e, b + stride
+    return out
+
+
+def chunks(ids, ctx, bos):
+    out = []
+    for c in range(len(ids) // ctx):
+        ch = [bos] + ids[c * ctx + 1:(c + 1) * ctx]
+        out.append((ch[:-1], c * ctx, {c * ctx + j: ch[:j] for j in range(ctx // 2 + 1, ctx)}))
+    return out
+
+
+def check_ppl(name, model, ref, tmp, args, windows_of):
+    acts, attn, log, extra = capture_args(tmp, name)
+    r = vtest.varent("ppl", "-m", model.dir, "-f", os.path.join(tmp, "text.txt"), "-q", "--per-token", log, *extra,
+                     *args, timeout=300)
+    plain = vtest.varent("ppl", "-m", model.dir, "-f", os.path.join(tmp, "text.txt"), "-q", *args)
+    if not check(r.returncode == 0 and plain.returncode == 0, name + "_runs", r.stderr[-400:] + plain.stderr[-400:]):
+        return
+    check(r.stdout == plain.stdout, name + "_same_ppl_as_without_captures", r.stdout + plain.stdout)
+    recs = [json.loads(x) for x in open(log)]
+    ids = [x["id"] for x in recs]
+    windows = windows_of(ids)
+    fed = [t for w in windows for t in w[0]]
+    text_pos = [w[1] + j for w in windows for j in range(len(w[0]))]
+    positions = [j for w in windows for j in range(len(w[0]))]
+    t = read_tensors(acts)
+    check([int(x) for x in t["ids"]] == fed and [int(x) for x in t["text_pos"]] == text_pos and
+          [int(x) for x in t["positions"]] == positions, name + "_rows_are_the_windows_fed",
+          f"{len(fed)} rows expected, {len(t['ids'])} written")
+    got = check_acts(name, acts, ref, list(range(model.cfg.n_layers)))
+    if not got:
+        return
+    pos, ctx = got
+    check_attn_file(name, attn, ref, pos, ctx, positions)
+    context = {i: c for w in windows for i, c in w[2].items()}
+    scored = [x for x in recs if x["logprob"] is not None]
+    check(sorted(x["pos"] for x in scored) == sorted(context) and
+          all("logit_lens" not in x for x in recs if x["logprob"] is None), name + "_records_on_scored_tokens",
+          f"{len(scored)} scored of {len(recs)}")
+    check_records(name, scored, lambda x: context[x["pos"]], ref, model)
+    worst = max(abs(x["logprob"] - logprob(model, context[x["pos"]], x["id"])) for x in scored)
+    check(worst < 1e-4, name + "_logprobs_match_numpy", f"worst {worst:.3g}")
+
+
+def test_ppl(model, ref, tmp):
+    with open(os.path.join(tmp, "text.txt"), "w") as f:
+        f.write(TEXT)
+    check_ppl("ppl_strided", model, ref, tmp, ["--ctx", "16", "--stride", "6"], lambda ids: strided(ids, 16, 6))
+    check_ppl("ppl_llamacpp", model, ref, tmp, ["--ctx", "16", "--protocol", "llamacpp"],
+              lambda ids: chunks(ids, 16, 1))
+    acts = os.path.join(tmp, "bad.st")
+    for what, args, needle in (("lens_without_per_token", ["--logit-lens", "--dump-acts", acts], "--per-token"),
+                               ("bad_layer", ["--attn-layers", "0,99", "--per-token", acts + ".jsonl",
+                                              "--dump-acts", acts], "layer 99")):
+        r = vtest.varent("ppl", "-m", model.dir, "-f", os.path.join(tmp, "text.txt"), "--ctx", "16", "-q", *args)
+        vtest.expect_fail(f"ppl_bad_{what}", r, needle, rc=2 if what == "lens_without_per_token" else 1)
+        check(gone(acts, acts + ".jsonl"), f"ppl_bad_{what}_nothing_written")
+
+
+def main():
+    tmp = vtest.tmpdir("interp-scored")
+    model_dir = vtest.stories_dir()
+    model = ref_model.Model(model_dir)
+    model.dir = model_dir
+    ref = Ref(model)
+    test_ppl(model, ref, tmp)
+    if vtest.failures == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    vtest.done()
+
+
+if __name__ == "__main__":
+    main()

@@ -93,6 +93,54 @@ def test_ppl(model, ref, tmp):
         check(gone(acts, acts + ".jsonl"), f"ppl_bad_{what}_nothing_written")
 
 
+def test_eval(model, ref, tmp):
+    acts, attn, log, extra = capture_args(tmp, "eval")
+    trials = os.path.join(tmp, "trials.jsonl")
+    r = vtest.varent("eval", "-m", model.dir, "--tasks", "add2,decimal-choice", "--items", "2", "--samplers",
+                     "greedy,entropix:seed", "--repeats", "2", "--seed", "5", "-n", "4", "-q", "-o", trials,
+                     "--metrics-out", log, *extra, timeout=300)
+    if not check(r.returncode == 0, "eval_capture_runs", r.stderr[-400:]):
+        return
+    runs = [json.loads(x) for x in open(trials)]
+    recs = [json.loads(x) for x in open(log)]
+    layers = list(range(model.cfg.n_layers))
+    gen = [x for x in runs if "choices" not in x]
+    by_trial = {}
+    for run in gen:
+        key = (run["item"], run["repeat"], run["arm"])
+        tag = f".i{run['item']}.r{run['repeat']}.{run['arm'].replace(':', '_')}.st"
+        name = "eval_i{}_r{}_{}".format(*key).replace(":", "_")
+        got = check_acts(name, acts.replace(".st", tag), ref, layers)
+        if not got:
+            continue
+        pos, ctx = got
+        ids, n_prompt = ctx[-1], run["prompt_tokens"]
+        mine = [x for x in recs if (x["item"], x["repeat"], x["sampler"]) == key]
+        check(pos == list(range(len(ids))) and ids[n_prompt:] == [x["token"] for x in mine] and
+              len(mine) == run["tokens"], name + "_prompt_and_generated_ids", f"{len(pos)} rows, {len(mine)} records")
+        check_attn_file(name, attn.replace(".st", tag), ref, pos, ctx, list(range(n_prompt - 1, len(ids))))
+        by_trial[key] = ids
+    check(len(by_trial) == 8 and len(recs) == sum(x["tokens"] for x in gen), "eval_a_file_per_trial",
+          f"{len(by_trial)} trials, {len(recs)} records")
+    check_records("eval", recs, lambda x: by_trial[(x["item"], x["repeat"], x["sampler"])][:x["pos"]], ref, model)
+    for item in sorted({x["item"] for x in runs if "choices" in x}):
+        run = next(x for x in runs if x["item"] == item)
+        for c, k in enumerate(run["choice_tokens"]):
+            name, tag = f"eval_i{item}_c{c}", f".i{item}.c{c}.st"
+            got = check_acts(name, acts.replace(".st", tag), ref, layers)
+            if got:
+                pos, ctx = got
+                check(pos == list(range(run["prompt_tokens"] + k - 1)), name + "_prompt_and_choice_rows", f"{pos}")
+                check_attn_file(name, attn.replace(".st", tag), ref, pos, ctx, pos)
+    bad = os.path.join(tmp, "bad.st")
+    for what, args, needle in (("agents_arm", ["--samplers", "greedy,agents", "--dump-acts", bad], "agents arm"),
+                               ("branch_arm", ["--samplers", "branch", "--dump-acts", bad], "--branch"),
+                               ("lens_without_log", ["--logit-lens", "--dump-acts", bad], "--metrics-out")):
+        r = vtest.varent("eval", "-m", model.dir, "--tasks", "add2", "--items", "1", "-q", *args)
+        vtest.expect_fail(f"eval_bad_{what}", r, needle, rc=2)
+        check(gone(bad, bad.replace(".st", ".i0.r0.greedy.st")), f"eval_bad_{what}_nothing_written")
+
+
 def main():
     tmp = vtest.tmpdir("interp-scored")
     model_dir = vtest.stories_dir()
@@ -100,6 +148,7 @@ def main():
     model.dir = model_dir
     ref = Ref(model)
     test_ppl(model, ref, tmp)
+    test_eval(model, ref, tmp)
     if vtest.failures == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     vtest.done()

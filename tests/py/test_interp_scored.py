@@ -9,6 +9,7 @@ usage errors that write nothing."""
 import json
 import os
 import shutil
+import threading
 
 import numpy as np
 
@@ -16,6 +17,7 @@ import vtest
 from vtest import check
 import ref_model
 from test_interp import read_tensors
+from servertest import Server
 from test_interp_cmds import POINTS, Ref, capture_args, check_acts, check_attn_file, check_records, gone
 
 TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park with "
@@ -141,6 +143,63 @@ def test_eval(model, ref, tmp):
         check(gone(bad, bad.replace(".st", ".i0.r0.greedy.st")), f"eval_bad_{what}_nothing_written")
 
 
+def check_served(name, resp, prompt, dirs, ref, model):
+    """One captured choice: its files in both directories, rows recomputed from the
+    prompt and the tokens its metrics name, and the records in its metrics."""
+    choice = resp["choices"][0]
+    recs = choice.get("metrics", [])
+    ids = prompt + [x["token"] for x in recs]
+    want = resp["id"] + ".safetensors"
+    if not check(choice.get("capture") == {"acts": want, "attn": want}, name + "_capture_member", str(choice)[:300]):
+        return
+    got = check_acts(name, os.path.join(dirs[0], want), ref, list(range(model.cfg.n_layers)))
+    if got:
+        pos, ctx = got
+        check(ctx[-1] == ids and pos == list(range(len(ids))), name + "_rows_are_the_request", f"{ctx[-1]} vs {ids}")
+        check_attn_file(name, os.path.join(dirs[1], want), ref, pos, ctx, list(range(len(prompt) - 1, len(ids))))
+    check_records(name, recs, lambda x: ids[:x["pos"]], ref, model)
+
+
+def test_serve(model, ref, tmp):
+    dirs = [os.path.join(tmp, "serve-acts"), os.path.join(tmp, "serve-attn")]
+    for d in dirs:
+        os.makedirs(d, exist_ok=True)
+    srv = Server(model.dir, "--parallel", "2", "--token-delay-ms", "30", "--dump-acts", dirs[0], "--dump-attn", dirs[1],
+                 "--dump-points", ",".join(POINTS), "--attn-layers", "all", "--logit-lens", "--dump-max-files", "3",
+                 name="interp-serve-dump")
+    try:
+        prompts = [[1, 403, 407, 261], [1, 385, 400, 261, 396, 415]]
+        out = [None, None]
+
+        def ask(k):
+            out[k] = srv.post("/v1/completions", {"prompt": prompts[k], "max_tokens": 5, "temperature": 0})
+
+        threads = [threading.Thread(target=ask, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ok = all(x and x[0] == 200 for x in out)
+        if check(ok, "serve_two_concurrent_requests", str(out)[:300]):
+            q = [x[1]["timings"]["queued_s"] for x in out]
+            check(max(q) < 0.1, "serve_requests_ran_on_two_slots", f"queued {q}")
+            for k in range(2):
+                check_served(f"serve_req{k}", out[k][1], prompts[k], dirs, ref, model)
+        st, resp = srv.post("/v1/completions", {"prompt": prompts[0], "max_tokens": 2, "n": 2, "temperature": 0})
+        caps = [c.get("capture", {}) for c in resp.get("choices", [])] if st == 200 else []
+        check(len(caps) == 2 and caps[0].get("acts") == resp["id"] + ".c0.safetensors" and
+              "--dump-max-files 3" in caps[1].get("skipped", ""), "serve_n2_then_limit", str(caps))
+        files = sorted(os.listdir(dirs[0])) + sorted(os.listdir(dirs[1]))
+        check(len(files) == 6 and all(f.endswith(".safetensors") for f in files), "serve_dump_files_bounded", str(files))
+    finally:
+        srv.stop()
+    for what, args, needle in (("not_a_dir", ["--dump-acts", os.path.join(tmp, "nodir")], "not a directory"),
+                               ("one_dir", ["--dump-acts", dirs[0], "--dump-attn", dirs[0]], "one directory"),
+                               ("max_without_dump", ["--dump-max-files", "3"], "--dump-acts DIR")):
+        r = vtest.varent("serve", "-m", model.dir, "--port", "0", *args)
+        vtest.expect_fail(f"serve_bad_{what}", r, needle, rc=2)
+
+
 def main():
     tmp = vtest.tmpdir("interp-scored")
     model_dir = vtest.stories_dir()
@@ -149,6 +208,7 @@ def main():
     ref = Ref(model)
     test_ppl(model, ref, tmp)
     test_eval(model, ref, tmp)
+    test_serve(model, ref, tmp)
     if vtest.failures == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     vtest.done()

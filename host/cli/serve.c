@@ -132,9 +132,6 @@ static int check_probe(const probe_spec *ps, server_opts *o, const char *max_fil
     if (dir[0] && dir[1] && st[0].st_dev == st[1].st_dev && st[0].st_ino == st[1].st_ino)
         return snprintf(msg, n, "--dump-acts and --dump-attn name one directory (%.200s): the files would share names",
                         dir[0]), -1;
-    if (o->tp)
-        return snprintf(msg, n, "--attn-layers, --logit-lens, --dump-acts and --dump-attn are not supported with --tp "
-                        "(the logit lens would need every rank)"), -1;
     char *end;
     long v = max_files ? strtol(max_files, &end, 10) : 100;
     if (max_files && (end == max_files || *end || v < 1 || v > 1000000000))

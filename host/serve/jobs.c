@@ -643,6 +643,9 @@ int server_slot_inline(server *s, verr *err) {
     s->slots[0].srv = s;
     s->slots[0].s = *s->base;
     s->n_slots = 1;
+    // the captures' collectives (the logit lens gathers the vocabulary) need every rank
+    if (probe_spec_active(s->o.probe) && !serve_cap_dumps(&s->o))
+        return probe_open(&s->slots[0].probe, s->o.probe, &s->slots[0].s, err);
     return 0;
 }
 

@@ -165,7 +165,7 @@ def test_serve(model, ref, tmp):
     for d in dirs:
         os.makedirs(d, exist_ok=True)
     srv = Server(model.dir, "--parallel", "2", "--token-delay-ms", "30", "--dump-acts", dirs[0], "--dump-attn", dirs[1],
-                 "--dump-points", ",".join(POINTS), "--attn-layers", "all", "--logit-lens", "--dump-max-files", "3",
+                 "--dump-points", ",".join(POINTS), "--attn-layers", "all", "--logit-lens", "--dump-max-files", "4",
                  name="interp-serve-dump")
     try:
         prompts = [[1, 403, 407, 261], [1, 385, 400, 261, 396, 415]]
@@ -185,12 +185,17 @@ def test_serve(model, ref, tmp):
             check(max(q) < 0.1, "serve_requests_ran_on_two_slots", f"queued {q}")
             for k in range(2):
                 check_served(f"serve_req{k}", out[k][1], prompts[k], dirs, ref, model)
+        st, _, events, done = srv.stream("/v1/completions", {"prompt": prompts[1], "max_tokens": 2, "stream": True})
+        last = [e for e in events if e.get("choices") and e["choices"][0].get("finish_reason")]
+        name = last[0]["id"] + ".safetensors" if last else "?"
+        check(st == 200 and done and len(last) == 1 and last[0]["choices"][0].get("capture", {}).get("acts") == name and
+              os.path.exists(os.path.join(dirs[0], name)), "serve_stream_capture_in_final_chunk", str(last)[:300])
         st, resp = srv.post("/v1/completions", {"prompt": prompts[0], "max_tokens": 2, "n": 2, "temperature": 0})
         caps = [c.get("capture", {}) for c in resp.get("choices", [])] if st == 200 else []
         check(len(caps) == 2 and caps[0].get("acts") == resp["id"] + ".c0.safetensors" and
-              "--dump-max-files 3" in caps[1].get("skipped", ""), "serve_n2_then_limit", str(caps))
+              "--dump-max-files 4" in caps[1].get("skipped", ""), "serve_n2_then_limit", str(caps))
         files = sorted(os.listdir(dirs[0])) + sorted(os.listdir(dirs[1]))
-        check(len(files) == 6 and all(f.endswith(".safetensors") for f in files), "serve_dump_files_bounded", str(files))
+        check(len(files) == 8 and all(f.endswith(".safetensors") for f in files), "serve_dump_files_bounded", str(files))
     finally:
         srv.stop()
     for what, args, needle in (("not_a_dir", ["--dump-acts", os.path.join(tmp, "nodir")], "not a directory"),

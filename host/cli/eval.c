@@ -325,10 +325,11 @@ static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr
         snprintf(c->ex.tag, sizeof c->ex.tag, "\"item\":%d,\"repeat\":%d,", i, r);
     }
     if (cap_open(c, tag, 0, err)) return -1;
-    int rc = eval_generate(&c->run, arm, it, ids, n, seed, &g, err);
+    int rc = eval_generate(&c->run, arm, it, ids, n, seed, &g, err), have = rc == 0;  // g is freed on failure
     if (rc == 0 && c->ex.log && (fflush(c->ex.log) || ferror(c->ex.log)))
         rc = verr_set(err, "--metrics-out %s: write failed (disk full?)", c->e->metrics);
-    if (cap_close(c, rc == 0, ids, n, rc ? NULL : g.ids, rc ? 0 : g.n, err) && rc == 0) rc = -1, eval_gen_free(&g);
+    if (cap_close(c, rc == 0, ids, n, have ? g.ids : NULL, have ? g.n : 0, err) && rc == 0) rc = -1;
+    if (rc && have) eval_gen_free(&g);
     if (rc) return -1;
     char extracted[256];
     *o = (eval_outcome){ 1, eval_judge(it, g.text ? g.text : "", extracted, sizeof extracted), g.n, g.compute,

@@ -51,6 +51,7 @@ typedef struct {
     outfile out;               // --per-token; out.f NULL without
     tokenizer_stream *ts;
     probe *pr;
+    int files;                 // --dump-acts or --dump-attn: the rows below are kept
     int *fed, *text_pos;       // per row captured: the id fed and the text token it stands for
     long n_fed, cap_fed;
 } ppl_run;
@@ -101,7 +102,7 @@ static int on_token(void *ud, int i, double logp) {
 
 static int on_feed(void *ud, const int *ids, int n, int text0) {
     ppl_run *r = ud;
-    if (!r->pr) return 0;
+    if (!r->files) return 0;
     if (r->n_fed + n > r->cap_fed) {
         long cap = (r->n_fed + n) * 2;
         int *a = realloc(r->fed, sizeof(int) * (size_t)cap);
@@ -124,6 +125,7 @@ static int run_open(ppl_run *r, session *s, const int *ids, int n, const char *p
     outfile_opts oo = { .flag = "--per-token" };
     if (per_token && outfile_open(&r->out, per_token, &oo, err)) return -1;
     if (per_token && !(r->ts = tokenizer_stream_new(s->tok, 1))) return verr_set(err, "out of memory");
+    r->files = ps->acts_path || ps->attn_path;
     return probe_spec_active(ps) ? probe_open(&r->pr, ps, s, err) : 0;
 }
 
@@ -133,7 +135,7 @@ static int run_close(ppl_run *r, int keep, verr *err) {
     int rc = keep ? probe_check(r->pr, err) : 0;
     for (; keep && rc == 0 && r->out.f && r->next < r->n; r->next++)
         if (per_token_line(r, r->next, NAN, 0)) rc = verr_set(err, "--per-token: out of memory");
-    if (keep && rc == 0 && r->pr && (probe_add_i32(r->pr, "ids", r->fed, (int)r->n_fed, err) ||
+    if (keep && rc == 0 && r->files && (probe_add_i32(r->pr, "ids", r->fed, (int)r->n_fed, err) ||
                                      probe_add_i32(r->pr, "text_pos", r->text_pos, (int)r->n_fed, err)))
         rc = -1;
     if (r->pr && probe_close(r->pr, keep && rc == 0, NULL, 0, err) && keep && rc == 0) rc = -1;

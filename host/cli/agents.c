@@ -139,9 +139,6 @@ static int check_args(const agents_args *g) {
     if (g->critic_model && g->check_every == 0) return cli_usage_error("agents", "--critic-model needs --check-every > 0");
     char msg[256];
     if (cli_probe_check(&g->ps, "--log", g->log_path != NULL, 0, msg, sizeof msg)) return cli_usage_error("agents", "%s", msg);
-    if (probe_spec_active(&g->ps) && g->so.tp > 1)
-        return cli_usage_error("agents", "--dump-acts, --attn-layers, --dump-attn and --logit-lens run on one replica: "
-                               "not with --tp %d", g->so.tp);
     return 0;
 }
 

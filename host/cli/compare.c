@@ -139,26 +139,12 @@ typedef struct {
     entropix_cli ex;  // --metrics-out: ex.log, NULL without
 } compare_cap;
 
-// An arm's name as a part of a file name: characters other than letters, digits, '-'
-// and '_' become '_' ("entropix:jax" -> "entropix_jax").
-static void arm_file_name(const char *name, char *out, size_t n) {
-    size_t k = 0;
-    for (; name[k] && k + 1 < n; k++) {
-        char ch = name[k];
-        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_';
-        out[k] = ok ? ch : '_';
-    }
-    out[k] = 0;
-}
-
 // path with ".pI.ARM" before its extension (the last '.' of the file name), or after it.
 static int arm_path(const char *path, int prompt, const char *arm, char *out, size_t n, verr *err) {
-    char name[64];
-    arm_file_name(arm, name, sizeof name);
-    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
-    size_t stem = dot && dot > (slash ? slash : path) && dot[1] ? (size_t)(dot - path) : strlen(path);
-    int k = snprintf(out, n, "%.*s.p%d.%s%s", (int)stem, path, prompt, name, path + stem);
-    return k < 0 || (size_t)k >= n ? verr_set(err, "%s: path too long", path) : 0;
+    char name[64], tag[96];
+    cli_probe_name(arm, name, sizeof name);
+    snprintf(tag, sizeof tag, "p%d.%s", prompt, name);
+    return cli_probe_path(path, tag, out, n, err);
 }
 
 // Opens run (prompt, arm)'s probe, with its file names, and points the log at it.
@@ -425,7 +411,7 @@ static int check_arm_files(const probe_spec *ps, const sampler_spec *sp, int n_s
     for (int i = 0; i < n_sp; i++)
         for (int j = 0; j < i; j++) {
             char a[64], b[64];
-            arm_file_name(sp[i].name, a, sizeof a), arm_file_name(sp[j].name, b, sizeof b);
+            cli_probe_name(sp[i].name, a, sizeof a), cli_probe_name(sp[j].name, b, sizeof b);
             if (!strcmp(a, b))
                 return snprintf(msg, n, "--samplers: arms %d (%.40s) and %d (%.40s) would write one capture file (.%.40s): "
                                 "give each arm once", j + 1, sp[j].name, i + 1, sp[i].name, a), -1;

@@ -12,6 +12,7 @@
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
+#include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/prompts.h"
 #include "host/eval/arm.h"
@@ -46,14 +47,16 @@ static const cli_opt eval_opts[] = {
     { "--check-every", "N", "arms", "5", "the agents' critic: every N steps (0: no critic)", 0 },
     { "--rollback", "N", "arms", "5", "the agents' critic: tokens rolled back on BAD", 0 },
     { "-o|--out", "FILE", "output", NULL, "one JSONL record per item, repeat and arm", 0 },
-    { "--force", NULL, "output", NULL, "replace an existing -o file", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing -o or --metrics-out file", 0 },
+    { "--metrics-out", "FILE", "output", NULL,
+      "per-token metrics as JSONL, each line with its item, repeat and arm (not with the agents arm)", 0 },
     { "--summary", "FILE", "output", "markdown on stdout", "the summary: markdown, or JSON when FILE ends in .json", 0 },
     { "--from", "FILE,...", "output", NULL, "no model: summarize the trial records of earlier -o files", 0 },
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const eval_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,  cli_opts_lora, eval_opts, cli_opts_chat,
-                                              cli_opts_logit_bias, cli_opts_steer, NULL };
+                                              cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_eval_spec = {
     "eval", "-m DIR --tasks LIST [--samplers LIST] [options]",
     "Accuracy of decoding arms on tasks with known answers, with intervals and paired tests.",
@@ -66,7 +69,8 @@ static int fail(const char *msg) { return cli_error("eval", "%s", msg); }
 
 typedef struct {
     session_opts so;
-    const char *tasks, *write, *samplers, *branch, *agents, *out, *summary, *from;
+    const char *tasks, *write, *samplers, *branch, *agents, *out, *summary, *from, *metrics;
+    probe_spec ps;  // the captures (host/cli/interp_opts.h)
     int items, repeats, quiet, force, skip;
     uint64_t seed;
     eval_prompter pr;
@@ -110,6 +114,8 @@ static int read_args(args *a, eval_args *e) {
     e->summary = args_str(a, "--summary", NULL);
     e->from = args_str(a, "--from", NULL);
     e->force = args_flag(a, "--force");
+    e->metrics = args_str(a, "--metrics-out", NULL);
+    cli_probe_opts(a, &e->ps);
     e->quiet = args_flag(a, "-q|--quiet");
     return bad ? -1 : 0;
 }
@@ -198,7 +204,51 @@ typedef struct {
     FILE *jsonl;
     session *s;
     eval_runner run;
+    entropix_cli ex;  // --metrics-out: ex.log, NULL without
+    probe *pr;        // the trial's (or choice's) captures
+    int item;         // the choice item being scored
 } eval_ctx;
+
+// The captures (docs/research.md): a file per generation trial, FILE with ".iI.rR.ARM"
+// before its extension, and per choice of a choice item (".iI.cC", the choice's scoring
+// pass); the --metrics-out records carry the item, repeat and arm.
+static int cap_open(eval_ctx *c, const char *tag, int files_only, verr *err) {
+    probe_spec ps = c->e->ps;
+    if (files_only) ps.attn_layers = ps.attn_path ? ps.attn_layers : NULL, ps.logit_lens = 0;
+    if (!probe_spec_active(&ps)) return 0;
+    char acts[4200], attn[4200];
+    if (ps.acts_path && cli_probe_path(ps.acts_path, tag, acts, sizeof acts, err)) return -1;
+    if (ps.attn_path && cli_probe_path(ps.attn_path, tag, attn, sizeof attn, err)) return -1;
+    ps.acts_path = ps.acts_path ? acts : NULL, ps.attn_path = ps.attn_path ? attn : NULL;
+    if (probe_open(&c->pr, &ps, c->s, err)) return -1;
+    c->ex.probe = c->pr;
+    return 0;
+}
+
+// Closes the captures: keep writes the files, with the ids a[na] then b[nb].
+static int cap_close(eval_ctx *c, int keep, const int *a, int na, const int *b, int nb, verr *err) {
+    probe *pr = c->pr;
+    c->pr = NULL, c->ex.probe = NULL;
+    if (!pr) return 0;
+    int *all = keep ? malloc(sizeof(int) * (size_t)(na + nb + 1)) : NULL, oom = keep && !all;
+    if (all) memcpy(all, a, sizeof(int) * (size_t)na), memcpy(all + na, b, sizeof(int) * (size_t)nb);
+    int rc = keep && !oom ? probe_check(pr, err) : 0;
+    if (probe_close(pr, keep && !oom && rc == 0, all, na + nb, err) && rc == 0) rc = -1;
+    free(all);
+    return oom ? verr_set(err, "out of memory") : rc;
+}
+
+static int choice_begin(void *ud, int choice, verr *err) {
+    eval_ctx *c = ud;
+    char tag[64];
+    snprintf(tag, sizeof tag, "i%d.c%d", c->item, choice);
+    return cap_open(c, tag, 1, err);
+}
+
+static int choice_end(void *ud, int choice, int keep, const int *ids, int n, verr *err) {
+    (void)choice;
+    return cap_close(ud, keep, ids, n, NULL, 0, err);
+}
 
 static void record_head(FILE *f, const eval_item *it, int item, int rep, const eval_arm *a, uint64_t seed, int n_prompt) {
     fputs("{\"task\":", f), json_out_str(f, it->task);
@@ -243,7 +293,10 @@ static int run_choice(eval_ctx *c, int i, const int *ids, int n, verr *err) {
     double ll[256], t0 = gen_now();
     int nt[256], best = 0;
     if (it->n_choices > 256) return verr_set(err, "at most 256 choices");
-    if (eval_choices(c->s, it, ids, n, ll, nt, err)) return -1;
+    const probe_spec *ps = &c->e->ps;
+    eval_choice_hooks h = { choice_begin, choice_end, ps->attn_path != NULL, c };
+    c->item = i;
+    if (eval_choices(c->s, it, ids, n, ps->acts_path || ps->attn_path ? &h : NULL, ll, nt, err)) return -1;
     for (int k = 1; k < it->n_choices; k++)
         if (ll[k] > ll[best]) best = k;
     double wall = gen_now() - t0;
@@ -264,7 +317,20 @@ static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr
     eval_outcome *o = &c->res[((long)i * c->e->repeats + r) * c->n_arms + a];
     uint64_t seed = trial_seed(c->e->seed, i, r);
     eval_gen g;
-    if (eval_generate(&c->run, arm, it, ids, n, seed, &g, err)) return -1;
+    char name[64], tag[128];
+    cli_probe_name(arm->name, name, sizeof name);
+    snprintf(tag, sizeof tag, "i%d.r%d.%s", i, r, name);
+    if (c->ex.log) {
+        c->ex.sampler_name = arm->name, c->ex.seed = seed;
+        snprintf(c->ex.tag, sizeof c->ex.tag, "\"item\":%d,\"repeat\":%d,", i, r);
+    }
+    if (cap_open(c, tag, 0, err)) return -1;
+    int rc = eval_generate(&c->run, arm, it, ids, n, seed, &g, err), have = rc == 0;  // g is freed on failure
+    if (rc == 0 && c->ex.log && (fflush(c->ex.log) || ferror(c->ex.log)))
+        rc = verr_set(err, "--metrics-out %s: write failed (disk full?)", c->e->metrics);
+    if (cap_close(c, rc == 0, ids, n, have ? g.ids : NULL, have ? g.n : 0, err) && rc == 0) rc = -1;
+    if (rc && have) eval_gen_free(&g);
+    if (rc) return -1;
     char extracted[256];
     *o = (eval_outcome){ 1, eval_judge(it, g.text ? g.text : "", extracted, sizeof extracted), g.n, g.compute,
                          g.wall_s, g.n_metrics ? g.sum_h / g.n_metrics : NAN, g.n_metrics ? g.sum_v / g.n_metrics : NAN };
@@ -342,23 +408,48 @@ static int summarize_records(const eval_args *e) {
     return rc ? fail(err.msg) : 0;
 }
 
+// The captures and --metrics-out with the arms: the agents arm runs outside them (varent
+// agents captures its accepted sequence), a branch arm decodes outside the captured
+// sequence, and two arms must not share a file name. 0, or -1 with msg.
+static int check_captures(const eval_args *e, const eval_arm *arms, int n, char *msg, size_t len) {
+    int files = e->ps.acts_path || e->ps.attn_path, branch = 0;
+    for (int i = 0; i < n; i++) {
+        if (arms[i].kind == ARM_AGENTS && (e->metrics || probe_spec_active(&e->ps)))
+            return snprintf(msg, len, "--metrics-out and the captures cover the greedy, standard, entropix and branch "
+                            "arms: drop the agents arm (varent agents --log captures its runs)"), -1;
+        branch |= arms[i].branch;
+        for (int j = 0; files && j < i; j++) {
+            char a[64], b[64];
+            cli_probe_name(arms[i].name, a, sizeof a), cli_probe_name(arms[j].name, b, sizeof b);
+            if (!strcmp(a, b))
+                return snprintf(msg, len, "--samplers: arms %.60s and %.60s would write one capture file (.%.60s)",
+                                arms[j].name, arms[i].name, a), -1;
+        }
+    }
+    return cli_probe_check(&e->ps, "--metrics-out", e->metrics != NULL, branch, msg, len);
+}
+
 static int evaluate(eval_args *e, const eval_set *set, const eval_arm *arms, int n_arms) {
     verr err = { { 0 } };
     outfile out = { 0 };
     outfile_opts oo = { .records = 1, .force = e->force, .flag = "-o" };
     if (e->out && outfile_open(&out, e->out, &oo, &err)) return fail(err.msg);
-    eval_outcome *res = calloc((size_t)set->n * e->repeats * n_arms, sizeof *res);
-    int need_agents = 0, rc = res ? 0 : verr_set(&err, "out of memory");
-    for (int a = 0; a < n_arms; a++) need_agents |= arms[a].kind == ARM_AGENTS;
     session s;
+    eval_outcome *res = calloc((size_t)set->n * e->repeats * n_arms, sizeof *res);
+    eval_ctx c = { .e = e, .set = set, .arms = arms, .n_arms = n_arms, .res = res, .jsonl = out.f, .s = &s };
+    c.ex.metrics_path = e->metrics;
+    int need_agents = 0, rc = res ? entropix_cli_open(&c.ex, e->force, &err) : verr_set(&err, "out of memory");
+    for (int a = 0; a < n_arms; a++) need_agents |= arms[a].kind == ARM_AGENTS;
     progress pg;
     progress_start(&pg, "load", 1, e->quiet);
     if (rc == 0 && (rc = session_open(&s, &e->so, &err)) == 0) {
         progress_finish(&pg, NULL);
-        eval_ctx c = { e, set, arms, n_arms, res, out.f, &s, { 0 } };
         interrupt_install();  // Ctrl-C: stop after the current trial; the summary covers the finished ones
         rc = eval_prompter_open(&e->pr, &s, set, &err);
         if (rc == 0 && (rc = eval_runner_open(&c.run, &s, &e->ao, need_agents, &err)) == 0) {
+            c.ex.s = &s;
+            if (c.ex.log) c.run.on_record = entropix_cli_record, c.run.record_ud = &c.ex;
+            c.run.feed_last = e->ps.acts_path || e->ps.attn_path;  // the files cover every position
             rc = run_all(&c, &err);
             eval_runner_close(&c.run);
         }
@@ -372,6 +463,8 @@ static int evaluate(eval_args *e, const eval_set *set, const eval_arm *arms, int
         if (outfile_commit(&out, &cerr)) err = cerr, rc = -1;
     }
     outfile_abort(&out);
+    verr lerr = { { 0 } };
+    if (entropix_cli_close(&c.ex, rc >= 0, &lerr) && rc >= 0) err = lerr, rc = -1;
     free(res);
     if (rc == 1) return fprintf(stderr, "varent eval: interrupted; the summary covers the finished trials\n"), INTERRUPT_EXIT;
     return rc ? fail(err.msg) : 0;
@@ -399,8 +492,10 @@ int cmd_eval(int argc, char **argv) {
     }
     if (!e.so.model_dir) return eval_set_free(&set), cli_usage_error("eval", "missing -m DIR (the model directory)");
     eval_arm arms[EVAL_MAX_ARMS];
-    int n_arms = build_arms(&e, arms, &err);
-    int rc = n_arms < 0 ? fail(err.msg) : evaluate(&e, &set, arms, n_arms);
+    int n_arms = build_arms(&e, arms, &err), rc;
+    if (n_arms < 0) rc = fail(err.msg);
+    else if (check_captures(&e, arms, n_arms, e.bad, sizeof e.bad)) rc = cli_usage_error("eval", "%s", e.bad);
+    else rc = evaluate(&e, &set, arms, n_arms);
     eval_set_free(&set);
     return rc;
 }

@@ -136,3 +136,20 @@ int cli_probe_check(const probe_spec *p, const char *log_flag, int has_log, int 
                         "--attn-layers, --dump-attn or --logit-lens"), -1;
     return 0;
 }
+
+void cli_probe_name(const char *name, char *out, size_t n) {
+    size_t k = 0;
+    for (; name[k] && k + 1 < n; k++) {
+        char ch = name[k];
+        int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_';
+        out[k] = ok ? ch : '_';
+    }
+    out[k] = 0;
+}
+
+int cli_probe_path(const char *path, const char *tag, char *out, size_t n, verr *err) {
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    size_t stem = dot && dot > (slash ? slash : path) && dot[1] ? (size_t)(dot - path) : strlen(path);
+    int k = snprintf(out, n, "%.*s.%s%s", (int)stem, path, tag, path + stem);
+    return k < 0 || (size_t)k >= n ? verr_set(err, "%s: path too long", path) : 0;
+}

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "host/cli/args.h"
@@ -41,6 +42,8 @@ static const cli_opt serve_opts[] = {
     { "-v|--verbose", NULL, "output", NULL, "one stderr line per request", 0 },
     { "--lora-modules", "NAME=DIR", "model", NULL, "a LoRA adapter a request selects with \"model\": NAME (vLLM's flag)",
       ARG_REPEAT },
+    { "--dump-max-files", "N", "captures", "100",
+      "here --dump-acts and --dump-attn name directories, a file per choice: capture N choices at most", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, serve_opts, cli_opts_steer, cli_opts_probe, NULL };
@@ -114,19 +117,26 @@ static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t
 }
 
 // The captures a server makes: --attn-layers and --logit-lens join each token's metrics
-// object in the responses (docs/research.md). Files of activations or attention
-// weights are per sequence: a server's requests have none to share, so those are
-// refused rather than written per request. 0, or -1 with msg.
-static int check_probe(const probe_spec *ps, server_opts *o, char *msg, size_t n) {
+// object in the responses; --dump-acts DIR and --dump-attn DIR get a file per choice
+// (host/serve/capture.h), at most --dump-max-files (docs/research.md). 0, or -1 with msg.
+static int check_probe(const probe_spec *ps, server_opts *o, const char *max_files, char *msg, size_t n) {
+    if (max_files && !ps->acts_path && !ps->attn_path)
+        return snprintf(msg, n, "--dump-max-files bounds the files of --dump-acts DIR and --dump-attn DIR: give one"), -1;
     if (!probe_spec_active(ps)) return 0;
-    if (ps->acts_path || ps->attn_path)
-        return snprintf(msg, n, "%s writes one sequence's captures to a file; a server has none: use --attn-layers and "
-                        "--logit-lens (members of each token's metrics in the responses), or `varent run`/`logits` on a "
-                        "request's ids", ps->acts_path ? "--dump-acts" : "--dump-attn"), -1;
-    if (o->tp)
-        return snprintf(msg, n, "--attn-layers and --logit-lens are not supported with --tp (the logit lens would "
-                        "need every rank)"), -1;
-    o->probe = ps;
+    const char *dir[2] = { ps->acts_path, ps->attn_path }, *flag[2] = { "--dump-acts", "--dump-attn" };
+    struct stat st[2];
+    for (int k = 0; k < 2; k++)
+        if (dir[k] && (stat(dir[k], &st[k]) || !S_ISDIR(st[k].st_mode)))
+            return snprintf(msg, n, "%s %.200s: not a directory (a server writes a file per choice there: make it first)",
+                            flag[k], dir[k]), -1;
+    if (dir[0] && dir[1] && st[0].st_dev == st[1].st_dev && st[0].st_ino == st[1].st_ino)
+        return snprintf(msg, n, "--dump-acts and --dump-attn name one directory (%.200s): the files would share names",
+                        dir[0]), -1;
+    char *end;
+    long v = max_files ? strtol(max_files, &end, 10) : 100;
+    if (max_files && (end == max_files || *end || v < 1 || v > 1000000000))
+        return snprintf(msg, n, "--dump-max-files '%.40s': want a count of 1 or more", max_files), -1;
+    o->probe = ps, o->dump_max_files = (int)v;
     return 0;
 }
 
@@ -184,12 +194,13 @@ int cmd_serve(int argc, char **argv) {
     if (!bad && lm_bad) bad = lm_bad, snprintf(msg, sizeof msg, "%s", lm_msg);
     probe_spec ps;
     cli_probe_opts(&a, &ps);
+    const char *max_files = args_str(&a, "--dump-max-files", NULL);
     if (args_finish(&a, 0)) return cli_usage_error("serve", "%s", a.err);
     if (!so.model_dir) return cli_usage_error("serve", "missing -m DIR (the model directory)");
     if (lora_rc) return cli_usage_error("serve", "%s", lora_msg);
     if (bad) return cli_usage_error("serve", "%s", msg);
     o.tp = so.tp_comm;
-    if (check_probe(&ps, &o, msg, sizeof msg)) return cli_usage_error("serve", "%s", msg);
+    if (check_probe(&ps, &o, max_files, msg, sizeof msg)) return cli_usage_error("serve", "%s", msg);
     if (o.tp && o.tp->rank > 0) return follow(&so, &o);
     // Signals go to sigwait below: block them before any thread (OpenMP, slots,
     // libmicrohttpd) starts, so every thread inherits the mask.

@@ -82,6 +82,7 @@ void eval_gen_free(eval_gen *g) {
 // ---- standard and entropix arms ----
 
 typedef struct {
+    eval_runner *r;
     eval_gen *g;
     const eval_item *it;
     tokenizer_stream *ts;
@@ -125,21 +126,22 @@ static int on_token(void *ud, int id) {
 }
 
 static int on_record(void *ud, const gen_record *rec) {
-    eval_gen *g = ((collector *)ud)->g;
+    collector *c = ud;
+    eval_gen *g = c->g;
     g->sum_h += rec->m.entropy, g->sum_v += rec->m.varentropy, g->n_metrics++;
-    return 0;
+    return c->r->on_record ? c->r->on_record(c->r->record_ud, rec) : 0;
 }
 
 static int run_decode(eval_runner *r, const eval_arm *a, const eval_item *it, const int *prompt, int n_prompt,
                       uint64_t seed, eval_gen *g, verr *err) {
     session *s = r->s;
     const eval_arm_opts *o = r->o;
-    collector c = { .g = g, .it = it, .ts = s->tok ? tokenizer_stream_new(s->tok, 1) : NULL };
+    collector c = { .r = r, .g = g, .it = it, .ts = s->tok ? tokenizer_stream_new(s->tok, 1) : NULL };
     if (s->tok && !c.ts) return verr_set(err, "out of memory");
     gen_opts go = { .max_new = o->max_new, .sp = o->sp, .seed = seed, .on_token = on_token, .ud = &c,
                     .sampler = a->kind == ARM_ENTROPIX ? GEN_ENTROPIX : GEN_STANDARD, .ex = &a->ex,
                     .clarifier = r->clarifier, .want_metrics = 1, .on_record = on_record, .record_ud = &c,
-                    .bias = o->bias, .n_bias = o->n_bias };
+                    .bias = o->bias, .n_bias = o->n_bias, .feed_last = r->feed_last };
     if (a->greedy) go.sp.temperature = 0;
     if (a->branch) go.branch_k = o->branch_k, go.branch_b = o->branch_b;
     append_text(&c, "", 0);
@@ -261,7 +263,8 @@ int eval_generate(eval_runner *r, const eval_arm *a, const eval_item *it, const 
 
 // ---- multiple choice ----
 
-int eval_choices(session *s, const eval_item *it, const int *prompt, int n_prompt, double *ll, int *n_tok, verr *err) {
+int eval_choices(session *s, const eval_item *it, const int *prompt, int n_prompt, const eval_choice_hooks *h,
+                 double *ll, int *n_tok, verr *err) {
     if (!s->tok) return verr_set(err, "scoring choices needs the model's tokenizer.json");
     int rc = 0;
     for (int c = 0; rc == 0 && c < it->n_choices; c++) {
@@ -275,7 +278,12 @@ int eval_choices(session *s, const eval_item *it, const int *prompt, int n_promp
         if (rc == 0) {
             memcpy(all, prompt, sizeof(int) * (size_t)n_prompt);
             memcpy(all + n_prompt, cont, sizeof(int) * (size_t)k);
-            rc = ppl_score(s, all, n, n_prompt, lp, err);
+            rc = h && h->begin ? h->begin(h->ud, c, err) : 0;
+            if (rc == 0) rc = (h && h->each ? ppl_score_each : ppl_score)(s, all, n, n_prompt, lp, err);
+            if (h && h->end) {
+                verr e2;
+                if (h->end(h->ud, c, rc == 0, all, n, rc ? &e2 : err) && rc == 0) rc = -1;
+            }
         }
         double sum = 0;
         for (int i = n_prompt; rc == 0 && i < n; i++) sum += lp[i];

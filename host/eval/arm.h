@@ -16,6 +16,7 @@
 
 #include "host/agents/loop.h"
 #include "host/decode/entropix.h"
+#include "host/decode/generate.h"
 #include "host/eval/task.h"
 
 typedef enum { ARM_STANDARD, ARM_ENTROPIX, ARM_AGENTS } eval_arm_kind;
@@ -55,6 +56,12 @@ typedef struct {
     critic cr;
     int has_critic;
     metrics_ws ws;
+    // Captures, set by the caller between trials (standard and entropix arms): every kept
+    // token's record also goes to on_record, and feed_last runs the last token through
+    // the model too (host/runtime/probe.h's files cover every position).
+    int (*on_record)(void *ud, const gen_record *r);
+    void *record_ud;
+    int feed_last;
 } eval_runner;
 
 int eval_runner_open(eval_runner *r, session *s, const eval_arm_opts *o, int need_agents, verr *err);
@@ -80,6 +87,16 @@ void eval_gen_free(eval_gen *g);
 // Log-likelihood (natural log) of each choice after the prompt: the choice text is
 // encoded on its own (no BOS, special-token text kept as text) and appended to the
 // prompt ids; ll[i] is the sum of its tokens' log-probabilities, n_tok[i] their count.
-int eval_choices(session *s, const eval_item *it, const int *prompt, int n_prompt, double *ll, int *n_tok, verr *err);
+// hooks (optional) see each choice's pass: begin before it, end after it with the ids fed
+// (prompt and choice; the pass feeds all but the last), keep 0 when it failed; each: every
+// position in its own forward (ppl_score_each). Non-zero from begin or end stops with err.
+typedef struct {
+    int (*begin)(void *ud, int choice, verr *err);
+    int (*end)(void *ud, int choice, int keep, const int *ids, int n, verr *err);
+    int each;
+    void *ud;
+} eval_choice_hooks;
+int eval_choices(session *s, const eval_item *it, const int *prompt, int n_prompt, const eval_choice_hooks *h,
+                 double *ll, int *n_tok, verr *err);
 
 #endif

@@ -328,6 +328,15 @@ int probe_json(probe *p, FILE *f) {
     return ferror(f) ? -1 : 0;
 }
 
+int probe_add_i32(probe *p, const char *name, const int *v, int n, verr *err) {
+    st_stream *w[2] = { p ? p->acts : NULL, p ? p->attn : NULL };
+    for (int k = 0; k < 2; k++) {
+        int id = w[k] && n > 0 ? st_stream_tensor(w[k], name, "I32", 0, err) : 0;
+        if (id < 0 || (w[k] && n > 0 && st_stream_append(w[k], id, v, n, 1, err))) return -1;
+    }
+    return 0;
+}
+
 // One capture file: ids (when they match), the model as metadata, the data, the commit.
 static int write_one(st_stream *w, outfile *o, const char *model_dir, const int *ids, int n_ids, long rows, verr *err) {
     if (ids && rows > 0 && n_ids >= rows) {  // the fed positions are a prefix of the ids

@@ -46,6 +46,9 @@ long probe_rows(const probe *p);
 // The last forward's attention statistics and logit lens as JSON members, each written
 // with a leading comma (",\"attn_layers\":[...]"); nothing when neither was asked for.
 int probe_json(probe *p, FILE *f);
+// An I32 tensor [n] added to each capture file (--dump-acts and --dump-attn), written at
+// probe_close: what the rows stand for beyond "ids" and "positions" (ppl's "text_pos").
+int probe_add_i32(probe *p, const char *name, const int *v, int n, verr *err);
 // Restores s's hooks; keep writes the files (with "ids", the first T of ids[n_ids], when
 // they cover the T positions captured), otherwise nothing is left behind.
 int probe_close(probe *p, int keep, const int *ids, int n_ids, verr *err);

@@ -82,6 +82,7 @@ struct server {
     server_job *head, *tail;
     int queued, busy, inflight;
     long n_requests, n_cancelled, n_rejected;
+    int dumped;               // under mu: choices captured to files (--dump-max-files; capture.c)
     atomic_int stopping, quiesced;
     char model_id[256];
     sbuf model_json;          // model_id as a JSON string

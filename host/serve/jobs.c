@@ -9,6 +9,7 @@
 
 #include "host/decode/perplexity.h"
 #include "host/serve/internal.h"
+#include "host/serve/capture.h"
 #include "kernels/ops.h"
 
 double server_now(void) { return gen_now(); }
@@ -99,7 +100,8 @@ typedef struct {
     sbuf lp[4];       // logprobs; chat: content entries; completions: tokens, token_logprobs, top_logprobs, text_offset
     int n_lp;
     sbuf ev;          // the SSE event being built
-    probe *probe;     // the slot's: --attn-layers and --logit-lens members of each metrics object
+    probe *probe;     // the slot's (or cap's): --attn-layers and --logit-lens members of each metrics object
+    serve_cap cap;    // --dump-acts/--dump-attn DIR: this choice's files (capture.h)
     int stop_hit, role_sent, has_lz;
     size_t echo_len;  // bytes of text that echo the prompt (stop strings look past them)
 } choice;
@@ -358,6 +360,7 @@ static void put_choice(sbuf *b, choice *c, size_t from, size_t to, const char *f
     put_logprobs(b, c);
     if (finish) sb_printf(b, ",\"finish_reason\":\"%s\"", finish);
     else sb_puts(b, ",\"finish_reason\":null");
+    if (finish && c->cap.note[0]) sb_puts(b, c->cap.note);
     if (c->j->req.metrics) {
         sb_puts(b, ",\"metrics\":[");
         sb_put(b, c->mx.p, c->mx.len);
@@ -414,6 +417,7 @@ static int on_token(void *ud, int id) {
     verr err;
     double t0 = server_now();
     size_t before = c->text.len;
+    serve_cap_push(&c->cap, id);
     int n = tokenizer_stream_push(c->ts, id, &piece, &err);
     if (n > 0) sb_put(&c->text, piece, (size_t)n);
     if (j->req.n_stop && find_stop(c, before)) return c->stop_hit = 1;
@@ -466,7 +470,9 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
     g.need_logits = c.j->req.logprobs;  // record_logprobs reads s->fw.logits
     kv_cache_truncate(&s->kv, 0);
     gen_stats st = { 0 };
-    int rc = g.max_new > 0 ? generate(s, j->ids, j->n_ids, &g, &st, err) : 0;  // max_tokens 0: echo alone
+    int rc = g.max_new > 0 ? serve_cap_open(j->srv, j, index, s, &c.cap, err) : 0;  // after the prompt's scoring
+    if (c.cap.active) c.probe = c.cap.pr, g.feed_last = c.cap.reserved;  // the files cover every position
+    if (rc == 0 && g.max_new > 0) rc = generate(s, j->ids, j->n_ids, &g, &st, err);  // max_tokens 0: echo alone
     j->prefill_s += st.prefill_s, j->decode_s += st.decode_s;
     if (rc == 0) {
         const char *tail;
@@ -475,6 +481,7 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
         if (k > 0) sb_put(&c.text, tail, (size_t)k);
         if (k > 0 && j->req.n_stop) c.stop_hit = find_stop(&c, before);
         const char *finish = finish_reason(&c, &st, cut);
+        serve_cap_close(j->srv, &c.cap, !*cut && !atomic_load(&j->cancelled), j->ids, j->n_ids);
         if (j->req.stream) {
             if (c.text.len > c.sent || c.n_mx || c.n_lp) stream_event(&c, c.text.len, NULL);
             stream_event(&c, c.text.len, finish);
@@ -483,6 +490,8 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
             put_choice(choices, &c, 0, c.text.len, finish);
         }
         if (c.text.oom || c.mx.oom || choices->oom) rc = verr_set(err, "out of memory building the response");
+    } else {
+        serve_cap_close(j->srv, &c.cap, 0, NULL, 0);
     }
     choice_free(&c);
     return rc ? -1 : st.n_gen;
@@ -619,7 +628,8 @@ int server_slots_start(server *s, verr *err) {
         else if (session_open_shared(&sl->s, s->base, 0, err)) return -1;
         sl->owned = i > 0;
         s->n_slots = i + 1;
-        if (probe_spec_active(s->o.probe) && probe_open(&sl->probe, s->o.probe, &sl->s, err)) return -1;
+        if (probe_spec_active(s->o.probe) && !serve_cap_dumps(&s->o) && probe_open(&sl->probe, s->o.probe, &sl->s, err))
+            return -1;  // dumping, each choice opens its own (capture.c)
         server_tp_slot(sl);
     }
     int follower = s->o.tp && s->o.tp->rank > 0;  // rank 0's jobs, handed over by server_follow
@@ -636,6 +646,9 @@ int server_slot_inline(server *s, verr *err) {
     s->slots[0].srv = s;
     s->slots[0].s = *s->base;
     s->n_slots = 1;
+    // the captures' collectives (the logit lens gathers the vocabulary) need every rank
+    if (probe_spec_active(s->o.probe) && !serve_cap_dumps(&s->o))
+        return probe_open(&s->slots[0].probe, s->o.probe, &s->slots[0].s, err);
     return 0;
 }
 

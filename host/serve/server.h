@@ -39,7 +39,10 @@ typedef struct {
     // (server_follow). NULL: one process.
     tp_comm *tp;
     const probe_spec *probe;    // --attn-layers, --logit-lens: members of each token's metrics object
-                                // (every slot's forwards, host/runtime/probe.h); NULL: none
+                                // (every slot's forwards, host/runtime/probe.h); NULL: none.
+                                // Its acts_path and attn_path are directories: a file per
+                                // choice (host/serve/capture.h)
+    int dump_max_files;         // choices captured to those files at most
 } server_opts;
 
 typedef struct server server;

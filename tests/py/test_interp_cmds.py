@@ -5,7 +5,7 @@ were fed at its positions, every per-token record from the context it was drawn 
 chat: rows over the whole conversation, a re-fed position repeating; compare: a file per
 prompt and arm, the scoring pass after each run not captured; agents: the accepted
 sequence only (lookahead branches, a rollback and the critic never reach the files or the
-step records); serve: the members in each token's metrics. Bad combinations are usage
+step records); serve: the members in each token's metrics (its files: test_interp_scored.py). Bad combinations are usage
 errors that write nothing."""
 import json
 import os
@@ -258,10 +258,10 @@ def test_agents(model_dir, model, ref, tmp):
 
 
 def test_serve(model_dir, model, ref, tmp):
-    for flag in ("--dump-acts", "--dump-attn"):
+    for flag in ("--dump-acts", "--dump-attn"):  # a directory there (test_interp_scored.py)
         out = os.path.join(tmp, "serve.st")
         r = vtest.varent("serve", "-m", model_dir, "--port", "0", flag, out)
-        vtest.expect_fail(f"serve_refuses_{flag[2:]}", r, flag, "--attn-layers", rc=2)
+        vtest.expect_fail(f"serve_refuses_{flag[2:]}_not_a_dir", r, flag, "not a directory", rc=2)
         check(gone(out), f"serve_refuses_{flag[2:]}_nothing_written")
     srv = Server(model_dir, "--attn-layers", "all", "--logit-lens", "--parallel", "2", name="interp-serve")
     try:

@@ -16,6 +16,7 @@ differ), prefill (all ids in one forward) and decode (--chunk 1: graph-captured 
     nothing, a control vector rides on the down projection (no launch), an ablated
     head is one memset node; one host sync per token throughout;
   - agents' captures: the replayed accepted sequence against the CPU's logits captures;
+  - ppl's captures: the windows' rows and each scored token's members against the CPU;
   - agents (batched decode rows, cuda_forward_batch) with a control vector and a skipped
     layer decide as the CPU does;
   - varent cvector --device cuda (block outputs through the capture hooks) writes the
@@ -279,6 +280,37 @@ def check_cvector(tmp):
               f"tensors {sorted(b)} vs {sorted(a)}, worst rel {worst:.3g}, min cosine {cos:.4f}")
 
 
+def check_ppl_captures(tmp):
+    """ppl's captures on the device (docs/research.md): the same windows' rows (ids,
+    positions, text_pos) as the CPU, values within the bf16 KV cache's tolerance, and
+    each scored token's --per-token members."""
+    model, text = vtest.stories_dir("f32"), os.path.join(tmp, "ppl.txt")
+    with open(text, "w") as f:
+        f.write("Once upon a time, there was a little girl named Lily. She loved to play outside.\n")
+    got = {}
+    for who, binary, dev in (("cpu", vtest.VARENT, "cpu"), ("dev", EMU, "cuda")):
+        out = [os.path.join(tmp, f"ppl_{who}{x}") for x in (".acts.st", ".attn.st", ".jsonl")]
+        r = subprocess.run([binary, "ppl", "-m", model, "-f", text, "--ctx", "12", "--stride", "5", "-q", "--device", dev,
+                            "--per-token", out[2], "--dump-acts", out[0], "--dump-attn", out[1], "--attn-layers", "all",
+                            "--logit-lens"], capture_output=True, text=True, timeout=600)
+        got[who] = (read_tensors(out[0]), read_tensors(out[1]), [json.loads(x) for x in open(out[2])]) \
+            if r.returncode == 0 else None
+        check(r.returncode == 0, f"interp_cuda_ppl_captures_{who}", r.stderr.strip()[-300:])
+    if not got["cpu"] or not got["dev"]:
+        return
+    (ac, tc, rc), (ag, tg, rg) = got["cpu"], got["dev"]
+    rows = all(list(ac[k]) == list(ag[k]) and list(tc[k]) == list(tg[k]) for k in ("ids", "positions", "text_pos"))
+    worst = max(rel(ag[k], ac[k]) for k in ac if k.startswith("layers."))
+    probs = max(float(np.max(np.abs(tg[k] - tc[k]))) for k in tc if k.startswith("layers."))
+    check(rows and worst <= TOL and probs <= 0.1, "interp_cuda_ppl_files_match_cpu",
+          f"rows equal {rows}, acts worst rel {worst:.3g}, attn max |dp| {probs:.3g}")
+    bad = [(x["pos"], lx["layer"]) for x, y in zip(rc, rg) for lx, ly in zip(x.get("logit_lens", []), y.get("logit_lens", []))
+           if abs(lx["entropy"] - ly["entropy"]) > 0.15 or lx["top"][0]["id"] not in [t["id"] for t in ly["top"]]]
+    scored = [x["pos"] for x in rc if x["logprob"] is not None]
+    same = scored == [y["pos"] for y in rg if "logit_lens" in y and "attn_layers" in y]
+    check(same and not bad, "interp_cuda_ppl_per_token_members", f"scored equal {same}, lens off {bad[:3]}")
+
+
 def main():
     if not os.access(EMU, os.X_OK):
         skip("interp_cuda", f"no emulated build at {EMU} (make emu)")
@@ -295,6 +327,7 @@ def main():
             check_step_counts(d, tmp)
     check_agents(tmp)
     check_agents_captures(tmp)
+    check_ppl_captures(tmp)
     check_cvector(tmp)
     if vtest.failures == 0:
         shutil.rmtree(tmp, ignore_errors=True)

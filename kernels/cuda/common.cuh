@@ -120,12 +120,9 @@ __device__ __forceinline__ void warp_amax(float &bv, int &bi) {
     for (int o = 16; o > 0; o >>= 1)
         amax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
 }
-// First index of the largest of x[n] over the block (NaN never wins; 0 when all are
-// NaN). Every thread gets it; sv/si hold >= 33 entries (the last passes the result).
-__device__ __forceinline__ int block_argmax(const float *x, int n, float *sv, int *si) {
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) amax_merge(bv, bi, x[i], i);
+// The winner of every thread's (bv, bi) over the block (NaN never wins; 0 when none
+// does). Every thread gets it; sv/si hold >= 33 entries (the last passes the result).
+__device__ __forceinline__ int block_amax_finish(float bv, int bi, float *sv, int *si) {
     warp_amax(bv, bi);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
     if (lane == 0) sv[warp] = bv, si[warp] = bi;
@@ -140,6 +137,13 @@ __device__ __forceinline__ int block_argmax(const float *x, int n, float *sv, in
     int r = si[32];
     __syncthreads();  // sv/si may be reused right after
     return r;
+}
+// First index of the largest of x[n] over the block (NaN never wins; 0 when all are NaN).
+__device__ __forceinline__ int block_argmax(const float *x, int n, float *sv, int *si) {
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) amax_merge(bv, bi, x[i], i);
+    return block_amax_finish(bv, bi, sv, si);
 }
 // Sums for float, double and 64-bit integer partials alike.
 template <typename T>

@@ -142,20 +142,7 @@ __device__ int block_amax_pairs(const float *pv, const int *pi, int np, float *s
     float bv = -INFINITY;
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < np; i += blockDim.x) amax_merge(bv, bi, pv[i], pi[i]);
-    warp_amax(bv, bi);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    if (lane == 0) sv[warp] = bv, si[warp] = bi;
-    __syncthreads();
-    if (warp == 0) {
-        bv = lane < nw ? sv[lane] : -INFINITY;
-        bi = lane < nw ? si[lane] : 0x7fffffff;
-        warp_amax(bv, bi);
-        if (lane == 0) si[32] = bi == 0x7fffffff ? 0 : bi;
-    }
-    __syncthreads();
-    int r = si[32];
-    __syncthreads();
-    return r;
+    return block_amax_finish(bv, bi, sv, si);
 }
 
 // Block b: the argmax of tokens [b * SAMPLE_CHUNK, ...) as a partial; block 0 also

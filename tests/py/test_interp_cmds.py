@@ -48,8 +48,10 @@ def contexts(pos, ids):
     return out
 
 
-def check_acts(name, path, ref, layers):
-    """Every row of every (layer, point) against the reference at its context; returns the contexts."""
+def check_acts(name, path, ref, layers, tol=TOL, misaligned=False):
+    """Every row of every (layer, point) against the reference at its context; returns the
+    contexts. misaligned: also require each row to be far (over 3 tol) from the previous
+    row's context, so that a loose tol still catches a capture of the wrong position."""
     if not check(os.path.exists(path), name + "_written", path):
         return None
     t = read_tensors(path)
@@ -58,13 +60,20 @@ def check_acts(name, path, ref, layers):
     if not check(ctx is not None and len(ctx) == t[f"layers.{layers[0]}.{POINTS[0]}"].shape[0], name + "_rows",
                  f"positions {pos}"):
         return None
-    worst = 0.0
+    worst, shifted = 0.0, []
     for i, c in enumerate(ctx):
         acts, _ = ref(c)
         for layer in layers:
             for p in POINTS:
                 worst = max(worst, rel(t[f"layers.{layer}.{p}"][i], acts[(layer, p)][-1]))
-    check(worst <= TOL, name + "_acts_match_numpy", f"worst rel {worst:.3g}")
+        if misaligned and i > 0:
+            prev, _ = ref(ctx[i - 1])
+            shifted.append(max(rel(t[f"layers.{layer}.resid_post"][i], prev[(layer, "resid_post")][-1])
+                               for layer in layers))
+    check(worst <= tol, name + "_acts_match_numpy", f"worst rel {worst:.3g}")
+    if misaligned:
+        check(shifted and min(shifted) > 3 * tol, name + "_misaligned_rows_would_fail",
+              f"closest misaligned row {min(shifted) if shifted else None}")
     return pos, ctx
 
 

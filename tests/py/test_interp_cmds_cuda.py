@@ -15,8 +15,9 @@ import vtest
 from vtest import check, skip
 import ref_model
 import servertest
-from test_interp import head_stats, read_tensors, rel
-from test_interp_cmds import POINTS, Ref, capture_args, contexts
+from test_interp import head_stats
+import test_interp_cmds as cmds
+from test_interp_cmds import POINTS, Ref, capture_args
 
 EMU = os.path.join(os.environ.get("EMU_BUILD", os.path.join(vtest.ROOT, "build", "emu")), "varent")
 # max|diff| / max|ref| of a captured row. Looser than test_interp_cuda.py's 3e-2 (9
@@ -33,29 +34,8 @@ def emu(*args, stdin=None, timeout=600):
 
 
 def check_acts(name, path, ref, layers):
-    """Each row of every (layer, point) against numpy at its context; returns (pos, ctx)."""
-    if not check(os.path.exists(path), name + "_written", path):
-        return None
-    t = read_tensors(path)
-    pos, ids = [int(x) for x in t["positions"]], [int(x) for x in t["ids"]]
-    ctx = contexts(pos, ids)
-    if not check(ctx is not None and len(ctx) == t[f"layers.{layers[0]}.{POINTS[0]}"].shape[0], name + "_rows",
-                 f"positions {pos}"):
-        return None
-    worst, shifted = 0.0, []
-    for i, c in enumerate(ctx):
-        acts, _ = ref(c)
-        for layer in layers:
-            for p in POINTS:
-                worst = max(worst, rel(t[f"layers.{layer}.{p}"][i], acts[(layer, p)][-1]))
-        if i > 0:  # the planted misalignment: row i against row i - 1's context
-            prev, _ = ref(ctx[i - 1])
-            shifted.append(max(rel(t[f"layers.{layer}.resid_post"][i], prev[(layer, "resid_post")][-1])
-                               for layer in layers))
-    check(worst <= TOL, name + "_acts_match_numpy", f"worst rel {worst:.3g}")
-    check(shifted and min(shifted) > 3 * TOL, name + "_misaligned_rows_would_fail",
-          f"closest misaligned row {min(shifted) if shifted else None}")
-    return pos, ctx
+    """test_interp_cmds.check_acts at the device's tolerance, with the planted misalignment."""
+    return cmds.check_acts(name, path, ref, layers, tol=TOL, misaligned=True)
 
 
 def check_records(name, recs, ctx_of, ref, model):

@@ -75,6 +75,7 @@ int cuda_forward_set_lora(cuda_forward *f, const lora_use *u, int n, verr *err);
 // stay on the device. An armed step's draws are returned without a launch when cfg is
 // what the device drew with.
 int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err);
+struct entropix_config_s;  // kernels/entropix_core.h
 // Arms the next cuda_forward_run (one token or a prompt, with a capture layer, not
 // sharded): right after its statistics the device decides as entropix_decide does
 // (kernels/entropix_core.h, profile c, the sequence's last token prev_token) and makes

@@ -17,7 +17,7 @@ static inline ATT_V ATT_FN(vload)(const float *p) {
 static inline void ATT_FN(vstore)(float *p, ATT_V v) { memcpy(p, &v, sizeof v); }
 // A tree of shuffles and adds (a loop over the lanes would be a chain of dependent adds).
 static inline float ATT_FN(hsum)(ATT_V v) {
-    ATT_VI idx;
+    ATT_VI idx = { 0 };
     for (int w = ATT_VW / 2; w >= 1; w /= 2) {
         for (int i = 0; i < ATT_VW; i++) idx[i] = i ^ w;
         v += __builtin_shuffle(v, idx);
@@ -145,7 +145,7 @@ static inline ATT_V ATT_FN(dots_vw)(const float *q, const float *const *k, int h
 static void ATT_FN(block_scores)(const attn_args *a, const attn_rows *w, int j0, int j1, float *s, const float **kp,
                                  float *wide) {
     int hd = a->s.head_dim, nb = j1 - j0;
-    ATT_VI lo[8], hi[8];
+    ATT_VI lo[8] = { { 0 } }, hi[8] = { { 0 } };
     int levels = ATT_FN(reduce_masks)(lo, hi);
     ATT_FN(rows_kv)(a, a->kv.k_trunk, a->kv.k_tail, w->g, j0, nb, kp, wide);
     for (int r = 0; r < w->n; r++) {

@@ -4,7 +4,7 @@
 
 // e^x lane-wise for x <= 0: |rel err| < 3e-7 down to -87, 0 below (and at -inf).
 // Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then the degree-6 Taylor polynomial.
-static inline ATT_V ATT_FN(vexp)(ATT_V x) {
+static inline __attribute__((always_inline)) ATT_V ATT_FN(vexp)(ATT_V x) {
     ATT_VI under = x < -87.0f;  // lanes of -1 where the result is 0
     ATT_V xc = (ATT_V)(((ATT_VI)x & ~under) | ((ATT_VI)((ATT_V){ 0 } - 87.0f) & under));
     ATT_VI ni = __builtin_convertvector(xc * 1.44269504f - 0.5f, ATT_VI);  // round: x <= 0

@@ -8,6 +8,7 @@ the --metrics-out records from the context each token was drawn in. Bad combinat
 usage errors that write nothing."""
 import json
 import os
+import re
 import shutil
 import threading
 
@@ -54,7 +55,11 @@ def check_ppl(name, model, ref, tmp, args, windows_of):
     plain = vtest.varent("ppl", "-m", model.dir, "-f", os.path.join(tmp, "text.txt"), "-q", *args)
     if not check(r.returncode == 0 and plain.returncode == 0, name + "_runs", r.stderr[-400:] + plain.stderr[-400:]):
         return
-    check(r.stdout == plain.stdout, name + "_same_ppl_as_without_captures", r.stdout + plain.stdout)
+    # With attention or lens captures every position is its own forward; without, the
+    # windows go in batches, whose attention and matrix products sum in another order.
+    nums = [[float(x) for x in re.findall(r"[-+]?\d+\.\d+", out)] for out in (r.stdout, plain.stdout)]
+    close = len(nums[0]) == len(nums[1]) > 0 and all(abs(a - b) <= 1e-4 * max(1.0, abs(b)) for a, b in zip(*nums))
+    check(close, name + "_same_ppl_as_without_captures", r.stdout + plain.stdout)
     recs = [json.loads(x) for x in open(log)]
     ids = [x["id"] for x in recs]
     windows = windows_of(ids)

@@ -312,7 +312,7 @@ struct flash_geom {
 };
 #define FLASH_MAX_G 10  // G * 4 KiB of o accumulators must leave room in ATT_SMEM_MAX
 
-// Shared floats: q_s[G*HD] | o_s[G][ATT_THREADS][8] | kn_h, vn_h (HD bf16 each) | sc[G*S] |
+// Shared floats: q_s[G*HD] | o_s[G][2][ATT_THREADS][4] | kn_h, vn_h (HD bf16 each) | sc[G*S] |
 // m_s[G] | l_s[G] | c_s[G]; every part starts 16-byte aligned.
 static size_t flash_smem(int G, int hd) {
     return ((size_t)G * hd + (size_t)G * ATT_THREADS * 8 + hd + (size_t)G * (4096 / hd) + 3 * (size_t)G) *
@@ -354,7 +354,8 @@ __device__ __forceinline__ void flash_load(uint4 (&kr)[flash_geom<HD>::CH], uint
 // q_g and of each of its CH keys, summed over the row's C threads by an xor-shuffle tree
 // (every lane gets the same bits); the row's thread c == 0 stores it in sc and the
 // capture; (2) softmax_tile; (3) o: thread (rg, c) adds p * v of its rows to its own 8
-// accumulators per head in o_s (no other thread touches them until the end). At the end
+// accumulators per head in o_s (no other thread touches them until the end; two float4
+// planes, so a warp's 16-byte accesses are consecutive: no bank conflicts). At the end
 // the R row groups' accumulators are summed in row-group order into the partials.
 // The newest key with fused RoPE comes from kn_h / vn_h (the bf16 bits the prologue
 // stored), not from the cache row it has just written: the same bits as reading it back.
@@ -387,10 +388,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 4)
     flash_load<HD>(kr, vr, L, n_trunk, kv_dim, kvh, j0, j1, rg, c);
     if (!rf.on)
         for (int i = t; i < G * HD; i += ATT_THREADS) q_s[i] = qg[i];
-    for (int g = 0; g < G; g++) {
-        float4 *op = (float4 *)(o_s + ((size_t)g * ATT_THREADS + t) * 8);
-        op[0] = op[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    for (int g = 0; g < 2 * G; g++) ((float4 *)o_s)[g * ATT_THREADS + t] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (rf.on) rope_fuse_prologue(rf, qg, q_s, NULL, NULL, kn_h, vn_h, L, b, kvh, G, n_kv, HD, own);
     for (int g = t; g < G; g += ATT_THREADS) {
         m_s[g] = -INFINITY;
@@ -443,8 +441,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 4)
         // 3. o = o * corr + sum p v over this thread's rows
         for (int g = 0; g < G; g++) {
             float corr = c_s[g];
-            float4 *op = (float4 *)(o_s + ((size_t)g * ATT_THREADS + t) * 8);
-            float4 oa = op[0], ob = op[1];
+            float4 *op = (float4 *)o_s + 2 * g * ATT_THREADS + t;  // dims 0-3, then 4-7 a plane below
+            float4 oa = op[0], ob = op[ATT_THREADS];
             float a[8] = {__fmul_rn(oa.x, corr), __fmul_rn(oa.y, corr), __fmul_rn(oa.z, corr),
                           __fmul_rn(oa.w, corr), __fmul_rn(ob.x, corr), __fmul_rn(ob.y, corr),
                           __fmul_rn(ob.z, corr), __fmul_rn(ob.w, corr)};
@@ -458,17 +456,17 @@ __global__ void __launch_bounds__(ATT_THREADS, 4)
                 for (int e = 0; e < 8; e++) a[e] = fmaf(p, f[e], a[e]);
             }
             op[0] = make_float4(a[0], a[1], a[2], a[3]);
-            op[1] = make_float4(a[4], a[5], a[6], a[7]);
+            op[ATT_THREADS] = make_float4(a[4], a[5], a[6], a[7]);
         }
         __syncthreads();  // sc and c_s are rewritten by the next tile
     }
     // o (g, d) = the R row groups' accumulators of chunk d / 8, in row-group order.
     for (int idx = t; idx < G * HD; idx += ATT_THREADS) {
         int g = idx / HD, d = idx - g * HD;
-        const float *og = o_s + (size_t)g * ATT_THREADS * 8 + (d >> 3) * 8 + (d & 7);
+        const float *og = o_s + ((2 * g + ((d >> 2) & 1)) * ATT_THREADS + (d >> 3)) * 4 + (d & 3);
         float o = 0.f;
 #pragma unroll
-        for (int r = 0; r < R; r++) o = __fadd_rn(o, og[r * C * 8]);
+        for (int r = 0; r < R; r++) o = __fadd_rn(o, og[r * C * 4]);
         part[((size_t)(kvh * G + g) * n_splits + split) * (HD + 2) + d] = o;
     }
     // o_s (G * ATT_THREADS * 8 floats >= G * n_splits: decode_splits) holds the combine's

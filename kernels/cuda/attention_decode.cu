@@ -413,18 +413,19 @@ __global__ void __launch_bounds__(ATT_THREADS, 4)
                     cv[k] = ((const uint4 *)vn_h)[c];
                 }
         }
-        // 1. scores
+        // 1. scores (the key chunks widened once for all G heads)
+        float kf[CH][8];
+#pragma unroll
+        for (int k = 0; k < CH; k++) unpack8<WT_BF16>(ck[k], kf[k]);
         for (int g = 0; g < G; g++) {
             const float4 *qc = (const float4 *)(q_s + g * HD) + 2 * c;
             float4 qa = qc[0], qb = qc[1];
             float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
             for (int k = 0; k < CH; k++) {
-                float f[8];
-                unpack8<WT_BF16>(ck[k], f);
                 float s = 0.f;
 #pragma unroll
-                for (int e = 0; e < 8; e++) s = fmaf(qv[e], f[e], s);
+                for (int e = 0; e < 8; e++) s = fmaf(qv[e], kf[k][e], s);
 #pragma unroll
                 for (int o = C / 2; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
                 int jj = rg + R * k;
@@ -438,7 +439,11 @@ __global__ void __launch_bounds__(ATT_THREADS, 4)
         __syncthreads();
         // 2. running max, p in place, l
         softmax_tile(sc, S, n, G, m_s, l_s, c_s);
-        // 3. o = o * corr + sum p v over this thread's rows
+        // 3. o = o * corr + sum p v over this thread's rows (v widened once for all G heads,
+        // in the registers the widened keys held)
+        float vf[CH][8];
+#pragma unroll
+        for (int k = 0; k < CH; k++) unpack8<WT_BF16>(cv[k], vf[k]);
         for (int g = 0; g < G; g++) {
             float corr = c_s[g];
             float4 *op = (float4 *)o_s + 2 * g * ATT_THREADS + t;  // dims 0-3, then 4-7 a plane below
@@ -450,10 +455,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 4)
             for (int k = 0; k < CH; k++) {
                 int jj = rg + R * k;
                 float p = jj < n ? sc[g * S + jj] : 0.f;
-                float f[8];
-                unpack8<WT_BF16>(cv[k], f);
 #pragma unroll
-                for (int e = 0; e < 8; e++) a[e] = fmaf(p, f[e], a[e]);
+                for (int e = 0; e < 8; e++) a[e] = fmaf(p, vf[k][e], a[e]);
             }
             op[0] = make_float4(a[0], a[1], a[2], a[3]);
             op[ATT_THREADS] = make_float4(a[4], a[5], a[6], a[7]);

@@ -349,10 +349,29 @@ __device__ __forceinline__ void flash_load(uint4 (&kr)[flash_geom<HD>::CH], uint
     }
 }
 
+// The four partial sums v[0..3] (keys 0..3 of this thread) summed over the C threads of
+// a row (lanes differing in their low log2(C) bits, c = this thread's index among them)
+// by a reduce-scatter: the first level trades two values for two (lanes with bit C/2 set
+// keep keys 2, 3), the second one for one (bit C/4: key 1 or 3), then a butterfly over
+// the rest. 5 shuffles at C = 16 (4 at 8) where four butterflies take 16 (12); the
+// thread ends with the full sum of key 2 * [c & C/2] + [c & C/4], every thread of a
+// key with the same bits.
+template <int C>
+__device__ __forceinline__ float row_sum4(const float (&v)[4], int c) {
+    bool hi = (c & (C / 2)) != 0, hi2 = (c & (C / 4)) != 0;
+    float s0 = hi ? v[0] : v[2], s1 = hi ? v[1] : v[3];
+    float w0 = __fadd_rn(hi ? v[2] : v[0], __shfl_xor_sync(0xffffffffu, s0, C / 2));
+    float w1 = __fadd_rn(hi ? v[3] : v[1], __shfl_xor_sync(0xffffffffu, s1, C / 2));
+    float x = __fadd_rn(hi2 ? w1 : w0, __shfl_xor_sync(0xffffffffu, hi2 ? w0 : w1, C / 4));
+#pragma unroll
+    for (int o = C / 8; o > 0; o >>= 1) x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
 // grid (n_splits, n_kv, B), block ATT_THREADS; arguments as attn_decode_split_kernel's.
 // Per tile: (1) scores: thread (rg, c) takes, per head g, the product of its 8 dims of
-// q_g and of each of its CH keys, summed over the row's C threads by an xor-shuffle tree
-// (every lane gets the same bits); the row's thread c == 0 stores it in sc and the
+// q_g and of each of its CH = 4 keys, summed over the row's C threads by row_sum4 (a
+// shuffle reduce-scatter), after which one thread per key stores it in sc and the
 // capture; (2) softmax_tile; (3) o: thread (rg, c) adds p * v of its rows to its own 8
 // accumulators per head in o_s (no other thread touches them until the end; two float4
 // planes, so a warp's 16-byte accesses are consecutive: no bank conflicts). At the end
@@ -365,6 +384,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 4)
                              const cuda_kv_layer *dL, const cuda_kv_lens *dN, int n_heads, int n_kv, float scale,
                              size_t score_stride, unsigned *count, float *out, rope_fuse rf) {
     constexpr int C = flash_geom<HD>::C, R = flash_geom<HD>::R, S = flash_geom<HD>::S, CH = flash_geom<HD>::CH;
+    static_assert(CH == 4 && C >= 8, "row_sum4 takes four keys a thread over rows of at least 8 chunks");
     extern __shared__ float4 smem4[];
     int b = blockIdx.z;
     if (dL) L = dL[b];
@@ -417,23 +437,27 @@ __global__ void __launch_bounds__(ATT_THREADS, 4)
         float kf[CH][8];
 #pragma unroll
         for (int k = 0; k < CH; k++) unpack8<WT_BF16>(ck[k], kf[k]);
+        // Key of this thread's sum after row_sum4; the row's threads with c % (C / 4) == 0
+        // hold distinct keys and store them.
+        int kmine = ((c & (C / 2)) ? 2 : 0) + ((c & (C / 4)) ? 1 : 0), jmine = rg + R * kmine;
+        bool store = (c & (C / 4 - 1)) == 0 && jmine < n;
         for (int g = 0; g < G; g++) {
             const float4 *qc = (const float4 *)(q_s + g * HD) + 2 * c;
             float4 qa = qc[0], qb = qc[1];
             float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+            float part4[CH];
 #pragma unroll
             for (int k = 0; k < CH; k++) {
                 float s = 0.f;
 #pragma unroll
                 for (int e = 0; e < 8; e++) s = fmaf(qv[e], kf[k][e], s);
-#pragma unroll
-                for (int o = C / 2; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
-                int jj = rg + R * k;
-                if (c == 0 && jj < n) {
-                    s = __fmul_rn(s, scale);
-                    sc[g * S + jj] = s;
-                    if (last_scores) last_scores[(size_t)(kvh * G + g) * n_keys + jt + jj] = s;
-                }
+                part4[k] = s;
+            }
+            float s = row_sum4<C>(part4, c);
+            if (store) {
+                s = __fmul_rn(s, scale);
+                sc[g * S + jmine] = s;
+                if (last_scores) last_scores[(size_t)(kvh * G + g) * n_keys + jt + jmine] = s;
             }
         }
         __syncthreads();

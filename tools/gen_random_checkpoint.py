@@ -50,6 +50,15 @@ PRESETS = {
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=1003,
                        rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=512,
                        rope_scaling=None, tie_word_embeddings=True, bos=1000, eos=1001),
+    # head_dim 64 and 128: the device decode attention's tiled kernel (kernels/cuda/attention_decode.cu)
+    "llama-hd64-tiny": dict(arch="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=1, head_dim=64, vocab_size=1000,
+                            rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
+                            rope_scaling=None, tie_word_embeddings=True, bos=1, eos=2),
+    "qwen3-hd128-tiny": dict(arch="qwen3", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=128, vocab_size=1003,
+                             rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=512,
+                             rope_scaling=None, tie_word_embeddings=True, bos=1000, eos=1001),
     # --- real shapes, for benchmarks (values from the published config.json files) ---
     "llama-3.2-1b": dict(arch="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,

@@ -210,19 +210,56 @@ def launch_blocks(src_dir):
 TRIG = re.compile(r"\b(?:sincosf?|sinf?|cosf?|tanf?)\s*\(")
 
 
-def trig_kernels(src_dir):
-    """Kernel base names whose body (from `__global__ ... NAME(` to the next line that is
-    a lone `}`) calls sin, cos, sincos or tan. Their precise versions reduce arguments
-    past about 1e5 with a small local array (Payne-Hanek), which is LDL/STL in the SASS
-    but not a register spill."""
-    out = set()
-    for path in sorted(glob.glob(os.path.join(src_dir, "*.cu"))):
-        text = open(path, encoding="utf-8").read()
-        for m in re.finditer(r"__global__[^(]*?\b(\w+)\s*\(", text):
-            end = text.find("\n}", m.end())
-            if TRIG.search(text[m.end():end if end >= 0 else len(text)]):
-                out.add(m.group(1))
+FUNC_HEAD = re.compile(r"__(?:global|device)__[^;{()]*?\b(\w+)\s*\(")
+
+
+def closing(text, i, open_ch, close_ch):
+    """Index of the bracket that closes the one at text[i] (-1 if none)."""
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == open_ch:
+            depth += 1
+        elif text[j] == close_ch:
+            depth -= 1
+            if depth == 0:
+                return j
+    return -1
+
+
+def function_bodies(src_dir):
+    """{name: (is_kernel, body)} of the __global__ and __device__ functions defined in
+    src_dir's .cu and .cuh files (bodies of overloads joined)."""
+    out = {}
+    paths = sorted(glob.glob(os.path.join(src_dir, "*.cu")) + glob.glob(os.path.join(src_dir, "*.cuh")))
+    for path in paths:
+        text = re.sub(r"__launch_bounds__\s*\([^)]*\)", "", open(path, encoding="utf-8").read())
+        for m in FUNC_HEAD.finditer(text):
+            close = closing(text, m.end() - 1, "(", ")")
+            brace, semi = text.find("{", close), text.find(";", close)
+            if close < 0 or brace < 0 or 0 <= semi < brace:
+                continue  # a declaration
+            end = closing(text, brace, "{", "}")
+            kernel, body = out.get(m.group(1), (False, ""))
+            out[m.group(1)] = (kernel or m.group(0).startswith("__global__"),
+                               body + text[brace:end if end >= 0 else len(text)])
     return out
+
+
+def trig_kernels(src_dir):
+    """Kernel base names whose body calls sin, cos, sincos or tan, directly or through the
+    __device__ functions it calls (src_dir's .cu and .cuh files). Their precise versions
+    reduce arguments past about 1e5 with a small local array (Payne-Hanek), which is
+    LDL/STL in the SASS but not a register spill."""
+    funcs = function_bodies(src_dir)
+    trig = {n for n, (_, body) in funcs.items() if TRIG.search(body)}
+    grown = True
+    while grown:
+        grown = False
+        for n, (_, body) in funcs.items():
+            if n not in trig and any(re.search(r"\b%s\s*[<(]" % t, body) for t in trig):
+                trig.add(n)
+                grown = True
+    return {n for n in trig if funcs[n][0]}
 
 
 def demangle(names):

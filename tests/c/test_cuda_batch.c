@@ -542,8 +542,8 @@ static void test_fused_rope_attention(void) {
     static const int t1[] = {1}, l1[] = {0};                                     // the first token
     static const int t3[] = {300, 41, 7}, l3[] = {0, 13, 1};                      // newest in trunk and tails
     static const int t8[] = {2, 65, 0, 129, 1000, 3, 64, 9}, l8[] = {0, 3, 1, 0, 5, 200, 0, 1};
-    int hds[] = {64, 128, 28}, Gs[] = {1, 4};
-    for (int hi = 0; hi < 3; hi++)
+    int hds[] = {64, 128, 28, 80}, Gs[] = {1, 4};
+    for (int hi = 0; hi < 4; hi++)
         for (int gi = 0; gi < 2; gi++)
             for (int norm = 0; norm < 2; norm++) {
                 fused_rope_case(hds[hi], 2, Gs[gi], 1, t1, l1, norm);
@@ -580,6 +580,8 @@ static void test_attention_rows(void) {
     attn_rows_case(128, 1, 32, 3, tg, lg, 3.f);  // GQA group of 32: 96-key tiles
     static const int th[] = {300, 300, 1}, lh[] = {20, 0, 0};
     attn_rows_case(28, 2, 2, 3, th, lh, 3.f);    // head_dim 28: scalar K loads
+    attn_rows_case(80, 2, 2, 3, th, lh, 3.f);    // head_dim 80: the generic kernel
+    attn_rows_case(128, 1, 10, 3, th, lh, 3.f);  // the tiled kernel's largest group
 }
 
 int main(void) {

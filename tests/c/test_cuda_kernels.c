@@ -344,6 +344,10 @@ static void test_attention(void) {
     attn_case(28, 2, 2, 300, 20, 1, 3.f);
     attn_case(28, 2, 2, 60, 9, 7, 3.f);
     attn_case(128, 2, 16, 600, 0, 1, 3.f);  // large GQA group: smaller key tiles
+    attn_case(128, 1, 10, 700, 33, 1, 3.f); // the largest group of the tiled decode kernel
+    attn_case(64, 1, 11, 700, 33, 1, 3.f);  // one more head: the generic kernel
+    attn_case(80, 2, 2, 500, 9, 1, 3.f);    // head_dim 80: 16-byte loads, generic kernel
+    attn_case(128, 4, 2, 33, 1, 1, 3.f);    // tiled kernel: one key in the tail, a partial tile
 }
 
 // ---- attention statistics ----------------------------------------------------------------
@@ -516,28 +520,35 @@ static void bench(void) {
         }
         free(raw); free(x); cuda_free(dw); cuda_free(dx); cuda_free(dout);
     }
-    // decode attention at Llama-3.2-1B geometry and vocab stats at 128256
+    // Decode attention at Llama-3.2-1B (32 heads over 8 KV heads, head_dim 64) and
+    // Llama-3.1-8B (head_dim 128) geometry, 1K / 8K / 32K keys: first as split + combine
+    // launches, then self-combined (cuda_reserve_attention counters, as the device forward
+    // runs it). GB/s counts the K and V bytes once.
     int lens[] = {1024, 8192, 32768};
-    attn_shape s = {32, 8, 64, 0.125f};
-    for (int li = 0; li < 3; li++) {
-        int nk = lens[li];
-        size_t nel = (size_t)nk * 512;
-        uint16_t *kv = dalloc(nel * 2);
-        OK(cuda_memset(&C, kv, 0, nel * 2));
-        float *q = fvec(32 * 64, 1.f), *dq = dup_up(q, 32 * 64 * 4), *dout = dalloc(32 * 64 * 4);
-        kv_span ds = {kv, kv, nk, NULL, NULL, 0, 1};
-        OK(cuda_reserve_scratch(&C, cuda_attention_scratch_bytes(&C, nk, s)));
-        for (int it = 0; it < 5; it++) OK(cuda_attention(&C, dout, dq, ds, 1, s, NULL));
-        CK(cudaEventRecord(e0, C.stream));
-        for (int it = 0; it < 100; it++) OK(cuda_attention(&C, dout, dq, ds, 1, s, NULL));
-        CK(cudaEventRecord(e1, C.stream));
-        OK(cuda_sync(&C));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        double us = ms * 10.0;
-        printf("BENCH attention decode 32h/8kv/hd64 keys=%-6d %8.2f us  %7.1f GB/s (K+V)\n", nk, us,
-               2.0 * nel * 2 / us / 1e3);
-        free(q); cuda_free(kv); cuda_free(dq); cuda_free(dout);
+    for (int fused = 0; fused < 2; fused++) {
+        if (fused) OK(cuda_reserve_attention(&C, 8));
+        for (int hi = 0; hi < 2; hi++)
+            for (int li = 0; li < 3; li++) {
+                int nk = lens[li], hd = hi ? 128 : 64, nq = 32 * hd;
+                attn_shape s = {32, 8, hd, 1.f / sqrtf((float)hd)};
+                size_t nel = (size_t)nk * 8 * hd;
+                uint16_t *kv = dalloc(nel * 2);
+                OK(cuda_memset(&C, kv, 0, nel * 2));
+                float *q = fvec(nq, 1.f), *dq = dup_up(q, nq * 4), *dout = dalloc(nq * 4);
+                kv_span ds = {kv, kv, nk, NULL, NULL, 0, 1};
+                OK(cuda_reserve_scratch(&C, cuda_attention_scratch_bytes(&C, nk, s)));
+                for (int it = 0; it < 5; it++) OK(cuda_attention(&C, dout, dq, ds, 1, s, NULL));
+                CK(cudaEventRecord(e0, C.stream));
+                for (int it = 0; it < 100; it++) OK(cuda_attention(&C, dout, dq, ds, 1, s, NULL));
+                CK(cudaEventRecord(e1, C.stream));
+                OK(cuda_sync(&C));
+                float ms = 0;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                double us = ms * 10.0;
+                printf("BENCH attention decode 32h/8kv/hd%-3d keys=%-6d %-13s %8.2f us  %7.1f GB/s (K+V)\n", hd, nk,
+                       fused ? "self-combined" : "+ combine", us, 2.0 * nel * 2 / us / 1e3);
+                free(q); cuda_free(kv); cuda_free(dq); cuda_free(dout);
+            }
     }
     for (int li = 0; li < 3; li++) {  // the attention metrics of the capture, 32 heads
         int nk = lens[li];

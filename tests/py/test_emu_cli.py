@@ -2,7 +2,8 @@
 cuda` runs the real kernel sources, the device forward, graphs and the device sampler on
 the CPU. Checked against the CPU backend and the published texts:
   - logits --device cuda equal --device cpu within the bf16 KV cache's tolerance on every
-    tiny preset (Llama 3 with llama3 RoPE scaling, untied MHA, Qwen2, Qwen3), prefill
+    tiny preset (Llama 3 with llama3 RoPE scaling, untied MHA, Qwen2, Qwen3, and head_dim
+    64 / 128 ones for the tiled decode attention kernel), prefill
     (all ids at once) and decode (--chunk 1: one graph-captured step per token);
   - greedy stories260K on --device cuda gives llama2.c's published text;
   - agents --devices 0,1 (two emulated GPUs, a replica each) write a log byte-identical
@@ -39,7 +40,9 @@ import gen_random_checkpoint as gen
 EMU = os.path.join(os.environ.get("EMU_BUILD", os.path.join(vtest.ROOT, "build", "emu")), "varent")
 TOL = 3e-2  # max|diff| / max|ref|: the device keeps K and V in bf16
 PRESETS = (("llama3-tiny", "bf16", 11), ("llama-mha-untied", "f32", 12),
-           ("qwen2-tiny", "bf16", 13), ("qwen3-tiny", "bf16", 14))
+           ("qwen2-tiny", "bf16", 13), ("qwen3-tiny", "bf16", 14),
+           # head_dim 64 and 128: the tiled decode attention kernel (Qwen3: with q/k norms fused)
+           ("llama-hd64-tiny", "bf16", 15), ("qwen3-hd128-tiny", "bf16", 16))
 
 
 def run(binary, *args, timeout=300):

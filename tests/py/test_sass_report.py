@@ -131,6 +131,16 @@ def test_trig_stack():
         f.write("__global__ void rope_k(float *x) {\n    float s, c;\n    sincosf(x[0], &s, &c);\n}\n"
                 "__global__ void plain_k(float *x) {\n    x[0] = 1.f;\n}\n")
     check(sr.trig_kernels(d) == {"rope_k"}, "sass_trig_kernels", f"{sr.trig_kernels(d)}")
+    # Through __device__ helpers (also in a .cuh), past __launch_bounds__ and templates.
+    with open(f"{d}/h.cuh", "w") as f:
+        f.write("__device__ __forceinline__ void angle(float x, float *s, float *c) { sincosf(x, s, c); }\n"
+                "__device__ void helper(float *x);\n")
+    with open(f"{d}/t.cu", "w") as f:
+        f.write("__device__ void helper(float *x) {\n    float s, c;\n    angle(x[0], &s, &c);\n}\n"
+                "template <int N>\n__global__ void __launch_bounds__(128, 4)\n    deep_k(float *x) {\n"
+                "    if (N) helper(x);\n}\n__global__ void near_k(float *x) { x[0] = 2.f; }\n")
+    got = sr.trig_kernels(d)
+    check(got == {"rope_k", "deep_k"}, "sass_trig_kernels_through_helpers", f"{got}")
     rows = [dict(kernel="r", base="rope_k", trig=True, local=0, spills=5, in_flight=None),
             dict(kernel="p", base="plain_k", trig=False, local=0, spills=5, in_flight=None),
             dict(kernel="l", base="rope_k", trig=True, local=16, spills=5, in_flight=None)]

@@ -231,7 +231,8 @@ static int cap_close(eval_ctx *c, int keep, const int *a, int na, const int *b, 
     c->pr = NULL, c->ex.probe = NULL;
     if (!pr) return 0;
     int *all = keep ? malloc(sizeof(int) * (size_t)(na + nb + 1)) : NULL, oom = keep && !all;
-    if (all) memcpy(all, a, sizeof(int) * (size_t)na), memcpy(all + na, b, sizeof(int) * (size_t)nb);
+    if (all && na > 0) memcpy(all, a, sizeof(int) * (size_t)na);
+    if (all && nb > 0) memcpy(all + na, b, sizeof(int) * (size_t)nb);  // b is NULL for a choice item
     int rc = keep && !oom ? probe_check(pr, err) : 0;
     if (probe_close(pr, keep && !oom && rc == 0, all, na + nb, err) && rc == 0) rc = -1;
     free(all);

@@ -15,6 +15,7 @@
 
 #include <deque>
 #include <map>
+#include <atomic>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -29,6 +30,10 @@ struct emu_stream {
     std::thread::id capture_thread;
     enum cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
     emu_graph *graph = nullptr;
+    // cudaFree and friends flush every stream of the device, from any thread: one flusher
+    // at a time per stream, and a stream destroyed meanwhile lives until the flush ends.
+    std::recursive_mutex flush_m;
+    std::atomic<int> refs{ 1 };
 };
 struct emu_event {
     emu_stream *stream = nullptr;
@@ -138,7 +143,12 @@ void device_leave(int d) {
     if (--s.active[d] == 0) protect(s, d, PROT_NONE);
 }
 
+static void stream_unref(emu_stream *s) {
+    if (--s->refs == 0) delete s;
+}
+
 void flush(emu_stream *s) {
+    std::lock_guard<std::recursive_mutex> g(s->flush_m);
     if (s->queue.empty()) return;
     device_enter(s->device);
     while (!s->queue.empty()) {
@@ -155,9 +165,13 @@ void flush_device(int d) {
     {
         std::lock_guard<std::mutex> lk(s.m);
         all = s.streams[d];
+        for (emu_stream *x : all) x->refs++;
     }
     flush(s.legacy[d]);
-    for (emu_stream *x : all) flush(x);
+    for (emu_stream *x : all) {
+        flush(x);
+        stream_unref(x);
+    }
 }
 
 emu_stream *resolve(cudaStream_t s) { return s ? s : st().legacy[current_device]; }
@@ -628,7 +642,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     auto &v = S.streams[s->device];
     for (size_t i = 0; i < v.size(); i++)
         if (v[i] == s) v.erase(v.begin() + (long)i);
-    delete s;
+    stream_unref(s);  // deleted now, or by a flush_device still holding it
     return cudaSuccess;
 }
 

@@ -34,13 +34,15 @@ const cli_opt cli_opts_kv[] = {
       "reads at depth (the GPU's cache is bf16)", 0 },
     { "--gemm-inputs", "f32|bf16", "performance", "f32", "the CPU GEMM's activations (prefill, batches) with bf16 "
       "weights: bf16 rounds them as llama.cpp does, for vdpbf16ps (faster; the logits move, docs/benchmarks.md)", 0 },
+    { "--mmap", NULL, "performance", NULL, "CPU: read the weights from the file mapping instead of a copy in 2 MiB "
+      "huge pages (less memory, slower decode: docs/benchmarks.md)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
 #define OPT_TP { "--tp", "N", "performance", "the MPI ranks", "tensor parallelism: the model split over N ranks of an " \
                 "MPI launch (mpirun -np N; docs/distributed.md), or over N GPUs in one process", 0 }
-#define OPT_TP_TIMEOUT { "--tp-timeout", "S", "performance", "300", "seconds a rank waits for the others in a " \
-                         "collective before it stops the launch (0: forever)", 0 }
+#define OPT_TP_TIMEOUT { "--tp-timeout", "S", "performance", "300", "seconds a rank waits for the others (MPI start-up, " \
+                         "a collective) before it stops the launch (0: forever)", 0 }
 const cli_opt cli_opts_tp[] = {
     OPT_TP,
     OPT_TP_TIMEOUT,
@@ -134,6 +136,7 @@ void cli_session_opts(args *a, session_opts *o) {
     o->device = args_str(a, "--device", "cpu");
     o->max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
     o->kv_bf16 = cli_kv_bf16(a);
+    o->weights_mmap = args_flag(a, "--mmap");
     cli_steer_opts(a, &o->steer);
     cli_ranks_session(a, o);
 }

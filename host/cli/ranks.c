@@ -20,11 +20,25 @@ static int replicas_ok;
 
 void cli_ranks_replicas(void) { replicas_ok = 1; }
 
+// --tp-timeout's value before the options are parsed (they are parsed after MPI_Init):
+// the limit on MPI's start-up too. A bad value is reported later, by the parser.
+static double early_timeout(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--tp-timeout") && i + 1 < argc) v = argv[i + 1];
+        else if (!strncmp(argv[i], "--tp-timeout=", 13)) v = argv[i] + 13;
+        char *end;
+        double t = v ? strtod(v, &end) : -1;
+        if (v && end != v && !*end && t >= 0 && t <= 1e9) return t;
+    }
+    return 300;
+}
+
 int cli_ranks_start(int *argc, char ***argv) {
     if (!tp_mpi_launched()) return 0;
     int err_fd = dup(2);
     verr err;
-    if (tp_mpi_init(argc, argv, err_fd >= 0 ? err_fd : 2, &world, &err)) {
+    if (tp_mpi_init(argc, argv, err_fd >= 0 ? err_fd : 2, early_timeout(*argc, *argv), &world, &err)) {
         fprintf(stderr, "varent: %s\n", err.msg);
         return 1;
     }

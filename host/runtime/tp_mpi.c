@@ -153,25 +153,41 @@ static int mpi_gather_idle(tp_comm *pc, const void *x, size_t bytes, void *out, 
     return rc == MPI_SUCCESS ? 0 : mpi_fail(rc, "MPI_Iallgather", err);
 }
 
-int tp_mpi_init(int *argc, char ***argv, int err_fd, tp_mpi **out, verr *err) {
+static void stop_dog(tp_mpi *w) {
+    atomic_store(&w->stop, 1);
+    if (w->dog_running) pthread_join(w->dog, NULL);
+    w->dog_running = 0;
+}
+
+int tp_mpi_init(int *argc, char ***argv, int err_fd, double timeout_s, tp_mpi **out, verr *err) {
     *out = NULL;
-    // Serialized: the forward runs on worker threads (a server's slot, a device's
-    // thread), one at a time.
-    int provided, rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
-    if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Init_thread", err);
-    if (provided < MPI_THREAD_SERIALIZED)
-        return verr_set(err, "this MPI library does not support MPI_THREAD_SERIALIZED (it gave level %d)", provided);
     tp_mpi *w = calloc(1, sizeof *w);
     if (!w) return verr_set(err, "out of memory");
     w->err_fd = err_fd;
-    atomic_store(&w->timeout_ms, 300000);
+    const char *r = getenv("OMPI_COMM_WORLD_RANK"), *n = getenv("OMPI_COMM_WORLD_SIZE");
+    w->rank = r ? atoi(r) : 0, w->size = n ? atoi(n) : 0;  // for the watchdog's message until MPI says
+    atomic_store(&w->timeout_ms, (long long)(timeout_s * 1000));
+    // The watchdog runs before MPI_Init_thread: a rank stopped or stuck before it joins
+    // would otherwise keep the others inside MPI's start-up for ever.
+    if (pthread_create(&w->dog, NULL, watchdog, w) == 0) w->dog_running = 1;
+    enter(w, "MPI start-up (MPI_Init_thread)");
+    // Serialized: the forward runs on worker threads (a server's slot, a device's
+    // thread), one at a time.
+    int provided, rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+    leave(w);
+    if (rc != MPI_SUCCESS || provided < MPI_THREAD_SERIALIZED) {
+        stop_dog(w);
+        free(w);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Init_thread", err);
+        return verr_set(err, "this MPI library does not support MPI_THREAD_SERIALIZED (it gave level %d)", provided);
+    }
     if ((rc = MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN)) != MPI_SUCCESS ||
         (rc = MPI_Comm_rank(MPI_COMM_WORLD, &w->rank)) != MPI_SUCCESS ||
         (rc = MPI_Comm_size(MPI_COMM_WORLD, &w->size)) != MPI_SUCCESS) {
+        stop_dog(w);
         free(w);
         return mpi_fail(rc, "MPI_Comm_rank/size", err);
     }
-    if (pthread_create(&w->dog, NULL, watchdog, w) == 0) w->dog_running = 1;
     if (make_comm(w, 0, w->rank, &w->world, err)) {
         tp_mpi_finalize(w);
         return -1;
@@ -232,8 +248,7 @@ void tp_mpi_abort(tp_mpi *w, int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 
 void tp_mpi_finalize(tp_mpi *w) {
     if (!w) return;
-    atomic_store(&w->stop, 1);
-    if (w->dog_running) pthread_join(w->dog, NULL);
+    stop_dog(w);
     free_comm(w->world);
     free_comm(w->group);
     free_comm(w->across);
@@ -248,7 +263,8 @@ static int no_mpi(verr *err) {
                     "(tools/install-deps.sh does) and rebuild (make clean && make)");
 }
 
-int tp_mpi_init(int *argc, char ***argv, int err_fd, tp_mpi **w, verr *err) {
+int tp_mpi_init(int *argc, char ***argv, int err_fd, double timeout_s, tp_mpi **w, verr *err) {
+    (void)timeout_s;
     *w = NULL;
     return no_mpi(err);
 }

@@ -20,7 +20,9 @@ typedef struct tp_mpi tp_mpi;
 int tp_mpi_launched(void);
 // Joins the world (MPI_Init). err_fd: where fatal messages go from any rank (the CLI
 // silences the stderr of ranks other than 0, so it passes a copy of the original).
-int tp_mpi_init(int *argc, char ***argv, int err_fd, tp_mpi **w, verr *err);
+// timeout_s: how long MPI's start-up may wait for the other ranks before this rank
+// stops (0: forever), as tp_mpi_set_timeout for the collectives later.
+int tp_mpi_init(int *argc, char ***argv, int err_fd, double timeout_s, tp_mpi **w, verr *err);
 // Every rank of the launch (the seed's broadcast).
 tp_comm *tp_mpi_world(tp_mpi *w);
 int tp_mpi_rank(const tp_mpi *w);

@@ -344,13 +344,17 @@ def rank_pid(mpi, rank):
 def test_rank_failures(tmp, stories):
     slow = os.path.join(tmp, "slow")
     slowmodel.write_slow_model(slow, stories)
-    for what, sig, extra, needle in (("killed", signal.SIGKILL, (), "rank 1"),
-                                     ("stopped", signal.SIGSTOP, ("--tp-timeout", 3), "waited more than 3 s")):
+    # (what, signal, options, the message, seconds after rank 1 starts): "stopped at start"
+    # stops it inside MPI's start-up, where only the watchdog armed before MPI_Init helps.
+    for what, sig, extra, needle, delay in (
+            ("killed", signal.SIGKILL, (), "rank 1", 1.5),
+            ("stopped", signal.SIGSTOP, ("--tp-timeout", 3), "waited more than 3 s", 1.5),
+            ("stopped_at_start", signal.SIGSTOP, ("--tp-timeout", 3), "waited more than 3 s", 0)):
         cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", vtest.VARENT, "run", "-m", slow, "-p",
                "Once upon a time", "-n", "1500", "--ctx", "2048", "--temp", "0", *map(str, extra)]
         mpi = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace")
         pid = rank_pid(mpi, 1)
-        time.sleep(1.5)  # well into the generation
+        time.sleep(delay)  # 1.5: well into the generation
         if pid:
             os.kill(pid, sig)
         t0 = time.time()
@@ -366,7 +370,8 @@ def test_rank_failures(tmp, stories):
             except OSError:
                 pass
         took = time.time() - t0
-        check(pid is not None and mpi.returncode != 0 and needle in err and took < 60, f"rank_{what}_mid_run_stops_all",
+        name = f"rank_{what}_stops_all" if delay == 0 else f"rank_{what}_mid_run_stops_all"
+        check(pid is not None and mpi.returncode != 0 and needle in err and took < 60, name,
               f"pid={pid} rc={mpi.returncode} after {took:.1f} s, stderr {err[-500:]!r}")
 
 

@@ -1,6 +1,8 @@
 // kv_cache.c: see kv_cache.h.
 #include "model/kv_cache.h"
 
+#include "host/util/hugemem.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,14 +13,19 @@
 int kv_cache_init_typed(kv_cache *c, int n_layers, int ctx, int kv_dim, int bf16, verr *err) {
     memset(c, 0, sizeof *c);
     size_t n = (size_t)n_layers * ctx * kv_dim, es = bf16 ? 2 : 4;
-    c->k = malloc(n * es);
-    c->v = malloc(n * es);
+    c->n_layers = n_layers, c->ctx = ctx, c->kv_dim = kv_dim, c->bf16 = bf16 != 0;
+    // Huge pages: attention at depth streams the whole cache every step (host/util/hugemem.h).
+    c->k = huge_alloc(n * es);
+    c->v = huge_alloc(n * es);
     if (!c->k || !c->v) {
         kv_cache_free(c);
         return verr_set(err, "out of memory allocating a %d-token KV cache (%.1f MiB)", ctx, 2.0 * n * es / (1 << 20));
     }
-    c->n_layers = n_layers, c->ctx = ctx, c->kv_dim = kv_dim, c->bf16 = bf16 != 0;
     return 0;
+}
+
+static size_t host_bytes(const kv_cache *c) {
+    return (size_t)c->n_layers * c->ctx * c->kv_dim * (c->bf16 ? 2 : 4);
 }
 
 int kv_cache_init(kv_cache *c, int n_layers, int ctx, int kv_dim, verr *err) {
@@ -71,8 +78,8 @@ void kv_cache_free(kv_cache *c) {
         kv_cache_free(c->peer);
         free(c->peer);
     }
-    free(c->k);
-    free(c->v);
+    huge_free(c->k, host_bytes(c));
+    huge_free(c->v, host_bytes(c));
 #ifdef VARENT_CUDA
     if (c->cu) {  // cudaFree acts on the current device; a commit copy may be in flight
         cuda_activate(c->cu);

@@ -103,6 +103,7 @@ int model_load(model *m, const char *dir, verr *err) {
 }
 
 void model_free(model *m) {
+    model_unplace(m);
     st_set_close(&m->files);
     free(m->layers);
     free(m->inv_freq);

@@ -277,6 +277,7 @@ int cmd_bench(int argc, char **argv) {
     so.threads = (int)args_int_range(&a, "-t", 0, 1, cli_cpu_count());
     so.max_batch = (int)args_int_range(&a, "-b", 0, 1, INT_MAX);
     so.kv_bf16 = cli_kv_bf16(&a);
+    so.weights_mmap = args_flag(&a, "--mmap");
     cli_steer_opts(&a, &so.steer);  // what an intervention costs a step (tests/py/test_interp_cuda.py)
     cli_ranks_session(&a, &so);      // mpirun -np N varent bench: N ranks, --tp N
     int n = (int)args_int_range(&a, "-n", 256, 1, 1 << 24), plen = (int)args_int_range(&a, "--prompt-len", 512, 1, 1 << 24);

@@ -98,7 +98,7 @@ int session_open(session *s, const session_opts *o, verr *err) {
     if (o->threads > 0) cpu_set_threads(o->threads);
     int batch = o->max_batch > 0 ? o->max_batch : 256;
     err->msg[0] = 0;
-    failed = open_steer(s, &o->steer, err) ||
+    failed = open_steer(s, &o->steer, err) || (cuda_dev < 0 && !o->weights_mmap && model_place(&s->m, err)) ||
              forward_init(&s->fw, &s->m, batch < s->ctx ? batch : s->ctx, s->ctx, err) ||
              (cuda_dev >= 0 ? session_cuda_open(s, cuda_dev, NULL, err)
                             : kv_cache_init_typed(&s->kv, c->n_layers, s->ctx, model_kv_dim(&s->m), o->kv_bf16, err)) ||

@@ -27,6 +27,7 @@ typedef struct {
     int n_lora;
     const char *ctx_name;  // what set ctx, for messages (NULL: "--ctx")
     int kv_bf16;      // CPU: a bf16 KV cache (--kv-type bf16); the GPU's is always bf16
+    int weights_mmap; // CPU: read the weights from the file mapping (--mmap), not a huge-page copy
     int tp;           // tensor-parallel degree (0, 1: the whole model here; model/tp.h)
     tp_comm *tp_comm; // the group's communicator (host/runtime/tp_mpi.h) when tp > 1
     double tp_timeout;   // seconds a CUDA rank waits for the others in a step (0: forever)

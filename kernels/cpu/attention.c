@@ -6,7 +6,8 @@
 //   - keys go by blocks of ATT_BK: scores, then a vectorised exp, then P @ V;
 //   - decode (one token tile) splits the keys across threads as well, each split keeping
 //     its own max and sum, merged at the end (flash decoding), so two threads share even
-//     three kv heads.
+//     three kv heads; a token's heads that fit one tile go through each key block
+//     together, kv head after kv head (attn_tile_sweep), so the cache is read row by row.
 // The kernel body (attention_tile.h, and attention_rows.h for prefill tiles) is compiled for AVX-512, AVX2 and portably, and
 // cpu_isa_active() picks one. cpu_attn_stats: the entropix statistics of the last
 // query's scores (the twin of cuda_attn_stats).
@@ -110,13 +111,22 @@ static attn_tile_fn *attn_pick(void) {
     return attn_run_tile_generic;
 }
 
-// How the rows and keys are cut into jobs.
+// How the rows and keys are cut into jobs. sweep: one token whose heads all fit a tile,
+// every job a key range of all of them (attn_tile_sweep).
 typedef struct {
-    int T, total, hc, nt, head_chunks, token_tiles, splits, jobs;
+    int T, total, hc, nt, head_chunks, token_tiles, splits, jobs, sweep;
 } attn_plan;
 
 static attn_plan attn_make_plan(int T, int total, attn_shape s) {
     attn_plan p = { .T = T, .total = total };
+    if (T == 1 && s.n_heads <= ATT_MAX_ROWS && s.n_kv_heads > 1) {
+        int want = 2 * omp_get_max_threads();
+        p.sweep = 1, p.hc = s.n_heads, p.nt = 1, p.head_chunks = 1, p.token_tiles = 1;
+        p.splits = want < total / ATT_MIN_SPLIT ? want : total / ATT_MIN_SPLIT;
+        if (p.splits < 1) p.splits = 1;
+        p.jobs = p.splits;
+        return p;
+    }
     int G = s.n_heads / s.n_kv_heads;
     p.hc = G < ATT_MAX_ROWS ? G : ATT_MAX_ROWS;
     p.nt = ATT_MAX_ROWS / p.hc;
@@ -137,6 +147,17 @@ static attn_plan attn_make_plan(int T, int total, attn_shape s) {
 static void attn_job_rows(const attn_plan *p, attn_shape s, const float *q, float *last_scores, int job, attn_rows *w,
                           int *ka, int *kb) {
     int split = job % p->splits, tile = job / p->splits;
+    if (p->sweep) {  // every head of the one token
+        w->n = s.n_heads, w->g = -1;
+        for (int h = 0; h < s.n_heads; h++) {
+            w->q[h] = q + (size_t)h * s.head_dim;
+            w->cap[h] = last_scores ? last_scores + (size_t)h * p->total : NULL;
+            w->limit[h] = p->total;
+        }
+        int per = (p->total + p->splits - 1) / p->splits;
+        *ka = split * per, *kb = *ka + per < p->total ? *ka + per : p->total;
+        return;
+    }
     int tt = tile % p->token_tiles, hcix = tile / p->token_tiles % p->head_chunks;
     int g = tile / p->token_tiles / p->head_chunks, G = s.n_heads / s.n_kv_heads;
     int t0 = tt * p->nt, t1 = t0 + p->nt < p->T ? t0 + p->nt : p->T;
@@ -209,7 +230,7 @@ void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s, 
     attn_plan p = attn_make_plan(T, total, s);
     attn_tile_fn *tile_fn = attn_pick();
     float *part = p.splits > 1 ? malloc(sizeof(float) * (size_t)p.jobs * ATT_MAX_ROWS * (2 + s.head_dim)) : NULL;
-    if (!part) p.splits = 1, p.jobs = s.n_kv_heads * p.head_chunks * p.token_tiles;  // no memory: no splits
+    if (!part) p.splits = 1, p.jobs = p.sweep ? 1 : s.n_kv_heads * p.head_chunks * p.token_tiles;  // no memory: no splits
     // m, l, the block's scores, the rows' outputs, then q^T and a block of widened bf16 K
     // and V rows (attention_rows.h; the per-row path uses one widened row of it)
     size_t scratch_floats = 2 * ATT_MAX_ROWS + ATT_MAX_ROWS * ATT_BK + (size_t)(2 * ATT_MAX_ROWS + 2 * ATT_BK) * s.head_dim;

@@ -134,7 +134,8 @@ static void ATT_FN(attn_tile_rows)(const attn_args *a, const attn_rows *w, int k
 // The tile body for this ISA: rows across the lanes when they fill a vector.
 static void ATT_FN(attn_run_tile)(const attn_args *a, const attn_rows *w, int ka, int kb, float *m, float *l, float *o,
                                   float *s) {
-    if (w->n >= ATT_VW) ATT_FN(attn_tile_rows)(a, w, ka, kb, m, l, o, s);
+    if (w->g < 0) ATT_FN(attn_tile_sweep)(a, w, ka, kb, m, l, o, s);
+    else if (w->n >= ATT_VW) ATT_FN(attn_tile_rows)(a, w, ka, kb, m, l, o, s);
     else ATT_FN(attn_tile)(a, w, ka, kb, m, l, o, s);
 }
 

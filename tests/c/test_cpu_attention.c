@@ -117,6 +117,9 @@ static const int cases[][6] = {  // n_heads, n_kv, hd, n_keys, T, split
     { 16, 2, 128, 777, 1, 0 },  { 8, 8, 8, 600, 2, 0 },
     // prefill tiles with the rows across the lanes: head_dim tails, GQA 6 and 16, split caches
     { 12, 2, 40, 300, 150, 100 }, { 32, 2, 64, 70, 70, 0 },   { 6, 1, 20, 97, 97, 0 },   { 9, 3, 64, 517, 512, 0 },
+    // decode over every kv head at once (attn_tile_sweep): MHA, 32 heads over a split cache,
+    // an odd head_dim, and 40 heads (more than a tile: the per-kv-head tiles)
+    { 6, 6, 24, 300, 1, 0 },      { 32, 8, 64, 900, 1, 400 }, { 12, 4, 20, 333, 1, 0 },  { 40, 8, 64, 500, 1, 0 },
 };
 
 int main(void) {

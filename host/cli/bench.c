@@ -21,6 +21,7 @@
 #include "host/cli/common.h"
 #include "host/decode/generate.h"
 #include "host/runtime/session_cuda.h"
+#include "host/util/hugemem.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -267,6 +268,19 @@ const cli_spec cli_bench_spec = {
     "Greedy decoding from a random prompt; the context is --prompt-len + -n + 1.", bench_tables, NULL, NULL,
 };
 
+// Where the CPU forward reads its weights from, and how much of that the kernel put in
+// huge pages (THP is advice: a machine with it off or fragmented memory gets 4 KiB).
+static void print_weights(const model *m) {
+    if (!m->placed) {
+        printf("weights     read from the file mapping (--mmap)\n");
+        return;
+    }
+    long long huge = huge_resident(m->placed, m->placed_bytes);
+    printf("weights     %.1f MiB copied into memory, ", m->placed_bytes / 1048576.0);
+    if (huge < 0) printf("huge pages unknown (no /proc/self/smaps)\n");
+    else printf("%.0f%% in 2 MiB pages\n", huge >= (long long)m->placed_bytes ? 100.0 : 100.0 * huge / m->placed_bytes);
+}
+
 int cmd_bench(int argc, char **argv) {
     args a;
     int rc0 = args_init(&a, &cli_bench_spec, argc, argv);
@@ -325,6 +339,7 @@ int cmd_bench(int argc, char **argv) {
         printf("model       %s (%s, %s weights, %.1f M params)\n", so.model_dir, c->arch_name, wtype_name(s.m.embed.type),
                s.m.n_params / 1e6);
         printf("device      %s\n", mem.device);
+        if (!s.cu) print_weights(&s.m);
         printf("prefill     %d tokens: %.1f tok/s (median of %d)\n", plen, plen / p, runs);
         printf("decode      %d tokens: %.1f tok/s, %.3f ms/token (median of %d)\n", n, tps, 1e3 / tps, runs);
         printf("bandwidth   %.1f GB/s achieved; %s %.1f GB/s (read+write); ratio %.2f\n", gbs, mem.copy, copy,

@@ -2,6 +2,7 @@
 #include "host/util/hugemem.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -27,4 +28,20 @@ void huge_free(void *p, size_t n) {
     if (!p) return;
     if (n < HUGE_PAGE) free(p);
     else munmap(p, huge_round(n));
+}
+
+long long huge_resident(const void *p, size_t n) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    uintptr_t lo = (uintptr_t)p, hi = lo + n;
+    int inside = 0;
+    long long total = 0;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b, kb;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2) inside = a < hi && b > lo;  // a mapping's first line
+        else if (inside && sscanf(line, "AnonHugePages: %lu kB", &kb) == 1) total += (long long)kb * 1024;
+    }
+    fclose(f);
+    return total;
 }

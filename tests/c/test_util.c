@@ -21,6 +21,8 @@ static void huge_checks(void) {
         if (!p) continue;
         memset(p, 0xa5, n);
         CHECK(p[0] == 0xa5 && p[n - 1] == 0xa5, "huge_alloc_writable", "n=%zu", n);
+        long long huge = huge_resident(p, n);  // smaps readable on Linux; THP itself may be off
+        CHECK(huge >= 0, "huge_resident_reads_smaps", "n=%zu: %lld", n, huge);
         huge_free(p, n);
     }
     huge_free(NULL, 123);

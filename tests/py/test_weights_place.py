@@ -56,9 +56,20 @@ def same_text_tp(tmp):
     check(bool(ok), "place_tp_np2_same_text", f"{texts}")
 
 
+def bench_line(tmp):
+    """varent bench says where the weights are read from, and how much is in huge pages."""
+    d = os.path.join(tmp, "llama3-tiny-bf16")
+    for extra, want in (((), "copied into memory, "), (("--mmap",), "read from the file mapping (--mmap)")):
+        r = vtest.varent("bench", "-m", d, "-n", 2, "--prompt-len", 2, "--runs", 1, "--sampler", "none", *extra)
+        line = next((l for l in r.stdout.splitlines() if l.startswith("weights ")), "")
+        check(r.returncode == 0 and want in line, f"bench_weights_line{'_mmap' if extra else ''}",
+              f"{line!r} {r.stderr[-200:]}")
+
+
 def main():
     tmp = vtest.tmpdir("place")
     same_logits(tmp)
+    bench_line(tmp)
     same_text_tp(tmp)
     shutil.rmtree(tmp, ignore_errors=True)
     vtest.done()

@@ -99,9 +99,10 @@ static sample_cfg draw_cfg(sampler_params p, rng *r) {
     return (sample_cfg){ p.temperature, p.top_k, p.top_p, p.min_p, p.temperature > 0 ? rng_uniform(r) : 0 };
 }
 
-// Before a forward whose logits the next step draws from: on CUDA, arm it to decide and
-// draw on the device (session_arm_entropix) with the uniforms the step will take from
-// the run's stream, peeked (the step consumes them itself, so the stream is unchanged).
+// Before a forward whose logits the next step draws from: on CUDA, arm it to draw on the
+// device inside the step (session_arm_sample; session_arm_entropix decides first) with
+// the uniforms the step will take from the run's stream, peeked (the step consumes them
+// itself, so the stream is unchanged).
 static int arm_step(gen_ctx *c, verr *err) {
     if (!c->arm) return 0;
     rng peek = c->r;

@@ -249,15 +249,18 @@ int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, cons
 // Room for cuda_sample's candidate arrays (24 bytes per token and configuration): call at
 // setup, not per token, since growing them frees and allocates device memory, which
 // waits for the device (other streams' collectives included). A draw with more
-// configurations than reserved grows them then.
+// configurations than reserved grows them then. It also raises sample_kernel's shared
+// memory limit, so a draw captured into a graph after it queries and sets nothing.
 int cuda_reserve_sample(cuda_ctx *ctx, int n, int n_cfg);
 // The entropix decision on the device (kernels/entropix_core.h) from a step's logit
 // stats {max, lse, H, V} and attention stats, into k >= 1 draw configurations cfg
-// (device arrays, as c and the peeked uniforms u[k]): the step's draws, then argmax
-// fillers. One launch; the same parameters as the host's entropix_decide.
+// (device arrays, as c, the peeked uniforms u[k] and tokens {prev_token, clarifier}:
+// read when the kernel runs, so a captured graph replays with new values): the step's
+// draws, then argmax fillers. One launch; the same parameters as the host's
+// entropix_decide.
 struct entropix_config_s;
 int cuda_entropix_arm(cuda_ctx *ctx, sample_cfg *cfg, int k, const float *logit_stats, const float *attn_stats,
-                      const struct entropix_config_s *c, const double *u, int prev_token, int clarifier);
+                      const struct entropix_config_s *c, const double *u, const int *tokens);
 
 #ifdef __cplusplus
 }

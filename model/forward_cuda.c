@@ -12,7 +12,9 @@
 // the GEMM path. Weights and buffers: model/forward_cuda_upload.c.
 // Per-step values (ids, positions, cache rows, KV segment pointers and lengths) live in
 // one device block filled from a pinned host twin by the step's first copy: a captured
-// decode graph (one per B) replays with new values and no re-capture.
+// decode graph (one per B) replays with new values and no re-capture. A one-row step
+// armed to draw (model/forward_cuda_arm.c) has a graph of its own that ends with the
+// draws and their copies back.
 // With a capture layer, the step ends with the entropix statistics on the device
 // (cuda_vocab_stats on the logits, cuda_attn_stats on the captured scores): 8 floats
 // come back with the logits; the scores themselves only with fw->copy_scores.
@@ -38,7 +40,7 @@ size_t cuda_forward_weight_bytes(const cuda_forward *f) { return (void)f, 0; }
 void cuda_forward_set_graphs(cuda_forward *f, int on) { (void)f, (void)on; }
 void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out) {
     (void)f;
-    *out = (cuda_step_counts){ 0, 0, 0 };
+    *out = (cuda_step_counts){ 0, 0, 0, 0 };
 }
 int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err) {
     (void)f, (void)fw, (void)kv, (void)ids, (void)T;
@@ -107,6 +109,7 @@ void cuda_forward_close(cuda_forward *f) {
     }
     for (int b = 0; b <= CUDA_ROWS; b++)
         if (f->graphs[b].exec) cudaGraphExecDestroy(f->graphs[b].exec);
+    if (f->armed_graph.exec) cudaGraphExecDestroy(f->armed_graph.exec);
     if (f->pin_logits) {
         f->fw->logits = f->fw_logits, f->fw->attn_scores = f->fw_scores;
         cudaFreeHost(f->pin_logits);
@@ -138,6 +141,7 @@ void cuda_forward_set_graphs(cuda_forward *f, int on) { f->use_graph = on; }
 void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out) {
     *out = f->step;
     out->syncs = f->ctx.n_syncs;
+    out->captures = f->n_captures;
 }
 
 // ---- the step block ------------------------------------------------------------------------
@@ -451,39 +455,58 @@ static int enqueue_decode(cuda_forward *f, int B, int cap, int hk, verr *err) {
     return cap >= 0 && !f->tp.comm ? enqueue_stats(f, B, dp, err) : 0;  // under TP after the step
 }
 
-// Replays the captured decode step of B rows; captures it first when there is none for
-// this capture layer, these hooks and captures, or the scratch moved.
-static int graph_decode(cuda_forward *f, int B, int cap, int hk, verr *err) {
-    graph_slot *g = &f->graphs[B];
+// The captured step of slot g no longer matches what this one launches: another capture
+// layer, hooks, captures, adapters, scratch, or (armed) kind, draws or buffers.
+static int graph_stale(const cuda_forward *f, const graph_slot *g, int cap, int hk, int arm) {
     if (!g->exec || g->cap != cap || g->scratch != f->ctx.scratch || g->hook_gen != f->hk.gen || g->hook_cap != hk ||
-        g->lora_gen != f->lora.gen) {
-        if (g->exec) CK(cudaGraphExecDestroy(g->exec));
+        g->lora_gen != f->lora.gen || g->arm != arm)
+        return 1;
+    return arm && (g->arm_k != f->arm.k || g->arm_gen != f->arm.gen || g->sample_buf != f->ctx.sample_buf);
+}
+
+// Captures the decode step of B rows into g (with the armed draws when arm != 0).
+static int graph_capture(cuda_forward *f, graph_slot *g, int B, int cap, int hk, int arm, verr *err) {
+    if (g->exec) CK(cudaGraphExecDestroy(g->exec));
+    g->exec = NULL;
+    if (arm && cuda_arm_prepare(f, err)) return -1;  // may grow the sampler's arrays: not while capturing
+    CK(cudaStreamBeginCapture(f->ctx.stream, cudaStreamCaptureModeThreadLocal));
+    long l0 = f->ctx.n_launches;
+    int rc = enqueue_decode(f, B, cap, hk, err);
+    if (rc == 0 && arm) rc = cuda_arm_queue(f, err);
+    g->launches = f->ctx.n_launches - l0;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(f->ctx.stream, &graph);
+    if (rc == 0 && e != cudaSuccess)
+        rc = verr_set(err, "cudaStreamEndCapture failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
+    if (rc == 0 && (e = cudaGraphInstantiate(&g->exec, graph, 0)) != cudaSuccess) {
         g->exec = NULL;
-        CK(cudaStreamBeginCapture(f->ctx.stream, cudaStreamCaptureModeThreadLocal));
-        long l0 = f->ctx.n_launches;
-        int rc = enqueue_decode(f, B, cap, hk, err);
-        g->launches = f->ctx.n_launches - l0;
-        cudaGraph_t graph = NULL;
-        cudaError_t e = cudaStreamEndCapture(f->ctx.stream, &graph);
-        if (rc == 0 && e != cudaSuccess)
-            rc = verr_set(err, "cudaStreamEndCapture failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
-        if (rc == 0 && (e = cudaGraphInstantiate(&g->exec, graph, 0)) != cudaSuccess) {
-            g->exec = NULL;
-            rc = verr_set(err, "cudaGraphInstantiate failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
-        }
-        size_t nodes = 0;
-        if (rc == 0 && (e = cudaGraphGetNodes(graph, NULL, &nodes)) != cudaSuccess)
-            rc = verr_set(err, "cudaGraphGetNodes failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
-        g->nodes = (long)nodes;
-        if (graph) cudaGraphDestroy(graph);
-        if (rc) {
-            cudaGetLastError();
-            return -1;
-        }
-        g->cap = cap, g->scratch = f->ctx.scratch, g->hook_gen = f->hk.gen, g->hook_cap = hk, g->lora_gen = f->lora.gen;
+        rc = verr_set(err, "cudaGraphInstantiate failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
     }
+    size_t nodes = 0;
+    if (rc == 0 && (e = cudaGraphGetNodes(graph, NULL, &nodes)) != cudaSuccess)
+        rc = verr_set(err, "cudaGraphGetNodes failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
+    g->nodes = (long)nodes;
+    if (graph) cudaGraphDestroy(graph);
+    if (rc) {
+        cudaGetLastError();
+        return -1;
+    }
+    f->n_captures++;
+    g->cap = cap, g->scratch = f->ctx.scratch, g->hook_gen = f->hk.gen, g->hook_cap = hk, g->lora_gen = f->lora.gen;
+    g->arm = arm, g->arm_k = f->arm.k, g->arm_gen = f->arm.gen, g->sample_buf = f->ctx.sample_buf;
+    return 0;
+}
+
+// Replays the captured decode step of B rows; captures it first when there is none for
+// this capture layer, these hooks and captures, or the scratch moved. arm: the ARM_*
+// kind of a one-row step whose draws run inside the graph (its own slot, so steps with
+// and without draws both replay).
+static int graph_decode(cuda_forward *f, int B, int cap, int hk, int arm, verr *err) {
+    graph_slot *g = arm ? &f->armed_graph : &f->graphs[B];
+    if (graph_stale(f, g, cap, hk, arm) && graph_capture(f, g, B, cap, hk, arm, err)) return -1;
     CK(cudaGraphLaunch(g->exec, f->ctx.stream));
-    if (B == 1) f->step = (cuda_step_counts){ g->launches, g->nodes, 0 };
+    if (arm) f->arm.ready = -1;  // the draws come back with the step's wait
+    if (B == 1) f->step = (cuda_step_counts){ g->launches, g->nodes, 0, 0 };
     return 0;
 }
 
@@ -504,17 +527,19 @@ static void advance(kv_view *kv, int T) {
 }
 
 // One prefill chunk (T > 1) or a one-token step of one sequence; hk: the HK_* captures
-// of the hooks, handed over before it returns.
-static int run_chunk(cuda_forward *f, kv_view *kv, const int *ids, int T, int cap, int hk, verr *err) {
+// of the hooks, handed over before it returns. last: the forward's last chunk (an armed
+// one-token step draws inside its graph).
+static int run_chunk(cuda_forward *f, kv_view *kv, const int *ids, int T, int cap, int hk, int last, verr *err) {
     if (wait_params(f, err)) return -1;
     int pos0 = kv_view_len(kv);
     if (T == 1) fill_decode(f, kv, ids, 1);
     else fill_prefill(f, kv, ids, T);
     f->par_pending = 1;
     long l0 = f->ctx.n_launches;
-    int rc = T > 1 ? enqueue_prefill(f, T, cap, hk, err) : f->use_graph ? graph_decode(f, 1, cap, hk, err)
+    int arm = T == 1 && last && f->use_graph ? cuda_arm_kind(f, cap) : 0;  // else after the step (cuda_arm_enqueue)
+    int rc = T > 1 ? enqueue_prefill(f, T, cap, hk, err) : f->use_graph ? graph_decode(f, 1, cap, hk, arm, err)
                                                                          : enqueue_decode(f, 1, cap, hk, err);
-    if (rc == 0 && T == 1 && !f->use_graph) f->step = (cuda_step_counts){ f->ctx.n_launches - l0, 0, 0 };
+    if (rc == 0 && T == 1 && !f->use_graph) f->step = (cuda_step_counts){ f->ctx.n_launches - l0, 0, 0, 0 };
     if (rc == 0 && T == 1 && cap >= 0 && f->tp.comm) rc = enqueue_tp_stats(f, 1, err);
     if (rc || cuda_hooks_deliver(f, hk, T, pos0, f->last_keys, err)) return -1;
     advance(kv, T);
@@ -554,12 +579,13 @@ static int capture_layer(const cuda_forward *f, const forward_state *fw) {
 // on the device) and of the statistics (into h_stats), then waits: kernel faults
 // surface here. When nothing comes back it does not wait: the step stays queued
 // (par_pending) and the next wait covers it, the draw's in a decode loop, so a plain
-// step costs one host sync (kernel faults then surface there).
+// step costs one host sync (kernel faults then surface there). An armed step's draws
+// (queued by then: its graph's copies, or cuda_arm_enqueue's) come back with this wait.
 // Under tensor parallelism every step waits: the ranks' streams must all reach the
 // step's collectives (on the emulated device a stream runs only when waited on), and a
 // peer's failure surfaces in the step that met it.
 static int fetch(cuda_forward *f, float *logits, int B, int cap, int scores_keys, verr *err) {
-    if (!logits && cap < 0 && scores_keys <= 0 && !f->tp.comm) return 0;
+    if (!logits && cap < 0 && scores_keys <= 0 && !f->tp.comm && f->arm.ready != -1) return 0;
     const model_config *c = &f->m->cfg;
     cudaStream_t st = f->ctx.stream;
     cudaError_t e = cudaSuccess;
@@ -601,14 +627,14 @@ static void set_fw_stats(cuda_forward *f, forward_state *fw, int b) {
 
 // The CPU forward's check on copied logits (the device keeps no per-layer trace: the
 // message says so). Lazy steps are checked at the draw (cuda_forward_sample).
-static int nonfinite_err(const cuda_forward *f, int pos, int id, float v, verr *err) {
+int cuda_nonfinite_err(const cuda_forward *f, int pos, int id, float v, verr *err) {
     return verr_set(err, "non-finite logits at position %d (logit %d is %g) on CUDA device %d (weights of NaN, inf "
                     "or near FLT_MAX? --device cpu names the first non-finite layer)", pos, id, v, f->ctx.device);
 }
 
 static int check_finite(const cuda_forward *f, const float *row, int pos, verr *err) {
     for (int i = 0; i < f->m->cfg.vocab_size; i++)
-        if (!isfinite(row[i])) return nonfinite_err(f, pos, i, row[i], err);
+        if (!isfinite(row[i])) return cuda_nonfinite_err(f, pos, i, row[i], err);
     return 0;
 }
 
@@ -631,10 +657,10 @@ int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int 
     for (int done = 0; rc == 0 && done < T; done += f->max_T) {
         int n = T - done < f->max_T ? T - done : f->max_T;
         int last = done + n == T;  // the attention hooks read the forward's last query
-        rc = run_chunk(f, kv, ids + done, n, last ? cap : -1, last ? hk : hk & ~HK_ATTN, err);
+        rc = run_chunk(f, kv, ids + done, n, last ? cap : -1, last ? hk : hk & ~HK_ATTN, last, err);
     }
     f->logits_stale = 0, f->logits_valid = 0;
-    if (rc == 0) rc = cuda_arm_enqueue(f, cap, err);  // an armed entropix step decides and draws here
+    if (rc == 0) rc = cuda_arm_enqueue(f, cap, err);  // an armed step not drawn in its graph draws here
     f->arm.armed = 0;
     if (rc == 0)
         rc = fetch(f, fw->lazy_logits ? NULL : fw->logits, 1, cap, cap >= 0 && fw->copy_scores ? f->last_keys : 0,
@@ -689,7 +715,7 @@ static int run_rows(cuda_forward *f, kv_view *views, const int *ids, int B, int 
     if (wait_params(f, err)) return -1;
     fill_decode(f, views, ids, B);
     f->par_pending = 1;
-    int rc = f->use_graph ? graph_decode(f, B, cap, 0, err) : enqueue_decode(f, B, cap, 0, err);
+    int rc = f->use_graph ? graph_decode(f, B, cap, 0, 0, err) : enqueue_decode(f, B, cap, 0, err);
     if (rc == 0 && cap >= 0 && f->tp.comm) rc = enqueue_tp_stats(f, B, err);
     if (rc || fetch(f, logits, B, cap, 0, err)) return -1;
     for (int b = 0; b < B; b++) {
@@ -737,51 +763,6 @@ int cuda_forward_batch(cuda_forward *f, forward_state *fw, kv_view *views, const
     }
     free(saved);
     return rc;
-}
-
-// ---- sampling on the device ----------------------------------------------------------------
-// A NaN or +inf maximum (every logit NaN, or an overflow) is drawn as its argmax: refuse
-// it as the CPU forward does.
-static int check_draws(const cuda_forward *f, const sample_out *out, int n, verr *err) {
-    for (int i = 0; i < n; i++)
-        if (!isfinite(out[i].logit)) return nonfinite_err(f, f->last_keys - 1, out[i].token, out[i].logit, err);
-    return 0;
-}
-
-// Room for n configurations and results, on the device and pinned on the host.
-static int sample_buffers(cuda_forward *f, int n, verr *err) {
-    cuda_free(f->d_cfg), cuda_free(f->d_out);
-    if (f->h_cfg) cudaFreeHost(f->h_cfg);
-    if (f->h_out) cudaFreeHost(f->h_out);
-    f->d_cfg = NULL, f->d_out = NULL, f->h_cfg = NULL, f->h_out = NULL, f->smp_cap = 0;
-    if (cuda_malloc((void **)&f->d_cfg, sizeof *f->d_cfg * (size_t)n, "sampling configurations", err) ||
-        cuda_malloc((void **)&f->d_out, sizeof *f->d_out * (size_t)n, "sampling results", err))
-        return -1;
-    CK(cudaHostAlloc((void **)&f->h_cfg, sizeof *f->h_cfg * (size_t)n, cudaHostAllocDefault));
-    CK(cudaHostAlloc((void **)&f->h_out, sizeof *f->h_out * (size_t)n, cudaHostAllocDefault));
-    f->smp_cap = n;
-    return 0;
-}
-
-
-int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err) {
-    if (n <= 0) return 0;
-    OP(cuda_activate(&f->ctx));
-    if (n > f->smp_cap && sample_buffers(f, n, err)) return -1;
-    if (!f->logits_valid) return verr_set(err, "no logits to sample: the last forward pass failed");
-    if (cuda_arm_take(f, cfg, n, out)) return check_draws(f, out, n, err);
-    const float *row = f->logits + (size_t)f->sample_row * f->m->cfg.vocab_size;
-    // Pinned staging: both copies are queued with the launch and one wait covers all three.
-    cudaStream_t st = f->ctx.stream;
-    memcpy(f->h_cfg, cfg, sizeof *cfg * (size_t)n);
-    CK(cudaMemcpyAsync(f->d_cfg, f->h_cfg, sizeof *cfg * (size_t)n, cudaMemcpyHostToDevice, st));
-    OP(cuda_sample(&f->ctx, f->d_out, row, f->m->cfg.vocab_size, f->d_cfg, n));
-    CK(cudaMemcpyAsync(f->h_out, f->d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, st));
-    f->ctx.n_syncs++;
-    if (cuda_tp_wait(f, err)) return -1;
-    f->par_pending = 0;  // the wait covered the step block's copy too
-    memcpy(out, f->h_out, sizeof *out * (size_t)n);
-    return check_draws(f, out, n, err);
 }
 
 #endif

@@ -39,6 +39,7 @@ typedef struct {
     long launches;     // kernels and cuBLAS calls of the last one-row decode step
     long graph_nodes;  // nodes of its CUDA graph (0: launched one by one)
     long syncs;        // host waits on the stream so far (diff two readings)
+    long captures;     // CUDA graphs captured and instantiated so far (diff two readings)
 } cuda_step_counts;
 void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out);
 // As forward(): appends T tokens to the sequence in kv (device caches of this forward's
@@ -84,6 +85,15 @@ struct entropix_config_s;  // kernels/entropix_core.h
 // then takes them through cuda_forward_sample: one host round trip per entropix token.
 int cuda_forward_arm_entropix(cuda_forward *f, const struct entropix_config_s *c, const double *u, int k,
                               int prev_token, int clarifier, verr *err);
+// Arms the next cuda_forward_run for n stock draws cfg[n] (the standard sampler: the
+// configurations, uniforms included, are known before the forward; not sharded): the
+// step draws right after its logits (inside a decode step's graph) and its one wait
+// brings the draws back; a later cuda_forward_sample with the same cfg to the bit takes
+// them without a launch or a wait, any other falls back to an ordinary draw.
+int cuda_forward_arm_sample(cuda_forward *f, const sample_cfg *cfg, int n, verr *err);
+// Arming on (the default) or off: off, the arm calls do nothing and every draw launches
+// its own (VARENT_CUDA_ARM=0; the same tokens either way).
+void cuda_forward_set_arming(cuda_forward *f, int on);
 // Draw requests answered from armed steps, and requests after an armed step whose
 // configurations differed from the device's (they launched an ordinary draw).
 void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses);

@@ -1,16 +1,21 @@
-// forward_cuda_arm.c: entropix steps that decide and draw on the device. The decode
-// loop arms a step before its forward (the profile, the sequence's last token and the
-// next uniforms of its stream, peeked); right after the statistics the device runs
-// entropix_decide's twin (kernels/entropix_core.h) and the draws, and the step's one
-// wait brings them back with the statistics. The host then decides for its records as
-// always, and its draw request is answered from the armed draws when its parameters
-// and uniforms are the device's to the bit (cuda_arm_take): one host round trip per
-// token instead of two. Anything else (a clarifier, a LEHV branch, a mismatch) falls
-// back to an ordinary draw, so arming never changes a token.
+// forward_cuda_arm.c: steps that draw on the device right after their logits. The
+// decode loop arms a step before its forward: for entropix the profile, the sequence's
+// last token and the next uniforms of its stream, peeked (right after the statistics the
+// device runs entropix_decide's twin, kernels/entropix_core.h, then the draws); for the
+// standard sampler the draw's configuration, its peeked uniform included. A one-token
+// step queues the draws inside its CUDA graph (model/forward_cuda.c, graph_decode), the
+// per-step values in one pinned block its memcpy node reads at each replay, and the
+// step's one wait brings them back with the statistics. The host then decides for its
+// records as always, and its draw request is answered from the armed draws when its
+// parameters and uniforms are the device's to the bit (cuda_arm_take): one graph launch
+// and one host round trip per token. Anything else (a clarifier, a LEHV branch, a mismatch) falls
+// back to an ordinary draw, so arming never changes a token. The draw requests
+// themselves (cuda_forward_sample) are answered here too.
 #include "model/forward_cuda.h"
 
 #ifdef VARENT_CUDA
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,63 +24,118 @@
 
 void cuda_arm_free(cuda_forward *f) {
     dev_arm *a = &f->arm;
-    cuda_free(a->d_c), cuda_free(a->d_u), cuda_free(a->d_cfg), cuda_free(a->d_out);
-    if (a->h_c) cudaFreeHost(a->h_c);
-    if (a->h_u) cudaFreeHost(a->h_u);
+    cuda_free(a->d_in), cuda_free(a->d_cfg), cuda_free(a->d_out);
+    if (a->h_in) cudaFreeHost(a->h_in);
     if (a->h_cfg) cudaFreeHost(a->h_cfg);
     if (a->h_out) cudaFreeHost(a->h_out);
-    memset(a, 0, sizeof *a);
+    a->d_in = a->h_in = NULL, a->d_cfg = a->h_cfg = NULL, a->d_out = a->h_out = NULL;
+    a->cap = 0, a->in_bytes = 0, a->armed = a->ready = 0;
 }
 
-// Room for k draws, on the device and pinned on the host.
+// Offsets in the per-step block: the head, the uniforms [cap], the configurations [cap].
+static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+static size_t arm_in_u(void) { return align16(sizeof(arm_head)); }
+static size_t arm_in_cfg(int cap) { return align16(arm_in_u() + sizeof(double) * (size_t)cap); }
+
+static arm_head *in_head(void *base) { return (arm_head *)base; }
+static double *in_u(void *base) { return (double *)((char *)base + arm_in_u()); }
+static sample_cfg *in_cfg(void *base, int cap) { return (sample_cfg *)((char *)base + arm_in_cfg(cap)); }
+
+// Room for k draws, on the device and pinned on the host. The buffers move: a graph
+// that captured the old ones is captured again (gen).
 static int arm_buffers(cuda_forward *f, int k, verr *err) {
-    long hits = f->arm.hits, misses = f->arm.misses;
     cuda_arm_free(f);
     dev_arm *a = &f->arm;
-    a->hits = hits, a->misses = misses;
-    if (cuda_malloc((void **)&a->d_c, sizeof *a->d_c, "entropix profile", err) ||
-        cuda_malloc((void **)&a->d_u, sizeof *a->d_u * (size_t)k, "entropix uniforms", err) ||
-        cuda_malloc((void **)&a->d_cfg, sizeof *a->d_cfg * (size_t)k, "entropix draws", err) ||
-        cuda_malloc((void **)&a->d_out, sizeof *a->d_out * (size_t)k, "entropix draws", err))
+    a->gen++;
+    size_t in = arm_in_cfg(k) + sizeof(sample_cfg) * (size_t)k;
+    if (cuda_malloc(&a->d_in, in, "armed step block", err) ||
+        cuda_malloc((void **)&a->d_cfg, sizeof *a->d_cfg * (size_t)k, "armed draws", err) ||
+        cuda_malloc((void **)&a->d_out, sizeof *a->d_out * (size_t)k, "armed draws", err))
         return -1;
-    CK(cudaHostAlloc((void **)&a->h_c, sizeof *a->h_c, cudaHostAllocDefault));
-    CK(cudaHostAlloc((void **)&a->h_u, sizeof *a->h_u * (size_t)k, cudaHostAllocDefault));
+    CK(cudaHostAlloc(&a->h_in, in, cudaHostAllocDefault));
     CK(cudaHostAlloc((void **)&a->h_cfg, sizeof *a->h_cfg * (size_t)k, cudaHostAllocDefault));
     CK(cudaHostAlloc((void **)&a->h_out, sizeof *a->h_out * (size_t)k, cudaHostAllocDefault));
-    a->cap = k;
+    memset(a->h_in, 0, in);
+    a->cap = k, a->in_bytes = in;
     return 0;
+}
+
+// Before the pinned block is rewritten: the copy of it a previous step queued has run
+// (normally the previous draw's wait covered it; a step nothing waited for is waited
+// for here).
+static int arm_begin(cuda_forward *f, int k, verr *err) {
+    OP(cuda_activate(&f->ctx));
+    if (f->par_pending) {
+        f->ctx.n_syncs++;
+        if (cuda_tp_wait(f, err)) return -1;
+        f->par_pending = 0;
+    }
+    return k > f->arm.cap ? arm_buffers(f, k, err) : 0;
 }
 
 int cuda_forward_arm_entropix(cuda_forward *f, const entropix_config *c, const double *u, int k, int prev_token,
                               int clarifier, verr *err) {
     if (k < ex_n_samples(c) || k > ENTROPIX_MAX_SAMPLES)
         return verr_set(err, "cuda_forward_arm_entropix: %d draws for a profile of %d", k, ex_n_samples(c));
-    OP(cuda_activate(&f->ctx));
-    if (k > f->arm.cap && arm_buffers(f, k, err)) return -1;
+    if (f->arm.off) return 0;
+    if (arm_begin(f, k, err)) return -1;
+    dev_arm *a = &f->arm;
+    arm_head *h = in_head(a->h_in);
+    h->c = *c, h->tokens[0] = prev_token, h->tokens[1] = clarifier;
+    memcpy(in_u(a->h_in), u, sizeof *u * (size_t)k);
+    a->armed = ARM_ENTROPIX, a->ready = 0, a->k = k;
+    return 0;
+}
+
+int cuda_forward_arm_sample(cuda_forward *f, const sample_cfg *cfg, int n, verr *err) {
+    if (n < 1 || n > 65535) return verr_set(err, "cuda_forward_arm_sample: %d draws (1..65535)", n);
+    if (f->arm.off) return 0;
+    if (arm_begin(f, n, err)) return -1;
+    dev_arm *a = &f->arm;
+    memcpy(in_cfg(a->h_in, a->cap), cfg, sizeof *cfg * (size_t)n);
+    a->armed = ARM_STOCK, a->ready = 0, a->k = n;
+    return 0;
+}
+
+void cuda_forward_set_arming(cuda_forward *f, int on) {
+    f->arm.off = !on;
+    if (!on) f->arm.armed = 0;
+}
+
+int cuda_arm_kind(const cuda_forward *f, int cap) {
+    const dev_arm *a = &f->arm;
+    if (!a->armed || f->tp.comm) return 0;  // a shard's step: an ordinary draw follows
+    return a->armed == ARM_ENTROPIX && cap < 0 ? 0 : a->armed;  // entropix decides from the statistics
+}
+
+int cuda_arm_prepare(cuda_forward *f, verr *err) {
+    OP(cuda_reserve_sample(&f->ctx, f->m->cfg.vocab_size, f->arm.k));
+    return 0;
+}
+
+int cuda_arm_queue(cuda_forward *f, verr *err) {
     dev_arm *a = &f->arm;
     cudaStream_t st = f->ctx.stream;
-    // The last step's wait covered the previous copies out of the pinned buffers.
-    *a->h_c = *c;
-    memcpy(a->h_u, u, sizeof *u * (size_t)k);
-    CK(cudaMemcpyAsync(a->d_c, a->h_c, sizeof *a->h_c, cudaMemcpyHostToDevice, st));
-    CK(cudaMemcpyAsync(a->d_u, a->h_u, sizeof *u * (size_t)k, cudaMemcpyHostToDevice, st));
-    a->armed = 1, a->ready = 0, a->k = k, a->prev_token = prev_token, a->clarifier = clarifier;
+    size_t k = (size_t)a->k;
+    sample_cfg *cfg = in_cfg(a->d_in, a->cap);  // a stock step's, or the decision's
+    CK(cudaMemcpyAsync(a->d_in, a->h_in, a->in_bytes, cudaMemcpyHostToDevice, st));
+    if (a->armed == ARM_ENTROPIX) {
+        cfg = a->d_cfg;
+        arm_head *h = in_head(a->d_in);
+        OP(cuda_entropix_arm(&f->ctx, cfg, a->k, f->stats, f->stats + 4 * (size_t)f->rows, &h->c, in_u(a->d_in),
+                             h->tokens));
+    }
+    OP(cuda_sample(&f->ctx, a->d_out, f->logits, f->m->cfg.vocab_size, cfg, a->k));
+    CK(cudaMemcpyAsync(a->h_cfg, cfg, sizeof *a->h_cfg * k, cudaMemcpyDeviceToHost, st));
+    CK(cudaMemcpyAsync(a->h_out, a->d_out, sizeof *a->h_out * k, cudaMemcpyDeviceToHost, st));
+    a->ready = -1;  // queued: the caller's wait makes it 1
     return 0;
 }
 
 int cuda_arm_enqueue(cuda_forward *f, int cap, verr *err) {
     dev_arm *a = &f->arm;
-    if (!a->armed) return 0;
-    a->armed = 0;
-    if (cap < 0 || f->tp.comm) return 0;  // no statistics here, or a shard's: an ordinary draw follows
-    cudaStream_t st = f->ctx.stream;
-    OP(cuda_entropix_arm(&f->ctx, a->d_cfg, a->k, f->stats, f->stats + 4 * (size_t)f->rows, a->d_c, a->d_u,
-                         a->prev_token, a->clarifier));
-    OP(cuda_sample(&f->ctx, a->d_out, f->logits, f->m->cfg.vocab_size, a->d_cfg, a->k));
-    CK(cudaMemcpyAsync(a->h_cfg, a->d_cfg, sizeof *a->h_cfg * (size_t)a->k, cudaMemcpyDeviceToHost, st));
-    CK(cudaMemcpyAsync(a->h_out, a->d_out, sizeof *a->h_out * (size_t)a->k, cudaMemcpyDeviceToHost, st));
-    a->ready = -1;  // queued: the caller's wait makes it 1
-    return 0;
+    if (a->ready == -1 || !cuda_arm_kind(f, cap)) return 0;  // queued in the step's graph, or not armed
+    return cuda_arm_prepare(f, err) || cuda_arm_queue(f, err) ? -1 : 0;
 }
 
 int cuda_arm_take(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out) {
@@ -91,6 +151,50 @@ int cuda_arm_take(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out
     return 1;
 }
 
+// ---- sampling on the device ----------------------------------------------------------------
+// A NaN or +inf maximum (every logit NaN, or an overflow) is drawn as its argmax: refuse
+// it as the CPU forward does.
+static int check_draws(const cuda_forward *f, const sample_out *out, int n, verr *err) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(out[i].logit)) return cuda_nonfinite_err(f, f->last_keys - 1, out[i].token, out[i].logit, err);
+    return 0;
+}
+
+// Room for n configurations and results, on the device and pinned on the host.
+static int sample_buffers(cuda_forward *f, int n, verr *err) {
+    cuda_free(f->d_cfg), cuda_free(f->d_out);
+    if (f->h_cfg) cudaFreeHost(f->h_cfg);
+    if (f->h_out) cudaFreeHost(f->h_out);
+    f->d_cfg = NULL, f->d_out = NULL, f->h_cfg = NULL, f->h_out = NULL, f->smp_cap = 0;
+    if (cuda_malloc((void **)&f->d_cfg, sizeof *f->d_cfg * (size_t)n, "sampling configurations", err) ||
+        cuda_malloc((void **)&f->d_out, sizeof *f->d_out * (size_t)n, "sampling results", err))
+        return -1;
+    CK(cudaHostAlloc((void **)&f->h_cfg, sizeof *f->h_cfg * (size_t)n, cudaHostAllocDefault));
+    CK(cudaHostAlloc((void **)&f->h_out, sizeof *f->h_out * (size_t)n, cudaHostAllocDefault));
+    f->smp_cap = n;
+    return 0;
+}
+
+int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err) {
+    if (n <= 0) return 0;
+    OP(cuda_activate(&f->ctx));
+    if (n > f->smp_cap && sample_buffers(f, n, err)) return -1;
+    if (!f->logits_valid) return verr_set(err, "no logits to sample: the last forward pass failed");
+    if (cuda_arm_take(f, cfg, n, out)) return check_draws(f, out, n, err);
+    const float *row = f->logits + (size_t)f->sample_row * f->m->cfg.vocab_size;
+    // Pinned staging: both copies are queued with the launch and one wait covers all three.
+    cudaStream_t st = f->ctx.stream;
+    memcpy(f->h_cfg, cfg, sizeof *cfg * (size_t)n);
+    CK(cudaMemcpyAsync(f->d_cfg, f->h_cfg, sizeof *cfg * (size_t)n, cudaMemcpyHostToDevice, st));
+    OP(cuda_sample(&f->ctx, f->d_out, row, f->m->cfg.vocab_size, f->d_cfg, n));
+    CK(cudaMemcpyAsync(f->h_out, f->d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, st));
+    f->ctx.n_syncs++;
+    if (cuda_tp_wait(f, err)) return -1;
+    f->par_pending = 0;  // the wait covered the step block's copy too
+    memcpy(out, f->h_out, sizeof *out * (size_t)n);
+    return check_draws(f, out, n, err);
+}
+
 void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses) {
     *hits = f->arm.hits, *misses = f->arm.misses;
 }
@@ -102,6 +206,13 @@ int cuda_forward_arm_entropix(cuda_forward *f, const struct entropix_config_s *c
     (void)f, (void)c, (void)u, (void)k, (void)prev_token, (void)clarifier;
     return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
 }
+
+int cuda_forward_arm_sample(cuda_forward *f, const sample_cfg *cfg, int n, verr *err) {
+    (void)f, (void)cfg, (void)n;
+    return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
+}
+
+void cuda_forward_set_arming(cuda_forward *f, int on) { (void)f, (void)on; }
 
 void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses) {
     (void)f;

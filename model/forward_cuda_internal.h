@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/ops_cuda.h"
+#include "kernels/entropix_core.h"
 #include "model/forward_cuda.h"
 
 // A failed CUDA runtime call: name it, with file and line.
@@ -101,8 +102,13 @@ typedef struct {
     long hook_gen;             // dev_hooks.gen it was captured with
     int hook_cap;              // the HK_* captures it holds
     long lora_gen;             // dev_lora.gen it was captured with
+    int arm;                   // ARM_* kind of the draws captured after the step (0: none)
+    int arm_k;                 // and their number
+    long arm_gen;              // dev_arm.gen it was captured with (the armed buffers)
+    void *sample_buf;          // ctx.sample_buf it was captured with (the sampler's arrays)
     long launches;             // kernels and cuBLAS calls captured into it
-    long nodes;                // its nodes (the launches plus the step block's copy)
+    long nodes;                // its nodes (the launches plus the step block's copy, and an
+                               // armed step's three copies)
 } graph_slot;
 
 // Tensor parallelism on the device (model/forward_cuda_tp.c): this forward holds rank
@@ -127,17 +133,33 @@ typedef struct dev_tp {
 
 #define CUDA_ROWS CUDA_MATVEC_ROWS  // decode rows per pass (the batched matvec's widest launch)
 
-// An armed step (cuda_forward_arm_entropix): the profile and the peeked uniforms are
-// on the device; the step decides and draws after its statistics.
+// An armed step: its draws are made on the device right after the step and come back
+// with its one wait. ARM_ENTROPIX (cuda_forward_arm_entropix): the device decides from
+// the statistics, then draws; ARM_STOCK (cuda_forward_arm_sample): the configurations
+// are known before the forward.
+#define ARM_ENTROPIX 1
+#define ARM_STOCK 2
+
+// The per-step values of an armed step, one block copied host to device by the step
+// itself (a memcpy node of its graph, which reads the pinned block's content at every
+// replay): the profile, {prev_token, clarifier}, then the uniforms [cap] and the stock
+// configurations [cap] at arm_in_u / arm_in_cfg.
 typedef struct {
-    int armed;                   // the next cuda_forward_run decides and draws
-    int ready;                   // h_cfg / h_out hold the last step's decision and draws
-    int k, prev_token, clarifier;
-    struct entropix_config_s *d_c, *h_c;  // the profile (device, pinned)
-    double *d_u, *h_u;           // [cap] the uniforms
+    struct entropix_config_s c;
+    int tokens[2];             // the sequence's last token, the clarifier
+} arm_head;
+
+typedef struct {
+    int armed;                   // ARM_* kind: the next cuda_forward_run draws (0: not armed)
+    int ready;                   // h_cfg / h_out hold the last step's draws (-1: queued)
+    int k;                       // draws of the armed step
+    void *d_in, *h_in;           // the per-step block (device, pinned)
+    size_t in_bytes;
+    long gen;                    // bumped when the buffers move (a graph captured them)
     sample_cfg *d_cfg, *h_cfg;   // [cap] the configurations the device drew with
     sample_out *d_out, *h_out;   // [cap] its draws
     int cap;
+    int off;                     // VARENT_CUDA_ARM=0: arming is refused (every draw is ordinary)
     long hits, misses;           // draw requests answered from armed draws, and ones that differed
 } dev_arm;
 
@@ -168,6 +190,9 @@ struct cuda_forward {
     int logits_stale;          // the last step's logits are on the device only (lazy_logits)
     int logits_valid;          // f->logits hold the last successful step's (0 after a failure)
     graph_slot graphs[CUDA_ROWS + 1];  // [B]: the decode step of B rows
+    graph_slot armed_graph;    // the one-row step with its draws (dev_arm), kept apart from
+                               // graphs[1] so steps that alternate replay both
+    long n_captures;           // graphs instantiated so far
     int use_graph;
     cuda_step_counts step;     // the last one-row decode step's launches and graph nodes
     sample_cfg *d_cfg, *h_cfg; // [smp_cap] cuda_forward_sample's configurations (device, pinned)
@@ -181,10 +206,22 @@ struct cuda_forward {
 
 #define CUDA_SAMPLE_RESERVE 16  // draws per launch the sampler's arrays are sized for at open
 
-// ---- armed entropix steps (model/forward_cuda_arm.c) ----
-// After an armed step's statistics: the decision and its draws, queued before the
-// step's one wait (the caller's fetch). The step's ready flag is set by the caller.
+// ---- armed steps (model/forward_cuda_arm.c) ----
+// The ARM_* kind the next step of capture layer cap queues its draws for (0: none, the
+// draw request then launches its own).
+int cuda_arm_kind(const cuda_forward *f, int cap);
+// Before capturing an armed step: the sampler's arrays sized for its draws (growing them
+// waits for the device, which a capture cannot).
+int cuda_arm_prepare(cuda_forward *f, verr *err);
+// Queues the armed step's draws after its statistics: the block's copy up, the decision
+// (entropix), the draws and both copies back, read by the step's one wait (the caller's
+// fetch). Graph-capturable. Sets ready to -1; the caller's wait makes it 1.
+int cuda_arm_queue(cuda_forward *f, verr *err);
+// After the chunks of a step that did not queue them in its graph (a prompt, the
+// no-graph mode): the same, when armed.
 int cuda_arm_enqueue(cuda_forward *f, int cap, verr *err);
+// The error of a non-finite logit v of token id at position pos (the CPU forward's words).
+int cuda_nonfinite_err(const cuda_forward *f, int pos, int id, float v, verr *err);
 // The armed draws when cfg[n] is what the device drew with (1: out filled), else 0.
 int cuda_arm_take(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out);
 void cuda_arm_free(cuda_forward *f);

@@ -153,8 +153,10 @@ static void print_step_counts(const session *s, long syncs, int n) {
 
 // Decode seconds of one generate() run of n tokens under the named sampler.
 // sp: the standard sampler's settings.
+// On CUDA, step: the run's last one-row decode step (graph nodes), and in step->captures
+// the graphs it captured.
 static int bench_sampler(session *s, const char *name, const entropix_config *ex, sampler_params sp, const int *prompt,
-                         int plen, int n, double *decode_s, double *syncs, verr *err) {
+                         int plen, int n, double *decode_s, double *syncs, cuda_step_counts *step, verr *err) {
     gen_opts g = { 0 };
     g.max_new = n, g.seed = 42, g.ignore_eos = 1, g.ex = ex, g.sp = sp;
     if (!strcmp(name, "entropix")) g.sampler = GEN_ENTROPIX, g.clarifier = gen_find_clarifier(s);
@@ -164,7 +166,11 @@ static int bench_sampler(session *s, const char *name, const entropix_config *ex
     s->kv.len = 0;
     gen_stats st;
     long s0 = device_syncs(s);
+    cuda_step_counts c0;
+    session_cuda_counts(s, &c0);
     if (generate(s, prompt, plen, &g, &st, err)) return -1;
+    session_cuda_counts(s, step);
+    step->captures -= c0.captures;
     *decode_s = st.decode_s / (st.n_gen > 0 ? st.n_gen : 1);
     *syncs = (double)(device_syncs(s) - s0) / (st.n_gen > 0 ? st.n_gen : 1);  // the prompt's step included
     return 0;
@@ -188,11 +194,12 @@ static int bench_samplers(session *s, const char *list, const char *profile, con
     for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
         if (k < 8) names[k++] = t;
     double *t = malloc(sizeof(double) * (size_t)(runs * k)), syncs[8] = { 0 };
+    cuda_step_counts step[8] = { { 0 } };
     if (!t) return verr_set(err, "out of memory");
     int rc = 0;
     for (int r = 0; rc == 0 && r < runs; r++)
         for (int i = 0; rc == 0 && i < k; i++) {
-            rc = bench_sampler(s, names[i], &ex, sp, prompt, plen, n, &t[i * runs + r], &syncs[i], err);
+            rc = bench_sampler(s, names[i], &ex, sp, prompt, plen, n, &t[i * runs + r], &syncs[i], &step[i], err);
             bench_tick(bp, plen + n);
         }
     progress_pause(&bp->pg);
@@ -201,7 +208,9 @@ static int bench_samplers(session *s, const char *list, const char *profile, con
         printf("sampler     %-16s %.3f ms/token  %+.1f%% vs %s (median of %d, profile %s; standard: temp %g top-k %d "
                "top-p %g min-p %g)", names[i], ms, 100.0 * (ms / base - 1), names[0], runs, profile, sp.temperature,
                sp.top_k, sp.top_p, sp.min_p);
-        if (s->cu) printf(", %.2f host syncs per token", syncs[i]);
+        if (s->cu)  // the step's graph holds its draws when they are armed (model/forward_cuda_arm.c)
+            printf(", %.2f host syncs per token, decode step %ld kernel launches, %ld graph nodes, %ld graph captures",
+                   syncs[i], step[i].launches, step[i].graph_nodes, step[i].captures);
         printf("\n");
     }
     progress_resume(&bp->pg);

@@ -21,6 +21,7 @@
 #include "host/util/interrupt.h"
 #include "host/util/outfile.h"
 #include "host/util/progress.h"
+#include "model/forward_cuda.h"
 #include "host/cli/prompts.h"
 #include "host/decode/stopstr.h"
 
@@ -433,6 +434,10 @@ static void run_stats(const session *s, const gen_stats *st, uint64_t seed) {
     fprintf(stderr, "load %.3f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | seed %llu\n", s->load_s,
             st->n_prompt, st->n_prompt / (st->prefill_s > 0 ? st->prefill_s : 1e-9), st->n_gen,
             st->n_gen > 1 ? (st->n_gen - 1) / st->decode_s : 0.0, (unsigned long long)seed);
+    if (!s->cu) return;
+    long hits, misses;  // draws made inside the steps (model/forward_cuda_arm.c), and ones drawn again
+    cuda_forward_arm_counts(s->cu, &hits, &misses);
+    fprintf(stderr, "device draws: %ld armed, %ld drawn again after a mismatch\n", hits, misses);
 }
 
 // --display-prompt: the prompt as given (or its ids decoded), before the text.

@@ -23,6 +23,10 @@ int gen_find_clarifier(const session *s) {
     return id;
 }
 
+// What arm_step arms: nothing, an entropix step (decided and drawn on the device), or
+// the standard sampler's one draw.
+enum { ARM_NONE, ARM_EX, ARM_STD };
+
 // What the loop carries between steps.
 typedef struct {
     session *s;
@@ -38,7 +42,7 @@ typedef struct {
     sample_out *drawn;     // [n_draw] their results
     int n_draw;
     int lazy;              // CUDA: steps leave their logits on the device (lazy_logits)
-    int arm;               // CUDA entropix: each step decides and draws on the device (arm_step)
+    int arm;               // CUDA: each step draws on the device (arm_step): ARM_NONE, ARM_EX, ARM_STD
     double *u;             // [n_draw] arm_step's peeked uniforms
 } gen_ctx;
 
@@ -77,19 +81,35 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
         return verr_set(err, "--attn-layer %d is out of range: the model has layers 0..%d", layer, last);
     }
     s->fw.attn_layer = c->metrics ? layer : -1;
-    // The draws of an entropix step read the forward's own logits unless penalties or a
-    // bias rewrite them (draw_logits): then the device can make them with the statistics.
-    c->arm = c->lazy && o->sampler == GEN_ENTROPIX && c->metrics && o->no_repeat_ngram <= 0 &&
-             !(o->repeat_penalty > 0 && o->repeat_penalty != 1) && o->n_bias <= 0;
+    // The draws read the forward's own logits unless penalties or a bias rewrite them
+    // (draw_logits): then the device can make them right after the step (an entropix
+    // step's after its statistics).
+    int raw = o->no_repeat_ngram <= 0 && !(o->repeat_penalty > 0 && o->repeat_penalty != 1) && o->n_bias <= 0;
+    if (c->lazy && raw) c->arm = o->sampler != GEN_ENTROPIX ? ARM_STD : c->metrics ? ARM_EX : ARM_NONE;
     return 0;
 }
 
-// Before a forward whose logits the next step draws from: on CUDA, arm it to decide and
-// draw on the device (session_arm_entropix) with the uniforms the step will take from
-// the run's stream, peeked (the step consumes them itself, so the stream is unchanged).
+// The standard sampler's parameters a step records (greedy at temperature 0 or below).
+static sampler_params std_params(const gen_opts *o) {
+    return o->sp.temperature <= 0 ? (sampler_params){ 0, 1, 1, 0 } : o->sp;
+}
+
+// A draw's configuration; its uniform (none when greedy) from the stream r.
+static sample_cfg draw_cfg(sampler_params p, rng *r) {
+    return (sample_cfg){ p.temperature, p.top_k, p.top_p, p.min_p, p.temperature > 0 ? rng_uniform(r) : 0 };
+}
+
+// Before a forward whose logits the next step draws from: on CUDA, arm it to draw on the
+// device inside the step (session_arm_sample; session_arm_entropix decides first) with
+// the uniforms the step will take from the run's stream, peeked (the step consumes them
+// itself, so the stream is unchanged).
 static int arm_step(gen_ctx *c, verr *err) {
     if (!c->arm) return 0;
     rng peek = c->r;
+    if (c->arm == ARM_STD) {  // the draw step() makes (draw_n with o->sp), to the bit
+        sample_cfg cfg = draw_cfg(c->o->sp, &peek);
+        return session_arm_sample(c->s, &cfg, 1, err);
+    }
     for (int i = 0; i < c->n_draw; i++) c->u[i] = rng_uniform(&peek);
     return session_arm_entropix(c->s, c->o->ex, c->u, c->n_draw, c->hist[c->n_hist - 1], c->o->clarifier, err);
 }
@@ -114,9 +134,7 @@ static const float *draw_logits(gen_ctx *c, verr *err) {
 // greedy): on the session's backend when lg is the forward's own logits (one launch on
 // the device on CUDA), on the host for a penalised copy.
 static int draw_n(gen_ctx *c, const float *lg, sampler_params p, int n, verr *err) {
-    for (int i = 0; i < n; i++)
-        c->cfg[i] = (sample_cfg){ p.temperature, p.top_k, p.top_p, p.min_p,
-                                  p.temperature > 0 ? rng_uniform(&c->r) : 0 };
+    for (int i = 0; i < n; i++) c->cfg[i] = draw_cfg(p, &c->r);
     if (lg == c->s->fw.logits) return session_sample(c->s, c->cfg, n, c->drawn, err);
     sampler_sample_n(&c->s->smp, lg, c->cfg, n, c->drawn);
     return 0;
@@ -158,8 +176,7 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
     if (!lg) return -1;
     *toks = one_tok, *recs = one;
     if (o->sampler != GEN_ENTROPIX) {
-        one->sp = o->sp;
-        if (o->sp.temperature <= 0) one->sp = (sampler_params){ 0, 1, 1, 0 };
+        one->sp = std_params(o);
         if (draw_n(c, lg, o->sp, 1, err)) return -1;
         *one_tok = c->drawn[0].token;
         return 1;

@@ -132,6 +132,10 @@ int session_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, ve
 struct entropix_config_s;
 int session_arm_entropix(session *s, const struct entropix_config_s *c, const double *u, int k, int prev_token,
                          int clarifier, verr *err);
+// The same for n stock draws cfg[n] known before the forward (the standard sampler, its
+// peeked uniforms included: cuda_forward_arm_sample): a session_sample with the same
+// cfg to the bit is answered from them. A no-op on the CPU and under tensor parallelism.
+int session_arm_sample(session *s, const sample_cfg *cfg, int n, verr *err);
 // The last session_forward's logits in host memory (s->fw.logits): on CUDA after a
 // step run with s->fw.lazy_logits they are copied now (once); NULL only when that copy
 // fails (err set).

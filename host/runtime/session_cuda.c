@@ -48,6 +48,8 @@ int session_cuda_open(session *s, int device, const session *base, verr *err) {
     if (cuda_forward_open(&s->cu, &s->m, &s->fw, device, base ? base->cu : NULL, err)) return -1;
     const char *g = getenv("VARENT_CUDA_GRAPHS");
     if (g && !strcmp(g, "0")) cuda_forward_set_graphs(s->cu, 0);
+    const char *a = getenv("VARENT_CUDA_ARM");
+    if (a && !strcmp(a, "0")) cuda_forward_set_arming(s->cu, 0);
     const model_config *c = &s->m.cfg;
     if (kv_cache_init_cuda(&s->kv, cuda_forward_ctx(s->cu), c->n_layers, s->ctx, model_kv_dim(&s->m), err)) return -1;
     // a second context on a tensor-parallel shard: in the base's group, on its communicator
@@ -79,7 +81,7 @@ int session_cuda_bench_info(session *s, char *buf, size_t n, double *copy_gbs, s
 
 void session_cuda_counts(const session *s, cuda_step_counts *out) {
     if (!s->cu) {
-        *out = (cuda_step_counts){ 0, 0, 0 };
+        *out = (cuda_step_counts){ 0, 0, 0, 0 };
         return;
     }
     cuda_forward_counts(s->cu, out);

@@ -14,7 +14,8 @@ int session_cuda_parse(const char *dev, int *index, verr *err);
 int session_cuda_devices(void);
 // After forward_init(&s->fw): s->cu on GPU `device` (sharing base's weights when base
 // is given) and s->kv on the device. VARENT_CUDA_GRAPHS=0 in the environment turns
-// the decode-step CUDA graph off.
+// the decode-step CUDA graph off; VARENT_CUDA_ARM=0 turns arming off (every draw then
+// launches on its own after the step: the same tokens, a second wait per token).
 int session_cuda_open(session *s, int device, const session *base, verr *err);
 // Frees s->kv and s->cu (no-op on a CPU session). Before forward_free(&s->fw).
 void session_cuda_close(session *s);

@@ -14,3 +14,8 @@ int session_arm_entropix(session *s, const struct entropix_config_s *c, const do
     if (!s->cu || s->m.tp.size > 1) return 0;
     return cuda_forward_arm_entropix(s->cu, c, u, k, prev_token, clarifier, err);
 }
+
+int session_arm_sample(session *s, const sample_cfg *cfg, int n, verr *err) {
+    if (!s->cu || s->m.tp.size > 1) return 0;
+    return cuda_forward_arm_sample(s->cu, cfg, n, err);
+}

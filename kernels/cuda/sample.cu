@@ -231,6 +231,24 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
 }
 
+// Candidates sample_kernel keeps in shared memory: what the device's opt-in limit (read
+// at init) leaves after the kernel's own state, at most SAMPLE_CAP_MAX.
+static int sample_cap(const cuda_ctx *ctx) {
+    int cap = (ctx->smem_optin - (int)sizeof(sample_sh) - 1024) / (int)(2 * sizeof(u64));
+    if (cap > SAMPLE_CAP_MAX) cap = SAMPLE_CAP_MAX;
+    return cap < 0 ? 0 : cap;  // 0: every pass reads the global arrays
+}
+
+// Raises sample_kernel's dynamic shared memory limit once per context: no driver call on
+// the per-token path, and none inside a graph capture once cuda_reserve_sample ran.
+static int sample_attr(cuda_ctx *ctx) {
+    int smem = sample_cap(ctx) * 2 * (int)sizeof(u64);
+    if (ctx->sample_smem == smem) return 0;
+    CUDA_CHECK(ctx, cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    ctx->sample_smem = smem;
+    return 0;
+}
+
 static size_t sample_bytes(int n, int n_cfg, int nb) {
     return (size_t)nb * 8 + (size_t)n_cfg * 4 + 256 + (size_t)n_cfg * n * 24;
 }
@@ -253,7 +271,7 @@ static int sample_reserve(cuda_ctx *ctx, int n, int n_cfg, int nb) {
 extern "C" int cuda_reserve_sample(cuda_ctx *ctx, int n, int n_cfg) {
     CUDA_REQUIRE(ctx, n > 0 && n <= SAMPLE_MAX_VOCAB && n_cfg > 0 && n_cfg <= 65535,
                  "cuda_reserve_sample: bad shape n=%d n_cfg=%d", n, n_cfg);
-    return sample_reserve(ctx, n, n_cfg, (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK);
+    return sample_attr(ctx) || sample_reserve(ctx, n, n_cfg, (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK) ? -1 : 0;
 }
 
 extern "C" int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg,
@@ -268,16 +286,9 @@ extern "C" int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, 
     unsigned *count = (unsigned *)(part_i + nb);
     u64 *keys = (u64 *)(((uintptr_t)(count + n_cfg) + 255) & ~(uintptr_t)255);
     u64 *qs = keys + (size_t)n_cfg * n, *es = qs + (size_t)n_cfg * n;
-    // The device's limit was read at init and the kernel's attribute is raised once per
-    // context: no driver query on the per-token path.
-    int cap = (ctx->smem_optin - (int)sizeof(sample_sh) - 1024) / (int)(2 * sizeof(u64));
-    if (cap > SAMPLE_CAP_MAX) cap = SAMPLE_CAP_MAX;
-    if (cap < 0) cap = 0;  // every pass then reads the global arrays
+    int cap = sample_cap(ctx);
     size_t smem = (size_t)cap * 2 * sizeof(u64);
-    if (ctx->sample_smem != (int)smem) {
-        CUDA_CHECK(ctx, cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        ctx->sample_smem = (int)smem;
-    }
+    if (sample_attr(ctx)) return -1;  // a no-op after cuda_reserve_sample
     sample_argmax_kernel<<<nb, SAMPLE_PREP_THREADS, 0, ctx->stream>>>(logits, n, part_v, part_i, count, n_cfg);
     CUDA_CHECK_LAUNCH(ctx, "sample_argmax_kernel");
     sample_mass_kernel<<<dim3(nb, n_cfg), SAMPLE_PREP_THREADS, 0, ctx->stream>>>(logits, n, part_v, part_i, nb, cfg,

@@ -559,6 +559,52 @@ static int stories_dir(char *out, size_t n) {
     return rc == 0 && out[0] ? 0 : -1;
 }
 
+// Armed stock draws (model/forward_cuda_arm.c) on a lazy decode loop: every other step
+// armed (temperature 1.0, then 0.7 with top-p 0.9), each armed draw taken without a
+// launch equals an ordinary draw of the same configuration on the same logits, bit for
+// bit; after the first two steps the alternation replays both graphs without capturing
+// again, and growing the sampler's arrays (ctx->sample_buf moves) captures the armed
+// graph once more.
+static int armed_step(session *s, kv_view *kv, int tok, int j, int arm, sample_out out[2], verr *err) {
+    double u = j * 0.6180339887;
+    sample_cfg cfg = { j % 4 < 2 ? 1.0f : 0.7f, 0, j % 4 < 2 ? 1.0f : 0.9f, 0, u - (int)u };
+    if ((arm && session_arm_sample(s, &cfg, 1, err)) || session_forward(s, kv, &tok, 1, err)) return -1;
+    return session_sample(s, &cfg, 1, &out[0], err) || session_sample(s, &cfg, 1, &out[1], err) ? -1 : 0;
+}
+
+static void run_armed(const char *dir) {
+    session g;
+    session_opts og = { .model_dir = dir, .device = "cuda" };
+    verr err = { { 0 } };
+    if (session_open(&g, &og, &err)) {
+        CHECK(0, "cuda_armed: session open", "%s", err.msg);
+        return;
+    }
+    g.fw.lazy_logits = 1;
+    kv_view kv = kv_view_of(&g.kv);
+    int prompt[5] = { 1, 403, 407, 261, 378 }, tok = 0, bad = 0, rc = session_forward(&g, &kv, prompt, 5, &err);
+    long h0, m0, h1, m1, caps[3];
+    cuda_step_counts c;
+    cuda_forward_arm_counts(g.cu, &h0, &m0);
+    sample_out out[2];
+    for (int j = 0; rc == 0 && j < 20; j++) {
+        if (j == 2 || j == 16) cuda_forward_counts(g.cu, &c), caps[j == 16] = c.captures;
+        // the forward reserved 16 configurations: 64 moves the sampler's arrays
+        if (j == 16 && cuda_reserve_sample(cuda_forward_ctx(g.cu), g.m.cfg.vocab_size, 64)) rc = -1;
+        if (rc == 0) rc = armed_step(&g, &kv, tok, j, j % 2 == 0, out, &err);
+        bad += rc == 0 && memcmp(&out[0], &out[1], sizeof out[0]) != 0;
+        tok = out[0].token;
+    }
+    cuda_forward_counts(g.cu, &c), caps[2] = c.captures;
+    cuda_forward_arm_counts(g.cu, &h1, &m1);
+    CHECK(rc == 0 && bad == 0 && h1 - h0 == 10 && m1 == m0, "cuda_armed: armed stock draws == ordinary draws",
+          "rc %d (%s), %d of 20 differ, %ld armed hits (want 10), %ld misses", rc, rc ? err.msg : "", bad, h1 - h0,
+          m1 - m0);
+    CHECK(rc == 0 && caps[1] == caps[0] && caps[2] == caps[1] + 1, "cuda_armed: alternating steps replay both graphs",
+          "captures %ld after step 2, %ld after step 16, %ld after the sampler's arrays moved", caps[0], caps[1], caps[2]);
+    session_close(&g);
+}
+
 // A KV cache too large for any GPU: the message has the bytes and suggests --ctx.
 static void test_oom_message(void) {
     cuda_ctx ctx;
@@ -588,8 +634,12 @@ int main(void) {
     for (size_t i = 0; i < sizeof SPECS / sizeof *SPECS; i++)
         for (int bf16 = 1; bf16 >= 0; bf16--) run_checkpoint(&SPECS[i], bf16, root);
     char sdir[4096];
-    if (stories_dir(sdir, sizeof sdir) == 0) run_metrics(sdir, "stories260K bf16", "Once upon a time, there was a", 24, 4);
-    else SKIP("cuda_metrics stories260K", "could not convert tests/data/stories260K (python3 and varent needed)");
+    if (stories_dir(sdir, sizeof sdir) == 0) {
+        run_metrics(sdir, "stories260K bf16", "Once upon a time, there was a", 24, 4);
+        run_armed(sdir);
+    } else {
+        SKIP("cuda_metrics stories260K", "could not convert tests/data/stories260K (python3 and varent needed)");
+    }
     CHECK_DONE();
 }
 #endif

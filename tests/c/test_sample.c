@@ -250,8 +250,10 @@ static int device_entropix(cuda_ctx *C) {
     entropix_config *dc;
     double *du;
     sample_cfg *dcfg;
+    int *dtok;  // {prev_token, clarifier}
     verr e;
-    if (cuda_malloc((void **)&ds, 8 * sizeof(float), "stats", &e) || cuda_malloc((void **)&dc, sizeof *dc, "profile", &e) ||
+    if (cuda_malloc((void **)&ds, 8 * sizeof(float), "stats", &e) ||
+        cuda_malloc((void **)&dtok, 2 * sizeof(int), "tokens", &e) || cuda_malloc((void **)&dc, sizeof *dc, "profile", &e) ||
         cuda_malloc((void **)&du, K * sizeof(double), "uniforms", &e) ||
         cuda_malloc((void **)&dcfg, K * sizeof(sample_cfg), "cfg", &e)) {
         CHECK(0, "cuda_entropix_arm alloc", "%s", e.msg);
@@ -267,10 +269,11 @@ static int device_entropix(cuda_ctx *C) {
                             metric_value(&c, M_AVENT, k), metric_value(&c, M_AGREE, k), metric_value(&c, M_INTER, k) };
             double u[K];
             for (int i = 0; i < K; i++) u[i] = urand();
-            int prev = k % 3 == 0 ? 99 : 7;
+            int prev = k % 3 == 0 ? 99 : 7, tok[2] = { prev, 99 };
             sample_cfg got[K], want[K];
-            if (cuda_upload(C, ds, st, sizeof st) || cuda_upload(C, du, u, sizeof u) || cuda_memset(C, dcfg, 0xFF, sizeof got) ||
-                cuda_entropix_arm(C, dcfg, K, ds, ds + 4, dc, du, prev, 99) || cuda_download(C, got, dcfg, sizeof got))
+            if (cuda_upload(C, ds, st, sizeof st) || cuda_upload(C, dtok, tok, sizeof tok) ||
+                cuda_upload(C, du, u, sizeof u) || cuda_memset(C, dcfg, 0xFF, sizeof got) ||
+                cuda_entropix_arm(C, dcfg, K, ds, ds + 4, dc, du, dtok) || cuda_download(C, got, dcfg, sizeof got))
                 return dev_fail(C, "cuda_entropix_arm run");
             token_metrics m = { 0 };
             float ls[4] = { st[0], st[1], st[2], st[3] };
@@ -289,7 +292,7 @@ static int device_entropix(cuda_ctx *C) {
         CHECK(!bad && quadrants[Q_LELV] && quadrants[Q_ADAPTIVE], name, "%d of %d differ: %s (LELV %d, ADAPTIVE %d)",
               bad, CASES, detail, quadrants[Q_LELV], quadrants[Q_ADAPTIVE]);
     }
-    cuda_free(ds), cuda_free(dc), cuda_free(du), cuda_free(dcfg);
+    cuda_free(ds), cuda_free(dc), cuda_free(du), cuda_free(dcfg), cuda_free(dtok);
     return 0;
 }
 

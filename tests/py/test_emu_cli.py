@@ -182,18 +182,69 @@ def test_step_counts(tmp):
     test_sampler_syncs(os.path.join(tmp, "llama3-tiny"))
 
 
-def test_sampler_syncs(d):
-    """An entropix token costs one host round trip, as a stock one does: the device
-    decides and draws right after the statistics (model/forward_cuda_arm.c). 16 tokens
-    and the prompt's step: at most 17 waits (two per token without arming: 2.00)."""
+SAMPLER_LINE = re.compile(r"sampler\s+(\S+)\s.*, ([\d.]+) host syncs per token, decode step (\d+) kernel launches, "
+                          r"(\d+) graph nodes, (\d+) graph captures")
+
+
+def sampler_lines(d, *env):
+    """{sampler: (syncs per token, launches, graph nodes, captures)} of a 16-token bench."""
     import subprocess
+    e = dict(os.environ)
+    e.update(env)
     args = ["bench", "-m", d, "--device", "cuda", "-n", 16, "--prompt-len", 5, "--runs", 1, "--sampler",
             "standard,entropix"]
-    r = subprocess.run([EMU, *map(str, args)], capture_output=True, text=True, timeout=600)
-    got = dict(re.findall(r"sampler\s+(\S+)\s.*, ([\d.]+) host syncs per token", r.stdout))
+    r = subprocess.run([EMU, *map(str, args)], capture_output=True, text=True, timeout=600, env=e)
+    got = {m.group(1): (float(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)))
+           for m in map(SAMPLER_LINE.search, r.stdout.splitlines()) if m}
+    return got, (r.stdout + r.stderr).strip()[-300:]
+
+
+def test_sampler_syncs(d):
+    """A token costs one host round trip under either sampler: the step's graph holds its
+    draws (model/forward_cuda_arm.c), entropix's decided on the device after the
+    statistics. 16 tokens and the prompt's step: at most 17 waits (entropix without
+    arming: 2.00). The armed graph is the plain step's plus the draws: the block's copy
+    up, 3 sampler kernels, the configurations and draws copied back (+6 nodes, +3
+    launches), and entropix's decision kernel (+7, +4); it is captured once per run, not
+    per token."""
+    plain, plain_nodes, _, _ = step_line(d)
+    got, why = sampler_lines(d)
+    off, why2 = sampler_lines(d, ("VARENT_CUDA_ARM", "0"))
     for name in ("standard", "entropix"):
-        check(name in got and float(got[name]) <= 17 / 16 + 1e-9, f"emu_bench_{name}_one_sync_per_token",
-              f"{got}: {(r.stdout + r.stderr).strip()[-300:]}")
+        check(name in got and got[name][0] <= 17 / 16 + 1e-9, f"emu_bench_{name}_one_sync_per_token", f"{got}: {why}")
+    if "standard" in got and plain is not None:
+        _, launches, nodes, _ = got["standard"]
+        check(launches == plain + 3 and nodes == plain_nodes + 6, "emu_bench_standard_draw_in_graph",
+              f"armed step {launches} launches {nodes} nodes; plain step {plain} launches {plain_nodes} nodes")
+    if "entropix" in got and "entropix" in off:
+        _, launches, nodes, captures = got["entropix"]
+        _, off_launches, off_nodes, _ = off["entropix"]
+        check(launches == off_launches + 4 and nodes == off_nodes + 7, "emu_bench_entropix_draw_in_graph",
+              f"armed step {launches} launches {nodes} nodes; unarmed {off_launches} launches {off_nodes} nodes")
+        check(captures == 1, "emu_bench_entropix_armed_graph_captured_once", f"{captures} captures in 16 tokens")
+        check(off["entropix"][0] > 17 / 16, "emu_bench_entropix_unarmed_two_syncs", f"{off}: {why2}")
+    else:
+        check(False, "emu_bench_entropix_draw_in_graph", f"{got} {off}: {why} {why2}")
+
+
+def test_armed_draws(model):
+    """Draws made inside the step's graph (armed) are the draws made after it, to the
+    bit: the same text with arming on and off (VARENT_CUDA_ARM=0), and most draws armed."""
+    import subprocess
+    for name, flags in (("temp1", ["--temp", "1.0"]), ("temp07_top_p09", ["--temp", "0.7", "--top-p", "0.9"]),
+                        ("entropix", ["--sampler", "entropix"])):
+        out = {}
+        for arm in ("1", "0"):
+            e = dict(os.environ, VARENT_CUDA_ARM=arm)
+            args = ["run", "-m", model, "-p", "Once upon a time", "-n", 40, "--seed", 11, "--device", "cuda",
+                    "--stats", "--ignore-eos", *flags]
+            r = subprocess.run([EMU, *map(str, args)], capture_output=True, text=True, timeout=300, env=e)
+            m = re.search(r"device draws: (\d+) armed", r.stderr)
+            out[arm] = (r.returncode, r.stdout, int(m.group(1)) if m else -1, r.stderr.strip()[-300:])
+        on, off = out["1"], out["0"]
+        ok = on[0] == 0 and off[0] == 0 and on[1] == off[1] and on[2] >= 20 and off[2] == 0
+        check(ok, f"emu_armed_draws_equal_unarmed_{name}",
+              f"rc {on[0]}/{off[0]}, same text {on[1] == off[1]}, armed draws {on[2]}/{off[2]}: {on[3]} {off[3]}")
 
 
 def test_nonfinite(model, tmp):
@@ -223,6 +274,7 @@ def main():
     test_logits(tmp)
     test_step_counts(tmp)
     test_stories(model)
+    test_armed_draws(model)
     test_agents(model, tmp)
     test_branches(model, tmp)
     test_serve(model)

@@ -127,7 +127,7 @@ static void ATT_FN(attn_tile_rows)(const attn_args *a, const attn_rows *w, int k
         ATT_FN(rows_scores)(a, w, nv, qt, kp, j0, nb, st);
         ATT_FN(rows_softmax)(limit, nv, j0, nb, st, m, l, corr);
         ATT_FN(rows_kv)(a, a->kv.v_trunk, a->kv.v_tail, w->g, j0, nb, vp, wv);
-        ATT_FN(rows_values)(o, hd, w->n, st, ATT_MAX_ROWS, 1, nb, vp, corr);
+        ATT_FN(rows_values)(o, hd, w->n, st, ATT_MAX_ROWS, 1, nb, (const void *const *)vp, corr, 0);  // widened
     }
 }
 

@@ -49,12 +49,33 @@ static const float *ATT_FN(kv_head)(const attn_args *a, const void *trunk, const
     return buf;
 }
 
+// Lanes i.. (one element) of a cache row as floats: an fp32 row in place, a bf16 row
+// widened in registers. Inlined with a constant bf16, each caller gets one loop per type;
+// the scalar tails use explicit fmaf, so both types contract alike and a bf16 cache
+// gives an fp32 cache's bits (test_cpu_attention).
+static inline __attribute__((always_inline)) ATT_V ATT_FN(rowload)(const void *p, int i, int bf16) {
+    if (!bf16) return ATT_FN(vload)((const float *)p + i);
+    ATT_VH x;
+    memcpy(&x, (const uint16_t *)p + i, sizeof x);
+    return (ATT_V)(__builtin_convertvector(x, ATT_VI) << 16);
+}
+static inline __attribute__((always_inline)) float ATT_FN(rowelem)(const void *p, int i, int bf16) {
+    if (!bf16) return ((const float *)p)[i];
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 #define ATT_RB 4  // rows per register block of P @ V
 
 // o[r][i0 .. i0 + nvec * ATT_VW) = o * corr + sum_j p[j][r] v_j for ATT_RB rows (rows
-// past nr repeat the last and are not stored); p[j][r] = pr[j * sj + r * sr].
-static void ATT_FN(rows_values_block)(float *o, int hd, int r0, int nr, int i0, int nvec, const float *pr, int sj,
-                                      int sr, int nb, const float **vp, const float *corr) {
+// past nr repeat the last and are not stored); p[j][r] = pr[j * sj + r * sr]. vp: fp32
+// rows, or bf16 rows when bf16.
+static inline __attribute__((always_inline)) void ATT_FN(rows_values_block)(float *o, int hd, int r0, int nr, int i0,
+                                                                             int nvec, const float *pr, int sj, int sr,
+                                                                             int nb, const void *const *vp,
+                                                                             const float *corr, int bf16) {
     ATT_V c[ATT_RB][ATT_IV];
     int row[ATT_RB];
     for (int rr = 0; rr < ATT_RB; rr++) {
@@ -64,7 +85,7 @@ static void ATT_FN(rows_values_block)(float *o, int hd, int r0, int nr, int i0, 
     }
     for (int j = 0; j < nb; j++) {
         ATT_V v[ATT_IV];
-        for (int iv = 0; iv < nvec; iv++) v[iv] = ATT_FN(vload)(vp[j] + i0 + iv * ATT_VW);
+        for (int iv = 0; iv < nvec; iv++) v[iv] = ATT_FN(rowload)(vp[j], i0 + iv * ATT_VW, bf16);
         for (int rr = 0; rr < ATT_RB; rr++) {
             float p = pr[(size_t)j * sj + (size_t)row[rr] * sr];
             for (int iv = 0; iv < nvec; iv++) c[rr][iv] += p * v[iv];
@@ -76,26 +97,46 @@ static void ATT_FN(rows_values_block)(float *o, int hd, int r0, int nr, int i0, 
 
 // P @ V for n rows, the outputs in register blocks across the key block (o = o * corr +
 // P V): each V row is loaded once per ATT_RB rows, each output once per block.
-static void ATT_FN(rows_values)(float *o, int hd, int n, const float *pr, int sj, int sr, int nb, const float **vp,
-                                const float *corr) {
+static inline __attribute__((always_inline)) void ATT_FN(rows_values_t)(float *o, int hd, int n, const float *pr,
+                                                                         int sj, int sr, int nb,
+                                                                         const void *const *vp, const float *corr,
+                                                                         int bf16) {
     for (int r0 = 0; r0 < n; r0 += ATT_RB) {
         int nr = n - r0 < ATT_RB ? n - r0 : ATT_RB, i = 0;
         for (; i + ATT_IV * ATT_VW <= hd; i += ATT_IV * ATT_VW)
-            ATT_FN(rows_values_block)(o, hd, r0, nr, i, ATT_IV, pr, sj, sr, nb, vp, corr);
-        for (; i + ATT_VW <= hd; i += ATT_VW) ATT_FN(rows_values_block)(o, hd, r0, nr, i, 1, pr, sj, sr, nb, vp, corr);
+            ATT_FN(rows_values_block)(o, hd, r0, nr, i, ATT_IV, pr, sj, sr, nb, vp, corr, bf16);
+        for (; i + ATT_VW <= hd; i += ATT_VW)
+            ATT_FN(rows_values_block)(o, hd, r0, nr, i, 1, pr, sj, sr, nb, vp, corr, bf16);
         for (int r = r0; r < r0 + nr; r++)  // the head_dim tail
             for (int t = i; t < hd; t++) {
                 float acc = o[(size_t)r * hd + t] * corr[r];
-                for (int j = 0; j < nb; j++) acc += pr[(size_t)j * sj + (size_t)r * sr] * vp[j][t];
+                for (int j = 0; j < nb; j++)
+                    acc = __builtin_fmaf(pr[(size_t)j * sj + (size_t)r * sr], ATT_FN(rowelem)(vp[j], t, bf16), acc);
                 o[(size_t)r * hd + t] = acc;
             }
     }
+}
+
+// vp: fp32 rows (a prefill tile's widened ones included), or bf16 rows when bf16.
+static void ATT_FN(rows_values)(float *o, int hd, int n, const float *pr, int sj, int sr, int nb,
+                                const void *const *vp, const float *corr, int bf16) {
+    if (bf16) ATT_FN(rows_values_t)(o, hd, n, pr, sj, sr, nb, vp, corr, 1);
+    else ATT_FN(rows_values_t)(o, hd, n, pr, sj, sr, nb, vp, corr, 0);
 }
 
 // Head g's key or value rows j0..j0+nb: in place (fp32 cache) or widened into wide.
 static void ATT_FN(rows_kv)(const attn_args *a, const void *trunk, const void *tail, int g, int j0, int nb,
                             const float **p, float *wide) {
     for (int j = 0; j < nb; j++) p[j] = ATT_FN(kv_head)(a, trunk, tail, j0 + j, g, wide + (size_t)j * a->s.head_dim);
+}
+
+// Head g's key or value rows j0..j0+nb in place, in the cache's own type (decode reads
+// bf16 rows widened in registers: a widened copy cost more than the bytes it saved).
+static void ATT_FN(rows_raw)(const attn_args *a, const void *trunk, const void *tail, int g, int j0, int nb,
+                             const void **p) {
+    size_t esize = a->kv.bf16 ? 2 : 4, off = (size_t)g * a->s.head_dim * esize;
+    for (int j = 0; j < nb; j++)
+        p[j] = (const char *)attn_kv_row(trunk, tail, a->kv.n_trunk, j0 + j, a->kv_dim, esize) + off;
 }
 
 // The shuffles that sum ATT_VW vectors' lanes into one vector (lane k: the sum of vector
@@ -124,50 +165,56 @@ static inline ATT_V ATT_FN(reduce_lanes)(ATT_V *c, const ATT_VI *lo, const ATT_V
 
 // Row q against ATT_VW keys k[]: their dot products as one vector, with no horizontal
 // sum per key (decode's rows are too few to fill the lanes the other way).
-static inline ATT_V ATT_FN(dots_vw)(const float *q, const float *const *k, int hd, const ATT_VI *lo, const ATT_VI *hi,
-                                    int levels) {
+static inline __attribute__((always_inline)) ATT_V ATT_FN(dots_vw)(const float *q, const void *const *k, int hd,
+                                                                    const ATT_VI *lo, const ATT_VI *hi, int levels,
+                                                                    int bf16) {
     ATT_V c[ATT_VW];
     for (int jj = 0; jj < ATT_VW; jj++) c[jj] = (ATT_V){ 0 };
     int i = 0;
     for (; i + ATT_VW <= hd; i += ATT_VW) {
         ATT_V qv = ATT_FN(vload)(q + i);
-        for (int jj = 0; jj < ATT_VW; jj++) c[jj] += qv * ATT_FN(vload)(k[jj] + i);
+        for (int jj = 0; jj < ATT_VW; jj++) c[jj] += qv * ATT_FN(rowload)(k[jj], i, bf16);
     }
     ATT_V d = ATT_FN(reduce_lanes)(c, lo, hi, levels);
     for (; i < hd; i++)
-        for (int jj = 0; jj < ATT_VW; jj++) d[jj] += q[i] * k[jj][i];
+        for (int jj = 0; jj < ATT_VW; jj++) d[jj] = __builtin_fmaf(q[i], ATT_FN(rowelem)(k[jj], i, bf16), d[jj]);
     return d;
 }
 
 // Scores of one key block: s[r * ATT_BK + j - j0] = q_r . k_j * scale, -inf past a row's
 // causal limit; the last token's rows also go to the capture (raw, as cpu_attention says).
-// kp: room for the block's key rows; wide: for ATT_BK widened bf16 rows.
-static void ATT_FN(block_scores)(const attn_args *a, const attn_rows *w, int j0, int j1, float *s, const float **kp,
-                                 float *wide) {
+// kp: room for the block's key rows.
+static inline __attribute__((always_inline)) void ATT_FN(block_scores_t)(const attn_args *a, const attn_rows *w,
+                                                                          int j0, int j1, float *s, const void **kp,
+                                                                          int bf16) {
     int hd = a->s.head_dim, nb = j1 - j0;
     ATT_VI lo[8] = { { 0 } }, hi[8] = { { 0 } };
     int levels = ATT_FN(reduce_masks)(lo, hi);
-    ATT_FN(rows_kv)(a, a->kv.k_trunk, a->kv.k_tail, w->g, j0, nb, kp, wide);
+    ATT_FN(rows_raw)(a, a->kv.k_trunk, a->kv.k_tail, w->g, j0, nb, kp);
     for (int r = 0; r < w->n; r++) {
         const float *q = w->q[r];
         float *sr = s + r * ATT_BK;
         int j = 0;
         for (; j + ATT_VW <= nb; j += ATT_VW) {
-            ATT_V d = ATT_FN(dots_vw)(q, kp + j, hd, lo, hi, levels) * a->s.scale;
+            ATT_V d = ATT_FN(dots_vw)(q, kp + j, hd, lo, hi, levels, bf16) * a->s.scale;
             ATT_FN(vstore)(sr + j, d);
         }
         for (; j < nb; j++) {
-            const float *k = kp[j];
             ATT_V acc = { 0 };
             int i = 0;
-            for (; i + ATT_VW <= hd; i += ATT_VW) acc += ATT_FN(vload)(q + i) * ATT_FN(vload)(k + i);
+            for (; i + ATT_VW <= hd; i += ATT_VW) acc += ATT_FN(vload)(q + i) * ATT_FN(rowload)(kp[j], i, bf16);
             float d = ATT_FN(hsum)(acc);
-            for (; i < hd; i++) d += q[i] * k[i];
+            for (; i < hd; i++) d = __builtin_fmaf(q[i], ATT_FN(rowelem)(kp[j], i, bf16), d);
             sr[j] = d * a->s.scale;
         }
         if (w->cap[r]) memcpy(w->cap[r] + j0, sr, sizeof(float) * (size_t)nb);
         for (j = w->limit[r] - j0 > 0 ? w->limit[r] - j0 : 0; j < nb; j++) sr[j] = -INFINITY;
     }
+}
+
+static void ATT_FN(block_scores)(const attn_args *a, const attn_rows *w, int j0, int j1, float *s, const void **kp) {
+    if (a->kv.bf16) ATT_FN(block_scores_t)(a, w, j0, j1, s, kp, 1);
+    else ATT_FN(block_scores_t)(a, w, j0, j1, s, kp, 0);
 }
 
 // Folds a block's scores s into row r's running max, sum and output scale; s becomes
@@ -200,16 +247,16 @@ static float ATT_FN(block_softmax)(float *s, int nb, float *m, float *l) {
 static void ATT_FN(attn_tile)(const attn_args *a, const attn_rows *w, int ka, int kb, float *m, float *l, float *o,
                               float *s) {
     int hd = a->s.head_dim;
-    float corr[ATT_MAX_ROWS], *wk = o + (size_t)ATT_MAX_ROWS * hd, *wv = wk + (size_t)ATT_BK * hd;
-    const float *kp[ATT_BK], *vp[ATT_BK];
+    float corr[ATT_MAX_ROWS];
+    const void *kp[ATT_BK], *vp[ATT_BK];
     for (int r = 0; r < w->n; r++) m[r] = -INFINITY, l[r] = 0;
     memset(o, 0, sizeof(float) * (size_t)w->n * hd);
     for (int j0 = ka; j0 < kb; j0 += ATT_BK) {
         int j1 = j0 + ATT_BK < kb ? j0 + ATT_BK : kb;
-        ATT_FN(block_scores)(a, w, j0, j1, s, kp, wk);
+        ATT_FN(block_scores)(a, w, j0, j1, s, kp);
         for (int r = 0; r < w->n; r++) corr[r] = ATT_FN(block_softmax)(s + r * ATT_BK, j1 - j0, &m[r], &l[r]);
-        ATT_FN(rows_kv)(a, a->kv.v_trunk, a->kv.v_tail, w->g, j0, j1 - j0, vp, wv);
-        ATT_FN(rows_values)(o, hd, w->n, s, 1, ATT_BK, j1 - j0, vp, corr);
+        ATT_FN(rows_raw)(a, a->kv.v_trunk, a->kv.v_tail, w->g, j0, j1 - j0, vp);
+        ATT_FN(rows_values)(o, hd, w->n, s, 1, ATT_BK, j1 - j0, vp, corr, a->kv.bf16);
     }
 }
 
@@ -221,8 +268,8 @@ static void ATT_FN(attn_tile)(const attn_args *a, const attn_rows *w, int ka, in
 static void ATT_FN(attn_tile_sweep)(const attn_args *a, const attn_rows *w, int ka, int kb, float *m, float *l,
                                     float *o, float *s) {
     int hd = a->s.head_dim, nk = a->s.n_kv_heads, G = w->n / nk;
-    float corr[ATT_MAX_ROWS], *wk = o + (size_t)ATT_MAX_ROWS * hd, *wv = wk + (size_t)ATT_BK * hd;
-    const float *kp[ATT_BK], *vp[ATT_BK];
+    float corr[ATT_MAX_ROWS];
+    const void *kp[ATT_BK], *vp[ATT_BK];
     for (int r = 0; r < w->n; r++) m[r] = -INFINITY, l[r] = 0;
     memset(o, 0, sizeof(float) * (size_t)w->n * hd);
     attn_rows sub;  // group g's rows, as attn_tile sees a tile
@@ -234,10 +281,10 @@ static void ATT_FN(attn_tile_sweep)(const attn_args *a, const attn_rows *w, int 
             memcpy(sub.q, w->q + r0, sizeof(*sub.q) * (size_t)G);
             memcpy(sub.cap, w->cap + r0, sizeof(*sub.cap) * (size_t)G);
             memcpy(sub.limit, w->limit + r0, sizeof(*sub.limit) * (size_t)G);
-            ATT_FN(block_scores)(a, &sub, j0, j1, s, kp, wk);
+            ATT_FN(block_scores)(a, &sub, j0, j1, s, kp);
             for (int r = 0; r < G; r++) corr[r] = ATT_FN(block_softmax)(s + r * ATT_BK, j1 - j0, &m[r0 + r], &l[r0 + r]);
-            ATT_FN(rows_kv)(a, a->kv.v_trunk, a->kv.v_tail, g, j0, j1 - j0, vp, wv);
-            ATT_FN(rows_values)(o + (size_t)r0 * hd, hd, G, s, 1, ATT_BK, j1 - j0, vp, corr);
+            ATT_FN(rows_raw)(a, a->kv.v_trunk, a->kv.v_tail, g, j0, j1 - j0, vp);
+            ATT_FN(rows_values)(o + (size_t)r0 * hd, hd, G, s, 1, ATT_BK, j1 - j0, vp, corr, a->kv.bf16);
         }
     }
 }

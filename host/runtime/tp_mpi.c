@@ -248,11 +248,15 @@ void tp_mpi_abort(tp_mpi *w, int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 
 void tp_mpi_finalize(tp_mpi *w) {
     if (!w) return;
-    stop_dog(w);
+    // MPI_Finalize waits for every rank: under the watchdog, so a rank that is stopped or
+    // stuck cannot keep the others from exiting.
+    enter(w, "MPI shutdown (MPI_Finalize)");
     free_comm(w->world);
     free_comm(w->group);
     free_comm(w->across);
     MPI_Finalize();
+    leave(w);
+    stop_dog(w);
     free(w);
 }
 

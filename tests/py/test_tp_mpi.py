@@ -341,22 +341,35 @@ def rank_pid(mpi, rank):
     return None
 
 
+def first_output(proc, timeout):
+    """Waits until proc has written to stdout (at most timeout seconds)."""
+    import select
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return bool(ready)
+
+
 def test_rank_failures(tmp, stories):
     slow = os.path.join(tmp, "slow")
     slowmodel.write_slow_model(slow, stories)
-    # (what, signal, options, the message, seconds after rank 1 starts): "stopped at start"
-    # stops it inside MPI's start-up, where only the watchdog armed before MPI_Init helps.
+    # (what, signal, options, the message, seconds after rank 0's text begins; 0: as soon
+    # as rank 1 starts, inside MPI's start-up, where only the watchdog armed before
+    # MPI_Init helps).
     for what, sig, extra, needle, delay in (
-            ("killed", signal.SIGKILL, (), "rank 1", 1.5),
-            ("stopped", signal.SIGSTOP, ("--tp-timeout", 3), "waited more than 3 s", 1.5),
+            ("killed", signal.SIGKILL, (), "rank 1", 0.1),
+            ("stopped", signal.SIGSTOP, ("--tp-timeout", 3), "waited more than 3 s", 0.1),
             ("stopped_at_start", signal.SIGSTOP, ("--tp-timeout", 3), "waited more than 3 s", 0)):
         cmd = [MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", vtest.VARENT, "run", "-m", slow, "-p",
                "Once upon a time", "-n", "1500", "--ctx", "2048", "--temp", "0", *map(str, extra)]
         mpi = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8", errors="replace")
         pid = rank_pid(mpi, 1)
-        time.sleep(delay)  # 1.5: well into the generation
+        if delay:  # mid run: once rank 0's text has begun (a fixed delay could land after the end)
+            first_output(mpi, 60)
+            time.sleep(delay)
         if pid:
-            os.kill(pid, sig)
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pid = None  # rank 1 already gone: the check below says so
         t0 = time.time()
         try:
             out, err = mpi.communicate(timeout=60)

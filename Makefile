@@ -71,7 +71,7 @@ SAN      ?=
 CFLAGS   += $(SAN)
 LDLIBS   += $(SAN)
 
-.PHONY: all deps test tests run bench bench-cpu clean test-asan fuzz fuzz-build fuzz-seeds emu test-emu cli-docs
+.PHONY: all deps test tests run bench bench-cpu clean test-asan fuzz fuzz-build fuzz-seeds emu test-emu cli-docs trace-lib
 all: deps $(BIN)
 
 deps:
@@ -170,8 +170,10 @@ $(EMU_BUILD)/%.cu.o: $(EMU_BUILD)/gen/%.cu.cpp
 $(EMU_BUILD)/tests/cudaemu/%.o: tests/cudaemu/%.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+# The emulated CUPTI's functions are exported, so that an injection library
+# (CUDA_INJECTION64_PATH, the tracer below) loaded into varent finds them.
 $(EMU_BUILD)/varent: $(EMU_OBJ)
-	$(CC) -o $@ $^ $(EMU_LDLIBS)
+	$(CC) -o $@ $^ $(EMU_LDLIBS) -Wl,--export-dynamic-symbol='cupti*'
 $(EMU_BUILD)/tests/%: tests/c/%.c $(EMU_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(EMU_CFLAGS) -o $@ $(filter %.c %.o,$^) $(EMU_LDLIBS)
@@ -189,8 +191,25 @@ $(EMU_BUILD)/tests/test_cudaemu_%: $(EMU_BUILD)/gen/tests/cudaemu/test_cudaemu_%
 # debuggers point into it through its #line directives.
 .PRECIOUS: $(EMU_BUILD)/gen/%.cu.cpp
 
-emu: deps $(EMU_BUILD)/varent $(EMU_TESTS)
-test: $(EMU_BUILD)/varent $(EMU_TESTS)
+# The GPU window's tracer (tools/trace/cupti_trace.c, docs/cuda.md "A GPU window"): an
+# injection library over CUPTI. `make trace-lib` builds it against NVIDIA's CUPTI (the
+# bundle carries it with libcupti); the emulated device's build runs in make test.
+TRACE_CFLAGS := -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared
+$(EMU_BUILD)/tools/libvarent_trace.so: tools/trace/cupti_trace.c tests/cudaemu/include/cupti.h
+	@mkdir -p $(dir $@)
+	$(CC) $(TRACE_CFLAGS) -Itests/cudaemu/include -o $@ $< -lpthread
+ifneq ($(NVCC),)
+trace-lib: $(BUILD)/tools/libvarent_trace.so
+$(BUILD)/tools/libvarent_trace.so: tools/trace/cupti_trace.c
+	@mkdir -p $(dir $@)
+	$(CC) $(TRACE_CFLAGS) -I$(CUDA_HOME)/include -o $@ $< -L$(CUDA_HOME)/lib64 -Wl,-rpath,'$$ORIGIN' -Wl,-rpath,$(CUDA_HOME)/lib64 -lcupti -lpthread
+else
+trace-lib:
+	@echo "trace-lib: no nvcc: the CUPTI tracer needs the CUDA toolkit" >&2; exit 1
+endif
+
+emu: deps $(EMU_BUILD)/varent $(EMU_TESTS) $(EMU_BUILD)/tools/libvarent_trace.so
+test: $(EMU_BUILD)/varent $(EMU_TESTS) $(EMU_BUILD)/tools/libvarent_trace.so
 test-emu: emu
 	@PYTHON=$(PYTHON) BUILD=$(BUILD) EMU_BUILD=$(EMU_BUILD) VARENT=$(abspath $(BIN)) bash tests/run.sh --emu-only $(T)
 

@@ -130,6 +130,10 @@ typedef struct {
 // out[c] for each cfg[c], all from logits[n] (n <= 2^19). Returns -1 on bad arguments.
 int cpu_sample(sample_out *out, const float *logits, int n, const sample_cfg *cfg, int n_cfg);
 
+// The sum of a buffer's 32-bit little-endian words, the last one zero-padded: the
+// read-bandwidth probe's result (cuda_read_probe), nothing the forward uses.
+uint32_t cpu_read_checksum(const void *p, size_t bytes);
+
 // Numeric conversions shared by loaders and kernels.
 static inline float bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = { (uint32_t)h << 16 };

@@ -73,6 +73,26 @@ int cuda_memset(cuda_ctx *ctx, void *p, int byte, size_t bytes);
 int cuda_sync(cuda_ctx *ctx);
 // "NVIDIA H100 80GB HBM3, 132 SMs, 79.1 GiB" into buf (bench and info output).
 int cuda_describe(cuda_ctx *ctx, char *buf, size_t n);
+// ---- the machine (kernels/cuda/probe.cu): varent bench --probe, the GPU window ----------
+typedef struct cuda_facts {
+    char name[256];
+    int n_sm;
+    int l2_bytes;                 // L2 cache
+    size_t mem_bytes;             // device memory
+    int sm_clock_khz;             // peak SM clock
+    int mem_clock_khz;            // peak memory clock
+    int bus_bits;                 // memory bus width
+    int ecc;                      // 1: ECC on
+    int driver, runtime;          // CUDA versions, 1000 * major + 10 * minor
+} cuda_facts;
+int cuda_device_facts(cuda_ctx *ctx, cuda_facts *f);
+// One read of `bytes` of device memory at buf (16-byte aligned) by the probe kernel:
+// *sum the 32-bit word sum (the buffer zero-padded to whole words: cpu_read_checksum's),
+// *ms its time (events). Synchronous; uses ctx->scratch.
+int cuda_read_probe(cuda_ctx *ctx, const void *buf, size_t bytes, uint32_t *sum, float *ms);
+// Read bandwidth over a fresh buffer of `bytes` (make it several times the L2), the
+// best of reps timed reads after one warm-up; *checked 1 when every read summed right.
+int cuda_read_gbs(cuda_ctx *ctx, size_t bytes, int reps, double *gbs, int *checked);
 // Make ctx->device current on the calling thread (the current device is per thread).
 int cuda_activate(cuda_ctx *ctx);
 // Async device-to-device copy of `height` rows of `width` bytes between pitched

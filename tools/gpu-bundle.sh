@@ -1,30 +1,132 @@
 #!/usr/bin/env bash
-# tools/gpu-bundle.sh: packs a CUDA build of varent and of every test program, with the
-# shared libraries a bare GPU machine lacks (cJSON, PCRE2, utf8proc, libmicrohttpd and
-# what they pull in), into .gpu/bundle.tar.xz, for a GPU machine that cannot install
-# packages or reach a network (the device tool's machines). Run it here, where the build
-# dependencies are installed; then on the GPU machine, from the repository root:
-#   tools/gpu-verify.sh check|suite|sanitize|bench
-# which unpacks the bundle on first use. The build targets x86-64-v3 (AVX2) rather than
-# this machine's -march=native, so it runs on the GPU host's CPU; glibc here (Debian 12,
-# 2.36) is older than the GPU image's, so the binaries load there. .gpu/ is git-ignored.
-# Env: OUT_DIR (.gpu), JOBS (nproc).
+# tools/gpu-bundle.sh: packs what a GPU window needs into .gpu/bundle.tar.xz, for a GPU
+# machine that cannot install packages or reach a network (the device tool's machines):
+#   build/    a CUDA build of varent and of every test program (x86-64-v3, sm_90), and
+#             build/COMMIT
+#   base/     the A/B baseline: varent built the same way at BASE_COMMIT, and base/COMMIT
+#   lib/      the shared libraries a bare GPU machine lacks (cJSON, PCRE2, utf8proc,
+#             libmicrohttpd and what they pull in), the tracer libvarent_trace.so
+#             (tools/trace/cupti_trace.c) and the libcupti it was linked against
+#   llamacpp/ llama.cpp's llama-bench, a CUDA build for sm_90 only (LLAMACPP=1; built
+#             from the llama-cpp-python sdist, as tools/bench-llamacpp.py does for the CPU)
+# and checks that the bundle and the working tree together stay under LIMIT_MB (64 MiB,
+# what the device tool carries), leaving llama.cpp out first and saying so. Run it here,
+# where the build dependencies are; then on the GPU machine, from the repository root:
+#   tools/gpu-window.sh          the whole window (docs/cuda.md, "A GPU window")
+#   tools/gpu-verify.sh STAGE    the older staged checks
+# glibc here (Debian 12, 2.36) is older than the GPU image's, so the binaries load there.
+# .gpu/ is git-ignored.
+# Env: OUT_DIR (.gpu), JOBS (nproc), BASE_COMMIT (d13cfbc, the last commit timed on a GPU;
+#      "none": no baseline), LLAMACPP (0; 1 builds llama-bench, tens of minutes on 2 cores,
+#      kept in OUT_DIR/llamacpp-build for the next bundle), LIMIT_MB (64), SUITE (0; 1 packs
+#      every test program, for `tools/gpu-verify.sh suite`: about 70 MiB more).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 out=${OUT_DIR:-.gpu}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
 jobs=${JOBS:-$(nproc)}
+base_commit=${BASE_COMMIT:-d13cfbc}
+limit_mb=${LIMIT_MB:-64}
 command -v nvcc >/dev/null || test -x /usr/local/cuda/bin/nvcc || { echo "gpu-bundle: no nvcc: the bundle needs a CUDA build" >&2; exit 1; }
 bash tools/install-deps.sh
-mkdir -p "$out/lib"
-make -j"$jobs" ARCH=-march=x86-64-v3 BUILD="$out/build" BIN="$out/build/varent" "$out/build/varent" tests >/dev/null
+mkdir -p "$out/lib" "$out/base"
+say() { echo "gpu-bundle: $*" >&2; }
 
-# The libraries of the binary that are not part of glibc, gcc's runtime or CUDA (those
-# are on the GPU image): copied with their sonames.
-ldd "$out/build/varent" | awk '$3 ~ /^\// { print $1, $3 }' | while read -r soname path; do
-    case $soname in
-    libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libgcc_s.so* | libstdc++.so* | libgomp.so* | libcu*) ;;
-    *) cp -L "$path" "$out/lib/$soname" ;;
-    esac
+# The current tree (its uncommitted changes included: COMMIT says so).
+say "building the current tree"
+make -j"$jobs" ARCH=-march=x86-64-v3 BUILD="$out/build" BIN="$out/build/varent" "$out/build/varent" tests \
+    "$out/build/tools/libvarent_trace.so" >/dev/null
+{ git rev-parse --short HEAD; git diff --quiet HEAD || echo "+uncommitted changes"; } | paste -sd ' ' >"$out/build/COMMIT"
+
+# The baseline, from git archive (no worktree left behind), rebuilt only when it changes.
+if [ "$base_commit" != none ]; then
+    want=$(git rev-parse --short "$base_commit")
+    if [ "$(cat "$out/base/COMMIT" 2>/dev/null)" != "$want" ]; then
+        say "building the baseline $want"
+        rm -rf "$out/base-src"
+        mkdir -p "$out/base-src"
+        git archive "$want" | tar -x -C "$out/base-src"
+        make -C "$out/base-src" -j"$jobs" ARCH=-march=x86-64-v3 BUILD="$out/base-build" BIN="$out/base/varent" \
+            "$out/base/varent" >/dev/null
+        echo "$want" >"$out/base/COMMIT"
+    fi
+fi
+
+# Libraries of the binaries that are not part of glibc, gcc's runtime or CUDA (those are
+# on the GPU image), with their sonames; the tracer and its libcupti.
+for bin in "$out/build/varent" "$out/base/varent"; do
+    [ -x "$bin" ] || continue
+    ldd "$bin" | awk '$3 ~ /^\// { print $1, $3 }' | while read -r soname path; do
+        case $soname in
+        # NCCL (218 MB) is on the GPU image too, in PyTorch's nvidia-nccl package: the
+        # window's scripts put its folder on the library path.
+        libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libgcc_s.so* | libstdc++.so* | libgomp.so* | libcu* | libnccl*) ;;
+        *) cp -L "$path" "$out/lib/$soname" ;;
+        esac
+    done
 done
-tar -cJf "$out/bundle.tar.xz" -C "$out" build/varent build/tests build/fuzz-replay lib
-echo "gpu-bundle: $out/bundle.tar.xz ($(du -h "$out/bundle.tar.xz" | cut -f1)): $(ls "$out/lib" | tr '\n' ' ')"
+cp "$out/build/tools/libvarent_trace.so" "$out/lib/"
+cupti=$(ldd "$out/lib/libvarent_trace.so" | awk '$1 ~ /^libcupti/ { print $3 }')
+[ -n "$cupti" ] && cp -L "$cupti" "$out/lib/"
+
+# llama.cpp's llama-bench for sm_90, from the llama-cpp-python sdist (the version
+# tools/bench-llamacpp.py pins), statically linked against ggml.
+llamacpp() {
+    local ver src=$ROOT/build/llamacpp-src
+    ver=$(sed -n 's/^LLAMA_CPP_PYTHON = "\(.*\)"/\1/p' tools/bench-llamacpp.py)
+    if [ ! -d "$src/vendor/llama.cpp" ]; then
+        mkdir -p "$ROOT/build/llamacpp-dl"
+        python3 -m pip download --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$ROOT/build/llamacpp-dl" >/dev/null
+        rm -rf "$src"
+        mkdir -p "$src"
+        tar -xzf "$ROOT"/build/llamacpp-dl/llama_cpp_python-"$ver".tar.gz -C "$src" --strip-components 1
+    fi
+    cmake -S "$src/vendor/llama.cpp" -B "$out/llamacpp-build" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+        -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build "$out/llamacpp-build" --target llama-bench -j"$jobs" >/dev/null
+    mkdir -p "$out/llamacpp"
+    cp "$out/llamacpp-build/bin/llama-bench" "$out/llamacpp/"
+    echo "llama-cpp-python $ver (llama.cpp vendored), CUDA sm_90, static ggml" >"$out/llamacpp/VERSION"
+}
+rm -f "$out/llamacpp.why"
+if [ "${LLAMACPP:-0}" = 1 ] || [ -x "$out/llamacpp/llama-bench" ]; then
+    [ -x "$out/llamacpp/llama-bench" ] || { say "building llama.cpp (CUDA, sm_90)"; llamacpp || echo "the llama.cpp build failed (tools/gpu-bundle.sh)" >"$out/llamacpp.why"; }
+else
+    echo "not built: LLAMACPP=1 tools/gpu-bundle.sh builds it" >"$out/llamacpp.why"
+fi
+
+# The bundle, within what the device tool carries beside the working tree.
+tree_bytes() {  # tracked and untracked-but-not-ignored files: what travels
+    git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'
+}
+pack() {
+    local parts=(build/varent build/COMMIT lib)
+    if [ "${SUITE:-0}" = 1 ]; then
+        parts+=(build/tests build/fuzz-replay)
+    else  # the CUDA programs only: what the window and gpu-verify's check, sanitize and bench run
+        parts+=($(cd "$out" && ls -d build/tests/test_cuda_* build/tests/test_sample))
+    fi
+    [ -x "$out/base/varent" ] && parts+=(base/varent base/COMMIT)
+    [ "$1" = with-llamacpp ] && [ -x "$out/llamacpp/llama-bench" ] && parts+=(llamacpp)
+    [ -f "$out/llamacpp.why" ] && parts+=(llamacpp.why)
+    XZ_OPT=-9 tar -cJf "$out/bundle.tar.xz" -C "$out" "${parts[@]}"
+}
+pack with-llamacpp
+tree=$(tree_bytes)
+total=$(($(stat -c %s "$out/bundle.tar.xz") + tree))
+if [ "$total" -gt $((limit_mb << 20)) ] && [ -x "$out/llamacpp/llama-bench" ]; then
+    echo "left out: the bundle with it would carry $((total >> 20)) MiB, over the $limit_mb MiB limit" >"$out/llamacpp.why"
+    pack without
+    total=$(($(stat -c %s "$out/bundle.tar.xz") + tree))
+fi
+mb() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+say "$out/bundle.tar.xz: $(mb "$(stat -c %s "$out/bundle.tar.xz")"), with the working tree $(mb "$total") of $limit_mb MiB"
+say "current $(cat "$out/build/COMMIT"); baseline $(cat "$out/base/COMMIT" 2>/dev/null || echo none); llama.cpp: $(cat "$out/llamacpp/VERSION" 2>/dev/null || cat "$out/llamacpp.why")"
+say "libraries: $(ls "$out/lib" | tr '\n' ' ')"
+if [ "$total" -gt $((limit_mb << 20)) ]; then
+    say "over the limit: the device tool will refuse to carry it"
+    exit 1
+fi

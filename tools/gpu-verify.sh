@@ -27,6 +27,9 @@ if [ ! -x .gpu/build/varent ]; then
     tar -xJf .gpu/bundle.tar.xz -C .gpu
 fi
 export LD_LIBRARY_PATH=$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# NCCL is not in the bundle (218 MB): the GPU image has it in PyTorch's nvidia-nccl package.
+nccl_lib=$(${PYTHON:-python3} -c 'import nvidia.nccl as n, os; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null)
+[ -n "$nccl_lib" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_lib
 B=.gpu/build
 export VARENT=$PWD/$B/varent PYTHON BUILD=$B
 : >"$log"

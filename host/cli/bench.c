@@ -8,7 +8,9 @@
 // decode loop (generate()) under each named sampler, side by side, with its overhead
 // over the first one; --temp/--top-k/--top-p/--min-p set the standard sampler's draw
 // (default: the profile's T0 and P0), so `--sampler standard --temp 1.0` times the
-// decode loop of `varent run --temp 1.0`.
+// decode loop of `varent run --temp 1.0`. --ctx sizes the context as a run would (the
+// attention's grid follows the capacity); --probe measures the device alone (facts, the
+// read bandwidth of the project's probe kernel, the device copy) without a model.
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,7 @@
 #include "host/cli/common.h"
 #include "host/decode/generate.h"
 #include "host/runtime/session_cuda.h"
+#include "host/runtime/devices.h"
 #include "host/util/hugemem.h"
 
 static int cmp_double(const void *a, const void *b) {
@@ -261,6 +264,11 @@ static const cli_opt bench_opts[] = {
     { "--top-k", "K", "sampling", "0", "the standard sampler's top-k", 0 },
     { "--top-p", "P", "sampling", "the profile's", "the standard sampler's top-p", 0 },
     { "--min-p", "M", "sampling", "0", "the standard sampler's min-p", 0 },
+    { "-c|--ctx", "N", "prompt", "--prompt-len + -n + 1", "context capacity (the CLI's default is 4096): decode then "
+      "runs with the buffers and attention grid of that capacity", 0 },
+    { "--probe", NULL, "output", NULL, "measure the device only, no model: its facts, the read bandwidth of the probe "
+      "kernel and the device copy (CUDA)", 0 },
+    { "--probe-mb", "N", "output", "1024", "the probe's buffer in MiB (make it several times the L2)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt bench_session_opts[] = {
@@ -274,7 +282,8 @@ static const cli_opt *const bench_tables[] = { bench_session_opts, cli_opts_kv, 
 const cli_spec cli_bench_spec = {
     "bench", "-m DIR [-n 256] [--prompt-len 512] [--runs 3] [options]",
     "Measure prefill and decode speed and the memory bandwidth achieved, then the decode loop per sampler.",
-    "Greedy decoding from a random prompt; the context is --prompt-len + -n + 1.", bench_tables, NULL, NULL,
+    "Greedy decoding from a random prompt; the context is --prompt-len + -n + 1 unless --ctx says more.", bench_tables,
+    NULL, NULL,
 };
 
 // Where the CPU forward reads its weights from, and how much of that the kernel put in
@@ -288,6 +297,43 @@ static void print_weights(const model *m) {
     printf("weights     %.1f MiB copied into memory, ", m->placed_bytes / 1048576.0);
     if (huge < 0) printf("huge pages unknown (no /proc/self/smaps)\n");
     else printf("%.0f%% in 2 MiB pages\n", huge >= (long long)m->placed_bytes ? 100.0 : 100.0 * huge / m->placed_bytes);
+}
+
+// --probe: the device's facts, the probe kernel's read bandwidth over a buffer of
+// probe_mb MiB and the device copy; no model. The GPU window's first stage.
+static int bench_probe(const char *device, int probe_mb) {
+#ifdef VARENT_CUDA
+    device_spec d;
+    verr err = { { 0 } };
+    if (strcmp(device, "cpu") == 0 || devices_parse(device, &d, &err) != 1 || strcmp(d.name, "cpu") == 0)
+        return cli_usage_error("bench", "--probe measures a CUDA device: give --device cuda[:N], not '%s'", device);
+    cuda_ctx ctx;
+    int dev = strcmp(d.name, "cuda") == 0 ? 0 : atoi(d.name + 5);
+    if (cuda_init(&ctx, dev, &err)) return cli_error("bench", "%s", err.msg);
+    cuda_facts f;
+    double read = 0, copy = 0;
+    int checked = 0;
+    size_t bytes = (size_t)probe_mb << 20;
+    int rc = cuda_device_facts(&ctx, &f) || cuda_read_gbs(&ctx, bytes, 10, &read, &checked) || cuda_copy_gbs(&ctx, &copy);
+    if (rc == 0) {
+        double peak = 2.0 * f.mem_clock_khz * 1e3 * (f.bus_bits / 8.0) / 1e9;  // HBM: two transfers a clock
+        printf("device      cuda:%d (%s, %d SMs, %.1f GiB)\n", dev, f.name, f.n_sm, f.mem_bytes / 1073741824.0);
+        printf("facts       L2 %.1f MiB; SM clock %d MHz, memory clock %d MHz (peak); bus %d bits: %.0f GB/s "
+               "theoretical; ECC %s; driver %d.%d, runtime %d.%d\n", f.l2_bytes / 1048576.0, f.sm_clock_khz / 1000,
+               f.mem_clock_khz / 1000, f.bus_bits, peak, f.ecc ? "on" : "off", f.driver / 1000, f.driver % 1000 / 10,
+               f.runtime / 1000, f.runtime % 1000 / 10);
+        printf("read        %d MiB (%.1fx the L2): %.4g GB/s (probe kernel, best of 10%s)\n", probe_mb,
+               f.l2_bytes > 0 ? (double)bytes / f.l2_bytes : 0, read, checked ? "; sums checked" : "; SUMS WRONG");
+        printf("copy        %.1f GB/s (device copy, read + write)\n", copy);
+        if (!checked) rc = verr_set(&ctx.err, "the probe kernel's sums were wrong: the device read bad data");
+    }
+    if (rc) verr_set(&err, "%s", ctx.err.msg);
+    cuda_destroy(&ctx);
+    return rc ? cli_error("bench", "%s", err.msg) : 0;
+#else
+    (void)device, (void)probe_mb;
+    return cli_error("bench", "--probe needs the CUDA backend: this varent was built without it");
+#endif
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -309,13 +355,20 @@ int cmd_bench(int argc, char **argv) {
     // The standard sampler's settings (-1: the profile's T0 and P0, no top-k or min-p).
     sampler_params sp = { (float)args_float_range(&a, "--temp", -1, 0, 100), (int)args_int_range(&a, "--top-k", -1, 0, INT_MAX),
                           (float)args_float_range(&a, "--top-p", -1, 0, 1), (float)args_float_range(&a, "--min-p", -1, 0, 1) };
+    int ctx = (int)args_int_range(&a, "-c", 0, 1, 1 << 24), probe_only = args_flag(&a, "--probe");
+    int probe_mb = (int)args_int_range(&a, "--probe-mb", 1024, 1, 1 << 20);
     if (args_finish(&a, 0)) return cli_usage_error("bench", "%s", a.err);
+    if (probe_only) return bench_probe(so.device, probe_mb);
     if (!so.model_dir) return cli_usage_error("bench", "missing -m DIR (the model directory)");
+    if (ctx && ctx < plen + n + 1)
+        return cli_usage_error("bench", "--ctx %d is too small for --prompt-len %d + -n %d + 1 = %d", ctx, plen, n,
+                               plen + n + 1);
     verr err = { { 0 } };
     session s;
-    so.ctx = plen + n + 1;
     char ctx_name[96];
-    snprintf(ctx_name, sizeof ctx_name, "--prompt-len %d + -n %d + 1: a context of", plen, n);
+    so.ctx = ctx ? ctx : plen + n + 1;
+    if (ctx) snprintf(ctx_name, sizeof ctx_name, "--ctx: a context of");
+    else snprintf(ctx_name, sizeof ctx_name, "--prompt-len %d + -n %d + 1: a context of", plen, n);
     so.ctx_name = ctx_name;
     if (session_open(&s, &so, &err)) return cli_error("bench", "%s", err.msg);
     int *prompt = malloc(sizeof(int) * (size_t)plen);
@@ -348,6 +401,7 @@ int cmd_bench(int argc, char **argv) {
         printf("model       %s (%s, %s weights, %.1f M params)\n", so.model_dir, c->arch_name, wtype_name(s.m.embed.type),
                s.m.n_params / 1e6);
         printf("device      %s\n", mem.device);
+        printf("context     %d positions (%s)\n", so.ctx, ctx ? "--ctx" : "--prompt-len + -n + 1");
         if (!s.cu) print_weights(&s.m);
         printf("prefill     %d tokens: %.1f tok/s (median of %d)\n", plen, plen / p, runs);
         printf("decode      %d tokens: %.1f tok/s, %.3f ms/token (median of %d)\n", n, tps, 1e3 / tps, runs);

@@ -4,7 +4,10 @@
 // sizes, |gpu - ref| <= tol + |ref| * eps.
 // The batched-decode ops (cuda_*_rows) are checked in test_cuda_batch.c.
 // Usage: test_cuda_kernels            run the checks (SKIP without a device)
-//        test_cuda_kernels --bench    time the bf16 matvec at Llama-3.2-1B shapes etc.
+//        test_cuda_kernels --bench    time the bf16 matvec at Llama-3.2-1B shapes etc., then
+//                                     the decode graph's ops (cuda_decode_bench.h)
+//        test_cuda_kernels --bench-quick   the decode graph bench at a tiny shape (runs on
+//                                     the emulated device: the code, not the timings)
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +28,7 @@ int main(void) {
 #include "kernels/ops_cuda.h"
 
 #include "cuda_harness.h"
+#include "cuda_decode_bench.h"
 
 // Direct CUDA runtime calls of the bench.
 #define CK(call)                                                                         \
@@ -462,6 +466,32 @@ static void test_vocab(void) {
     }
 }
 
+// ---- the read-bandwidth probe (bench --probe): its sum against cpu_read_checksum ---------------
+static void test_probe(void) {
+    size_t sizes[] = {16, 999, 4096 + 3, ((size_t)1 << 20) + 7};
+    for (int k = 0; k < 4; k++) {
+        size_t n = sizes[k];
+        uint8_t *h = malloc(n);
+        for (size_t i = 0; i < n; i++) h[i] = (uint8_t)irand(256);
+        void *d = dup_up(h, n);
+        uint32_t got = 0;
+        float ms = 0;
+        OK(cuda_read_probe(&C, d, n, &got, &ms));
+        uint32_t want = cpu_read_checksum(h, n);
+        CHECK(got == want, NAME("cuda_read_probe bytes=%zu", n), "gpu 0x%08x cpu 0x%08x", got, want);
+        free(h);
+        cuda_free(d);
+    }
+    double gbs = 0;
+    int checked = 0;
+    OK(cuda_read_gbs(&C, ((size_t)1 << 20) + 5, 2, &gbs, &checked));
+    CHECK(checked && gbs > 0, "cuda_read_gbs", "checked %d, %.1f GB/s", checked, gbs);
+    cuda_facts f;
+    OK(cuda_device_facts(&C, &f));
+    CHECK(f.n_sm > 0 && f.l2_bytes > 0 && f.mem_bytes > 0 && f.driver > 0, "cuda_device_facts",
+          "%d SMs, L2 %d, memory %zu, driver %d", f.n_sm, f.l2_bytes, f.mem_bytes, f.driver);
+}
+
 // ---- bench -------------------------------------------------------------------------------------
 static void bench(void) {
     struct { const char *name; int n_in, n_out; } sh[] = {
@@ -581,6 +611,7 @@ static void bench(void) {
 
 int main(int argc, char **argv) {
     int do_bench = argc > 1 && strcmp(argv[1], "--bench") == 0;
+    int quick = argc > 1 && strcmp(argv[1], "--bench-quick") == 0;
     if (cuda_device_count() == 0) {
         SKIP("cuda_kernels", "no CUDA device");
         return 0;
@@ -590,8 +621,9 @@ int main(int argc, char **argv) {
         printf("FAIL cuda_init: %s\n", e.msg);
         return 1;
     }
-    if (do_bench) {
-        bench();
+    if (do_bench || quick) {
+        if (do_bench) bench();
+        db_bench_all(quick);
         cuda_destroy(&C);
         return 0;
     }
@@ -605,6 +637,7 @@ int main(int argc, char **argv) {
     test_attention();
     test_attn_stats();
     test_vocab();
+    test_probe();
     cuda_destroy(&C);
     CHECK_DONE();
 }

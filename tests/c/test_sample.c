@@ -185,44 +185,58 @@ static int device_row(cuda_ctx *C, const float *x, int n, const char *label, int
     return 0;
 }
 
+// One timed configuration: the median of 31 launches of cuda_sample over logits x[n].
+static double bench_one(cuda_ctx *C, const float *x, int n, const sample_cfg *cfg, int n_cfg) {
+    float *dx;
+    sample_cfg *dc;
+    sample_out *dout;
+    verr e;
+    if (cuda_malloc((void **)&dx, (size_t)n * 4, "logits", &e) || cuda_malloc((void **)&dc, sizeof(sample_cfg) * 8, "cfg", &e) ||
+        cuda_malloc((void **)&dout, 8 * sizeof(sample_out), "out", &e) || cuda_upload(C, dx, x, (size_t)n * 4) ||
+        cuda_upload(C, dc, cfg, sizeof(sample_cfg) * (size_t)n_cfg))
+        return -1;
+    double t[31];
+    for (int r = 0; r < 31; r++) {
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        cudaEventRecord(a, C->stream);
+        cuda_sample(C, dout, dx, n, dc, n_cfg);
+        cudaEventRecord(b, C->stream);
+        cudaEventSynchronize(b);
+        float ms;
+        cudaEventElapsedTime(&ms, a, b);
+        t[r] = ms * 1e3;
+        cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    for (int i = 1; i < 31; i++)  // insertion sort for the median
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double s = t[j];
+            t[j] = t[j - 1], t[j - 1] = s;
+        }
+    cuda_free(dx), cuda_free(dc), cuda_free(dout);
+    return t[15];
+}
+
+// The decode step's draw (one configuration: temperature 1, then 0.7 with top-p 0.9) and
+// 8 draws in one launch (the agents), on near-flat rows (uniform in [-1, 1): every token
+// a candidate, the hard case) and peaked ones, at real vocabulary sizes.
 static void bench_device(cuda_ctx *C) {
     static const int vocabs[] = { 49152, 128256, 151936 };
+    static const sampler_params one[] = { { 1.0f, 0, 1, 0 }, { 0.7f, 0, 0.9f, 0 } };
     for (int v = 0; v < 3; v++) {
         int n = vocabs[v];
         float *x = malloc((size_t)n * 4);
         for (int kind = ROW_FLAT; kind <= ROW_PEAKED; kind++) {
             make_row(x, n, kind);
+            for (int k = 0; k < 2; k++) {
+                sample_cfg c1 = to_cfg(one[k], urand());
+                printf("BENCH cuda_sample vocab %d %s rows, 1 draw (temp %g top-p %g): median %.1f us\n", n,
+                       kind == ROW_FLAT ? "near-flat" : "peaked", one[k].temperature, one[k].top_p, bench_one(C, x, n, &c1, 1));
+            }
             sample_cfg cfg[8];
             for (int i = 0; i < 8; i++) cfg[i] = to_cfg(cfgs[i % 4], urand());
-            float *dx;
-            sample_cfg *dc;
-            sample_out *dout;
-            verr e;
-            if (cuda_malloc((void **)&dx, (size_t)n * 4, "logits", &e) || cuda_malloc((void **)&dc, sizeof cfg, "cfg", &e) ||
-                cuda_malloc((void **)&dout, 8 * sizeof(sample_out), "out", &e) || cuda_upload(C, dx, x, (size_t)n * 4) ||
-                cuda_upload(C, dc, cfg, sizeof cfg))
-                return;
-            double t[31];
-            for (int r = 0; r < 31; r++) {
-                cudaEvent_t a, b;
-                cudaEventCreate(&a), cudaEventCreate(&b);
-                cudaEventRecord(a, C->stream);
-                cuda_sample(C, dout, dx, n, dc, 8);
-                cudaEventRecord(b, C->stream);
-                cudaEventSynchronize(b);
-                float ms;
-                cudaEventElapsedTime(&ms, a, b);
-                t[r] = ms * 1e3;
-                cudaEventDestroy(a), cudaEventDestroy(b);
-            }
-            for (int i = 1; i < 31; i++)  // insertion sort for the median
-                for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-                    double s = t[j];
-                    t[j] = t[j - 1], t[j - 1] = s;
-                }
-            printf("bench cuda_sample vocab %d %s rows, 8 configs in one launch: median %.1f us\n", n, row_name[kind],
-                   t[15]);
-            cuda_free(dx), cuda_free(dc), cuda_free(dout);
+            printf("BENCH cuda_sample vocab %d %s rows, 8 configs in one launch: median %.1f us\n", n,
+                   kind == ROW_FLAT ? "near-flat" : "peaked", bench_one(C, x, n, cfg, 8));
         }
         free(x);
     }

@@ -112,6 +112,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                           store(C, ct, ci, al * acc + be * prev);
                       }
               }};
+    emu::api_scope api(emu::API_CUBLAS_GEMM);
     emu::stream_enqueue(h->stream, o);
     return CUBLAS_STATUS_SUCCESS;
 }

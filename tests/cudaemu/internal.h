@@ -46,9 +46,15 @@ int func_max_dynamic_smem(const void *func);
 
 // A queued piece of device work (a kernel, a copy, a GEMM, an event).
 struct op {
-    std::string what;  // "kernel NAME", "memcpy", "cublasGemmEx", ...
+    std::string what;  // "kernel NAME", "memcpy HtoD", "cublasGemmEx", ...
     int is_kernel;
     std::function<void()> run;
+    size_t bytes = 0;  // a copy's or memset's size (the trace's records)
+    // Set when enqueued, for the trace (cupti.cpp): the API call's correlation id, the
+    // stream and device, and for a graph launch's nodes the graph and node ids.
+    uint32_t corr = 0, stream = 0, graph = 0;
+    uint64_t node = 0;
+    int device = 0;
 };
 // Enqueues o on s (the current device's legacy stream when s is NULL), or records it
 // when s is capturing. Error: bad stream.
@@ -56,6 +62,37 @@ cudaError_t stream_enqueue(cudaStream_t s, op o);
 // The device of stream s (NULL: the calling thread's current device).
 int stream_device(cudaStream_t s);
 void set_last_error(cudaError_t e);
+
+// ---- the activity trace (cupti.cpp; CUPTI's API on the emulated device) ----
+// The runtime API calls an api_scope records, as cuptiGetCallbackName names them.
+enum api_id {
+    API_LAUNCH_KERNEL, API_GRAPH_LAUNCH, API_MEMCPY, API_MEMCPY_ASYNC, API_MEMCPY2D_ASYNC, API_MEMSET,
+    API_MEMSET_ASYNC, API_STREAM_SYNCHRONIZE, API_DEVICE_SYNCHRONIZE, API_EVENT_RECORD, API_EVENT_SYNCHRONIZE,
+    API_STREAM_BEGIN_CAPTURE, API_STREAM_END_CAPTURE, API_GRAPH_INSTANTIATE, API_MALLOC, API_FREE, API_HOST_ALLOC,
+    API_CUBLAS_GEMM, API_NCCL, API_COUNT
+};
+// Records one API call from construction to destruction while tracing is on; the work
+// it enqueues carries its correlation id. A call made inside another is not recorded.
+class api_scope {
+  public:
+    explicit api_scope(api_id id);
+    ~api_scope();
+    api_scope(const api_scope &) = delete;
+    api_scope &operator=(const api_scope &) = delete;
+
+  private:
+    api_id id_;
+    uint32_t corr_;
+    uint64_t start_;
+    uint32_t outer_;
+};
+bool trace_on(void);
+uint64_t trace_now(void);
+uint32_t trace_corr(void);
+// A piece of device work ran from start to end (ns): its record, if its kind is enabled.
+void trace_op(const op &o, uint64_t start, uint64_t end);
+// Loads CUDA_INJECTION64_PATH's library, if set, and calls its InitializeInjection.
+void trace_inject(void);
 
 // Prints "cudaemu: " + the message on stderr and aborts (the emulator's checks).
 [[noreturn]] void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -303,6 +303,7 @@ ncclResult_t enqueue(ncclComm_t c, coll x, size_t in_bytes, cudaStream_t stream)
                         "device %d", kind_name(d.kind), b.name, (size_t)(start + bytes - (const char *)b.p), b.p, dev,
                         b.n, c->device);
     }
+    emu::api_scope api(emu::API_NCCL);
     emu::stream_enqueue(stream, emu::op{ kind_name(d.kind), 0, [c, x] { run(c, x); } });
     return ncclSuccess;
 }

@@ -24,6 +24,7 @@
 
 struct emu_stream {
     int device;
+    uint32_t id = 0;  // the trace's stream id
     bool nonblocking;
     std::deque<emu::op> queue;
     bool capturing = false, invalidated = false;
@@ -46,6 +47,7 @@ struct emu_graph {
 struct emu_graph_exec {
     std::vector<emu::op> nodes;
     int device;
+    uint32_t id;  // the trace's graph id
 };
 
 namespace emu {
@@ -75,6 +77,8 @@ struct state {
     config c;
 };
 
+std::atomic<uint32_t> next_id{ 1 };  // stream and graph ids for the trace
+
 uint64_t env_u64(const char *name, uint64_t def) {
     const char *v = getenv(name);
     return v && *v ? strtoull(v, nullptr, 0) : def;
@@ -102,9 +106,11 @@ state &st() {
         for (int d = 0; d < n->c.devices; d++) {
             emu_stream *s0 = new emu_stream();
             s0->device = d;
+            s0->id = next_id++;
             s0->nonblocking = false;
             n->legacy.push_back(s0);
         }
+        trace_inject();  // CUDA_INJECTION64_PATH, as the driver does when it starts
         return n;
     }();
     return *s;
@@ -154,7 +160,13 @@ void flush(emu_stream *s) {
     while (!s->queue.empty()) {
         op o = std::move(s->queue.front());
         s->queue.pop_front();
+        if (!trace_on()) {
+            o.run();
+            continue;
+        }
+        uint64_t t0 = trace_now();
         o.run();
+        trace_op(o, t0, trace_now());
     }
     device_leave(s->device);
 }
@@ -304,6 +316,9 @@ cudaError_t stream_enqueue(cudaStream_t h, op o) {
         if (!s->invalidated) s->graph->nodes.push_back(std::move(o));
         return cudaSuccess;
     }
+    o.corr = trace_corr();
+    o.stream = s->id;
+    o.device = s->device;
     s->queue.push_back(std::move(o));
     return cudaSuccess;
 }
@@ -313,6 +328,7 @@ int stream_device(cudaStream_t h) { return resolve(h)->device; }
 // ---- kernel launches ---------------------------------------------------------------------
 cudaError_t launch(const char *name, const void *func, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    void *closure, const closure_ops *ops) {
+    api_scope api(API_LAUNCH_KERNEL);
     std::shared_ptr<void> holder(closure, ops->destroy);
     unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     if (!grid.x || !grid.y || !grid.z || !threads || threads > 1024 || block.x > 1024 || block.y > 1024 ||
@@ -419,8 +435,22 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d) {
     case cudaDevAttrWarpSize: *v = 32; break;
     case cudaDevAttrMultiProcessorCount: *v = p.multiProcessorCount; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)p.sharedMemPerBlockOptin; break;
+    case cudaDevAttrL2CacheSize: *v = p.l2CacheSize; break;
+    case cudaDevAttrGlobalMemoryBusWidth: *v = p.memoryBusWidth; break;
+    case cudaDevAttrClockRate: *v = 1980000; break;        // an H100 SXM's boost clock, kHz
+    case cudaDevAttrMemoryClockRate: *v = 2619000; break;  // and its HBM3 clock
+    case cudaDevAttrEccEnabled: *v = 1; break;
     default: return ret(cudaErrorInvalidValue);
     }
+    return cudaSuccess;
+}
+// 13.0, as the toolkit the nvcc build uses; the emulated device has no driver of its own.
+cudaError_t cudaDriverGetVersion(int *version) {
+    *version = 13000;
+    return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int *version) {
+    *version = 13000;
     return cudaSuccess;
 }
 
@@ -434,6 +464,7 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+    api_scope api(API_DEVICE_SYNCHRONIZE);
     if (refuse_in_capture()) return ret(cudaErrorStreamCaptureUnsupported);
     flush_device(current_device);
     return cudaSuccess;
@@ -441,6 +472,7 @@ cudaError_t cudaDeviceSynchronize(void) {
 
 // ---- memory --------------------------------------------------------------------------------
 cudaError_t cudaMalloc(void **p, size_t bytes) {
+    api_scope api(API_MALLOC);
     *p = nullptr;
     if (refuse_in_capture()) return ret(cudaErrorStreamCaptureUnsupported);
     state &s = st();
@@ -466,6 +498,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 }
 
 cudaError_t cudaFree(void *p) {
+    api_scope api(API_FREE);
     if (!p) return cudaSuccess;
     if (refuse_in_capture()) return ret(cudaErrorStreamCaptureUnsupported);
     state &s = st();
@@ -495,6 +528,7 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
 }
 
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
+    api_scope api(API_HOST_ALLOC);
     (void)flags;
     *p = aligned_alloc(256, (bytes + 255) & ~(size_t)255);
     if (!*p) return ret(cudaErrorMemoryAllocation);
@@ -548,7 +582,15 @@ static cudaError_t check_copy(void *dst, const void *src, size_t n, enum cudaMem
     return cudaSuccess;
 }
 
+// The op of a copy of n bytes, named by its direction for the trace.
+static op copy_op(const char *what, size_t n, std::function<void()> run) {
+    op o{what, 0, std::move(run)};
+    o.bytes = n;
+    return o;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t h) {
+    api_scope api(API_MEMCPY_ASYNC);
     if (n == 0) return cudaSuccess;
     cudaError_t e = check_copy(dst, src, n, kind);
     if (e != cudaSuccess) return ret(e);
@@ -557,25 +599,29 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
         // pageable source: CUDA stages it before returning, so it is read now
         if (s->capturing) return ret(cudaErrorStreamCaptureUnsupported);
         auto copy = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
-        return stream_enqueue(h, op{"memcpy HtoD", 0, [dst, copy] { memcpy(dst, copy->data(), copy->size()); }});
+        return stream_enqueue(h, copy_op("memcpy HtoD", n, [dst, copy] { memcpy(dst, copy->data(), copy->size()); }));
     }
     if (kind == cudaMemcpyDeviceToHost && !is_pinned(dst, n)) {
         // pageable destination: CUDA returns when the copy is done
         if (s->capturing) return ret(cudaErrorStreamCaptureUnsupported);
-        stream_enqueue(h, op{"memcpy DtoH", 0, [dst, src, n] { memcpy(dst, src, n); }});
+        stream_enqueue(h, copy_op("memcpy DtoH", n, [dst, src, n] { memcpy(dst, src, n); }));
         flush(s);
         return cudaSuccess;
     }
-    return stream_enqueue(h, op{"memcpy", 0, [dst, src, n] { memmove(dst, src, n); }});
+    const char *what = kind == cudaMemcpyHostToDevice   ? "memcpy HtoD"
+                       : kind == cudaMemcpyDeviceToHost ? "memcpy DtoH"
+                                                        : "memcpy DtoD";
+    return stream_enqueue(h, copy_op(what, n, [dst, src, n] { memmove(dst, src, n); }));
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
+    api_scope api(API_MEMCPY);
     if (refuse_in_capture()) return ret(cudaErrorStreamCaptureUnsupported);
     cudaError_t e = check_copy(dst, src, n, kind);
     if (e != cudaSuccess) return ret(e);
     emu_stream *s = st().legacy[current_device];
     flush(s);
-    s->queue.push_back(op{"memcpy", 0, [dst, src, n] { memmove(dst, src, n); }});
+    stream_enqueue(nullptr, copy_op("memcpy", n, [dst, src, n] { memmove(dst, src, n); }));
     flush(s);
     return cudaSuccess;
 }
@@ -585,6 +631,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind
 // call synchronous, which nothing here relies on.
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind kind, cudaStream_t h) {
+    api_scope api(API_MEMCPY2D_ASYNC);
     if (width > dpitch || width > spitch) return ret(cudaErrorInvalidValue);
     if (width == 0 || height == 0) return cudaSuccess;
     if (kind != cudaMemcpyDeviceToDevice && kind != cudaMemcpyDeviceToHost)
@@ -593,16 +640,18 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     if (check_device_range(src, spitch * (height - 1) + width) != cudaSuccess ||
         (kind == cudaMemcpyDeviceToDevice ? check_device_range(dst, dst_n) != cudaSuccess : !is_pinned(dst, dst_n)))
         return ret(cudaErrorInvalidValue);
-    return stream_enqueue(h, op{"memcpy2D", 0, [=] {
-                                    for (size_t r = 0; r < height; r++)
-                                        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
-                                }});
+    return stream_enqueue(h, copy_op(kind == cudaMemcpyDeviceToHost ? "memcpy2D DtoH" : "memcpy2D DtoD", width * height,
+                                     [=] {
+                                         for (size_t r = 0; r < height; r++)
+                                             memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+                                     }));
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t h) {
+    api_scope api(API_MEMSET_ASYNC);
     if (n == 0) return cudaSuccess;
     if (check_device_range(p, n) != cudaSuccess) return ret(cudaErrorInvalidValue);
-    return stream_enqueue(h, op{"memset", 0, [p, v, n] { memset(p, v, n); }});
+    return stream_enqueue(h, copy_op("memset", n, [p, v, n] { memset(p, v, n); }));
 }
 // height rows of width bytes, pitch bytes apart (the forward hooks zero an ablated
 // head's columns this way).
@@ -610,11 +659,12 @@ cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t width, size_t
     if (width > pitch) return ret(cudaErrorInvalidValue);
     if (width == 0 || height == 0) return cudaSuccess;
     if (check_device_range(p, pitch * (height - 1) + width) != cudaSuccess) return ret(cudaErrorInvalidValue);
-    return stream_enqueue(h, op{"memset2D", 0, [=] {
-                                    for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, v, width);
-                                }});
+    return stream_enqueue(h, copy_op("memset2D", width * height, [=] {
+                                         for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, v, width);
+                                     }));
 }
 cudaError_t cudaMemset(void *p, int v, size_t n) {
+    api_scope api(API_MEMSET);
     if (refuse_in_capture()) return ret(cudaErrorStreamCaptureUnsupported);
     cudaError_t e = cudaMemsetAsync(p, v, n, nullptr);
     flush(st().legacy[current_device]);
@@ -625,6 +675,7 @@ cudaError_t cudaMemset(void *p, int v, size_t n) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned flags) {
     emu_stream *s = new emu_stream();
     s->device = current_device;
+    s->id = next_id++;
     s->nonblocking = flags & cudaStreamNonBlocking;
     state &S = st();
     std::lock_guard<std::mutex> lk(S.m);
@@ -647,6 +698,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+    api_scope api(API_STREAM_SYNCHRONIZE);
     emu_stream *s = resolve(h);
     if (s->capturing) {
         s->invalidated = true;
@@ -671,6 +723,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
+    api_scope api(API_EVENT_RECORD);
     if (!e) return ret(cudaErrorInvalidResourceHandle);
     emu_stream *s = resolve(h);
     e->stream = s;
@@ -681,6 +734,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t h) {
                                 }});
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    api_scope api(API_EVENT_SYNCHRONIZE);
     if (!e || !e->stream) return ret(cudaErrorInvalidResourceHandle);
     if (refuse_in_capture()) return ret(cudaErrorStreamCaptureUnsupported);
     flush(e->stream);
@@ -695,6 +749,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
 
 // ---- graphs ------------------------------------------------------------------------------------
 cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode mode) {
+    api_scope api(API_STREAM_BEGIN_CAPTURE);
     if (!h) return ret(cudaErrorStreamCaptureUnsupported);  // the legacy stream cannot capture
     emu_stream *s = h;
     if (s->capturing) return ret(cudaErrorInvalidValue);
@@ -712,6 +767,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t h, enum cudaStreamCaptureMode mo
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *g) {
+    api_scope api(API_STREAM_END_CAPTURE);
     *g = nullptr;
     if (!h || !h->capturing) return ret(cudaErrorInvalidValue);
     emu_stream *s = h;
@@ -732,8 +788,9 @@ cudaError_t cudaStreamEndCapture(cudaStream_t h, cudaGraph_t *g) {
 
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags) {
     (void)flags;
+    api_scope api(API_GRAPH_INSTANTIATE);
     if (!g) return ret(cudaErrorInvalidValue);
-    *exec = new emu_graph_exec{g->nodes, current_device};
+    *exec = new emu_graph_exec{g->nodes, current_device, next_id++};
     return cudaSuccess;
 }
 
@@ -745,8 +802,14 @@ cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *num
 }
 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t h) {
+    api_scope api(API_GRAPH_LAUNCH);
     if (!exec) return ret(cudaErrorInvalidResourceHandle);
-    for (const op &o : exec->nodes) stream_enqueue(h, o);  // replayed against memory as it is then
+    for (size_t i = 0; i < exec->nodes.size(); i++) {  // replayed against memory as it is then
+        op o = exec->nodes[i];
+        o.graph = exec->id;
+        o.node = (uint64_t)exec->id << 32 | i;
+        stream_enqueue(h, std::move(o));
+    }
     return cudaSuccess;
 }
 

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# tools/gpu-window.sh on the emulated device (docs/cuda.md, "A GPU window"): the whole
+# window end to end with a short deadline and a planted hang in its first stage. Checks
+# that every stage is reported in order, the hang is cut at its share and the later
+# stages still run, the A/B stage compares two builds, and decode-trace.tsv holds one
+# row per graph node of each traced step (the counts varent bench printed). Then the
+# trace report on a hand-made trace whose durations and gaps are known, and the tracer
+# library refusing to run without VARENT_TRACE_OUT.
+set -u
+cd "${ROOT:-$(dirname "$0")/../..}"
+ROOT=$PWD
+EMU=${EMU_BUILD:-${BUILD:-build}/emu}
+PY=${PYTHON:-python3}
+TMP=${TESTTMP:-tests/tmp}/gpu-window
+TMP=$(mkdir -p "$TMP" && cd "$TMP" && pwd)
+rm -rf "${TMP:?}"/*
+
+ok() {  # name, condition result ($?), detail
+    if [ "$2" -eq 0 ]; then echo "PASS $1"; else echo "FAIL $1: $3"; fi
+}
+
+# ---- the report on a planted trace -------------------------------------------------------
+# Two steps of graph 7 (three nodes: k1 2 us, a 1 us gap, m 3 us, a 2 us gap, k2 4 us), an
+# argmax kernel and a host sync between them, one step of graph 5 before (ignored).
+cat >"$TMP/planted.raw" <<'EOF'
+# varent-trace 1
+A	100000	101000	1	0	0	9	cudaGraphLaunch_v10000
+K	102000	110000	1	5	21474836480	3	other_graph_kernel
+A	200000	201000	2	0	0	9	cudaGraphLaunch_v10000
+K	202000	204000	2	7	30064771072	3	_Z2k1v
+M	205000	208000	2	7	30064771073	3	memcpy-HtoD-64
+K	210000	214000	2	7	30064771074	3	_Z2k2v
+A	220000	221000	3	0	0	9	cudaLaunchKernel_v7000
+K	222000	223500	3	0	0	3	argmax_kernel
+A	224000	230000	4	0	0	9	cudaStreamSynchronize_v3020
+A	231000	232000	5	0	0	9	cudaGraphLaunch_v10000
+K	240000	242000	5	7	30064771072	3	_Z2k1v
+M	243000	246000	5	7	30064771073	3	memcpy-HtoD-64
+K	248000	252000	5	7	30064771074	3	_Z2k2v
+EOF
+"$PY" tools/trace_report.py "$TMP/planted.raw" --kind planted --tsv "$TMP/planted.tsv" >"$TMP/planted.txt" 2>&1
+rc=$?
+want=$'step_kind\tnode\tkernel\tdur_us\tgap_us\nplanted\t0\tk1\t2.00\t44.25\nplanted\t1\tmemcpy-HtoD-64\t3.00\t1.00\nplanted\t2\tk2\t4.00\t2.00'
+# node 0's gap: 92 us after graph 5's kernel in step 1 (202 - 110), 16.5 us after the argmax
+# in step 2 (240 - 223.5): median 54.25; c++filt turns _Z2k1v into k1() -> k1.
+want=${want/44.25/54.25}
+got=$(cat "$TMP/planted.tsv" 2>/dev/null)
+[ $rc -eq 0 ] && [ "$got" = "$want" ]
+ok trace_report_planted_rows $? "rc $rc; got: $got"
+grep -q 'between steps, device: argmax_kernel: 1.00 per step, 1.50 us each' "$TMP/planted.txt" &&
+    grep -q 'between launches, host: cudaStreamSynchronize: 1.00 per step, 6.0 us per step' "$TMP/planted.txt" &&
+    grep -q 'step span 12.0 us, busy 9.0 us' "$TMP/planted.txt"
+ok trace_report_planted_summary $? "$(cat "$TMP/planted.txt")"
+printf '# varent-trace 1\nA\t1\t2\t1\t0\t0\t9\tcudaMalloc\n' >"$TMP/empty.raw"
+"$PY" tools/trace_report.py "$TMP/empty.raw" --kind x --tsv "$TMP/empty.tsv" >/dev/null 2>"$TMP/empty.err"
+rc=$?
+[ $rc -eq 1 ] && grep -q 'no graph launch' "$TMP/empty.err"
+ok trace_report_no_graph $? "rc $rc: $(cat "$TMP/empty.err")"
+
+# ---- the tracer library ----------------------------------------------------------------------
+if [ ! -x "$EMU/varent" ] || [ ! -f "$EMU/tools/libvarent_trace.so" ] || [ ! -x "$EMU/tests/test_cudaemu_checks" ]; then
+    echo "FAIL gpu_window_builds: $EMU/varent, $EMU/tools/libvarent_trace.so or $EMU/tests/test_cudaemu_checks missing (make emu)"
+    exit 1
+fi
+out=$(CUDA_INJECTION64_PATH=$ROOT/$EMU/tools/libvarent_trace.so "$EMU/varent" bench --device cuda --probe --probe-mb 1 2>&1)
+rc=$?
+[ $rc -eq 0 ] && [[ $out == *"VARENT_TRACE_OUT is not set"* ]] && [[ $out == *"sums checked"* ]]
+ok tracer_without_output_says_so $? "rc $rc: $out"
+out=$(CUDA_INJECTION64_PATH=$TMP/nonexistent.so "$EMU/varent" bench --device cuda --probe --probe-mb 1 2>&1)
+rc=$?
+[ $rc -ne 0 ] && [[ $out == *"CUDA_INJECTION64_PATH=$TMP/nonexistent.so"* ]]
+ok tracer_missing_library_is_an_error $? "rc $rc: $out"
+
+# ---- the window ---------------------------------------------------------------------------------
+# The baseline: the same emulated build with its decode graphs off (a wrapper), so the
+# two builds differ in what they launch.
+mkdir -p "$TMP/base"
+printf '#!/bin/sh\nVARENT_CUDA_GRAPHS=0 exec %s "$@"\n' "$ROOT/$EMU/varent" >"$TMP/base/varent"
+chmod +x "$TMP/base/varent"
+echo "the current emulated build without CUDA graphs" >"$TMP/base/COMMIT"
+deadline=${WINDOW_DEADLINE:-200}
+[ -n "${ASAN_OPTIONS:-}" ] && deadline=${WINDOW_DEADLINE:-480}  # make test-asan: every stage several times slower
+start=$SECONDS
+OUT=$TMP/out WORK=$TMP/work DEADLINE=$deadline PLANT_HANG=facts BASE_VARENT=$TMP/base/varent \
+    EMU_BUILD=$EMU PYTHON=$PY tools/gpu-window.sh --emulated >"$TMP/window.log" 2>&1
+rc=$?
+took=$((SECONDS - start))
+S=$TMP/out/summary.txt
+[ $rc -eq 0 ] && [ -s "$S" ]
+ok gpu_window_runs $? "rc $rc: $(tail -5 "$TMP/window.log")"
+[ "$took" -le $((deadline + 30)) ]
+ok gpu_window_within_deadline $? "took $took s for a deadline of $deadline s"
+
+stages=$(sed -n 's/^stage \([a-z]*\):.*/\1/p' "$S" | tr '\n' ' ')
+[ "$stages" = "facts guard ab trace ncu kbench llamacpp big " ]
+ok gpu_window_every_stage_reported $? "stages in the summary: $stages"
+grep -Eq '^stage facts: timed out \(after ([0-9]+) s' "$S"
+ok gpu_window_hang_cut_at_its_share $? "$(grep '^stage facts' "$S")"
+cut_after=$(sed -n 's/^stage facts: timed out (after \([0-9]*\) s.*/\1/p' "$S")
+[ -n "$cut_after" ] && [ "$cut_after" -le $((deadline * 60 / 1000 + 6)) ]
+ok gpu_window_hang_costs_only_its_share $? "facts ran $cut_after s; its share is $((deadline * 60 / 1000)) s"
+for s in guard ab trace kbench; do
+    grep -q "^stage $s: done (" "$S"
+    ok "gpu_window_later_stage_runs_$s" $? "$(grep "^stage $s" "$S")"
+done
+for s in ncu llamacpp; do
+    grep -q "^stage $s: skipped (" "$S"
+    ok "gpu_window_hardware_stage_skipped_$s" $? "$(grep "^stage $s" "$S")"
+done
+
+# The A/B: both builds in every round, interleaved, and their ratio.
+n_cur=$(awk '$2 == "current" && $4 + 0 > 0' "$TMP/out/ab.tsv" 2>/dev/null | wc -l)
+n_base=$(awk '$2 == "base" && $4 + 0 > 0' "$TMP/out/ab.tsv" 2>/dev/null | wc -l)
+order=$(awk 'NR > 1 { printf "%s ", $2 }' "$TMP/out/ab.tsv" 2>/dev/null)
+[ "$n_cur" -ge 2 ] && [ "$n_cur" = "$n_base" ] && [[ $order == "current base current base"* ]] &&
+    grep -Eq 'decode current [0-9.]+ tok/s, baseline [0-9.]+ tok/s: [0-9.]+x' "$S"
+ok gpu_window_ab_compares_two_builds $? "current $n_cur, base $n_base, order: $order; $(grep -A3 '^stage ab' "$S")"
+
+# The trace: one row per graph node of each step kind, as varent bench counted them.
+mkdir -p "$TMP/logs"
+tar -xzf "$TMP/out/logs.tar.gz" -C "$TMP/logs" 2>/dev/null
+T=$TMP/out/decode-trace.tsv
+want_greedy=$(sed -n 's/^decode step .* \([0-9]*\) graph nodes.*/\1/p' "$TMP/logs/trace-greedy-bench.txt" 2>/dev/null)
+want_armed=$(sed -n 's/^sampler *standard .* \([0-9]*\) graph nodes.*/\1/p' "$TMP/logs/trace-armed-temp1-bench.txt" 2>/dev/null)
+rows_greedy=$(awk -F'\t' '$1 == "greedy"' "$T" 2>/dev/null | wc -l)
+rows_armed=$(awk -F'\t' '$1 == "armed-temp1"' "$T" 2>/dev/null | wc -l)
+[ "$(head -1 "$T" 2>/dev/null)" = $'step_kind\tnode\tkernel\tdur_us\tgap_us' ]
+ok gpu_window_trace_header $? "$(head -1 "$T" 2>/dev/null)"
+[ -n "$want_greedy" ] && [ "$rows_greedy" = "$want_greedy" ]
+ok gpu_window_trace_greedy_one_row_per_node $? "$rows_greedy rows; varent bench: '$want_greedy' graph nodes"
+[ -n "$want_armed" ] && [ "$rows_armed" = "$want_armed" ] && [ "$want_armed" != "$want_greedy" ]
+ok gpu_window_trace_armed_one_row_per_node $? "$rows_armed rows; varent bench: '$want_armed' graph nodes (greedy $want_greedy)"
+awk -F'\t' 'NR > 1 { if ($1 != k) { k = $1; i = 0 } if ($2 != i++ || $3 == "" || $4 + 0 < 0) bad = 1 } END { exit bad }' "$T"
+ok gpu_window_trace_rows_in_node_order $? "$(head -5 "$T")"
+grep -q 'memcpy' <(awk -F'\t' '$1 == "armed-temp1" { print $3 }' "$T")
+ok gpu_window_trace_armed_step_has_copy_nodes $? "$(awk -F'\t' '$1 == "armed-temp1" { print $3 }' "$T" | sort | uniq -c | head)"
+grep -q 'traced .* tok/s, untraced .* tok/s' "$S"
+ok gpu_window_traced_against_untraced $? "$(grep -A12 '^stage trace' "$S")"
+[ "$(ls "$TMP/out" | wc -l)" -le 8 ]
+ok gpu_window_out_fits_the_device_tool $? "$(ls "$TMP/out")"

@@ -1,0 +1,381 @@
+#!/usr/bin/env bash
+# tools/gpu-window.sh [--emulated]: a whole GPU window in one command (docs/cuda.md, "A GPU
+# window"). Every stage runs under its share of one global DEADLINE, so a hang costs its
+# share and no more, and writes `stage NAME: done|timed out|skipped (why)` and its key
+# figures to $OUT/summary.txt as it goes: a window cut off early still returns what it
+# measured. The stages, in order:
+#   facts     the machine: nvidia-smi (name, clocks at rest and under load, power cap,
+#             ECC, driver), varent bench --probe (SMs, L2, the probe kernel's read
+#             bandwidth, the device copy)
+#   guard     the CUDA test programs, each time-boxed, and compute-sanitizer memcheck
+#   ab        the current build against the baseline build of the bundle, interleaved
+#             (ABAB...), medians: varent bench decode tok/s per model; then the current
+#             build alone at --ctx 4096 and with --sampler standard,entropix
+#   trace     one decode step node by node (tools/trace/cupti_trace.c through
+#             CUDA_INJECTION64_PATH, tools/trace_report.py): a greedy step and an armed
+#             --sampler standard --temp 1 step -> $OUT/decode-trace.tsv; traced against
+#             untraced tok/s
+#   ncu       Nsight Compute sections (speed of light, memory workload, occupancy, warp
+#             state) for the kernels of one decode layer, when ncu exists
+#   kbench    the kernel benches (test_cuda_kernels --bench: the fused decode kernels at
+#             the graph's shapes over weights that rotate through 4x the L2; test_sample
+#             --bench: the sampler at vocab 49K and 128K, near-flat logits); emulated:
+#             the graph bench at a tiny shape, to run its code
+#   llamacpp  llama.cpp's llama-bench (CUDA build carried in the bundle) pp512/tg128 on
+#             the same shapes, beside varent bench
+#   big       Llama-3.1-8B shapes, if time is left
+# A GPU machine runs the bundle of tools/gpu-bundle.sh (.gpu/bundle.tar.xz: the current
+# build, the baseline build, the tracer and libcupti, llama.cpp when it fit). --emulated
+# runs the same stages against the emulated device (build/emu, tiny presets); the stages
+# that need hardware say they were skipped. $OUT ends with at most four files (what the
+# device tool brings back): summary.txt, decode-trace.tsv, ab.tsv and logs.tar.gz (every
+# raw log, repacked after each stage).
+# Env: OUT (/tmp/gpu-window), DEADLINE (480 s; 150 emulated), STAGES (all, in order),
+#      MODELS (smollm2-135m llama-3.2-1b; emulated llama3-tiny), ROUNDS (3 A/B rounds),
+#      N (256 decode steps), PROMPT (512), BASE_VARENT (the baseline binary; default the
+#      bundle's), GUARD_TESTS (the guard's programs), WEIGHTS (/tmp/weights), PYTHON,
+#      PLANT_HANG=STAGE (the stage sleeps first: the deadline's own test).
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+emulated=0
+if [ "${1:-}" = --emulated ]; then
+    emulated=1
+    shift
+fi
+if [ "${1:-}" = --stage ]; then  # internal: one stage, under the driver's timeout
+    stage_only=$2
+else
+    stage_only=
+    [ $# -eq 0 ] || { echo "usage: tools/gpu-window.sh [--emulated]" >&2; exit 2; }
+fi
+
+export OUT=${OUT:-/tmp/gpu-window}
+export WORK=${WORK:-$OUT.work}
+export PYTHON=${PYTHON:-python3}
+export EMULATED=$emulated
+if [ $emulated = 1 ]; then
+    export DEADLINE=${DEADLINE:-150} ROUNDS=${ROUNDS:-2} N=${N:-8} PROMPT=${PROMPT:-8}
+    export MODELS=${MODELS:-llama3-tiny} BIG_MODEL=${BIG_MODEL:-qwen3-tiny}
+    export EMU_BUILD=${EMU_BUILD:-build/emu}
+    export VARENT=${VARENT:-$ROOT/$EMU_BUILD/varent} TESTS=${TESTS:-$ROOT/$EMU_BUILD/tests}
+    export TRACE_LIB=${TRACE_LIB:-$ROOT/$EMU_BUILD/tools/libvarent_trace.so}
+    export BASE_VARENT=${BASE_VARENT:-}
+    export GUARD_TESTS=${GUARD_TESTS:-test_cudaemu_checks}  # fast; make test runs every CUDA program there
+    export WEIGHTS=${WEIGHTS:-$WORK/weights}
+else
+    export DEADLINE=${DEADLINE:-480} ROUNDS=${ROUNDS:-3} N=${N:-256} PROMPT=${PROMPT:-512}
+    export MODELS=${MODELS:-smollm2-135m llama-3.2-1b} BIG_MODEL=${BIG_MODEL:-llama-3.1-8b}
+    if [ -z "$stage_only" ] && [ ! -x .gpu/build/varent ]; then
+        [ -f .gpu/bundle.tar.xz ] || { echo "gpu-window: no .gpu/build and no .gpu/bundle.tar.xz (run tools/gpu-bundle.sh)" >&2; exit 1; }
+        tar -xJf .gpu/bundle.tar.xz -C .gpu || exit 1
+    fi
+    export LD_LIBRARY_PATH=$ROOT/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # NCCL is not in the bundle (218 MB): the GPU image has it in PyTorch's nvidia-nccl package.
+    nccl_lib=$(${PYTHON:-python3} -c 'import nvidia.nccl as n, os; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null)
+    [ -n "$nccl_lib" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_lib
+    export VARENT=${VARENT:-$ROOT/.gpu/build/varent} TESTS=${TESTS:-$ROOT/.gpu/build/tests}
+    export TRACE_LIB=${TRACE_LIB:-$ROOT/.gpu/lib/libvarent_trace.so}
+    export BASE_VARENT=${BASE_VARENT:-$ROOT/.gpu/base/varent}
+    export GUARD_TESTS=${GUARD_TESTS:-test_cuda_kernels test_cuda_batch test_sample test_cuda_forward}
+    export WEIGHTS=${WEIGHTS:-/tmp/weights}
+fi
+export PLANT_HANG=${PLANT_HANG:-}
+ALL_STAGES="facts guard ab trace ncu kbench llamacpp big"
+STAGES=${STAGES:-$ALL_STAGES}
+
+# Each stage's share of the deadline (per mille of it when every stage runs).
+share_of() {
+    case $1 in
+    facts) echo 60 ;; guard) echo 160 ;; ab) echo 200 ;; trace) echo 150 ;; ncu) echo 110 ;;
+    kbench) echo 100 ;; llamacpp) echo 120 ;; big) echo 100 ;; *) echo 0 ;;
+    esac
+}
+
+# ---- helpers for the stages ---------------------------------------------------------------
+# Which commit a binary was built from: the bundle's COMMIT file, else this tree's HEAD.
+build_id() {
+    local f
+    f=$(dirname "$1")/COMMIT
+    if [ -f "$f" ]; then
+        cat "$f"
+    elif git rev-parse --short HEAD >/dev/null 2>&1; then
+        echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD 2>/dev/null || echo ' +uncommitted changes') (this tree)"
+    else
+        echo "$1"
+    fi
+}
+note() { echo "  $*" >>"$WORK/$STAGE.summary"; }   # a line under the stage's line in the summary
+skip() { echo "skipped ($*)" >"$WORK/$STAGE.status"; exit 0; }
+have() { command -v "$1" >/dev/null 2>&1; }
+field() { awk -v p="$1" -v n="$2" '$1 == p { print $n; exit }' "$3"; }  # field PREFIX N FILE
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b; else printf "-" }'; }
+
+# The random checkpoint of a preset (tools/gen_random_checkpoint.py), written once.
+model_dir() {
+    local d=$WEIGHTS/$1-bf16
+    if [ ! -f "$d/config.json" ]; then
+        "$PYTHON" tools/gen_random_checkpoint.py --preset "$1" --dtype bf16 --seed 1 "$d" >>"$WORK/models.log" 2>&1 || return 1
+    fi
+    echo "$d"
+}
+
+# varent bench on the device; the output file gets its lines.
+bench() {  # OUTFILE BINARY ARGS...
+    local out=$1 bin=$2
+    shift 2
+    "$bin" bench --device cuda "$@" >"$out" 2>&1
+}
+
+# ---- the stages -------------------------------------------------------------------------
+stage_facts() {
+    local missing
+    missing=$(ldd "$VARENT" 2>&1 | awk '/not found/ { print $1 }' | tr '\n' ' ')
+    [ -z "$missing" ] || note "varent's libraries not found: $missing(LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
+    if have nvidia-smi; then
+        nvidia-smi >"$WORK/facts-nvidia-smi.txt" 2>&1
+        nvidia-smi -q -d CLOCK,POWER,ECC,PERFORMANCE >>"$WORK/facts-nvidia-smi.txt" 2>&1
+        local q=name,driver_version,memory.total,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem,power.limit,ecc.mode.current,temperature.gpu
+        note "at rest: $(nvidia-smi --query-gpu=$q --format=csv,noheader 2>&1 | head -1)"
+        nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 200 \
+            >"$WORK/facts-under-load.csv" 2>&1 &
+        local smi=$!
+    else
+        note "nvidia-smi: not found (clocks, power cap and ECC from the driver are not recorded)"
+    fi
+    local mb=1024
+    [ "$EMULATED" = 1 ] && mb=16
+    bench "$WORK/facts-probe.txt" "$VARENT" --probe --probe-mb "$mb"
+    local rc=$?
+    [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
+    sed 's/^/  /' "$WORK/facts-probe.txt" >>"$WORK/$STAGE.summary"
+    if [ -s "$WORK/facts-under-load.csv" ]; then
+        note "under load (the probe): SM clock max $(awk -F', ' 'NR > 1 { print $2 + 0 }' "$WORK/facts-under-load.csv" | sort -g | tail -1) MHz, power draw max $(awk -F', ' 'NR > 1 { print $4 + 0 }' "$WORK/facts-under-load.csv" | sort -g | tail -1) W"
+    fi
+    return $rc
+}
+
+stage_guard() {
+    local t rc=0
+    for t in $GUARD_TESTS; do
+        local start=$SECONDS log=$WORK/guard-$t.log
+        VARENT_EMU_SCHEDULE=forward timeout -k 5 "${T_LIMIT:-120}" "$TESTS/$t" >"$log" 2>&1
+        local r=$?
+        note "$(printf '%-22s rc %3d  %4d PASS %3d FAIL %3d SKIP  %4ds' "$t" "$r" "$(grep -c '^PASS ' "$log")" \
+            "$(grep -c '^FAIL ' "$log")" "$(grep -c '^SKIP ' "$log")" $((SECONDS - start)))"
+        grep -E '^FAIL ' "$log" | head -5 | sed 's/^/    /' >>"$WORK/$STAGE.summary"
+        [ $r -eq 0 ] || rc=1
+    done
+    local cs=compute-sanitizer
+    have $cs || cs=/usr/local/cuda/bin/compute-sanitizer
+    if [ "$EMULATED" = 1 ]; then
+        note "compute-sanitizer: skipped (the emulated device has its own checks)"
+    elif [ -x "$(command -v $cs)" ]; then
+        timeout -k 5 "${T_LIMIT:-120}" $cs --tool memcheck --report-api-errors no --error-exitcode 9 \
+            "$TESTS/test_cuda_kernels" >"$WORK/guard-memcheck.log" 2>&1
+        note "memcheck test_cuda_kernels: rc $? ($(grep -h 'ERROR SUMMARY' "$WORK/guard-memcheck.log" | tail -1))"
+    else
+        note "compute-sanitizer: not found"
+    fi
+    return $rc
+}
+
+# decode tok/s of one bench output
+decode_tps() { field decode 4 "$1"; }
+
+stage_ab() {
+    [ -n "$BASE_VARENT" ] && [ -x "$BASE_VARENT" ] || skip "no baseline build: set BASE_VARENT or bundle one with tools/gpu-bundle.sh"
+    local cur_id base_id
+    cur_id=$(build_id "$VARENT")
+    base_id=$(build_id "$BASE_VARENT")
+    note "current: $cur_id; baseline: $base_id"
+    local m d r b
+    [ -s "$OUT/ab.tsv" ] || printf 'model\tbuild\tround\tdecode_tok_s\n' >"$OUT/ab.tsv"
+    for m in $MODELS; do
+        d=$(model_dir "$m") || { note "$m: could not write the checkpoint (models.log)"; continue; }
+        for r in $(seq 1 "$ROUNDS"); do
+            for b in current base; do  # ABAB...: drift hits both alike
+                local bin=$VARENT
+                [ $b = base ] && bin=$BASE_VARENT
+                local o=$WORK/ab-$m-$b-$r.txt
+                bench "$o" "$bin" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 --sampler none
+                printf '%s\t%s\t%s\t%s\n' "$m" "$b" "$r" "$(decode_tps "$o")" >>"$OUT/ab.tsv"
+            done
+        done
+        local c0 b0
+        c0=$(awk -v m="$m" '$1 == m && $2 == "current" { print $4 }' "$OUT/ab.tsv" | median)
+        b0=$(awk -v m="$m" '$1 == m && $2 == "base" { print $4 }' "$OUT/ab.tsv" | median)
+        note "$m: decode current $c0 tok/s, baseline $b0 tok/s: $(ratio "$c0" "$b0")x (medians of $ROUNDS, interleaved)"
+        note "$m: current $(grep -h '^decode step' "$WORK/ab-$m-current-1.txt")"
+    done
+    # The current build alone: the CLI's default context, and the samplers' decode loops.
+    for m in $MODELS; do
+        d=$(model_dir "$m") || continue
+        local ctx=4096
+        [ "$EMULATED" = 1 ] && ctx=64
+        bench "$WORK/ab-$m-ctx$ctx.txt" "$VARENT" -m "$d" -n "$N" --prompt-len 16 --ctx $ctx --runs 1 --sampler none
+        note "$m at --ctx $ctx (16-token prompt): decode $(decode_tps "$WORK/ab-$m-ctx$ctx.txt") tok/s"
+        bench "$WORK/ab-$m-samplers.txt" "$VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 \
+            --sampler standard,entropix --temp 1
+        grep -h '^sampler' "$WORK/ab-$m-samplers.txt" | cut -c1-160 | sed "s/^/  $m: /" >>"$WORK/$STAGE.summary"
+    done
+}
+
+# One traced bench run and the report of its last graph (the step kind).
+trace_one() {  # KIND MODEL_DIR BENCH_ARGS...
+    local kind=$1 d=$2
+    shift 2
+    CUDA_INJECTION64_PATH=$TRACE_LIB VARENT_TRACE_OUT=$WORK/trace-$kind.raw \
+        bench "$WORK/trace-$kind-bench.txt" "$VARENT" -m "$d" --runs 1 "$@" || return 1
+    bench "$WORK/trace-$kind-untraced.txt" "$VARENT" -m "$d" --runs 1 "$@" || return 1
+    "$PYTHON" tools/trace_report.py "$WORK/trace-$kind.raw" --kind "$kind" --tsv "$OUT/decode-trace.tsv" --append \
+        >"$WORK/trace-$kind.txt" 2>&1 || return 1
+    sed 's/^/  /' "$WORK/trace-$kind.txt" >>"$WORK/$STAGE.summary"
+    local nodes
+    if [ "$kind" = greedy ]; then
+        nodes=$(grep -h '^decode step' "$WORK/trace-$kind-bench.txt" | awk '{ for (i = 1; i < NF; i++) if ($(i + 1) == "graph") print $i }')
+        note "$kind: varent bench's graph nodes: $nodes; decode traced $(decode_tps "$WORK/trace-$kind-bench.txt") tok/s, untraced $(decode_tps "$WORK/trace-$kind-untraced.txt") tok/s"
+    else
+        nodes=$(grep -h '^sampler *standard' "$WORK/trace-$kind-bench.txt" | sed -n 's/.* \([0-9]*\) graph nodes.*/\1/p')
+        note "$kind: varent bench's graph nodes: $nodes; sampler ms/token traced $(awk '$1 == "sampler" && $2 == "standard" { print $3 }' "$WORK/trace-$kind-bench.txt"), untraced $(awk '$1 == "sampler" && $2 == "standard" { print $3 }' "$WORK/trace-$kind-untraced.txt")"
+    fi
+}
+
+stage_trace() {
+    [ -f "$TRACE_LIB" ] || skip "no tracer library at $TRACE_LIB"
+    local m
+    m=$(echo "$MODELS" | awk '{ print $NF }')
+    local d
+    d=$(model_dir "$m") || return 1
+    local n=64 p=16
+    [ "$EMULATED" = 1 ] && n=6 p=4
+    rm -f "$OUT/decode-trace.tsv"
+    note "model $m, $n decode steps after a $p-token prompt"
+    trace_one greedy "$d" -n $n --prompt-len $p --sampler none || return 1
+    trace_one armed-temp1 "$d" -n $n --prompt-len $p --sampler standard --temp 1 || return 1
+}
+
+stage_ncu() {
+    [ "$EMULATED" = 1 ] && skip "needs hardware counters: not on the emulated device"
+    local ncu=ncu
+    have ncu || ncu=/usr/local/cuda/bin/ncu
+    [ -x "$(command -v $ncu)" ] || skip "ncu not found"
+    local m d
+    m=$(echo "$MODELS" | awk '{ print $NF }')
+    d=$(model_dir "$m") || return 1
+    # 12 kernels from the middle of the third decode step: two whole layers at least.
+    local skip_n=0
+    if [ -f "$WORK/trace-greedy.raw" ]; then
+        skip_n=$("$PYTHON" - "$WORK/trace-greedy.raw" <<'EOF'
+import sys
+k = [l.split("\t") for l in open(sys.argv[1]) if l.startswith("K\t")]
+k.sort(key=lambda f: int(f[1]))
+graph = [f for f in k if f[4] != "0"]
+steps = sorted({int(f[3]) for f in graph})
+if len(steps) < 3:
+    print(0)
+else:
+    first = min(i for i, f in enumerate(k) if int(f[3]) == steps[2])
+    per = sum(1 for f in graph if int(f[3]) == steps[2])
+    print(first + per // 2)
+EOF
+)
+    fi
+    timeout -k 5 $(( ${SHARE:-60} - 5 )) $ncu --clock-control none --launch-skip "$skip_n" --launch-count 12 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
+        "$VARENT" bench -m "$d" --device cuda -n 16 --prompt-len 16 --runs 1 --sampler none >"$WORK/ncu.txt" 2>&1
+    note "ncu: $(grep -c '^  [a-z_].*(.*)x(.*)' "$WORK/ncu.txt") kernels profiled (launch-skip $skip_n); sections in ncu.txt"
+    grep -E '^  [a-zA-Z_].*\(|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy' "$WORK/ncu.txt" | head -60 \
+        | sed 's/^/  /' >>"$WORK/$STAGE.summary"
+}
+
+stage_kbench() {
+    if [ "$EMULATED" = 1 ]; then  # the bench code at a tiny shape: it runs; its timings mean nothing
+        "$TESTS/test_cuda_kernels" --bench-quick >"$WORK/kbench-kernels.txt" 2>&1 || return 1
+        note "emulated: the graph bench ran at a tiny shape (its times are the CPU's, not a GPU's)"
+        grep -c '^BENCH decode graph' "$WORK/kbench-kernels.txt" | sed 's/^/  graph bench lines: /' >>"$WORK/$STAGE.summary"
+        return 0
+    fi
+    timeout -k 5 $(( ${SHARE:-60} * 2 / 3 )) "$TESTS/test_cuda_kernels" --bench >"$WORK/kbench-kernels.txt" 2>&1
+    timeout -k 5 $(( ${SHARE:-60} / 3 )) "$TESTS/test_sample" --bench >"$WORK/kbench-sample.txt" 2>&1
+    grep -h '^BENCH' "$WORK/kbench-kernels.txt" "$WORK/kbench-sample.txt" | sed 's/^BENCH /  /' >>"$WORK/$STAGE.summary"
+}
+
+stage_llamacpp() {
+    [ "$EMULATED" = 1 ] && skip "llama.cpp runs on hardware only"
+    local lb=$ROOT/.gpu/llamacpp/llama-bench
+    [ -x "$lb" ] || skip "no llama.cpp build in the bundle ($(cat "$ROOT/.gpu/llamacpp.why" 2>/dev/null || echo 'tools/gpu-bundle.sh LLAMACPP=1'))"
+    local m d g
+    for m in $MODELS; do
+        d=$(model_dir "$m") || continue
+        g=$WEIGHTS/$m.gguf
+        [ -f "$g" ] || "$PYTHON" tools/random_gguf.py --preset "$m" --seed 1 "$g" >>"$WORK/models.log" 2>&1 || continue
+        LD_LIBRARY_PATH=$ROOT/.gpu/llamacpp:$LD_LIBRARY_PATH "$lb" -m "$g" -ngl 99 -p 512 -n 128 -r 3 -o md \
+            >"$WORK/llamacpp-$m.md" 2>"$WORK/llamacpp-$m.err"
+        bench "$WORK/llamacpp-varent-$m.txt" "$VARENT" -m "$d" -n 128 --prompt-len 512 --runs 3 --sampler none
+        note "$m: llama.cpp $(grep -E 'tg128' "$WORK/llamacpp-$m.md" | awk -F'|' '{ print $(NF-1) }' | tr -s ' ') tok/s tg128, $(grep -E 'pp512' "$WORK/llamacpp-$m.md" | awk -F'|' '{ print $(NF-1) }' | tr -s ' ') tok/s pp512; varent decode $(decode_tps "$WORK/llamacpp-varent-$m.txt") tok/s, prefill $(field prefill 4 "$WORK/llamacpp-varent-$m.txt") tok/s"
+    done
+}
+
+stage_big() {
+    local d
+    d=$(model_dir "$BIG_MODEL") || return 1
+    bench "$WORK/big.txt" "$VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 --sampler none
+    local rc=$?
+    grep -hE '^(prefill|decode|bandwidth)' "$WORK/big.txt" | sed "s/^/  $BIG_MODEL: /" >>"$WORK/$STAGE.summary"
+    return $rc
+}
+
+# ---- one stage (the driver runs each as its own process under timeout) -------------------
+if [ -n "$stage_only" ]; then
+    export STAGE=$stage_only
+    [ "$PLANT_HANG" = "$STAGE" ] && sleep 100000
+    "stage_$STAGE" >>"$WORK/$STAGE.log" 2>&1
+    rc=$?
+    [ -s "$WORK/$STAGE.status" ] || { [ $rc -eq 0 ] && echo "done" || echo "done (rc $rc: see $STAGE.log)"; } >"$WORK/$STAGE.status"
+    exit 0
+fi
+
+# ---- the driver ----------------------------------------------------------------------------
+mkdir -p "$OUT" "$WORK"
+rm -f "$OUT/summary.txt" "$OUT/decode-trace.tsv" "$OUT/ab.tsv" "$OUT/logs.tar.gz" "$WORK"/*.status "$WORK"/*.summary
+start=$SECONDS
+mode=hardware
+[ $emulated = 1 ] && mode="emulated device"
+{
+    echo "gpu-window $(date -u +%Y-%m-%dT%H:%MZ) ($mode), deadline ${DEADLINE} s"
+    echo "varent: $("$VARENT" --version 2>&1 | head -1), $(build_id "$VARENT")"
+} >"$OUT/summary.txt"
+pack() { tar -czf "$OUT/logs.tar.gz.tmp" -C "$WORK" --exclude weights . 2>/dev/null && mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"; }
+
+for s in $ALL_STAGES; do
+    case " $STAGES " in *" $s "*) ;; *) continue ;; esac
+    # The time left, shared among this stage and the ones after it in proportion to their
+    # shares: what a stage leaves unused goes to the later ones, and a hang costs its share.
+    left=$((DEADLINE - (SECONDS - start)))
+    rest=0
+    after=0
+    for t in $ALL_STAGES; do
+        [ "$t" = "$s" ] && after=1
+        case " $STAGES " in *" $t "*) [ $after = 1 ] && rest=$((rest + $(share_of "$t"))) ;; esac
+    done
+    share=$((left * $(share_of "$s") / rest))
+    if [ "$share" -lt 3 ]; then
+        echo "stage $s: skipped (the deadline of $DEADLINE s was reached)" >>"$OUT/summary.txt"
+        continue
+    fi
+    t0=$SECONDS
+    SHARE=$share timeout -k 5 "$share" "$0" $([ $emulated = 1 ] && echo --emulated) --stage "$s"
+    rc=$?
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        echo "stage $s: timed out (after $((SECONDS - t0)) s, its share of the deadline)" >>"$OUT/summary.txt"
+    else
+        echo "stage $s: $(cat "$WORK/$s.status" 2>/dev/null || echo "done (rc $rc)") ($((SECONDS - t0)) s)" >>"$OUT/summary.txt"
+    fi
+    [ -f "$WORK/$s.summary" ] && cat "$WORK/$s.summary" >>"$OUT/summary.txt"
+    pack
+done
+echo "gpu-window: $((SECONDS - start)) s; logs in $OUT/logs.tar.gz" >>"$OUT/summary.txt"
+cat "$OUT/summary.txt"

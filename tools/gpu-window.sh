@@ -37,7 +37,7 @@
 #      PLANT_HANG=STAGE (the stage sleeps first: the deadline's own test).
 set -u
 cd "$(dirname "$0")/.."
-ROOT=$PWD
+export ROOT=$PWD
 
 emulated=0
 if [ "${1:-}" = --emulated ]; then
@@ -113,13 +113,32 @@ field() { awk -v p="$1" -v n="$2" '$1 == p { print $n; exit }' "$3"; }  # field 
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.3f", a / b; else printf "-" }'; }
 
-# The random checkpoint of a preset (tools/gen_random_checkpoint.py), written once.
+# The random checkpoint of a preset (tools/gen_random_checkpoint.py), written once; its
+# config.json is written last, so its presence means the directory is complete. The
+# driver writes them in the background from the start (the GPU stages run meanwhile):
+# wait for that writer while it runs, else write the checkpoint here.
+gen_model() {
+    "$PYTHON" tools/gen_random_checkpoint.py --preset "$1" --dtype bf16 --seed 1 "$WEIGHTS/$1-bf16" >>"$WORK/models.log" 2>&1
+}
 model_dir() {
     local d=$WEIGHTS/$1-bf16
-    if [ ! -f "$d/config.json" ]; then
-        "$PYTHON" tools/gen_random_checkpoint.py --preset "$1" --dtype bf16 --seed 1 "$d" >>"$WORK/models.log" 2>&1 || return 1
-    fi
+    while [ ! -f "$d/config.json" ] && [ -f "$WORK/models.pid" ] && kill -0 "$(cat "$WORK/models.pid")" 2>/dev/null; do
+        sleep 1
+    done
+    [ -f "$d/config.json" ] || gen_model "$1" || return 1
     echo "$d"
+}
+# The background writer: the models in the order the stages need them, the llama.cpp
+# GGUFs when the bundle has llama-bench, then the big model.
+prepare_models() {
+    local m
+    for m in $MODELS; do [ -f "$WEIGHTS/$m-bf16/config.json" ] || gen_model "$m"; done
+    if [ -x "$ROOT/.gpu/llamacpp/llama-bench" ] && [ "$EMULATED" = 0 ]; then
+        for m in $MODELS; do
+            [ -f "$WEIGHTS/$m.gguf" ] || "$PYTHON" tools/random_gguf.py --preset "$m" --seed 1 "$WEIGHTS/$m.gguf" >>"$WORK/models.log" 2>&1
+        done
+    fi
+    [ -f "$WEIGHTS/$BIG_MODEL-bf16/config.json" ] || gen_model "$BIG_MODEL"
 }
 
 # varent bench on the device; the output file gets its lines.
@@ -311,6 +330,7 @@ stage_llamacpp() {
     for m in $MODELS; do
         d=$(model_dir "$m") || continue
         g=$WEIGHTS/$m.gguf
+        while [ ! -f "$g" ] && [ -f "$WORK/models.pid" ] && kill -0 "$(cat "$WORK/models.pid")" 2>/dev/null; do sleep 1; done
         [ -f "$g" ] || "$PYTHON" tools/random_gguf.py --preset "$m" --seed 1 "$g" >>"$WORK/models.log" 2>&1 || continue
         LD_LIBRARY_PATH=$ROOT/.gpu/llamacpp:$LD_LIBRARY_PATH "$lb" -m "$g" -ngl 99 -p 512 -n 128 -r 3 -o md \
             >"$WORK/llamacpp-$m.md" 2>"$WORK/llamacpp-$m.err"
@@ -348,6 +368,9 @@ mode=hardware
     echo "gpu-window $(date -u +%Y-%m-%dT%H:%MZ) ($mode), deadline ${DEADLINE} s"
     echo "varent: $("$VARENT" --version 2>&1 | head -1), $(build_id "$VARENT")"
 } >"$OUT/summary.txt"
+mkdir -p "$WEIGHTS"
+setsid nice -n 10 bash -c "$(declare -f gen_model prepare_models); prepare_models" >>"$WORK/models.log" 2>&1 &
+echo $! >"$WORK/models.pid"
 pack() { tar -czf "$OUT/logs.tar.gz.tmp" -C "$WORK" --exclude weights . 2>/dev/null && mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"; }
 
 for s in $ALL_STAGES; do
@@ -377,5 +400,7 @@ for s in $ALL_STAGES; do
     [ -f "$WORK/$s.summary" ] && cat "$WORK/$s.summary" >>"$OUT/summary.txt"
     pack
 done
+kill -- -"$(cat "$WORK/models.pid")" 2>/dev/null  # its own process group (setsid): the writer and its python
+rm -f "$WORK/models.pid"
 echo "gpu-window: $((SECONDS - start)) s; logs in $OUT/logs.tar.gz" >>"$OUT/summary.txt"
 cat "$OUT/summary.txt"

@@ -36,15 +36,6 @@ typedef struct {
     uint16_t *lm_head;
 } db_model;
 
-#define DB_CK(call)                                                                                  \
-    do {                                                                                             \
-        cudaError_t e_ = (call);                                                                     \
-        if (e_ != cudaSuccess) {                                                                     \
-            printf("FAIL %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__);      \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
-
 static uint16_t *db_weights(size_t n) {
     uint16_t *d = dalloc(n * 2);
     OK(cuda_memset(&C, d, 0x3c, n * 2));  // 0x3c3c: a small bf16 value; the contents do not matter
@@ -173,24 +164,24 @@ static int db_queue(db_model *m, int op) {
 static double db_time(db_model *m, int op, int reps, int *calls) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
-    DB_CK(cudaStreamBeginCapture(C.stream, cudaStreamCaptureModeThreadLocal));
+    CK(cudaStreamBeginCapture(C.stream, cudaStreamCaptureModeThreadLocal));
     *calls = db_queue(m, op);
-    DB_CK(cudaStreamEndCapture(C.stream, &g));
-    DB_CK(cudaGraphInstantiate(&ge, g, 0));
-    DB_CK(cudaGraphLaunch(ge, C.stream));  // warm-up
+    CK(cudaStreamEndCapture(C.stream, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, C.stream));  // warm-up
     cudaEvent_t e0, e1;
-    DB_CK(cudaEventCreate(&e0));
-    DB_CK(cudaEventCreate(&e1));
-    DB_CK(cudaEventRecord(e0, C.stream));
-    for (int r = 0; r < reps; r++) DB_CK(cudaGraphLaunch(ge, C.stream));
-    DB_CK(cudaEventRecord(e1, C.stream));
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventRecord(e0, C.stream));
+    for (int r = 0; r < reps; r++) CK(cudaGraphLaunch(ge, C.stream));
+    CK(cudaEventRecord(e1, C.stream));
     OK(cuda_sync(&C));
     float ms = 0;
-    DB_CK(cudaEventElapsedTime(&ms, e0, e1));
-    DB_CK(cudaEventDestroy(e0));
-    DB_CK(cudaEventDestroy(e1));
-    DB_CK(cudaGraphExecDestroy(ge));
-    DB_CK(cudaGraphDestroy(g));
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
     return 1e3 * ms / reps;
 }
 

@@ -23,6 +23,15 @@ static inline void die_ctx(const char *what) {
     exit(1);
 }
 #define OK(call) do { if ((call) != 0) die_ctx(#call); } while (0)
+// A direct CUDA runtime call of a bench: FAIL and exit on an error.
+#define CK(call)                                                                                 \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess) {                                                                 \
+            printf("FAIL %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
 static inline void *dalloc(size_t bytes) {
     void *p;
     verr e;

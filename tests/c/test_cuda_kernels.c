@@ -30,16 +30,6 @@ int main(void) {
 #include "cuda_harness.h"
 #include "cuda_decode_bench.h"
 
-// Direct CUDA runtime calls of the bench.
-#define CK(call)                                                                         \
-    do {                                                                                 \
-        cudaError_t e_ = (call);                                                         \
-        if (e_ != cudaSuccess) {                                                         \
-            printf("FAIL %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
-            exit(1);                                                                     \
-        }                                                                                \
-    } while (0)
-
 
 // ---- elementwise ----------------------------------------------------------------------
 static void test_embed(void) {

@@ -146,34 +146,41 @@ api_scope::~api_scope() {
     emit(&r, CUPTI_ACTIVITY_KIND_RUNTIME);
 }
 
+// The fields every device record has, from the op and its times.
+template <class R>
+void device_record(R &r, CUpti_ActivityKind kind, const op &o, uint64_t start, uint64_t end) {
+    memset(&r, 0, sizeof r);
+    r.kind = kind;
+    r.start = start;
+    r.end = end;
+    r.deviceId = (uint32_t)o.device;
+    r.streamId = o.stream;
+    r.correlationId = o.corr;
+    r.graphNodeId = o.node;
+    r.graphId = o.graph;
+}
+
 // One finished piece of device work: a kernel (and the cuBLAS and NCCL stand-ins, which
 // are kernels on hardware), a copy or a memset; events and the like leave no record.
 void trace_op(const op &o, uint64_t start, uint64_t end) {
     const std::string &w = o.what;
     if (w.compare(0, 7, "kernel ") == 0 || w.compare(0, 6, "cublas") == 0 || w.compare(0, 4, "nccl") == 0) {
         CUpti_ActivityKernel10 r;
-        memset(&r, 0, sizeof r);
-        r.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+        device_record(r, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, o, start, end);
         r.name = intern(w.compare(0, 7, "kernel ") == 0 ? w.substr(7) : w);
-        r.start = start, r.end = end, r.deviceId = (uint32_t)o.device, r.streamId = o.stream;
-        r.correlationId = o.corr, r.graphNodeId = o.node, r.graphId = o.graph;
         emit(&r, CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     } else if (w.compare(0, 6, "memcpy") == 0) {
         CUpti_ActivityMemcpy6 r;
-        memset(&r, 0, sizeof r);
-        r.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+        device_record(r, CUPTI_ACTIVITY_KIND_MEMCPY, o, start, end);
         r.copyKind = w.find("HtoD") != std::string::npos   ? CUPTI_ACTIVITY_MEMCPY_KIND_HTOD
                      : w.find("DtoH") != std::string::npos ? CUPTI_ACTIVITY_MEMCPY_KIND_DTOH
                                                            : CUPTI_ACTIVITY_MEMCPY_KIND_DTOD;
-        r.bytes = o.bytes, r.start = start, r.end = end, r.deviceId = (uint32_t)o.device, r.streamId = o.stream;
-        r.correlationId = o.corr, r.graphNodeId = o.node, r.graphId = o.graph;
+        r.bytes = o.bytes;
         emit(&r, CUPTI_ACTIVITY_KIND_MEMCPY);
     } else if (w.compare(0, 6, "memset") == 0) {
         CUpti_ActivityMemset4 r;
-        memset(&r, 0, sizeof r);
-        r.kind = CUPTI_ACTIVITY_KIND_MEMSET;
-        r.bytes = o.bytes, r.start = start, r.end = end, r.deviceId = (uint32_t)o.device, r.streamId = o.stream;
-        r.correlationId = o.corr, r.graphNodeId = o.node, r.graphId = o.graph;
+        device_record(r, CUPTI_ACTIVITY_KIND_MEMSET, o, start, end);
+        r.bytes = o.bytes;
         emit(&r, CUPTI_ACTIVITY_KIND_MEMSET);
     }
 }

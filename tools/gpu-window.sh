@@ -30,7 +30,7 @@
 # that need hardware say they were skipped. $OUT ends with at most four files (what the
 # device tool brings back): summary.txt, decode-trace.tsv, ab.tsv and logs.tar.gz (every
 # raw log, repacked after each stage).
-# Env: OUT (/tmp/gpu-window), DEADLINE (480 s; 150 emulated), STAGES (all, in order),
+# Env: OUT (/tmp/gpu-window), DEADLINE (480 s; 300 emulated), STAGES (all, in order),
 #      MODELS (smollm2-135m llama-3.2-1b; emulated llama3-tiny), ROUNDS (3 A/B rounds),
 #      N (256 decode steps), PROMPT (512), BASE_VARENT (the baseline binary; default the
 #      bundle's), GUARD_TESTS (the guard's programs), WEIGHTS (/tmp/weights), PYTHON,
@@ -56,7 +56,7 @@ export WORK=${WORK:-$OUT.work}
 export PYTHON=${PYTHON:-python3}
 export EMULATED=$emulated
 if [ $emulated = 1 ]; then
-    export DEADLINE=${DEADLINE:-150} ROUNDS=${ROUNDS:-2} N=${N:-8} PROMPT=${PROMPT:-8}
+    export DEADLINE=${DEADLINE:-300} ROUNDS=${ROUNDS:-2} N=${N:-4} PROMPT=${PROMPT:-4}
     export MODELS=${MODELS:-llama3-tiny} BIG_MODEL=${BIG_MODEL:-qwen3-tiny}
     export EMU_BUILD=${EMU_BUILD:-build/emu}
     export VARENT=${VARENT:-$ROOT/$EMU_BUILD/varent} TESTS=${TESTS:-$ROOT/$EMU_BUILD/tests}
@@ -269,7 +269,7 @@ stage_trace() {
     local d
     d=$(model_dir "$m") || return 1
     local n=64 p=16
-    [ "$EMULATED" = 1 ] && n=6 p=4
+    [ "$EMULATED" = 1 ] && n=5 p=4
     rm -f "$OUT/decode-trace.tsv"
     note "model $m, $n decode steps after a $p-token prompt"
     trace_one greedy "$d" -n $n --prompt-len $p --sampler none || return 1

@@ -79,7 +79,7 @@ printf '#!/bin/sh\nVARENT_CUDA_GRAPHS=0 exec %s "$@"\n' "$ROOT/$EMU/varent" >"$T
 chmod +x "$TMP/base/varent"
 echo "the current emulated build without CUDA graphs" >"$TMP/base/COMMIT"
 deadline=${WINDOW_DEADLINE:-300}
-[ -n "${ASAN_OPTIONS:-}" ] && deadline=${WINDOW_DEADLINE:-900}  # make test-asan: every stage several times slower
+[ -n "${ASAN_OPTIONS:-}" ] && deadline=${WINDOW_DEADLINE:-1200}  # make test-asan: every stage several times slower
 start=$SECONDS
 OUT=$TMP/out WORK=$TMP/work DEADLINE=$deadline PLANT_HANG=facts BASE_VARENT=$TMP/base/varent \
     EMU_BUILD=$EMU PYTHON=$PY tools/gpu-window.sh --emulated >"$TMP/window.log" 2>&1

@@ -31,6 +31,7 @@ base_commit=${BASE_COMMIT:-d13cfbc}
 limit_mb=${LIMIT_MB:-64}
 command -v nvcc >/dev/null || test -x /usr/local/cuda/bin/nvcc || { echo "gpu-bundle: no nvcc: the bundle needs a CUDA build" >&2; exit 1; }
 bash tools/install-deps.sh
+rm -rf "$out/lib"  # only what this run copies: an old bundle's libraries could be anything
 mkdir -p "$out/lib" "$out/base"
 say() { echo "gpu-bundle: $*" >&2; }
 

@@ -141,11 +141,14 @@ prepare_models() {
     [ -f "$WEIGHTS/$BIG_MODEL-bf16/config.json" ] || gen_model "$BIG_MODEL"
 }
 
-# varent bench on the device; the output file gets its lines.
+# varent bench on the device; the output file gets its lines, the summary its error.
 bench() {  # OUTFILE BINARY ARGS...
     local out=$1 bin=$2
     shift 2
     "$bin" bench --device cuda "$@" >"$out" 2>&1
+    local rc=$?
+    [ $rc -eq 0 ] || note "FAILED (rc $rc): $(basename "$bin") bench $*: $(grep -v '^(varent' "$out" | tail -1)"
+    return $rc
 }
 
 # ---- the stages -------------------------------------------------------------------------

@@ -32,8 +32,9 @@
 # raw log, repacked after each stage).
 # Env: OUT (/tmp/gpu-window), DEADLINE (480 s; 300 emulated), STAGES (all, in order),
 #      MODELS (smollm2-135m llama-3.2-1b; emulated llama3-tiny), ROUNDS (3 A/B rounds),
-#      N (256 decode steps), PROMPT (512), BASE_VARENT (the baseline binary; default the
-#      bundle's), GUARD_TESTS (the guard's programs), WEIGHTS (/tmp/weights), PYTHON,
+#      N (256 decode steps), PROMPT (512), CUR_VARENT and CUR_TESTS (the current binary and
+#      test programs; not VARENT, which make test sets to its own build), BASE_VARENT (the
+#      baseline binary; default the bundle's), GUARD_TESTS (the guard's programs), WEIGHTS (/tmp/weights), PYTHON,
 #      PLANT_HANG=STAGE (the stage sleeps first: the deadline's own test).
 set -u
 cd "$(dirname "$0")/.."
@@ -59,7 +60,7 @@ if [ $emulated = 1 ]; then
     export DEADLINE=${DEADLINE:-300} ROUNDS=${ROUNDS:-2} N=${N:-4} PROMPT=${PROMPT:-4}
     export MODELS=${MODELS:-llama3-tiny} BIG_MODEL=${BIG_MODEL:-qwen3-tiny}
     export EMU_BUILD=${EMU_BUILD:-build/emu}
-    export VARENT=${VARENT:-$ROOT/$EMU_BUILD/varent} TESTS=${TESTS:-$ROOT/$EMU_BUILD/tests}
+    export CUR_VARENT=${CUR_VARENT:-$ROOT/$EMU_BUILD/varent} CUR_TESTS=${CUR_TESTS:-$ROOT/$EMU_BUILD/tests}
     export TRACE_LIB=${TRACE_LIB:-$ROOT/$EMU_BUILD/tools/libvarent_trace.so}
     export BASE_VARENT=${BASE_VARENT:-}
     export GUARD_TESTS=${GUARD_TESTS:-test_cudaemu_checks}  # fast; make test runs every CUDA program there
@@ -75,7 +76,7 @@ else
     # NCCL is not in the bundle (218 MB): the GPU image has it in PyTorch's nvidia-nccl package.
     nccl_lib=$(${PYTHON:-python3} -c 'import nvidia.nccl as n, os; print(os.path.join(list(n.__path__)[0], "lib"))' 2>/dev/null)
     [ -n "$nccl_lib" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$nccl_lib
-    export VARENT=${VARENT:-$ROOT/.gpu/build/varent} TESTS=${TESTS:-$ROOT/.gpu/build/tests}
+    export CUR_VARENT=${CUR_VARENT:-$ROOT/.gpu/build/varent} CUR_TESTS=${CUR_TESTS:-$ROOT/.gpu/build/tests}
     export TRACE_LIB=${TRACE_LIB:-$ROOT/.gpu/lib/libvarent_trace.so}
     export BASE_VARENT=${BASE_VARENT:-$ROOT/.gpu/base/varent}
     export GUARD_TESTS=${GUARD_TESTS:-test_cuda_kernels test_cuda_batch test_sample test_cuda_forward}
@@ -154,7 +155,7 @@ bench() {  # OUTFILE BINARY ARGS...
 # ---- the stages -------------------------------------------------------------------------
 stage_facts() {
     local missing
-    missing=$(ldd "$VARENT" 2>&1 | awk '/not found/ { print $1 }' | tr '\n' ' ')
+    missing=$(ldd "$CUR_VARENT" 2>&1 | awk '/not found/ { print $1 }' | tr '\n' ' ')
     [ -z "$missing" ] || note "varent's libraries not found: $missing(LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
     if have nvidia-smi; then
         nvidia-smi >"$WORK/facts-nvidia-smi.txt" 2>&1
@@ -169,7 +170,7 @@ stage_facts() {
     fi
     local mb=1024
     [ "$EMULATED" = 1 ] && mb=16
-    bench "$WORK/facts-probe.txt" "$VARENT" --probe --probe-mb "$mb"
+    bench "$WORK/facts-probe.txt" "$CUR_VARENT" --probe --probe-mb "$mb"
     local rc=$?
     [ -n "${smi:-}" ] && kill "$smi" 2>/dev/null
     sed 's/^/  /' "$WORK/facts-probe.txt" >>"$WORK/$STAGE.summary"
@@ -183,7 +184,7 @@ stage_guard() {
     local t rc=0
     for t in $GUARD_TESTS; do
         local start=$SECONDS log=$WORK/guard-$t.log
-        VARENT_EMU_SCHEDULE=forward timeout -k 5 "${T_LIMIT:-120}" "$TESTS/$t" >"$log" 2>&1
+        VARENT_EMU_SCHEDULE=forward timeout -k 5 "${T_LIMIT:-120}" "$CUR_TESTS/$t" >"$log" 2>&1
         local r=$?
         note "$(printf '%-22s rc %3d  %4d PASS %3d FAIL %3d SKIP  %4ds' "$t" "$r" "$(grep -c '^PASS ' "$log")" \
             "$(grep -c '^FAIL ' "$log")" "$(grep -c '^SKIP ' "$log")" $((SECONDS - start)))"
@@ -196,7 +197,7 @@ stage_guard() {
         note "compute-sanitizer: skipped (the emulated device has its own checks)"
     elif [ -x "$(command -v $cs)" ]; then
         timeout -k 5 "${T_LIMIT:-120}" $cs --tool memcheck --report-api-errors no --error-exitcode 9 \
-            "$TESTS/test_cuda_kernels" >"$WORK/guard-memcheck.log" 2>&1
+            "$CUR_TESTS/test_cuda_kernels" >"$WORK/guard-memcheck.log" 2>&1
         note "memcheck test_cuda_kernels: rc $? ($(grep -h 'ERROR SUMMARY' "$WORK/guard-memcheck.log" | tail -1))"
     else
         note "compute-sanitizer: not found"
@@ -210,7 +211,7 @@ decode_tps() { field decode 4 "$1"; }
 stage_ab() {
     [ -n "$BASE_VARENT" ] && [ -x "$BASE_VARENT" ] || skip "no baseline build: set BASE_VARENT or bundle one with tools/gpu-bundle.sh"
     local cur_id base_id
-    cur_id=$(build_id "$VARENT")
+    cur_id=$(build_id "$CUR_VARENT")
     base_id=$(build_id "$BASE_VARENT")
     note "current: $cur_id; baseline: $base_id"
     local m d r b
@@ -219,7 +220,7 @@ stage_ab() {
         d=$(model_dir "$m") || { note "$m: could not write the checkpoint (models.log)"; continue; }
         for r in $(seq 1 "$ROUNDS"); do
             for b in current base; do  # ABAB...: drift hits both alike
-                local bin=$VARENT
+                local bin=$CUR_VARENT
                 [ $b = base ] && bin=$BASE_VARENT
                 local o=$WORK/ab-$m-$b-$r.txt
                 bench "$o" "$bin" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 --sampler none
@@ -237,9 +238,9 @@ stage_ab() {
         d=$(model_dir "$m") || continue
         local ctx=4096
         [ "$EMULATED" = 1 ] && ctx=64
-        bench "$WORK/ab-$m-ctx$ctx.txt" "$VARENT" -m "$d" -n "$N" --prompt-len 16 --ctx $ctx --runs 1 --sampler none
+        bench "$WORK/ab-$m-ctx$ctx.txt" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len 16 --ctx $ctx --runs 1 --sampler none
         note "$m at --ctx $ctx (16-token prompt): decode $(decode_tps "$WORK/ab-$m-ctx$ctx.txt") tok/s"
-        bench "$WORK/ab-$m-samplers.txt" "$VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 \
+        bench "$WORK/ab-$m-samplers.txt" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 \
             --sampler standard,entropix --temp 1
         grep -h '^sampler' "$WORK/ab-$m-samplers.txt" | cut -c1-160 | sed "s/^/  $m: /" >>"$WORK/$STAGE.summary"
     done
@@ -250,8 +251,8 @@ trace_one() {  # KIND MODEL_DIR BENCH_ARGS...
     local kind=$1 d=$2
     shift 2
     CUDA_INJECTION64_PATH=$TRACE_LIB VARENT_TRACE_OUT=$WORK/trace-$kind.raw \
-        bench "$WORK/trace-$kind-bench.txt" "$VARENT" -m "$d" --runs 1 "$@" || return 1
-    bench "$WORK/trace-$kind-untraced.txt" "$VARENT" -m "$d" --runs 1 "$@" || return 1
+        bench "$WORK/trace-$kind-bench.txt" "$CUR_VARENT" -m "$d" --runs 1 "$@" || return 1
+    bench "$WORK/trace-$kind-untraced.txt" "$CUR_VARENT" -m "$d" --runs 1 "$@" || return 1
     "$PYTHON" tools/trace_report.py "$WORK/trace-$kind.raw" --kind "$kind" --tsv "$OUT/decode-trace.tsv" --append \
         >"$WORK/trace-$kind.txt" 2>&1 || return 1
     sed 's/^/  /' "$WORK/trace-$kind.txt" >>"$WORK/$STAGE.summary"
@@ -307,7 +308,7 @@ EOF
     fi
     timeout -k 5 $(( ${SHARE:-60} - 5 )) $ncu --clock-control none --launch-skip "$skip_n" --launch-count 12 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \
-        "$VARENT" bench -m "$d" --device cuda -n 16 --prompt-len 16 --runs 1 --sampler none >"$WORK/ncu.txt" 2>&1
+        "$CUR_VARENT" bench -m "$d" --device cuda -n 16 --prompt-len 16 --runs 1 --sampler none >"$WORK/ncu.txt" 2>&1
     note "ncu: $(grep -c '^  [a-z_].*(.*)x(.*)' "$WORK/ncu.txt") kernels profiled (launch-skip $skip_n); sections in ncu.txt"
     grep -E '^  [a-zA-Z_].*\(|Memory Throughput|DRAM Throughput|Duration|Achieved Occupancy' "$WORK/ncu.txt" | head -60 \
         | sed 's/^/  /' >>"$WORK/$STAGE.summary"
@@ -315,13 +316,13 @@ EOF
 
 stage_kbench() {
     if [ "$EMULATED" = 1 ]; then  # the bench code at a tiny shape: it runs; its timings mean nothing
-        "$TESTS/test_cuda_kernels" --bench-quick >"$WORK/kbench-kernels.txt" 2>&1 || return 1
+        "$CUR_TESTS/test_cuda_kernels" --bench-quick >"$WORK/kbench-kernels.txt" 2>&1 || return 1
         note "emulated: the graph bench ran at a tiny shape (its times are the CPU's, not a GPU's)"
         grep -c '^BENCH decode graph' "$WORK/kbench-kernels.txt" | sed 's/^/  graph bench lines: /' >>"$WORK/$STAGE.summary"
         return 0
     fi
-    timeout -k 5 $(( ${SHARE:-60} * 2 / 3 )) "$TESTS/test_cuda_kernels" --bench >"$WORK/kbench-kernels.txt" 2>&1
-    timeout -k 5 $(( ${SHARE:-60} / 3 )) "$TESTS/test_sample" --bench >"$WORK/kbench-sample.txt" 2>&1
+    timeout -k 5 $(( ${SHARE:-60} * 2 / 3 )) "$CUR_TESTS/test_cuda_kernels" --bench >"$WORK/kbench-kernels.txt" 2>&1
+    timeout -k 5 $(( ${SHARE:-60} / 3 )) "$CUR_TESTS/test_sample" --bench >"$WORK/kbench-sample.txt" 2>&1
     grep -h '^BENCH' "$WORK/kbench-kernels.txt" "$WORK/kbench-sample.txt" | sed 's/^BENCH /  /' >>"$WORK/$STAGE.summary"
 }
 
@@ -337,7 +338,7 @@ stage_llamacpp() {
         [ -f "$g" ] || "$PYTHON" tools/random_gguf.py --preset "$m" --seed 1 "$g" >>"$WORK/models.log" 2>&1 || continue
         LD_LIBRARY_PATH=$ROOT/.gpu/llamacpp:$LD_LIBRARY_PATH "$lb" -m "$g" -ngl 99 -p 512 -n 128 -r 3 -o md \
             >"$WORK/llamacpp-$m.md" 2>"$WORK/llamacpp-$m.err"
-        bench "$WORK/llamacpp-varent-$m.txt" "$VARENT" -m "$d" -n 128 --prompt-len 512 --runs 3 --sampler none
+        bench "$WORK/llamacpp-varent-$m.txt" "$CUR_VARENT" -m "$d" -n 128 --prompt-len 512 --runs 3 --sampler none
         note "$m: llama.cpp $(grep -E 'tg128' "$WORK/llamacpp-$m.md" | awk -F'|' '{ print $(NF-1) }' | tr -s ' ') tok/s tg128, $(grep -E 'pp512' "$WORK/llamacpp-$m.md" | awk -F'|' '{ print $(NF-1) }' | tr -s ' ') tok/s pp512; varent decode $(decode_tps "$WORK/llamacpp-varent-$m.txt") tok/s, prefill $(field prefill 4 "$WORK/llamacpp-varent-$m.txt") tok/s"
     done
 }
@@ -345,7 +346,7 @@ stage_llamacpp() {
 stage_big() {
     local d
     d=$(model_dir "$BIG_MODEL") || return 1
-    bench "$WORK/big.txt" "$VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 --sampler none
+    bench "$WORK/big.txt" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 --sampler none
     local rc=$?
     grep -hE '^(prefill|decode|bandwidth)' "$WORK/big.txt" | sed "s/^/  $BIG_MODEL: /" >>"$WORK/$STAGE.summary"
     return $rc
@@ -369,7 +370,7 @@ mode=hardware
 [ $emulated = 1 ] && mode="emulated device"
 {
     echo "gpu-window $(date -u +%Y-%m-%dT%H:%MZ) ($mode), deadline ${DEADLINE} s"
-    echo "varent: $("$VARENT" --version 2>&1 | head -1), $(build_id "$VARENT")"
+    echo "varent: $("$CUR_VARENT" --version 2>&1 | head -1), $(build_id "$CUR_VARENT")"
 } >"$OUT/summary.txt"
 mkdir -p "$WEIGHTS"
 setsid nice -n 10 bash -c "$(declare -f gen_model prepare_models); prepare_models" >>"$WORK/models.log" 2>&1 &

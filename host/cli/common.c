@@ -91,6 +91,11 @@ static int own_running;
 
 static void on_model_stage(void *ud, const char *stage, long done, long total) {
     if (load_quiet) return;
+    if (!stage) {  // resolution is over: a stage cut short by an error ends too
+        if (load_pg && strcmp(load_pg->label, "load") != 0) progress_relabel(load_pg, "load", 1);
+        if (own_running) progress_stop(&own_pg), own_running = 0;
+        return;
+    }
     if (load_pg) {
         if (strcmp(load_pg->label, stage) != 0) progress_relabel(load_pg, stage, total);
         progress_update(load_pg, done, NULL);

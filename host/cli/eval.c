@@ -257,7 +257,8 @@ static void record_head(FILE *f, const eval_item *it, int item, int rep, const e
     fputs(",\"id\":", f), json_out_str(f, it->id ? it->id : "");
     fprintf(f, ",\"item\":%d,\"line\":%d,\"repeat\":%d,\"arm\":", item, it->line, rep);
     json_out_str(f, a->name);
-    fprintf(f, ",\"profile\":\"%s\",\"seed\":%llu,\"prompt_tokens\":%d", a->ex.name, (unsigned long long)seed, n_prompt);
+    fputs(",\"profile\":", f), json_out_str(f, a->ex.name);
+    fprintf(f, ",\"seed\":%llu,\"prompt_tokens\":%d", (unsigned long long)seed, n_prompt);
 }
 
 static void record_gen(FILE *f, const eval_item *it, const eval_gen *g, const char *extracted, const eval_outcome *o) {

@@ -18,6 +18,7 @@
 #include "host/formats/gguf_check.h"
 #include "host/formats/model_dir.h"
 #include "host/formats/st_write.h"
+#include "host/util/parse.h"
 #include "kernels/ops.h"
 #include "tokenizer/tokenizer.h"
 
@@ -559,9 +560,9 @@ static int map_name(const char *name, int64_t n_layer, char *out, size_t cap) {
     }
     if (strcmp(name, "rope_freqs.weight") == 0) return 0;  // becomes config rope_scaling
     if (strncmp(name, "blk.", 4) != 0) return -1;
-    char *end;
-    long layer = strtol(name + 4, &end, 10);
-    if (end == name + 4 || *end != '.' || layer < 0 || layer >= n_layer) return -1;
+    long layer;
+    const char *end = parse_index(name + 4, 1 << 30, &layer);
+    if (!end || *end != '.' || layer >= n_layer) return -1;
     const char *mid = end + 1, *dot = strrchr(mid, '.');
     if (!dot || (strcmp(dot, ".weight") != 0 && strcmp(dot, ".bias") != 0)) return -1;
     for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {

@@ -265,8 +265,8 @@ int cli_lora_opts(args *a, session_opts *o, session_lora *buf, int cap, char *ms
     while (args_each_pair(a, "--lora-scaled", &d, &scale)) {
         char *end;
         double v = strtod(scale, &end);
-        if (!rc && (end == scale || *end || !isfinite(v)))
-            rc = -1, snprintf(msg, len, "--lora-scaled %s %s: the scale must be a number", d, scale);
+        if (!rc && (end == scale || *end || !(fabs(v) <= 1e30)))  // (float)v needs a float's range
+            rc = -1, snprintf(msg, len, "--lora-scaled %s %s: the scale must be a number in -1e30..1e30", d, scale);
         if (!rc && n == cap) rc = -1, snprintf(msg, len, "--lora: more than %d adapters", cap);
         if (!rc) buf[n++] = (session_lora){ d, (float)v };
     }

@@ -86,8 +86,11 @@ static int load_hparams(const gguf_file *g, gguf_hparams *hp, verr *err) {
     if (!emb || emb->n_dims != 2) return verr_set(err, "%s: missing 2-D tensor 'token_embd.weight'", g->path);
     hp->n_vocab = (int64_t)emb->ne[1];
     hp->tied = gguf_find_tensor(g, "output.weight") == NULL;
-    hp->attn_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
-    return 0;
+    // Qwen2 always has q/k/v biases (model/config.c); Llama and Qwen3 may (attention_bias)
+    hp->attn_bias = strcmp(a, "qwen2") == 0 || gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    snprintf(key, sizeof key, "%s.rope.dimension_count", a);
+    hp->n_rot = hp->head_dim;
+    return gguf_get_int(g, key, &hp->n_rot, err) < 0 ? -1 : 0;
 }
 
 // The shortest decimal that reads back as the same float32 (1e-05, not 9.99999974e-06):

@@ -64,8 +64,15 @@ LIB_SRC  := $(wildcard kernels/cpu/*.c model/*.c tokenizer/*.c) \
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/gen/web_index.o
 TEST_SRC := $(wildcard tests/c/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
+# The parsers the fuzz targets (tests/fuzz/) test, and what they call: `make fuzz` links
+# each target against these alone, and so do the replay programs below, so a file they
+# need and this list lacks fails `make test`'s build too, not only `make fuzz`.
+FUZZ_LIB_SRC := $(wildcard host/formats/*.c host/util/*.c) \
+                host/serve/request.c host/decode/profiles.c host/decode/entropix.c model/config.c \
+                $(wildcard tokenizer/*.c)
 # The fuzz targets built as plain programs that replay files (tests/sh/test_fuzz_replay.sh).
 REPLAY_BIN := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz-replay/%,$(wildcard tests/fuzz/fuzz_*.c))
+REPLAY_LIB := $(BUILD)/fuzz-replay/libparsers.a
 # Extra compile and link flags for every object, e.g. sanitizers (make test-asan).
 SAN      ?=
 CFLAGS   += $(SAN)
@@ -135,9 +142,12 @@ bench: bench-cpu
 bench-cpu: all
 	@PYTHON=$(PYTHON) bash tools/bench-cpu.sh
 
-$(BUILD)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay_main.c $(LIB_OBJ)
+$(REPLAY_LIB): $(FUZZ_LIB_SRC:%.c=$(BUILD)/%.o) Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< tests/fuzz/replay_main.c $(LIB_OBJ) $(LDLIBS)
+	rm -f $@ && ar rcs $@ $(filter %.o,$^)
+$(BUILD)/fuzz-replay/%: tests/fuzz/%.c tests/fuzz/replay_main.c $(REPLAY_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< tests/fuzz/replay_main.c $(REPLAY_LIB) $(LDLIBS)
 
 # ---- the emulated CUDA device (tests/cudaemu/, docs/cuda.md "The emulated device") ----
 # The same kernel sources and CUDA host code, compiled as host C/C++ against the
@@ -230,19 +240,16 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_CFLAGS  := -std=gnu11 -O1 -g -I. -fno-omit-frame-pointer -Wall -Wno-unknown-pragmas \
                 -DVARENT_VERSION=\"$(VERSION)\" -fsanitize=address,undefined -fno-sanitize-recover=undefined
-# The parsers and what they call; an archive, so each target links only what it uses.
-FUZZ_LIB_SRC := $(wildcard host/formats/*.c) host/util/fileio.c \
-                host/serve/request.c host/decode/profiles.c host/decode/entropix.c model/config.c \
-                $(wildcard tokenizer/*.c)
+# FUZZ_LIB_SRC (above) as an archive, so each target links only what it uses.
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
 
 $(FUZZ_BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
-$(FUZZ_BUILD)/libparsers.a: $(FUZZ_LIB_OBJ)
-	rm -f $@ && ar rcs $@ $^
+$(FUZZ_BUILD)/libparsers.a: $(FUZZ_LIB_OBJ) Makefile
+	rm -f $@ && ar rcs $@ $(filter %.o,$^)
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h $(FUZZ_BUILD)/libparsers.a
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libparsers.a -lcjson -lpcre2-8 -lutf8proc -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libparsers.a -lcjson -lpcre2-8 -lutf8proc -lm -lpthread
 
 fuzz-build: deps $(FUZZ_TARGETS:%=$(FUZZ_BUILD)/fuzz_%)
 # make_seeds.py caches the converted stories260K in FUZZ_TMP (tests/tmp, as the suite

@@ -4,6 +4,7 @@
 
 #include "host/util/bounds.h"
 #include "host/util/fileio.h"
+#include "host/util/json_in.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -11,17 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static cJSON *load_json(const char *path, verr *err) {
     char *text = fileio_read_all(path, err);
     if (!text) return NULL;
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithOpts(text, &end, 1);
-    if (!j || !cJSON_IsObject(j)) {
-        verr_set(err, "%s: invalid JSON near byte %ld", path, end ? (long)(end - text) : 0L);
-        cJSON_Delete(j);
-        j = NULL;
-    }
+    cJSON *j = json_in_parse(text, path, 1, err);
     free(text);
     return j;
 }
@@ -50,8 +46,8 @@ static int get_float(cJSON *j, const char *path, const char *key, double def, fl
         *out = (float)def;
         return 0;
     }
-    if (!cJSON_IsNumber(v) || !(v->valuedouble > 0)) return verr_set(err, "%s: field '%s' must be a positive number", path, key);
-    *out = (float)v->valuedouble;
+    if (json_in_float(v, out) || !(*out > 0))
+        return verr_set(err, "%s: field '%s' must be a positive number (within a float's range)", path, key);
     return 0;
 }
 
@@ -97,19 +93,35 @@ static int parse_rope_scaling(model_config *c, cJSON *j, const char *path, verr 
     return 0;
 }
 
-// eos_token_id may be an int or a list of ints.
-static int parse_ids(model_config *c, cJSON *j) {
+// A token id field: an integer of the vocabulary.
+static int token_id(const cJSON *v, const model_config *c, const char *path, const char *key, int *out, verr *err) {
+    if (json_in_int32(v, 0, c->vocab_size - 1, out) == 0) return 0;
+    return verr_set(err, "%s: '%s' must be a token id (an integer in 0..%d)", path, key, c->vocab_size - 1);
+}
+
+// bos_token_id; eos_token_id may be an int or a list of ints (null or absent: none).
+static int parse_ids(model_config *c, cJSON *j, const char *path, verr *err) {
     cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "bos_token_id");
-    if (cJSON_IsNumber(b)) c->bos_id = b->valueint;
+    if (b && !cJSON_IsNull(b) && token_id(b, c, path, "bos_token_id", &c->bos_id, err)) return -1;
     cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "eos_token_id");
-    if (cJSON_IsNumber(e)) {
-        c->eos_ids[0] = e->valueint, c->n_eos = 1;
-    } else if (cJSON_IsArray(e)) {
-        c->n_eos = 0;
-        cJSON *it;
-        cJSON_ArrayForEach(it, e) if (cJSON_IsNumber(it) && c->n_eos < CONFIG_MAX_EOS) c->eos_ids[c->n_eos++] = it->valueint;
+    if (!e || cJSON_IsNull(e)) return 0;
+    if (!cJSON_IsArray(e)) return token_id(e, c, path, "eos_token_id", &c->eos_ids[0], err) ? -1 : (c->n_eos = 1, 0);
+    c->n_eos = 0;
+    cJSON *it;
+    cJSON_ArrayForEach(it, e) {
+        if (token_id(it, c, path, "eos_token_id", &c->eos_ids[c->n_eos], err)) return -1;
+        if (c->n_eos < CONFIG_MAX_EOS) c->n_eos++;
     }
     return 0;
+}
+
+// A partial_rotary_factor below 1 turns only part of each head; varent turns all of it,
+// so such a model would run with wrong logits.
+static int check_rotary(cJSON *j, const char *path, verr *err) {
+    cJSON *f = cJSON_GetObjectItemCaseSensitive(j, "partial_rotary_factor");
+    if (!f || cJSON_IsNull(f) || (cJSON_IsNumber(f) && f->valuedouble == 1.0)) return 0;
+    return verr_set(err, "%s: partial_rotary_factor is %s: partial rotary embeddings (RoPE on part of each head) "
+                    "are not supported", path, cJSON_IsNumber(f) ? "not 1" : "not a number");
 }
 
 static int parse_config(model_config *c, cJSON *j, const char *path, verr *err) {
@@ -139,7 +151,7 @@ static int parse_config(model_config *c, cJSON *j, const char *path, verr *err) 
         return -1;
     if (c->arch == ARCH_QWEN2) c->attn_bias = 1;  // Qwen2 always has q/k/v biases
     c->qk_norm = c->arch == ARCH_QWEN3;
-    return parse_ids(c, j);
+    return check_rotary(j, path, err) || parse_ids(c, j, path, err) ? -1 : 0;
 }
 
 int config_load(model_config *c, const char *dir, verr *err) {
@@ -152,13 +164,15 @@ int config_load(model_config *c, const char *dir, verr *err) {
     int rc = parse_config(c, j, path, err);
     cJSON_Delete(j);
     if (rc) return rc;
-    // generation_config.json overrides the stop tokens when present.
+    // generation_config.json overrides the stop tokens when present; one that is there
+    // but cannot be read (a FIFO, a directory, invalid JSON) is an error, not ignored.
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    verr ignore;
-    cJSON *g = load_json(path, &ignore);
-    if (g) parse_ids(c, g);
+    struct stat st;
+    if (lstat(path, &st) != 0 && errno == ENOENT) return 0;
+    cJSON *g = load_json(path, err);
+    rc = g ? parse_ids(c, g, path, err) : -1;
     cJSON_Delete(g);
-    return 0;
+    return rc;
 }
 
 void config_rope_inv_freq(const model_config *c, float *inv_freq) {

@@ -187,12 +187,13 @@ int cuda_forward_upload(cuda_forward *f, verr *err) {
     // A bar on a terminal for big models; tests and logs stay quiet.
     progress pg;
     int quiet = !isatty(STDERR_FILENO) || w->bytes < ((size_t)256 << 20);
-    progress_start(&pg, "upload MiB", (long)(w->bytes >> 20), quiet);
     u = (uploader){ &f->ctx, arena, 0, NULL, (size_t)16 << 20, &pg, 0, err };
     CK(cudaHostAlloc(&u.stage, u.stage_bytes, cudaHostAllocDefault));
+    progress_start(&pg, "upload MiB", (long)(w->bytes >> 20), quiet);
     int rc = up_model(&u, m, w);
     cudaFreeHost(u.stage);
     if (rc == 0) progress_finish(&pg, NULL);
+    else progress_stop(&pg);  // the error follows; the ticker must not outlive pg
     if (rc == 0 && u.off != w->bytes)
         return verr_set(err, "weight upload layout mismatch: %zu vs %zu bytes (%s:%d)", u.off, w->bytes, __FILE__,
                         __LINE__);

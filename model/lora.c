@@ -2,6 +2,7 @@
 #include "model/lora.h"
 
 #include <cjson/cJSON.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,9 @@
 #include <unistd.h>
 
 #include "host/util/fileio.h"
+#include "host/util/json_in.h"
+#include "host/util/parse.h"
+#include "model/lora_targets.h"
 
 static const char *const proj_names[LORA_N_PROJ] = { "q_proj", "k_proj", "v_proj", "o_proj",
                                                      "gate_proj", "up_proj", "down_proj" };
@@ -35,40 +39,6 @@ int lora_max_rank(const lora_use *u, int n) {
 // A refused or malformed key: "DIR/adapter_config.json: 'KEY' WHY".
 static int cfg_err(const char *path, const char *key, const char *why, verr *err) {
     return verr_set(err, "%s: '%s' %s", path, key, why);
-}
-
-static int proj_of(const char *name) {
-    for (int p = 0; p < LORA_N_PROJ; p++)
-        if (!strcmp(name, proj_names[p])) return p;
-    return -1;
-}
-
-// target_modules: a list of projection names, or a string (PEFT reads it as a regex;
-// the tensors then decide). Embedding and lm_head targets are refused.
-static int check_targets(const cJSON *t, const char *path, unsigned *mask, verr *err) {
-    *mask = (1u << LORA_N_PROJ) - 1;
-    if (!t || cJSON_IsNull(t)) return 0;
-    if (cJSON_IsString(t)) {
-        if (strstr(t->valuestring, "embed") || strstr(t->valuestring, "lm_head"))
-            return cfg_err(path, "target_modules", "names the embedding or lm_head: only q/k/v/o/gate/up/down "
-                           "projections can be adapted", err);
-        return 0;
-    }
-    if (!cJSON_IsArray(t)) return cfg_err(path, "target_modules", "must be a list of module names", err);
-    *mask = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, t) {
-        int p = cJSON_IsString(e) ? proj_of(e->valuestring) : -1;
-        if (p < 0) {
-            char why[256];
-            snprintf(why, sizeof why, "names '%.80s': only q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and "
-                     "down_proj can be adapted (embedding and lm_head adapters are not supported)",
-                     cJSON_IsString(e) ? e->valuestring : "(not a string)");
-            return cfg_err(path, "target_modules", why, err);
-        }
-        *mask |= 1u << p;
-    }
-    return 0;
 }
 
 static int is_empty(const cJSON *v) {
@@ -110,32 +80,36 @@ static int check_refused(const cJSON *j, const char *path, verr *err) {
     return 0;
 }
 
-static int read_config(lora_adapter *a, const char *dir, unsigned *targets, verr *err) {
+// The parsed config into a and *targets (which borrows from *doc, freed by the caller).
+static int read_config(lora_adapter *a, const char *dir, cJSON **doc, lora_targets *targets, verr *err) {
     char path[4200];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);
     char *text = fileio_read_all(path, err);
     if (!text) return -1;
-    cJSON *j = cJSON_Parse(text);
+    cJSON *j = *doc = json_in_parse(text, path, 1, err);
     free(text);
-    int rc = 0;
+    if (!j) return -1;
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "r"), *al = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "use_rslora");
-    if (!cJSON_IsObject(j)) rc = verr_set(err, "%s: not a JSON object", path);
-    else if (!cJSON_IsNumber(r) || r->valuedouble != floor(r->valuedouble) || r->valuedouble < 1 || r->valuedouble > 65536)
-        rc = cfg_err(path, "r", "must be an integer rank in 1..65536", err);
-    else if (!cJSON_IsNumber(al) || !isfinite(al->valuedouble))
-        rc = cfg_err(path, "lora_alpha", "must be a number", err);
-    else if (rs && !cJSON_IsBool(rs) && !cJSON_IsNull(rs))
-        rc = cfg_err(path, "use_rslora", "must be a boolean", err);
-    else if (check_refused(j, path, err) ||
-             check_targets(cJSON_GetObjectItemCaseSensitive(j, "target_modules"), path, targets, err))
-        rc = -1;
-    if (rc == 0) {
-        a->r = (int)r->valuedouble, a->alpha = al->valuedouble, a->rslora = cJSON_IsTrue(rs);
-        a->scaling = a->alpha / (a->rslora ? sqrt((double)a->r) : (double)a->r);
+    if (json_in_int32(r, 1, 65536, &a->r)) return cfg_err(path, "r", "must be an integer rank in 1..65536", err);
+    if (!cJSON_IsNumber(al) || !isfinite(al->valuedouble)) return cfg_err(path, "lora_alpha", "must be a number", err);
+    if (rs && !cJSON_IsBool(rs) && !cJSON_IsNull(rs)) return cfg_err(path, "use_rslora", "must be a boolean", err);
+    a->alpha = al->valuedouble, a->rslora = cJSON_IsTrue(rs);
+    a->scaling = a->alpha / (a->rslora ? sqrt((double)a->r) : (double)a->r);
+    if (!(fabs(a->scaling) <= FLT_MAX)) {  // the forwards take it as a float
+        char why[200];
+        snprintf(why, sizeof why, "is %g: its scaling (lora_alpha / %s) of %g is beyond a float's range", a->alpha,
+                 a->rslora ? "sqrt(r)" : "r", a->scaling);
+        return cfg_err(path, "lora_alpha", why, err);
     }
-    cJSON_Delete(j);
-    return rc;
+    if (check_refused(j, path, err)) return -1;
+    return lora_targets_read(targets, j, path, err);
+}
+
+int lora_check_scale(const lora_adapter *a, double scale, verr *err) {
+    if (isfinite(scale) && fabs(scale * a->scaling) <= FLT_MAX) return 0;
+    return verr_set(err, "%s: the scale %g times the adapter's scaling %g (lora_alpha %g) is beyond a float's range",
+                    a->dir, scale, a->scaling, a->alpha);
 }
 
 // ---- adapter_model.safetensors ------------------------------------------------------
@@ -145,11 +119,10 @@ static int read_config(lora_adapter *a, const char *dir, unsigned *targets, verr
 static int parse_name(const char *name, int *layer, int *proj, int *is_b) {
     static const char pre[] = "base_model.model.model.layers.";
     if (strncmp(name, pre, sizeof pre - 1)) return -1;
-    const char *p = name + sizeof pre - 1;
-    char *end;
-    long l = strtol(p, &end, 10);
-    if (end == p || *end != '.' || l < 0 || l > 1 << 20) return -1;
-    p = end + 1;
+    long l;
+    const char *p = parse_index(name + sizeof pre - 1, 1 << 20, &l);
+    if (!p || *p != '.') return -1;
+    p++;
     const char *grp = !strncmp(p, "self_attn.", 10) ? "self_attn." : !strncmp(p, "mlp.", 4) ? "mlp." : NULL;
     if (!grp) return -1;
     p += strlen(grp);
@@ -182,7 +155,23 @@ static int refused_tensor(const lora_adapter *a, const st_tensor *t, verr *err) 
     return 0;
 }
 
-static int add_tensor(lora_adapter *a, const model_config *c, const st_tensor *t, unsigned targets, verr *err) {
+// The first NaN or infinity of t's n values: its index, or -1.
+static long first_nonfinite(const st_tensor *t, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        if (t->dtype == ST_F32) memcpy(&v, (const char *)t->data + 4 * i, 4);
+        else {
+            uint16_t h;
+            memcpy(&h, (const char *)t->data + 2 * i, 2);
+            v = t->dtype == ST_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+        if (!isfinite(v)) return (long)i;
+    }
+    return -1;
+}
+
+static int add_tensor(lora_adapter *a, const model_config *c, const st_tensor *t, const lora_targets *targets,
+                      verr *err) {
     int l, p, is_b;
     if (refused_tensor(a, t, err)) return -1;
     if (parse_name(t->name, &l, &p, &is_b))
@@ -193,18 +182,30 @@ static int add_tensor(lora_adapter *a, const model_config *c, const st_tensor *t
         snprintf(why, sizeof why, "is for layer %d, but the model has %d layers", l, c->n_layers);
         return tensor_err(a, t, why, err);
     }
-    if (!(targets & (1u << p))) return tensor_err(a, t, "adapts a module that target_modules does not list", err);
+    char module[96], why[256];
+    snprintf(module, sizeof module, "model.layers.%d.%s.%s", l, p <= LORA_O ? "self_attn" : "mlp", proj_names[p]);
+    const char *no;
+    if (!lora_targets_match(targets, module, &no)) {  // PEFT would not have given this module an adapter
+        snprintf(why, sizeof why, "adapts %s, but %s", module, no);
+        return tensor_err(a, t, why, err);
+    }
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
         return tensor_err(a, t, "is not F32, F16 or BF16", err);
     int n_in, n_out;
     lora_proj_dims(c, (lora_proj)p, &n_in, &n_out);
     int64_t want0 = is_b ? n_out : a->r, want1 = is_b ? a->r : n_in;
     if (t->ndim != 2 || t->shape[0] != want0 || t->shape[1] != want1) {
-        char why[256], got[96] = "";
+        char got[96] = "";
         for (int i = 0, k = 0; i < t->ndim && k < 80; i++)
             k += snprintf(got + k, sizeof got - (size_t)k, i ? ", %lld" : "%lld", (long long)t->shape[i]);
         snprintf(why, sizeof why, "has shape [%s], expected [%lld, %lld] (r = %d, %s: %d -> %d)", got,
                  (long long)want0, (long long)want1, a->r, proj_names[p], n_in, n_out);
+        return tensor_err(a, t, why, err);
+    }
+    long bad = first_nonfinite(t, (size_t)(want0 * want1));
+    if (bad >= 0) {
+        snprintf(why, sizeof why, "holds a non-finite value (NaN or infinity) at [%ld, %ld]", bad / (long)want1,
+                 bad % (long)want1);
         return tensor_err(a, t, why, err);
     }
     lora_pair *pr = &a->w[(size_t)l * LORA_N_PROJ + p];
@@ -230,11 +231,8 @@ static int check_pairs(lora_adapter *a, verr *err) {
     return 0;
 }
 
-int lora_load(lora_adapter *a, const model *m, const char *dir, verr *err) {
-    memset(a, 0, sizeof *a);
-    snprintf(a->dir, sizeof a->dir, "%s", dir);
-    unsigned targets = 0;
-    if (read_config(a, dir, &targets, err)) return -1;
+// adapter_model.safetensors, every tensor checked against m and the targets.
+static int load_tensors(lora_adapter *a, const model *m, const char *dir, const lora_targets *targets, verr *err) {
     char path[4200], bin[4200];
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     snprintf(bin, sizeof bin, "%s/adapter_model.bin", dir);
@@ -251,6 +249,20 @@ int lora_load(lora_adapter *a, const model *m, const char *dir, verr *err) {
     for (int i = 0; i < a->file.n; i++)
         if (add_tensor(a, &m->cfg, &a->file.tensors[i], targets, err)) return lora_free(a), -1;
     if (check_pairs(a, err)) return lora_free(a), -1;
+    return 0;
+}
+
+int lora_load(lora_adapter *a, const model *m, const char *dir, verr *err) {
+    memset(a, 0, sizeof *a);
+    snprintf(a->dir, sizeof a->dir, "%s", dir);
+    cJSON *doc = NULL;
+    lora_targets targets;
+    memset(&targets, 0, sizeof targets);
+    int rc = read_config(a, dir, &doc, &targets, err);
+    if (rc == 0) rc = load_tensors(a, m, dir, &targets, err);
+    lora_targets_free(&targets);
+    cJSON_Delete(doc);
+    if (rc) return -1;
     a->whole = a->w;
     if (m->tp.size > 1 && lora_shard(a, &m->cfg, &m->tp, err)) return lora_free(a), -1;
     static _Atomic long next_id;

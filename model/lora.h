@@ -48,10 +48,15 @@ typedef struct {
 // against m: every tensor must be a lora_A/lora_B of a q/k/v/o/gate/up/down projection
 // of a layer of m, with A [r, n_in] and B [n_out, r]. DoRA, modules_to_save, embedding
 // or lm_head adapters, bias training, fan_in_fan_out and per-module rank or alpha
-// patterns are refused. Errors name the file and the key. On a shard (m->tp.size > 1)
+// patterns are refused; a tensor of a module PEFT would not have adapted
+// (target_modules, exclude_modules, layers_to_transform: model/lora_targets.h) and a
+// NaN or infinite value are errors. Errors name the file and the key. On a shard (m->tp.size > 1)
 // the pairs are cut like the weights (lora_shard). 0, or -1 with err.
 int lora_load(lora_adapter *a, const model *m, const char *dir, verr *err);
 void lora_free(lora_adapter *a);
+// The coefficient scale * a->scaling must be a float (the forwards take it as one):
+// 0, or -1 with err naming the adapter.
+int lora_check_scale(const lora_adapter *a, double scale, verr *err);
 // Tensor parallelism: cuts a's pairs to rank s's share, as model_shard cuts W. Column-
 // split projections (q/k/v, gate/up) keep A whole and view B's rows of the rank's
 // outputs; row-split ones (o, down) keep B whole and copy A's columns of the rank's

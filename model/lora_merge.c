@@ -4,12 +4,15 @@
 // so nothing is written unless all of it is ready.
 #include "model/lora_merge.h"
 
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "host/formats/model_dir.h"
 #include "host/util/fileio.h"
+#include "host/util/parse.h"
 
 // The base files copied unchanged (those present).
 static const char *const copied[] = { "config.json", "generation_config.json", "tokenizer.json",
@@ -21,9 +24,9 @@ static const char *const copied[] = { "config.json", "generation_config.json", "
 static int proj_of_name(const char *name, int *layer) {
     static const char pre[] = "model.layers.";
     if (strncmp(name, pre, sizeof pre - 1)) return -1;
-    char *end;
-    long l = strtol(name + sizeof pre - 1, &end, 10);
-    if (*end != '.') return -1;
+    long l;
+    const char *end = parse_index(name + sizeof pre - 1, 1 << 20, &l);
+    if (!end || *end != '.') return -1;
     for (int p = 0; p < LORA_N_PROJ; p++) {
         char want[96];
         snprintf(want, sizeof want, ".%s.%s.weight", p <= LORA_O ? "self_attn" : "mlp", lora_proj_name((lora_proj)p));
@@ -38,12 +41,23 @@ static float elem(wref w, size_t i) {
     return w.type == WT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
-// W + sum_u coef_u * B_u A_u in double, rounded once to the stored dtype of t.
-static void *merged(const st_tensor *t, const lora_use *u, int n, int l, lora_proj p, int n_in, int n_out) {
+// x rounded to the stored dtype at out[at]; 0 when it does not fit the dtype (an
+// infinity or NaN, or beyond its largest finite value).
+static int store(void *out, wtype type, size_t at, double x) {
+    if (!(fabs(x) <= FLT_MAX)) return 0;  // the float casts below need it
+    if (type == WT_F32) return ((float *)out)[at] = (float)x, 1;
+    uint16_t h = type == WT_BF16 ? f32_to_bf16((float)x) : f32_to_f16((float)x);
+    ((uint16_t *)out)[at] = h;
+    return isfinite(type == WT_BF16 ? bf16_to_f32(h) : f16_to_f32(h));
+}
+
+// W + sum_u coef_u * B_u A_u in double, rounded once to the stored dtype of t. NULL
+// with err naming t when out of memory or when a merged weight does not fit the dtype.
+static void *merged(const st_tensor *t, const lora_use *u, int n, int l, lora_proj p, int n_in, int n_out, verr *err) {
     wref w = { t->data, t->dtype == ST_F32 ? WT_F32 : t->dtype == ST_F16 ? WT_F16 : WT_BF16 };
     double *acc = malloc(sizeof(double) * (size_t)n_in);
     void *out = malloc(t->nbytes);
-    if (!acc || !out) return free(acc), free(out), NULL;
+    if (!acc || !out) return free(acc), free(out), verr_set(err, "out of memory merging '%s'", t->name), NULL;
     for (int o = 0; o < n_out; o++) {
         for (int i = 0; i < n_in; i++) acc[i] = elem(w, (size_t)o * n_in + i);
         for (int k = 0; k < n; k++) {
@@ -56,11 +70,13 @@ static void *merged(const st_tensor *t, const lora_use *u, int n, int l, lora_pr
                 for (int i = 0; i < n_in; i++) acc[i] += bj * elem(pr->a, (size_t)j * n_in + i);
             }
         }
-        for (int i = 0; i < n_in; i++) {
-            size_t at = (size_t)o * n_in + i;
-            if (w.type == WT_F32) ((float *)out)[at] = (float)acc[i];
-            else ((uint16_t *)out)[at] = w.type == WT_BF16 ? f32_to_bf16((float)acc[i]) : f32_to_f16((float)acc[i]);
-        }
+        for (int i = 0; i < n_in; i++)
+            if (!store(out, w.type, (size_t)o * n_in + i, acc[i])) {
+                verr_set(err, "merging into '%s' gives %g at [%d, %d], which %s cannot hold: the adapter's values or "
+                         "scaling overflow", t->name, acc[i], o, i, st_dtype_name(t->dtype));
+                free(acc), free(out);
+                return NULL;
+            }
     }
     free(acc);
     return out;
@@ -72,8 +88,8 @@ static int add_tensor(st_writer *w, const model *m, const st_tensor *t, const lo
     if (p >= 0 && l < m->cfg.n_layers) {
         int n_in, n_out;
         lora_proj_dims(&m->cfg, (lora_proj)p, &n_in, &n_out);
-        data = merged(t, u, n, l, (lora_proj)p, n_in, n_out);
-        if (!data) return verr_set(err, "out of memory merging '%s'", t->name);
+        data = merged(t, u, n, l, (lora_proj)p, n_in, n_out, err);
+        if (!data) return -1;
     }
     int rc = st_writer_add(w, t->name, st_dtype_name(t->dtype), t->shape, t->ndim, data ? data : t->data, t->nbytes,
                            err);
@@ -97,7 +113,8 @@ int lora_merge(const char *base_dir, const lora_spec *spec, int n_spec, const ch
     for (; rc == 0 && loaded < n_spec; loaded++) {
         rc = lora_load(&ad[loaded], &m, spec[loaded].dir, err);
         u[loaded] = (lora_use){ &ad[loaded], spec[loaded].scale };
-        if (rc) break;
+        if (rc) break;  // a failed load frees its adapter; a loaded one counts in loaded
+        rc = lora_check_scale(&ad[loaded], spec[loaded].scale, err);
     }
     for (int f = 0; rc == 0 && f < m.files.n; f++)
         for (int i = 0; rc == 0 && i < m.files.files[f].n; i++)

@@ -3,6 +3,7 @@
 #include "tokenizer/tok_json.h"
 #include "tokenizer/tokenizer.h"
 #include "host/util/fileio.h"
+#include "host/util/json_in.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -131,12 +132,13 @@ static int load_added(tokenizer *t, const cJSON *arr, const char *path, verr *er
     cJSON_ArrayForEach(e, arr) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content");
-        if (!cJSON_IsNumber(id) || id->valueint < 0 || !cJSON_IsString(c) || !*c->valuestring)
-            return verr_set(err, "%s: added_tokens[%d] needs an \"id\" and non-empty \"content\"", path, i);
+        int idv;
+        if (json_in_int32(id, 0, TOK_MAX_ID - 1, &idv) || !cJSON_IsString(c) || !*c->valuestring)
+            return verr_set(err, "%s: added_tokens[%d] needs an integer \"id\" and non-empty \"content\"", path, i);
         tok_added *a = &t->added[t->n_added++];
         if (!(a->text = strdup(c->valuestring))) return verr_set(err, "%s: out of memory", path);
         a->len = strlen(a->text);
-        a->id = id->valueint;
+        a->id = idv;
         a->special = jbool(e, "special"), a->lstrip = jbool(e, "lstrip"), a->rstrip = jbool(e, "rstrip");
         a->single_word = jbool(e, "single_word"), a->normalized = jbool(e, "normalized");
         if (a->id >= t->n_vocab) return verr_set(err, "%s: added_tokens[%d] id %d out of range", path, i, a->id);

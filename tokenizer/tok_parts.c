@@ -3,6 +3,8 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tokenizer/tok_internal.h"
 
+#include "host/util/json_in.h"
+
 #include <cjson/cJSON.h>
 #include <pcre2.h>
 #include <stdio.h>
@@ -247,8 +249,10 @@ static int dec_fill(tok_dec *d, const cJSON *o, const char *path, verr *err) {
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(o, "stop");
         d->kind = DEC_STRIP;
         if (!(d->a = dupn(c ? c : " ", &d->alen))) return verr_set(err, "%s: out of memory", path);
-        d->strip_start = cJSON_IsNumber(st) ? st->valueint : 0;
-        d->strip_stop = cJSON_IsNumber(sp) ? sp->valueint : 0;
+        d->strip_start = d->strip_stop = 0;
+        if ((st && json_in_int32(st, 0, 1 << 20, &d->strip_start)) || (sp && json_in_int32(sp, 0, 1 << 20, &d->strip_stop)))
+            return verr_set(err, "%s: decoder Strip: \"start\" and \"stop\" must be counts (integers 0..%d)", path,
+                            1 << 20);
     } else if (!strcmp(type, "Sequence")) {
         const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "decoders");
         if (!cJSON_IsArray(arr)) return verr_set(err, "%s: decoder Sequence needs \"decoders\"", path);

@@ -126,7 +126,8 @@ static int measure_generated(calib_args *c, session *s, calib_samples *out, verr
         snprintf(detail, sizeof detail, "%ld tokens", out->n);
         progress_update(&pg, i + 1, detail);
     }
-    progress_finish(&pg, NULL);
+    if (rc) progress_stop(&pg);
+    else progress_finish(&pg, NULL);
     eval_prompter_close(&c->pr);
     eval_set_free(&set);
     return rc;

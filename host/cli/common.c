@@ -91,6 +91,11 @@ static int own_running;
 
 static void on_model_stage(void *ud, const char *stage, long done, long total) {
     if (load_quiet) return;
+    if (!stage) {  // resolution is over: a stage cut short by an error ends too
+        if (load_pg && strcmp(load_pg->label, "load") != 0) progress_relabel(load_pg, "load", 1);
+        if (own_running) progress_stop(&own_pg), own_running = 0;
+        return;
+    }
     if (load_pg) {
         if (strcmp(load_pg->label, stage) != 0) progress_relabel(load_pg, stage, total);
         progress_update(load_pg, done, NULL);
@@ -260,8 +265,8 @@ int cli_lora_opts(args *a, session_opts *o, session_lora *buf, int cap, char *ms
     while (args_each_pair(a, "--lora-scaled", &d, &scale)) {
         char *end;
         double v = strtod(scale, &end);
-        if (!rc && (end == scale || *end || !isfinite(v)))
-            rc = -1, snprintf(msg, len, "--lora-scaled %s %s: the scale must be a number", d, scale);
+        if (!rc && (end == scale || *end || !(fabs(v) <= 1e30)))  // (float)v needs a float's range
+            rc = -1, snprintf(msg, len, "--lora-scaled %s %s: the scale must be a number in -1e30..1e30", d, scale);
         if (!rc && n == cap) rc = -1, snprintf(msg, len, "--lora: more than %d adapters", cap);
         if (!rc) buf[n++] = (session_lora){ d, (float)v };
     }

@@ -204,7 +204,9 @@ static void write_row(FILE *f, const row *w, const prompt_list *pl, const sample
     json_out_str(f, pl->text[w->prompt]);
     fputs(",\"sampler\":", f);
     json_out_str(f, sp->name);
-    fprintf(f, ",\"profile\":\"%s\",\"seed\":%llu,\"text\":", sp->ex.name, (unsigned long long)seed);
+    fputs(",\"profile\":", f);
+    json_out_str(f, sp->ex.name);
+    fprintf(f, ",\"seed\":%llu,\"text\":", (unsigned long long)seed);
     if (r->text) json_out_str(f, r->text);
     else fputs("null", f);
     fputs(",\"ids\":[", f);

@@ -109,10 +109,12 @@ int entropix_cli_record(void *ud, const gen_record *r) {
     free(text);
     fprintf(f,
             ",\"entropy\":%.17g,\"varentropy\":%.17g,\"attn_entropy\":%.17g,\"attn_varentropy\":%.17g,"
-            "\"agreement\":%.17g,\"interaction_strength\":%.17g,\"quadrant\":\"%s\",\"sampler\":\"%s\","
-            "\"temperature\":%.9g,\"top_k\":%d,\"top_p\":%.9g,\"min_p\":%.9g",
+            "\"agreement\":%.17g,\"interaction_strength\":%.17g,\"quadrant\":\"%s\",\"sampler\":",
             m->entropy, m->varentropy, m->attn_entropy, m->attn_varentropy, m->agreement, m->interaction_strength,
-            entropix_quadrant_name(r->q), c->sampler_name, r->sp.temperature, r->sp.top_k, r->sp.top_p, r->sp.min_p);
+            entropix_quadrant_name(r->q));
+    json_out_str(f, c->sampler_name);
+    fprintf(f, ",\"temperature\":%.9g,\"top_k\":%d,\"top_p\":%.9g,\"min_p\":%.9g", r->sp.temperature, r->sp.top_k,
+            r->sp.top_p, r->sp.min_p);
     if (r->q == Q_ADAPTIVE && r->score != 0) fprintf(f, ",\"score\":%.17g", r->score);
     if (c->probe) probe_json(c->probe, f);
     fprintf(f, ",\"seed\":%llu", (unsigned long long)c->seed);

@@ -3,6 +3,7 @@
 // with intervals and paired tests (docs/research.md). Per-trial JSONL with -o, a
 // markdown summary on stdout (or --summary FILE). `--write FILE` writes the tasks'
 // items as JSONL and stops (no model needed).
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -256,7 +257,8 @@ static void record_head(FILE *f, const eval_item *it, int item, int rep, const e
     fputs(",\"id\":", f), json_out_str(f, it->id ? it->id : "");
     fprintf(f, ",\"item\":%d,\"line\":%d,\"repeat\":%d,\"arm\":", item, it->line, rep);
     json_out_str(f, a->name);
-    fprintf(f, ",\"profile\":\"%s\",\"seed\":%llu,\"prompt_tokens\":%d", a->ex.name, (unsigned long long)seed, n_prompt);
+    fputs(",\"profile\":", f), json_out_str(f, a->ex.name);
+    fprintf(f, ",\"seed\":%llu,\"prompt_tokens\":%d", (unsigned long long)seed, n_prompt);
 }
 
 static void record_gen(FILE *f, const eval_item *it, const eval_gen *g, const char *extracted, const eval_outcome *o) {
@@ -312,6 +314,13 @@ static int run_choice(eval_ctx *c, int i, const int *ids, int n, verr *err) {
     return 0;
 }
 
+// 0 when everything written to f so far reached the file, else the errno of the failure.
+static int write_error(FILE *f) {
+    errno = 0;
+    if (fflush(f) == 0 && !ferror(f)) return 0;
+    return errno ? errno : EIO;
+}
+
 static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr *err) {
     const eval_item *it = &c->set->it[i];
     const eval_arm *arm = &c->arms[a];
@@ -327,8 +336,8 @@ static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr
     }
     if (cap_open(c, tag, 0, err)) return -1;
     int rc = eval_generate(&c->run, arm, it, ids, n, seed, &g, err), have = rc == 0;  // g is freed on failure
-    if (rc == 0 && c->ex.log && (fflush(c->ex.log) || ferror(c->ex.log)))
-        rc = verr_set(err, "--metrics-out %s: write failed (disk full?)", c->e->metrics);
+    int e = rc == 0 && c->ex.log ? write_error(c->ex.log) : 0;
+    if (e) rc = verr_set(err, "--metrics-out %s: write failed: %s", c->e->metrics, strerror(e));
     if (cap_close(c, rc == 0, ids, n, have ? g.ids : NULL, have ? g.n : 0, err) && rc == 0) rc = -1;
     if (rc && have) eval_gen_free(&g);
     if (rc) return -1;
@@ -343,13 +352,11 @@ static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr
     return 0;
 }
 
-// Every item, repeat and arm. 1 when interrupted (the finished trials are kept).
-static int run_all(eval_ctx *c, verr *err) {
+// Every item, repeat and arm under the bar pg. 1 when interrupted (the finished
+// trials are kept).
+static int run_items(eval_ctx *c, progress *pg, int first, verr *err) {
     const eval_set *set = c->set;
-    int first = c->e->skip < set->n ? c->e->skip : set->n;
-    long total = (long)(set->n - first) * c->e->repeats * c->n_arms, done = 0, right = 0;
-    progress pg;
-    progress_start(&pg, "eval", total, c->e->quiet);
+    long done = 0, right = 0;
     for (int i = first; i < set->n; i++) {  // items keep their index (and seed) when skipping
         const eval_item *it = &set->it[i];
         int *ids = NULL, n = eval_prompt_ids(&c->e->pr, c->s, it, &ids, err);
@@ -363,17 +370,25 @@ static int run_all(eval_ctx *c, verr *err) {
             }
         free(ids);
         if (rc < 0) return verr_set(err, "%s item %d%s%.0d: %.900s", it->task, i, it->line ? " line " : "", it->line, err->msg);
-        if (c->jsonl && fflush(c->jsonl)) return verr_set(err, "-o: write failed");
+        int e = c->jsonl ? write_error(c->jsonl) : 0;
+        if (e) return verr_set(err, "-o %s: write failed: %s", c->e->out, strerror(e));
         char detail[96];
         snprintf(detail, sizeof detail, "%s: %ld right", it->task, right);
-        progress_update(&pg, done, detail);
-        if (rc == 1) {
-            progress_finish(&pg, "interrupted");
-            return 1;
-        }
+        progress_update(pg, done, detail);
+        if (rc == 1) return 1;
     }
-    progress_finish(&pg, NULL);
     return 0;
+}
+
+// run_items with its bar, which every return ends.
+static int run_all(eval_ctx *c, verr *err) {
+    int first = c->e->skip < c->set->n ? c->e->skip : c->set->n;
+    progress pg;
+    progress_start(&pg, "eval", (long)(c->set->n - first) * c->e->repeats * c->n_arms, c->e->quiet);
+    int rc = run_items(c, &pg, first, err);
+    if (rc < 0) progress_stop(&pg);
+    else progress_finish(&pg, rc ? "interrupted" : NULL);
+    return rc;
 }
 
 static int write_summary(const eval_args *e, const eval_set *set, const eval_arm *arms, int n_arms,
@@ -443,8 +458,10 @@ static int evaluate(eval_args *e, const eval_set *set, const eval_arm *arms, int
     for (int a = 0; a < n_arms; a++) need_agents |= arms[a].kind == ARM_AGENTS;
     progress pg;
     progress_start(&pg, "load", 1, e->quiet);
-    if (rc == 0 && (rc = session_open(&s, &e->so, &err)) == 0) {
-        progress_finish(&pg, NULL);
+    if (rc == 0) rc = session_open(&s, &e->so, &err);
+    if (rc) progress_stop(&pg);
+    else progress_finish(&pg, NULL);
+    if (rc == 0) {
         interrupt_install();  // Ctrl-C: stop after the current trial; the summary covers the finished ones
         rc = eval_prompter_open(&e->pr, &s, set, &err);
         if (rc == 0 && (rc = eval_runner_open(&c.run, &s, &e->ao, need_agents, &err)) == 0) {

@@ -8,6 +8,7 @@
 #include "host/cli/help.h"
 #include "host/cli/ranks.h"
 #include "host/util/interrupt.h"
+#include "host/util/progress.h"
 
 #ifdef VARENT_CUDA
 int cuda_device_count(void);
@@ -86,6 +87,17 @@ static void omp_short_spin(char **argv) {
     execv("/proc/self/exe", argv);
 }
 
+// Every path of a command ends the progress reports it started: a ticker thread left
+// running reads its bar's struct after the frame that held it is gone (issue 32, row 5).
+// A command that leaves one is a bug the tests must see, so it aborts loudly.
+static int check_progress(const char *name, int rc) {
+    int n = progress_open_count();
+    if (n == 0) return rc;
+    fprintf(stderr, "varent %s: internal error: %d progress report%s left running when the command returned "
+            "(exit status %d)\n", name, n, n == 1 ? "" : "s", rc);
+    abort();
+}
+
 int main(int argc, char **argv) {
     omp_short_spin(argv);
     int rc = cli_ranks_start(&argc, &argv);  // under mpirun: join the world first
@@ -98,7 +110,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     const command *c = find_command(argv[1]);
-    if (c) return cli_ranks_end(c->fn(argc - 2, argv + 2));
+    if (c) return cli_ranks_end(check_progress(c->spec->name, c->fn(argc - 2, argv + 2)));
     fprintf(stderr, "varent: unknown command '%s' (varent help lists the commands)\n", argv[1]);
     return CLI_EXIT_USAGE;
 }

@@ -16,6 +16,7 @@
 #include "host/decode/batch.h"
 #include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
+#include "host/util/json_in.h"
 #include "host/decode/generate.h"
 #include "host/util/fileio.h"
 #include "host/util/interrupt.h"
@@ -196,14 +197,14 @@ static int read_done(const char *path, const prompt_list *pl, unsigned char *ski
         cJSON *j = cJSON_Parse(line);
         const cJSON *idx = cJSON_GetObjectItemCaseSensitive(j, "index");
         const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-        if (!cJSON_IsNumber(idx) || idx->valuedouble < 0 || idx->valuedouble >= pl->n || !cJSON_IsString(prompt))
+        int k;
+        if (json_in_int32(idx, 0, pl->n - 1, &k) || !cJSON_IsString(prompt))
             rc = verr_set(err, "%s:%d: not a record of this batch (no index below %d with a prompt); not resuming",
                           path, no, pl->n);
-        else if (strcmp(prompt->valuestring, pl->text[idx->valueint]) != 0)
-            rc = verr_set(err, "%s:%d: record %d has another prompt than the prompt file; not resuming", path, no,
-                          idx->valueint);
-        else if (!skip[idx->valueint]) {
-            skip[idx->valueint] = 1;
+        else if (strcmp(prompt->valuestring, pl->text[k]) != 0)
+            rc = verr_set(err, "%s:%d: record %d has another prompt than the prompt file; not resuming", path, no, k);
+        else if (!skip[k]) {
+            skip[k] = 1;
             *n_done += 1;
         }
         cJSON_Delete(j);

@@ -30,10 +30,12 @@ static const cli_opt serve_opts[] = {
     { "--max-tokens-limit", "N", "limits", "4096", "a request asking for more tokens gets a 400", 0 },
     { "--max-body", "BYTES", "limits", "1048576", "a larger request body gets a 413", 0 },
     { "--max-queue", "N", "limits", "256", "waiting requests beyond this get a 429", 0 },
-    { "--max-connections", "N", "limits", "256", "open connections at most", 0 },
+    { "--max-connections", "N", "limits", "256", "open connections at most; those waiting for a request's headers "
+      "may hold all but N/8 of them (the longest-waiting is closed for a new one)", 0 },
     { "--max-connections-per-ip", "N", "limits", "64", "open connections from one client address", 0 },
     { "--timeout", "S", "limits", "60", "idle connection timeout once a request's headers are in (0: none)", 0 },
-    { "--header-timeout", "S", "limits", "5", "idle timeout while waiting for a request's headers", 0 },
+    { "--header-timeout", "S", "limits", "5", "seconds a connection has, in all, to send a request's headers (a "
+      "new one, or a kept-alive one between requests)", 0 },
     { "--drain-timeout", "S", "limits", "60", "after SIGINT/SIGTERM, wait this long for requests to finish", 0 },
     { "--token-delay-ms", "MS", "limits", "0", "sleep per generated token (demos and tests)", 0 },
     { "--allowed-hosts", "LIST", "security", NULL, "comma-separated Host names a loopback server also answers to", 0 },

@@ -149,8 +149,8 @@ static void put_bound(void *ud, const char *profile, int q, int i, int lower, do
         fprintf(b->f, "| %s | %s.%s.%s | %g | %.1f%% |\n", profile, qn, METRIC[i], lower ? "min" : "max", v, 100 * pct);
         return;
     }
-    fprintf(b->f, "%s\n      {\"profile\":\"%s\",\"key\":\"%s.%s.%s\",\"value\":%.9g,\"below\":%.6f}", b->k++ ? "," : "",
-            profile, qn, METRIC[i], lower ? "min" : "max", v, pct);
+    fputs(b->k++ ? ",\n      {\"profile\":" : "\n      {\"profile\":", b->f), json_out_str(b->f, profile);
+    fprintf(b->f, ",\"key\":\"%s.%s.%s\",\"value\":%.9g,\"below\":%.6f}", qn, METRIC[i], lower ? "min" : "max", v, pct);
 }
 
 static void json_meta(FILE *f, const calib_fit *fit, const calib_samples *c, const char *model_dir, const char *source) {
@@ -172,7 +172,8 @@ static void json_meta(FILE *f, const calib_fit *fit, const calib_samples *c, con
         if (p < N_STOCK) entropix_profile(STOCK[p], &sc, NULL);
         double s[Q_ADAPTIVE + 1];
         shares(c, p < N_STOCK ? &sc : &fit->profile, s);
-        fprintf(f, "%s\n      \"%s\": {", p ? "," : "", p < N_STOCK ? STOCK[p] : fit->profile.name);
+        fputs(p ? ",\n      " : "\n      ", f), json_out_str(f, p < N_STOCK ? STOCK[p] : fit->profile.name);
+        fputs(": {", f);
         for (int q = 0; q <= Q_ADAPTIVE; q++)
             fprintf(f, "%s\"%s\": %.6f", q ? ", " : "", entropix_quadrant_name((entropix_quadrant)q), s[q]);
         fputc('}', f);

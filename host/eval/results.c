@@ -1,11 +1,13 @@
 // results.c: reading `varent eval -o` trial records back (host/eval/summary.h).
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "host/eval/summary.h"
 #include "host/util/fileio.h"
+#include "host/util/json_in.h"
 
 // The index of (task, item) in r->set, added when new.
 static int item_index(eval_results *r, const char *task, int item, verr *err) {
@@ -38,13 +40,18 @@ static int read_record(eval_results *r, const cJSON *o, verr *err) {
     if (!cJSON_IsString(task) || !cJSON_IsString(arm) || !cJSON_IsNumber(item) || !cJSON_IsNumber(rep) || !cJSON_IsBool(ok))
         return verr_set(err, "a trial record needs \"task\", \"arm\" (strings), \"item\", \"repeat\" (numbers) and "
                              "\"correct\" (true/false)");
-    if (item->valueint < 0 || rep->valueint < 0 || rep->valueint >= 1000) return verr_set(err, "bad \"item\" or \"repeat\"");
-    struct eval_rec x = { item_index(r, task->valuestring, item->valueint, err), rep->valueint,
-                          arm_index(r, arm->valuestring, err), { 0 } };
+    int it_no, rep_no;
+    if (json_in_int32(item, 0, INT_MAX - 1, &it_no) || json_in_int32(rep, 0, 999, &rep_no))
+        return verr_set(err, "bad \"item\" or \"repeat\" (integers, the repeat below 1000)");
+    struct eval_rec x = { item_index(r, task->valuestring, it_no, err), rep_no, arm_index(r, arm->valuestring, err),
+                          { 0 } };
     if (x.item < 0 || x.arm < 0) return -1;
-    double tokens = opt_num(o, "tokens"), compute = opt_num(o, "compute");
-    x.o = (eval_outcome){ 1, cJSON_IsTrue(ok), isfinite(tokens) ? (int)tokens : 0, isfinite(compute) ? (long)compute : 0,
-                          opt_num(o, "wall_s"), opt_num(o, "entropy"), opt_num(o, "varentropy") };
+    int64_t tokens = 0, compute = 0;  // absent: 0
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(o, "tokens"), *cp = cJSON_GetObjectItemCaseSensitive(o, "compute");
+    if ((tk && json_in_int(tk, 0, INT_MAX, &tokens)) || (cp && json_in_int(cp, 0, (int64_t)1 << 53, &compute)))
+        return verr_set(err, "bad \"tokens\" or \"compute\" (non-negative integers)");
+    x.o = (eval_outcome){ 1, cJSON_IsTrue(ok), (int)tokens, (long)compute, opt_num(o, "wall_s"), opt_num(o, "entropy"),
+                          opt_num(o, "varentropy") };
     if (!isfinite(x.o.wall_s)) x.o.wall_s = 0;
     if (r->n_rec == r->cap_rec) {
         long cap = r->cap_rec ? 2 * r->cap_rec : 256;

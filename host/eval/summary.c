@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "host/util/json_out.h"
 #include "host/util/stats.h"
 
 static int in_task(const eval_item *it, const char *task) { return !task || !strcmp(it->task, task); }
@@ -118,27 +119,24 @@ void eval_summary_md(FILE *f, const eval_set *set, const eval_arm *arms, int n_a
 
 // ---- JSON ----
 
-static void jnum(FILE *f, double x) {
-    if (isfinite(x)) fprintf(f, "%.17g", x);
-    else fputs("null", f);
-}
-
 static void json_task(FILE *f, const eval_set *set, const char *task, const eval_arm *arms, int n_arms,
                       const eval_outcome *res, int repeats) {
     int n = 0;
     for (int i = 0; i < set->n; i++) n += in_task(&set->it[i], task);
-    fprintf(f, "{\"task\":\"%s\",\"items\":%d,\"arms\":[", task ? task : "all", n);
+    fputs("{\"task\":", f), json_out_str(f, task ? task : "all");
+    fprintf(f, ",\"items\":%d,\"arms\":[", n);
     for (int a = 0; a < n_arms; a++) {
         eval_arm_stats s;
         eval_arm_stats_of(set, task, a, n_arms, repeats, res, &s);
-        fprintf(f, "%s{\"arm\":\"%s\",\"n\":%ld,\"correct\":%ld,\"accuracy\":", a ? "," : "", arms[a].name, s.n, s.k);
-        jnum(f, s.acc);
-        fputs(",\"ci\":[", f), jnum(f, s.lo), fputc(',', f), jnum(f, s.hi);
-        fputs("],\"tokens\":", f), jnum(f, s.tokens);
-        fputs(",\"compute\":", f), jnum(f, s.compute);
-        fputs(",\"wall_s\":", f), jnum(f, s.wall_s);
-        fputs(",\"entropy\":{\"right\":", f), jnum(f, s.h[1]), fputs(",\"wrong\":", f), jnum(f, s.h[0]);
-        fputs("},\"varentropy\":{\"right\":", f), jnum(f, s.v[1]), fputs(",\"wrong\":", f), jnum(f, s.v[0]);
+        fputs(a ? ",{\"arm\":" : "{\"arm\":", f), json_out_str(f, arms[a].name);
+        fprintf(f, ",\"n\":%ld,\"correct\":%ld,\"accuracy\":", s.n, s.k);
+        json_out_num(f, s.acc);
+        fputs(",\"ci\":[", f), json_out_num(f, s.lo), fputc(',', f), json_out_num(f, s.hi);
+        fputs("],\"tokens\":", f), json_out_num(f, s.tokens);
+        fputs(",\"compute\":", f), json_out_num(f, s.compute);
+        fputs(",\"wall_s\":", f), json_out_num(f, s.wall_s);
+        fputs(",\"entropy\":{\"right\":", f), json_out_num(f, s.h[1]), fputs(",\"wrong\":", f), json_out_num(f, s.h[0]);
+        fputs("},\"varentropy\":{\"right\":", f), json_out_num(f, s.v[1]), fputs(",\"wrong\":", f), json_out_num(f, s.v[0]);
         fputs("}}", f);
     }
     fputs("],\"pairs\":[", f);
@@ -146,11 +144,13 @@ static void json_task(FILE *f, const eval_set *set, const char *task, const eval
         for (int y = x + 1; y < n_arms; y++) {
             eval_pair_stats p;
             eval_pair_stats_of(set, task, x, y, n_arms, repeats, res, &p);
-            fprintf(f, "%s{\"a\":\"%s\",\"b\":\"%s\",\"both_right\":%ld,\"a_only\":%ld,\"b_only\":%ld,\"both_wrong\":%ld,"
-                       "\"diff\":", k++ ? "," : "", arms[x].name, arms[y].name, p.a, p.b, p.c, p.d);
-            jnum(f, p.diff);
-            fputs(",\"ci\":[", f), jnum(f, p.lo), fputc(',', f), jnum(f, p.hi);
-            fputs("],\"mcnemar_p\":", f), jnum(f, p.p), fputc('}', f);
+            fputs(k++ ? ",{\"a\":" : "{\"a\":", f), json_out_str(f, arms[x].name);
+            fputs(",\"b\":", f), json_out_str(f, arms[y].name);
+            fprintf(f, ",\"both_right\":%ld,\"a_only\":%ld,\"b_only\":%ld,\"both_wrong\":%ld,\"diff\":", p.a, p.b, p.c,
+                    p.d);
+            json_out_num(f, p.diff);
+            fputs(",\"ci\":[", f), json_out_num(f, p.lo), fputc(',', f), json_out_num(f, p.hi);
+            fputs("],\"mcnemar_p\":", f), json_out_num(f, p.p), fputc('}', f);
         }
     fputs("]}", f);
 }

@@ -7,6 +7,7 @@
 
 #include "host/eval/match.h"
 #include "host/util/fileio.h"
+#include "host/util/json_in.h"
 #include "host/util/json_out.h"
 
 static const char *MATCH_NAMES[] = { "exact", "number", "regex", "contains" };
@@ -107,10 +108,9 @@ static int read_choices(const at *a, const cJSON *o, eval_item *it) {
     for (int i = 0; i < it->n_choices; i++)  // an empty continuation would score 0, above every real one
         if (!it->choices[i][0]) return verr_set(a->err, "%s:%d: choices[%d]: is empty", a->where, a->line, i);
     if (!g) return bad(a, "an item with choices needs \"gold\", the index of the right choice", NULL);
-    if (!cJSON_IsNumber(g) || g->valuedouble != (int)g->valuedouble || g->valueint < 0 || g->valueint >= it->n_choices)
+    if (json_in_int32(g, 0, it->n_choices - 1, &it->gold))
         return verr_set(a->err, "%s:%d: gold: must be an index into choices (0..%d)", a->where, a->line,
                         it->n_choices - 1);
-    it->gold = g->valueint;
     for (const char *k = "match\0pick\0nocase\0stop\0"; *k; k += strlen(k) + 1)
         if (cJSON_GetObjectItemCaseSensitive(o, k))
             return verr_set(a->err, "%s:%d: %s: applies to items with an answer, not choices", a->where, a->line, k);
@@ -170,6 +170,11 @@ int eval_item_parse(eval_item *it, const char *json, const char *where, int line
         int parsed = o != NULL;
         cJSON_Delete(o);
         return bad(&a, parsed ? "not a JSON object (one item per line)" : "not valid JSON (one object per line)", NULL);
+    }
+    char nul[64];
+    if (json_in_find_nul(json, nul, sizeof nul)) {  // cJSON's C strings would end there, silently
+        cJSON_Delete(o);
+        return bad(&a, "holds a NUL character (\\u0000), which would cut the text short", nul);
     }
     int rc = read_body(&a, o, it, task);
     cJSON_Delete(o);

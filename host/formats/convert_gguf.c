@@ -18,6 +18,7 @@
 #include "host/formats/gguf_check.h"
 #include "host/formats/model_dir.h"
 #include "host/formats/st_write.h"
+#include "host/util/parse.h"
 #include "kernels/ops.h"
 #include "tokenizer/tokenizer.h"
 
@@ -85,8 +86,11 @@ static int load_hparams(const gguf_file *g, gguf_hparams *hp, verr *err) {
     if (!emb || emb->n_dims != 2) return verr_set(err, "%s: missing 2-D tensor 'token_embd.weight'", g->path);
     hp->n_vocab = (int64_t)emb->ne[1];
     hp->tied = gguf_find_tensor(g, "output.weight") == NULL;
-    hp->attn_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
-    return 0;
+    // Qwen2 always has q/k/v biases (model/config.c); Llama and Qwen3 may (attention_bias)
+    hp->attn_bias = strcmp(a, "qwen2") == 0 || gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    snprintf(key, sizeof key, "%s.rope.dimension_count", a);
+    hp->n_rot = hp->head_dim;
+    return gguf_get_int(g, key, &hp->n_rot, err) < 0 ? -1 : 0;
 }
 
 // The shortest decimal that reads back as the same float32 (1e-05, not 9.99999974e-06):
@@ -559,9 +563,9 @@ static int map_name(const char *name, int64_t n_layer, char *out, size_t cap) {
     }
     if (strcmp(name, "rope_freqs.weight") == 0) return 0;  // becomes config rope_scaling
     if (strncmp(name, "blk.", 4) != 0) return -1;
-    char *end;
-    long layer = strtol(name + 4, &end, 10);
-    if (end == name + 4 || *end != '.' || layer < 0 || layer >= n_layer) return -1;
+    long layer;
+    const char *end = parse_index(name + 4, 1 << 30, &layer);
+    if (!end || *end != '.' || layer >= n_layer) return -1;
     const char *mid = end + 1, *dot = strrchr(mid, '.');
     if (!dot || (strcmp(dot, ".weight") != 0 && strcmp(dot, ".bias") != 0)) return -1;
     for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {

@@ -100,7 +100,11 @@ static int read_weights(l2c_reader *r, const l2c_config *c, int shared) {
         return -1;
     // The legacy format stores the RoPE tables (seq_len * hd/2 floats, twice); skip them.
     long skip = (long)c->seq_len * (hd / 2) * 2 * (long)sizeof(float);
-    if (fseek(r->f, skip, SEEK_CUR) != 0) return verr_set(r->err, "%s: truncated in the RoPE tables", r->path);
+    struct stat st = { 0 };  // fseek goes past the end without a word: the size says whether they are all there
+    if (fstat(fileno(r->f), &st) != 0 || st.st_size - r->offset < skip || fseek(r->f, skip, SEEK_CUR) != 0)
+        return verr_set(r->err, "%s: truncated in the RoPE tables: they span offsets %ld..%ld (seq_len %d x %d "
+                        "floats, twice) but the file has %lld bytes", r->path, r->offset, r->offset + skip,
+                        c->seq_len, hd / 2, (long long)st.st_size);
     r->offset += skip;
     if (!shared && add_tensor(r, "lm_head.weight", c->vocab_size, c->dim, 0)) return -1;
     int extra = fgetc(r->f);

@@ -43,6 +43,10 @@ static int check_bounds(const gguf_file *g, const gguf_hparams *hp, verr *err) {
     if (hp->head_dim % 2)
         return verr_set(err, "%s: the head size %lld ('%s', or embedding_length / head_count) must be even for RoPE",
                         g->path, (long long)hp->head_dim, key(hp, "attention.key_length", k, sizeof k));
+    if (hp->n_rot != hp->head_dim)  // varent turns every dimension: a partial rotary model would run, wrongly
+        return verr_set(err, "%s: metadata key '%s' is %lld but the head size is %lld: partial rotary embeddings "
+                        "(RoPE on part of each head) are not supported", g->path,
+                        key(hp, "rope.dimension_count", k, sizeof k), (long long)hp->n_rot, (long long)hp->head_dim);
     if (hp->n_vocab < 1 || hp->n_vocab > BOUND_TOKENS)
         return verr_set(err, "%s: tensor 'token_embd.weight' has %lld rows (the vocabulary); at most %d", g->path,
                         (long long)hp->n_vocab, BOUND_TOKENS);
@@ -57,13 +61,15 @@ typedef struct {
     const char *why[2];
 } want;
 
-static int check_tensor(const gguf_file *g, const gguf_hparams *hp, const want *w, int layer, verr *err) {
-    char name[128];
+// need: why the tensor must be there, for the message when it is missing (NULL: the
+// layer count).
+static int check_tensor(const gguf_file *g, const gguf_hparams *hp, const want *w, int layer, const char *need,
+                        verr *err) {
+    char name[128], count[160];
     snprintf(name, sizeof name, w->name, layer);
+    snprintf(count, sizeof count, "%s.block_count is %lld", hp->arch, (long long)hp->n_layer);
     const gguf_tensor *t = gguf_find_tensor(g, name);
-    if (!t)
-        return verr_set(err, "%s: tensor '%s' is missing (%s.block_count is %lld)", g->path, name, hp->arch,
-                        (long long)hp->n_layer);
+    if (!t) return verr_set(err, "%s: tensor '%s' is missing (%s)", g->path, name, need ? need : count);
     if ((int)t->n_dims != w->n_dims)
         return verr_set(err, "%s: tensor '%s' has %u dimensions, expected %d", g->path, name, t->n_dims, w->n_dims);
     for (int d = 0; d < w->n_dims; d++) {
@@ -91,19 +97,40 @@ static int check_layer(const gguf_file *g, const gguf_hparams *hp, int l, verr *
         {"blk.%d.ffn_down.weight", 2, {F, D}, {kf, kd}},
     };
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-        if (check_tensor(g, hp, &ws[i], l, err)) return -1;
+        if (check_tensor(g, hp, &ws[i], l, NULL, err)) return -1;
     const want bias[] = {
         {"blk.%d.attn_q.bias", 1, {Q, 0}, {kq, NULL}}, {"blk.%d.attn_k.bias", 1, {KV, 0}, {kkv, NULL}},
         {"blk.%d.attn_v.bias", 1, {KV, 0}, {kkv, NULL}},
     };
+    const char *why_bias = strcmp(hp->arch, "qwen2") == 0 ? "a qwen2 model has q/k/v biases in every layer"
+                                                          : "blk.0.attn_q.bias is there: every layer has q/k/v biases";
     for (size_t i = 0; hp->attn_bias && i < sizeof bias / sizeof bias[0]; i++)
-        if (check_tensor(g, hp, &bias[i], l, err)) return -1;
+        if (check_tensor(g, hp, &bias[i], l, why_bias, err)) return -1;
     const want qk[] = {
         {"blk.%d.attn_q_norm.weight", 1, {hp->head_dim, 0}, {"the head size", NULL}},
         {"blk.%d.attn_k_norm.weight", 1, {hp->head_dim, 0}, {"the head size", NULL}},
     };
     for (size_t i = 0; strcmp(hp->arch, "qwen3") == 0 && i < 2; i++)
-        if (check_tensor(g, hp, &qk[i], l, err)) return -1;
+        if (check_tensor(g, hp, &qk[i], l, "a qwen3 model has q/k norms in every layer", err)) return -1;
+    return 0;
+}
+
+// A layer tensor the architecture has no use for would be dropped silently by the
+// loader (a bias after blk.0 had none, q/k norms outside qwen3): the model would run
+// without it, wrongly.
+static int check_unused(const gguf_file *g, const gguf_hparams *hp, verr *err) {
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const char *name = g->tensors[i].name, *dot = strncmp(name, "blk.", 4) ? NULL : strchr(name + 4, '.');
+        if (!dot) continue;
+        int bias = !strcmp(dot, ".attn_q.bias") || !strcmp(dot, ".attn_k.bias") || !strcmp(dot, ".attn_v.bias");
+        int norm = !strcmp(dot, ".attn_q_norm.weight") || !strcmp(dot, ".attn_k_norm.weight");
+        if (bias && !hp->attn_bias)
+            return verr_set(err, "%s: tensor '%s' is a bias, but blk.0.attn_q.bias is missing: a %s model has q/k/v "
+                            "biases in every layer or in none", g->path, name, hp->arch);
+        if (norm && strcmp(hp->arch, "qwen3") != 0)
+            return verr_set(err, "%s: tensor '%s' is a q/k norm, which a %s model does not have (qwen3 does)", g->path,
+                            name, hp->arch);
+    }
     return 0;
 }
 
@@ -117,10 +144,10 @@ int gguf_check_model(const gguf_file *g, const gguf_hparams *hp, verr *err) {
         {"output.weight", 2, {hp->n_embd, hp->n_vocab}, {kd, "token_embd.weight's rows"}},
     };
     for (int i = 0; i < (hp->tied ? 2 : 3); i++)
-        if (check_tensor(g, hp, &top[i], 0, err)) return -1;
+        if (check_tensor(g, hp, &top[i], 0, NULL, err)) return -1;
     for (int l = 0; l < hp->n_layer; l++)
         if (check_layer(g, hp, l, err)) return -1;
-    return 0;
+    return check_unused(g, hp, err);
 }
 
 int gguf_check_tok_ids(const gguf_file *g, const gguf_hparams *hp, const tok_ids *ti, uint64_t n_tokens, verr *err) {

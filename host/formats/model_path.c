@@ -213,8 +213,7 @@ static int resolve_gguf(const char *arg, const struct stat *st, const model_path
     return 0;
 }
 
-int model_path_resolve(const char *arg, const model_path_progress *prog, model_path *out, verr *err) {
-    memset(out, 0, sizeof *out);
+static int resolve(const char *arg, const model_path_progress *prog, model_path *out, verr *err) {
     struct stat st;
     if (!arg || !arg[0]) return verr_set(err, "empty model path (%s)", TAKES);
     if (stat(arg, &st) != 0)
@@ -236,4 +235,11 @@ int model_path_resolve(const char *arg, const model_path_progress *prog, model_p
     if (n < 0) return verr_set(err, "%s: cannot read: %s", arg, strerror(errno));
     if (n >= 4 && !memcmp(head, "GGUF", 4)) return resolve_gguf(arg, &st, prog, out, err);
     return verr_set(err, "%s: %s (%s)", arg, file_kind(head, n), TAKES);
+}
+
+int model_path_resolve(const char *arg, const model_path_progress *prog, model_path *out, verr *err) {
+    memset(out, 0, sizeof *out);
+    int rc = resolve(arg, prog, out, err);
+    if (prog && prog->fn) prog->fn(prog->ud, NULL, 0, 0);  // over, on every path: a bar drawn for a stage ends
+    return rc;
 }

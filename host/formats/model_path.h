@@ -22,7 +22,8 @@ typedef struct {
 } model_path;
 
 // Progress of the first use of a GGUF: stage "hashing" (done/total in MiB) and then
-// "converting" (in tensors). fn may draw; resolution prints nothing itself.
+// "converting" (in tensors). fn may draw; resolution prints nothing itself. Every
+// resolution ends with a call with stage NULL (success or not), which ends any bar.
 typedef struct {
     void (*fn)(void *ud, const char *stage, long done, long total);
     void *ud;

@@ -75,6 +75,8 @@ const st_tensor *st_set_get(const st_set *s, const char *name, unsigned dtype_ma
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "host/util/json_in.h"
+
 static const char *st_names_[ST_NDTYPES] = { "F32", "F16", "BF16", "I8", "U8", "I32" };
 static const size_t st_sizes_[ST_NDTYPES] = { 4, 2, 2, 1, 1, 4 };
 
@@ -109,20 +111,18 @@ static int st_parse_entry_(st_file *f, cJSON *item, st_tensor *t, const uint8_t 
     if (t->ndim > 8) return verr_set(err, "%s: tensor '%s': %d dimensions (max 8)", f->path, name, t->ndim);
     uint64_t count = 1;
     for (int i = 0; i < t->ndim; i++) {
-        cJSON *s = cJSON_GetArrayItem(shape, i);
-        if (!cJSON_IsNumber(s) || s->valuedouble < 0 || s->valuedouble > 9.0e15 || s->valuedouble != (double)(int64_t)s->valuedouble)
+        if (json_in_int(cJSON_GetArrayItem(shape, i), 0, 9000000000000000LL, &t->shape[i]))
             return verr_set(err, "%s: tensor '%s': shape[%d] is not a non-negative integer", f->path, name, i);
-        t->shape[i] = (int64_t)s->valuedouble;
         if (t->shape[i] && count > UINT64_MAX / (uint64_t)t->shape[i])
             return verr_set(err, "%s: tensor '%s': shape overflows", f->path, name);
         count *= (uint64_t)t->shape[i];
     }
-    cJSON *b = cJSON_GetArrayItem(offs, 0), *e = cJSON_GetArrayItem(offs, 1);
-    if (cJSON_GetArraySize(offs) != 2 || !cJSON_IsNumber(b) || !cJSON_IsNumber(e) || b->valuedouble < 0 ||
-        e->valuedouble < b->valuedouble || e->valuedouble > 9.0e15)  // beyond any file; keeps the casts defined
-        return verr_set(err, "%s: tensor '%s': data_offsets must be [begin, end] with 0 <= begin <= end <= the data size",
-                        f->path, name);
-    uint64_t begin = (uint64_t)b->valuedouble, end = (uint64_t)e->valuedouble;
+    int64_t b, e;  // integers (0.5 is not an offset) below 9e15, beyond any file
+    if (cJSON_GetArraySize(offs) != 2 || json_in_int(cJSON_GetArrayItem(offs, 0), 0, 9000000000000000LL, &b) ||
+        json_in_int(cJSON_GetArrayItem(offs, 1), b, 9000000000000000LL, &e))
+        return verr_set(err, "%s: tensor '%s': data_offsets must be integers [begin, end] with 0 <= begin <= end <= the "
+                        "data size", f->path, name);
+    uint64_t begin = (uint64_t)b, end = (uint64_t)e;
     if (end > data_size)
         return verr_set(err, "%s: tensor '%s': data_offsets [%llu, %llu] lie outside the data region (%zu bytes)",
                         f->path, name, (unsigned long long)begin, (unsigned long long)end, data_size);

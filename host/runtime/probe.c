@@ -9,6 +9,7 @@
 
 #include "host/formats/st_stream.h"
 #include "host/util/json_out.h"
+#include "host/util/parse.h"
 #include "host/util/outfile.h"
 
 #define LENS_TOP 5
@@ -50,20 +51,17 @@ static int parse_layers(const char *list, int n, unsigned char *on, const char *
         return 0;
     }
     const char *p = list;
-    while (*p) {
-        char *end;
-        long a = strtol(p, &end, 10), b = a;
-        if (end == p || a < 0) return verr_set(err, "%s: '%s' is not all or a list like 0,3,5-7", flag, list);
-        if (*end == '-') {
-            const char *q = end + 1;
-            b = strtol(q, &end, 10);
-            if (end == q || b < a) return verr_set(err, "%s: '%s' is not all or a list like 0,3,5-7", flag, list);
-        }
-        if (*end && *end != ',') return verr_set(err, "%s: '%s' is not all or a list like 0,3,5-7", flag, list);
+    do {  // an empty list, or an empty or signed item, is not a list of layers
+        long a, b;
+        const char *end = parse_index(p, 1L << 30, &a);
+        b = a;
+        if (end && *end == '-') end = parse_index(end + 1, 1L << 30, &b);
+        if (!end || b < a || (*end && *end != ','))
+            return verr_set(err, "%s: '%s' is not all or a list like 0,3,5-7", flag, list);
         if (b >= n) return verr_set(err, "%s: layer %ld is out of range: the model has layers 0..%d", flag, b, n - 1);
         for (long l = a; l <= b; l++) on[l] = 1;
         p = *end ? end + 1 : end;
-    }
+    } while (*p || p[-1] == ',');
     return 0;
 }
 

@@ -57,6 +57,7 @@ static int open_adapters(session *s, const session_opts *o, verr *err) {
         if (lora_load(&s->adapters[i], &s->m, o->lora[i].dir, err)) return -1;
         s->lora[i] = (lora_use){ &s->adapters[i], o->lora[i].scale };
         s->n_adapters = i + 1;
+        if (lora_check_scale(&s->adapters[i], o->lora[i].scale, err)) return -1;
     }
     return session_set_lora(s, s->lora, s->n_adapters, err);
 }

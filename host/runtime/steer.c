@@ -7,16 +7,15 @@
 
 #include "host/formats/dequant.h"
 #include "host/formats/gguf.h"
+#include "host/util/parse.h"
 
 int steer_spec_active(const steer_spec *sp) { return sp && (sp->n_cvec || sp->n_ablate || sp->n_skip); }
 
-// "direction.<il>" with il a decimal integer: il, or -1.
+// "direction.<il>" with il decimal digits and nothing else: il, or -1.
 static long direction_layer(const char *name) {
-    if (strncmp(name, "direction.", 10) != 0 || !name[10]) return -1;
-    char *end;
-    errno = 0;
-    long il = strtol(name + 10, &end, 10);
-    return *end || errno || il < 0 || name[10] == '-' || name[10] == '+' ? -1 : il;
+    long il;
+    const char *end = strncmp(name, "direction.", 10) ? NULL : parse_index(name + 10, 1L << 30, &il);
+    return end && !*end ? il : -1;
 }
 
 // The keys every control vector file has (llama.cpp's cvector-generator and repeng write both).

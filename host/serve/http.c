@@ -109,9 +109,12 @@ static enum MHD_Result get_health(server *s, struct MHD_Connection *c) {
     sb_printf(&b, "{\"status\":\"%s\",\"model\":", atomic_load(&s->quiesced) ? "shutting_down" : "ok");
     sb_put(&b, s->model_json.p, s->model_json.len);
     sb_printf(&b, ",\"slots\":%d,\"slots_busy\":%d,\"queued\":%d,\"inflight\":%d,\"requests\":%ld,"
-                  "\"cancelled\":%ld,\"rejected\":%ld}",
+                  "\"cancelled\":%ld,\"rejected\":%ld",
               s->n_slots, s->busy, s->queued, s->inflight, s->n_requests, s->n_cancelled, s->n_rejected);
     pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&s->conns_mu);
+    sb_printf(&b, ",\"header_timeouts\":%ld,\"evicted\":%ld}", s->n_header_timeouts, s->n_evicted);
+    pthread_mutex_unlock(&s->conns_mu);
     return reply_json(s, c, 200, &b);
 }
 
@@ -445,6 +448,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     conn_req *r = *con_cls;
     if (r && r->rejected) return *upload_size = 0, MHD_YES;
     if (!r) {  // headers are in; the body (if any) comes in the next calls
+        server_conn_headers_in(s, c);  // off the header deadline
         if (!(r = calloc(1, sizeof *r))) return MHD_NO;
         *con_cls = r;
         // the headers came within --header-timeout; the body and the answer get --timeout
@@ -485,6 +489,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     server *s = cls;
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->o.header_timeout_s);  // the next request
+    server_conn_request_done(s, c);
     conn_req *r = *con_cls;
     if (!r) return;
     sb_free(&r->body);
@@ -555,7 +560,9 @@ static server *start(session *base, const server_opts *o, verr *err) {
     s->threads_per_slot = total / o->parallel > 0 ? total / o->parallel : 1;
     struct sockaddr_storage ss;
     int v6 = 0;
-    if (server_setup_model(s, err) || server_adapters_load(s, err) || bind_addr(o->host, o->port, &ss, &v6, &s->loopback, err) || server_slots_start(s, err)) {
+    if (server_conns_init(s)) verr_set(err, "cannot start the connection watchdog thread");
+    if (!s->conns_live || server_setup_model(s, err) || server_adapters_load(s, err) ||
+        bind_addr(o->host, o->port, &ss, &v6, &s->loopback, err) || server_slots_start(s, err)) {
         server_stop(s);
         return NULL;
     }
@@ -563,6 +570,7 @@ static server *start(session *base, const server_opts *o, verr *err) {
                      MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
                             s, MHD_OPTION_SOCK_ADDR, &ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, server_conn_notify, s,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                             (unsigned)o->max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->header_timeout_s,
                             MHD_OPTION_END);
@@ -619,12 +627,14 @@ void server_stop(server *s) {
     server_cancel_all(s);
     server_slots_stop(s);  // running jobs end at their next token
     if (s->tp_live && s->o.tp->rank == 0) server_tp_stop(s);
-    if (s->d) MHD_stop_daemon(s->d);
+    server_conns_stop(s);
+    if (s->d) MHD_stop_daemon(s->d);  // its notifications take conns_mu: destroyed after
     server_adapters_free(s);
     sb_free(&s->model_json), sb_free(&s->tok_text);
     free(s->tok_off);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
+    server_conns_free(s);
     server_tp_free(s);
     free(s);
 }

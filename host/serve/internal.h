@@ -3,6 +3,7 @@
 #ifndef VARENT_SERVER_INTERNAL_H
 #define VARENT_SERVER_INTERNAL_H
 
+#include <microhttpd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -12,6 +13,7 @@
 #include "tokenizer/chat.h"
 
 typedef struct server_job server_job;
+typedef struct conn_rec conn_rec;  // conns.c: a connection, while it waits for a request's headers
 
 typedef struct {
     server *srv;
@@ -103,7 +105,28 @@ struct server {
     pthread_cond_t tp_cv;
     int tp_turn;              // the other ranks: the slot whose turn it is (-1: none)
     int tp_stop;              // the other ranks: rank 0 stopped
+    // conns.c: the connections waiting for a request's headers (the header deadline and
+    // the connection budget), under conns_mu
+    pthread_mutex_t conns_mu;
+    pthread_cond_t conns_cv;
+    pthread_t conns_th;
+    int conns_init, conns_live, conns_stop;
+    conn_rec *wait_head, *wait_tail;  // oldest first
+    int n_waiting;
+    long n_header_timeouts;   // closed at the header deadline
+    long n_evicted;           // closed to keep the reserve of --max-connections
 };
+
+// conns.c: libmicrohttpd's connection notifications (MHD_OPTION_NOTIFY_CONNECTION); a
+// request's headers are in (on_request's first call); a request is over (its
+// NOTIFY_COMPLETED: a kept-alive connection waits for the next headers).
+void server_conn_notify(void *cls, struct MHD_Connection *mc, void **ctx, enum MHD_ConnectionNotificationCode code);
+void server_conn_headers_in(server *s, struct MHD_Connection *mc);
+void server_conn_request_done(server *s, struct MHD_Connection *mc);
+// The watchdog thread that enforces the deadline: 0, or -1 when it cannot start.
+int server_conns_init(server *s);
+void server_conns_stop(server *s);
+void server_conns_free(server *s);  // after libmicrohttpd stopped
 
 // jobs.c
 int server_slots_start(server *s, verr *err);

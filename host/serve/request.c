@@ -12,6 +12,7 @@
 #include "host/decode/defaults.h"
 #include "host/decode/entropix.h"
 #include "host/decode/generate.h"
+#include "host/util/json_in.h"
 
 // Records the failing field and kind, and the message.
 static int bad(server_request *r, verr *err, server_err_kind kind, const char *param, const char *fmt, const char *a) {
@@ -350,54 +351,6 @@ static int parse_fields(server_request *r, const cJSON *o, verr *err) {
     return 0;
 }
 
-// Where a JSON path is while scanning: an object (its current key) or an array (its index).
-typedef struct {
-    int array, index;
-    char key[48];
-} json_level;
-
-static void json_path(const json_level *st, int depth, char *out, size_t cap) {
-    size_t n = 0;
-    out[0] = 0;
-    for (int i = 0; i < depth && n < cap; i++)
-        n += st[i].array ? (size_t)snprintf(out + n, cap - n, "[%d]", st[i].index)
-                         : (size_t)snprintf(out + n, cap - n, i ? ".%s" : "%s", st[i].key);
-}
-
-// An escaped NUL ("\u0000") in any string of a valid JSON text would be cut short by
-// cJSON's C strings, silently: finds the first and writes the field it is in
-// ("messages[1].content") to path. 1 when found. Levels deeper than 16 are not named.
-static int find_escaped_nul(const char *s, char *path, size_t cap) {
-    json_level st[16];
-    int depth = 0, expect_key = 0;
-    for (const char *p = s; *p; p++) {
-        json_level *top = depth > 0 && depth <= 16 ? &st[depth - 1] : NULL;
-        if (*p == '{' || *p == '[') {
-            if (depth < 16) st[depth] = (json_level){ *p == '[', 0, "" };
-            depth++, expect_key = *p == '{';
-        } else if (*p == '}' || *p == ']') {
-            depth--;
-        } else if (*p == ',') {
-            if (top && top->array) top->index++;
-            expect_key = top && !top->array;
-        } else if (*p == '"') {
-            const char *start = ++p;
-            for (; *p != '"'; p++) {
-                if (*p != '\\') continue;
-                if (!strncmp(p + 1, "u0000", 5)) {  // in a key: the object that holds it
-                    json_path(st, (depth < 16 ? depth : 16) - (expect_key && top), path, cap);
-                    if (!path[0]) snprintf(path, cap, "(a key)");
-                    return 1;
-                }
-                p++;  // the escaped character
-            }
-            if (expect_key && top) snprintf(top->key, sizeof top->key, "%.*s", (int)(p - start), start);
-            expect_key = 0;
-        }
-    }
-    return 0;
-}
-
 int server_parse_request(const char *body, size_t len, int chat, server_request *out, verr *err) {
     memset(out, 0, sizeof *out);
     out->chat = chat, out->max_tokens = -1, out->n = 1;
@@ -419,7 +372,7 @@ int server_parse_request(const char *body, size_t len, int chat, server_request 
         rc = bad(out, err, SRV_E_JSON, "", "the body is not valid JSON%s (near byte %s)", where);
     } else if (!cJSON_IsObject(root)) {
         rc = bad(out, err, SRV_E_JSON, "", "the body must be a JSON object%s%s", NULL);
-    } else if (find_escaped_nul(buf, nul_path, sizeof nul_path)) {
+    } else if (json_in_find_nul(buf, nul_path, sizeof nul_path)) {
         rc = bad(out, err, SRV_E_VALUE, nul_path, "'%s' holds a NUL character (\\u0000), which varent cannot pass on%s",
                  NULL);
     } else {

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/util/json_out.h"
+
 static int sb_grow(sbuf *b, size_t need) {
     if (b->oom) return -1;
     if (b->len + need + 1 <= b->cap) return 0;
@@ -51,36 +53,11 @@ void sb_printf(sbuf *b, const char *fmt, ...) {
 }
 
 // Length of the valid UTF-8 sequence at s (n bytes left), or 0 when invalid.
-static int utf8_len(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    int k = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xf0 && c < 0xf5 ? 4 : 0;
-    if (k == 0 || (size_t)k > n) return 0;
-    for (int i = 1; i < k; i++)
-        if ((s[i] & 0xc0) != 0x80) return 0;
-    if (k == 3 && ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0))) return 0;  // overlong, surrogate
-    if (k == 4 && ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90))) return 0;  // overlong, > U+10FFFF
-    return k;
-}
+static void to_sbuf(void *ud, const char *s, size_t n) { sb_put(ud, s, n); }
 
 void sb_json_str(sbuf *b, const char *s, size_t n) {
-    const unsigned char *t = (const unsigned char *)s;
     sb_put(b, "\"", 1);
-    size_t i = 0;
-    while (i < n) {
-        size_t run = i;  // copy plain runs in one go
-        while (run < n && t[run] >= 0x20 && t[run] < 0x80 && t[run] != '"' && t[run] != '\\') run++;
-        if (run > i) sb_put(b, t + i, run - i), i = run;
-        if (i >= n) break;
-        unsigned c = t[i];
-        int k = c >= 0x80 ? utf8_len(t + i, n - i) : 1;
-        if (c == '"' || c == '\\') sb_printf(b, "\\%c", c);
-        else if (c == '\n') sb_puts(b, "\\n");
-        else if (c == '\t') sb_puts(b, "\\t");
-        else if (c == '\r') sb_puts(b, "\\r");
-        else if (c < 0x20 || k == 0) sb_printf(b, "\\u%04x", c);
-        else sb_put(b, t + i, (size_t)k);
-        i += k ? (size_t)k : 1;
-    }
+    json_escape(s, n, to_sbuf, b);
     sb_put(b, "\"", 1);
 }
 
@@ -181,8 +158,10 @@ static void bound(sbuf *b, double v) {
 static void profile_obj(sbuf *b, const entropix_config *c) {
     static const char *keys[M_COUNT] = { "entropy", "varentropy", "attn_entropy", "attn_varentropy", "agreement",
                                          "interaction_strength" };
-    sb_printf(b, "{\"name\":\"%s\",\"temperature\":%.9g,\"top_p\":%.9g,\"top_k\":%.9g,\"min_p\":%.9g,\"order\":[",
-              c->name, c->temp, c->top_p, c->top_k, c->min_p);
+    sb_puts(b, "{\"name\":");
+    sb_json_str(b, c->name, strlen(c->name));
+    sb_printf(b, ",\"temperature\":%.9g,\"top_p\":%.9g,\"top_k\":%.9g,\"min_p\":%.9g,\"order\":[", c->temp, c->top_p,
+              c->top_k, c->min_p);
     for (int i = 0, first = 1; i < ENTROPIX_N_BOXES; i++)
         if (c->order[i] >= 0 && c->order[i] < ENTROPIX_N_BOXES)
             sb_printf(b, "%s\"%s\"", first ? "" : ",", entropix_quadrant_name((entropix_quadrant)c->order[i])), first = 0;
@@ -202,8 +181,11 @@ static void profile_obj(sbuf *b, const entropix_config *c) {
 }
 
 void sb_profiles(sbuf *b, const char *default_sampler, const char *default_profile) {
-    sb_printf(b, "{\"object\":\"list\",\"default_sampler\":\"%s\",\"default_profile\":\"%s\",\"data\":[",
-              default_sampler, default_profile);
+    sb_puts(b, "{\"object\":\"list\",\"default_sampler\":");
+    sb_json_str(b, default_sampler, strlen(default_sampler));
+    sb_puts(b, ",\"default_profile\":");
+    sb_json_str(b, default_profile, strlen(default_profile));
+    sb_puts(b, ",\"data\":[");
     // entropix_profile_names() is "a, b, c".
     const char *names = entropix_profile_names();
     int first = 1;

@@ -20,7 +20,8 @@ typedef struct {
     int max_queue;              // waiting requests beyond this get a 429
     int max_connections;
     int timeout_s;              // idle connection timeout once a request's headers are in (0: none)
-    int header_timeout_s;       // idle timeout while waiting for a request's headers (>= 1)
+    int header_timeout_s;       // a deadline for a request's headers, from the connection's start or the
+                                // previous request's end (>= 1; host/serve/conns.c)
     int max_per_ip;             // open connections from one client address
     const char *model_id;       // name in /v1/models (NULL: the model directory's basename)
     gen_sampler sampler;        // defaults when a request names none

@@ -80,7 +80,16 @@ char *fileio_read_stream(FILE *fp, const char *what, size_t *len, verr *err) {
 char *fileio_read_all(const char *path, verr *err) {
     FILE *fp = strcmp(path, "-") ? fileio_fopen_input(path, err) : stdin;
     if (!fp) return NULL;
-    char *buf = fileio_read_stream(fp, path, NULL, err);
+    size_t n = 0;
+    char *buf = fileio_read_stream(fp, path, &n, err);
     if (fp != stdin) fclose(fp);
+    size_t text = buf ? strlen(buf) : n;
+    if (text < n) {  // every reader takes it as a C string: the rest would be lost, silently
+        int line = 1;
+        for (size_t i = 0; i < text; i++) line += buf[i] == '\n';
+        verr_set(err, "%s: holds a NUL byte at line %d (byte %zu): not a text file", path, line, text);
+        free(buf);
+        return NULL;
+    }
     return buf;
 }

@@ -17,7 +17,8 @@ int fileio_open_input(const char *path, verr *err);
 FILE *fileio_fopen_input(const char *path, verr *err);
 // The whole file as a malloc'd NUL-terminated string, or NULL with err naming the path.
 // "-" is stdin, read until EOF (pipes work there); any other path goes through
-// fileio_open_input, so it must be a regular file.
+// fileio_open_input, so it must be a regular file. A NUL byte in it is an error naming
+// its line (every caller reads text, which would end there).
 char *fileio_read_all(const char *path, verr *err);
 // The rest of an open stream as a malloc'd NUL-terminated buffer (*len: its bytes, which
 // may include NULs; len may be NULL), or NULL with err naming what ("stdin", a path).

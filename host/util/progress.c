@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -10,6 +11,12 @@
 #define BAR_WIDTH 24
 #define TICK_S 1.0        // terminal: the ticker redraws at least this often
 #define LINE_EVERY_S 5.0  // piped: a line at least this often
+
+// Tasks started and not yet ended, for progress_open_count: a check on the callers
+// (a ticker outliving its task reads a dead stack frame), not state the bars share.
+static atomic_int n_open;
+
+int progress_open_count(void) { return atomic_load(&n_open); }
 
 static double now_s(void) {
     struct timespec ts;
@@ -88,6 +95,8 @@ void progress_start(progress *p, const char *label, long total, int quiet) {
     p->last_draw = -1;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    p->open = 1;
+    atomic_fetch_add(&n_open, 1);
     if (!quiet) p->running = pthread_create(&p->ticker, NULL, tick, p) == 0;
 }
 
@@ -118,8 +127,12 @@ void progress_relabel(progress *p, const char *label, long total) {
     pthread_mutex_unlock(&p->mu);
 }
 
-// Stops the ticker and clears the bar; the caller holds nothing.
-static void end(progress *p) {
+// Stops the ticker and clears the bar; the caller holds nothing. 0 when the task had
+// already ended (a second finish or stop does nothing).
+static int end(progress *p) {
+    if (!p->open) return 0;
+    p->open = 0;
+    atomic_fetch_sub(&n_open, 1);
     if (p->running) {
         pthread_mutex_lock(&p->mu);
         p->stopping = 1;
@@ -128,20 +141,18 @@ static void end(progress *p) {
         pthread_join(p->ticker, NULL);
         p->running = 0;
     }
-    clear_bar(p);
+    if (!p->quiet) clear_bar(p);
+    return 1;
 }
 
 void progress_finish(progress *p, const char *summary) {
-    if (p->quiet) return;
-    end(p);
+    if (!end(p) || p->quiet) return;
     if (summary) fprintf(p->f, "%s: %s\n", p->label, summary);
     else fprintf(p->f, "%s: done in %.1fs\n", p->label, now_s() - p->t_begin);
     fflush(p->f);
 }
 
-void progress_stop(progress *p) {
-    if (!p->quiet) end(p);
-}
+void progress_stop(progress *p) { end(p); }
 
 void progress_note(progress *p, const char *fmt, ...) {
     if (p->quiet) return;

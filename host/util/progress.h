@@ -10,8 +10,10 @@
 // written between progress_pause and progress_resume: the bar is cleared first when
 // stdout is the same terminal, so data never shares a line with a bar.
 //
-// Every progress_start is ended by progress_finish or progress_stop (they stop the
-// ticker thread).
+// Every progress_start is ended by progress_finish or progress_stop on every path,
+// errors included (they stop the ticker thread, which reads the progress struct, often
+// a caller's stack frame; a second end does nothing). The CLI checks that none is left
+// when a command returns (progress_open_count).
 #ifndef VARENT_PROGRESS_H
 #define VARENT_PROGRESS_H
 
@@ -29,6 +31,7 @@ typedef struct {
     double t_begin, t0, last_draw, last_line;  // t0: the current stage's start
     int last_decile;  // last 10% step printed as a line
     int bar_shown;    // a bar is on the current terminal line
+    int open;         // started and not yet finished or stopped
     int running;      // the ticker thread runs
     int stopping;
     pthread_t ticker;
@@ -53,6 +56,8 @@ void progress_note(progress *p, const char *fmt, ...) __attribute__((format(prin
 // holds it off until resume.
 void progress_pause(progress *p);
 void progress_resume(progress *p);
+// Tasks started and not yet finished or stopped, in the whole process (quiet ones too).
+int progress_open_count(void);
 // "ETA 1m05s" style text of seconds (s < 0: "ETA ?").
 void progress_eta_text(double s, char *out, size_t n);
 

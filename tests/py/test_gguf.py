@@ -336,7 +336,7 @@ def expect_error(tmp, name, data, words):
 
 def test_bad_inputs(tmp):
     L, D, F, H, KV, hd, V = 1, 256, 256, 4, 2, 64, len(TOKENS)
-    hf = hf_tensors(L, D, F, H, KV, hd, V)
+    hf = hf_tensors(L, D, F, H, KV, hd, V, bias=True)  # qwen2 has q/k/v biases
     kv = hparams_kv("qwen2", L, D, F, H, KV)
     kv.update(tok_kv("qwen2"))
     recs, _ = to_gguf(hf, {})
@@ -368,7 +368,7 @@ def test_inconsistent(tmp):
     """Well-formed GGUFs whose metadata disagrees with the tensors or is out of range
     (issue 22, row 17): each fails naming the key, and writes nothing."""
     L, D, F, H, KV, hd, V = 2, 256, 256, 4, 2, 64, len(TOKENS)
-    recs, _ = to_gguf(hf_tensors(L, D, F, H, KV, hd, V), {})
+    recs, _ = to_gguf(hf_tensors(L, D, F, H, KV, hd, V, bias=True), {})  # qwen2 has q/k/v biases
     a = "qwen2"
     kv = hparams_kv(a, L, D, F, H, KV)
     kv.update(tok_kv(a))
@@ -405,6 +405,22 @@ def test_inconsistent(tmp):
     # A layer's tensor missing though block_count covers it.
     short = [r for r in recs if r[0] != "blk.1.ffn_down.weight"]
     case("missing_tensor", ["blk.1.ffn_down.weight", "missing"], recs_=short)
+    # Issue 32, row 13: the architecture's tensors (a qwen2 model without its q/k/v biases
+    # converted, then could not run), and partial rotary (it ran with full rotary: wrong
+    # logits).
+    no_bias = [r for r in recs if not r[0].endswith(".bias")]
+    case("qwen2_without_biases", ["blk.0.attn_q.bias", "missing", "qwen2 model has q/k/v biases"], recs_=no_bias)
+    no_v1 = [r for r in recs if r[0] != "blk.1.attn_v.bias"]
+    case("qwen2_missing_one_bias", ["blk.1.attn_v.bias", "missing"], recs_=no_v1)
+    qk, _ = to_gguf({k: v for k, v in hf_tensors(1, D, F, H, KV, hd, V, qk_norm=True).items() if "q_norm" in k}, {})
+    case("qwen2_with_qk_norm", ["blk.0.attn_q_norm.weight", "q/k norm", "qwen3"], recs_=recs + qk)
+    case("rope_dimension_count_32", ["rope.dimension_count", "32", "head size is 64", "partial rotary"],
+         ARCH__rope__dimension_count=32)
+    case("rope_dimension_count_63", ["rope.dimension_count", "63", "partial rotary"], ARCH__rope__dimension_count=63)
+    k = dict(kv, **{"qwen2.rope.dimension_count": hd})
+    data = G.write_gguf(os.path.join(tmp, "rope-full.gguf"), k, recs)
+    r = convert(os.path.join(tmp, "rope-full.gguf"), os.path.join(tmp, "rope-full-out"))
+    check(r.returncode == 0, "gguf_rope_dimension_count_full", r.stderr[-300:])
 
 
 def main():

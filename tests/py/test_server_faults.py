@@ -4,6 +4,7 @@ requests and shutdown past --drain-timeout. Each row is a check that failed befo
 fix: a hang, a wrong status or a silently truncated flag."""
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -348,6 +349,88 @@ def row20_flag():
         srv.stop()
 
 
+def slow_client(port, addr, n, stop, lifetimes):
+    """Keeps n slow connections from addr open (each reconnects when closed): each sends a
+    request line and then a header line every 0.4 s, so it is never idle for a second
+    and never finishes its headers. lifetimes gets how long each closed one lived."""
+    socks = {}
+    try:
+        while not stop.is_set():
+            while len(socks) < n and not stop.is_set():
+                try:
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=2, source_address=(addr, 0))
+                    sock.sendall(b"GET /health HTTP/1.1\r\n")
+                    socks[sock] = time.time()
+                except OSError:
+                    time.sleep(0.05)
+                    break
+            readable, _, _ = select.select(list(socks), [], [], 0) if socks else ([], [], [])
+            for sock in list(socks):
+                try:
+                    gone = sock in readable and sock.recv(4096) == b""
+                    if not gone:
+                        sock.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    gone = True
+                if gone:
+                    lifetimes.append(time.time() - socks.pop(sock))
+                    sock.close()
+            time.sleep(0.4)
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def slow_clients(port, per_addr, seconds, lifetimes):
+    """slow_client from 127.0.0.2-6, per_addr connections each, for seconds; then
+    (answered, asked): /health asked every 0.3 s meanwhile, once they are all open."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=slow_client, args=(port, f"127.0.0.{k}", per_addr, stop, lifetimes))
+               for k in range(2, 7)]
+    answered = asked = 0
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(1)
+        t_end = time.time() + seconds
+        while time.time() < t_end:
+            asked += 1
+            st, _ = raw(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", timeout=2)
+            answered += st == 200
+            time.sleep(0.3)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    return answered, asked
+
+
+def row32_12():
+    """Issue 32, row 12: slow clients ("slow loris") from five addresses (127.0.0.2-6), each
+    sending a header line every 0.4 s (never idle for a second) and reconnecting when closed.
+    30 of them, fewer than --max-connections (40): each is closed at the header deadline
+    (--header-timeout 2 s in all), not held while it trickles. 60 of them, more than
+    --max-connections in all: /health keeps answering, as the longest-waiting ones are
+    closed to keep a reserve of the connections free."""
+    srv = start("row32_12_slowloris", "--max-connections", "40", "--max-connections-per-ip", "12", "--header-timeout",
+                "2", name="serve-slowloris")
+    if not srv:
+        return
+    try:
+        lifetimes = []
+        answered, asked = slow_clients(srv.port, 6, 4, lifetimes)
+        h = srv.health()
+        check(lifetimes and 1.5 < min(lifetimes) and max(lifetimes) < 2 + 1.5 and h.get("header_timeouts", 0) >= 30,
+              "row32_12_header_deadline", f"{len(lifetimes)} slow connections closed after "
+              f"{min(lifetimes or [0]):.1f} to {max(lifetimes or [0]):.1f} s; {h}")
+        check(answered == asked, "row32_12_health_answers_under_the_limit", f"/health answered {answered} of {asked}")
+        answered, asked = slow_clients(srv.port, 12, 6, [])
+        h = srv.health()
+        check(answered == asked and h.get("evicted", 0) > 0, "row32_12_health_answers_beyond_max_connections",
+              f"/health answered {answered} of {asked} times; {h}")
+    finally:
+        srv.stop()
+
 srv = Server(base, "--parallel", "1")
 try:
     row16(srv)
@@ -362,5 +445,6 @@ row20_flag()
 row13()
 row15()
 row11()
+row32_12()
 
 done()

@@ -3,6 +3,7 @@
 // tokens/s, mean entropy, quadrant counts, distinct-n and the mean log-probability of
 // the generated tokens under the model (teacher-forced, raw logits: what the model
 // thinks of the text, whatever sampler chose it). Markdown on stdout, JSONL with -o.
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -347,7 +348,15 @@ static int run_all(session *s, const compare_args *c, const prompt_style *ps, co
             if (jsonl) {
                 progress_pause(&pg);  // a record on a terminal's stdout must not share the bar's line
                 write_row(jsonl, &rows[k], pl, &sp[j], g->seed);
+                errno = 0;
+                int bad = fflush(jsonl) != 0 || ferror(jsonl);  // each row whole as it finishes (a signal keeps it)
                 progress_resume(&pg);
+                if (bad) {
+                    free(ids);
+                    progress_finish(&pg, "write failed");
+                    return verr_set(err, "%s%s: write failed after %d rows: %s", c->out ? "-o " : "", c->out ? c->out : "stdout",
+                                    k, strerror(errno ? errno : EIO));
+                }
             }
             char detail[160];
             snprintf(detail, sizeof detail, "prompt %d %.48s: %d tokens", i + 1, sp[j].name, rows[k].r.n);

@@ -8,6 +8,7 @@
 #include "host/cli/help.h"
 #include "host/cli/ranks.h"
 #include "host/util/interrupt.h"
+#include "host/util/outfile.h"
 
 #ifdef VARENT_CUDA
 int cuda_device_count(void);
@@ -86,11 +87,16 @@ static void omp_short_spin(char **argv) {
     execv("/proc/self/exe", argv);
 }
 
+// The output module's notices: waiting for a FIFO's reader, a partial output kept under a
+// new name, a stale temporary file removed (host/util/outfile.h).
+static void print_notice(const char *msg) { fprintf(stderr, "varent: %s\n", msg); }
+
 int main(int argc, char **argv) {
     omp_short_spin(argv);
     int rc = cli_ranks_start(&argc, &argv);  // under mpirun: join the world first
     if (rc) return rc;
     interrupt_cleanup_install();  // a signal removes the temporary output files first
+    outfile_set_notice(print_notice);
     if (argc < 2) return usage(stderr), CLI_EXIT_USAGE;
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return help(argc - 2, argv + 2);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {

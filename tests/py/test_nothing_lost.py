@@ -75,6 +75,8 @@ PROMPTS = {n: lines_file(f"prompts{n}.txt", [f"Once upon a time {i}" for i in ra
 TASKS = {n: lines_file(f"tasks{n}.jsonl", [json.dumps({"prompt": f"Once upon a time {i}", "answer": "x",
                                                        "match": "contains"}) for i in range(n)]) for n in (2, 300)}
 CORPUS = lines_file("corpus.txt", ["Once upon a time there was a girl. She liked to play in the park."])
+POS = lines_file("happy.txt", ["I am so happy today", "What a wonderful day", "I love it"])
+NEG = lines_file("sad.txt", ["I am so sad today", "What a terrible day", "I hate it"])
 PLOT_LOG = os.path.join(work, "plot-src.jsonl")
 os.chmod(work, 0o777)  # a read-only case runs as nobody and reads the fixtures
 
@@ -112,6 +114,8 @@ WRITERS = [
         "-q", "-o", p], gen=True, signals=True),
     Writer("agents_log", "records", ".jsonl", lambda p, m, lg: ["agents", *gen_args(m, lg), "-p", "Once upon a time",
                                                                  "--log", p], gen=True, signals=True),
+    Writer("agents_log_text", "records", ".txt", lambda p, m, lg: ["agents", *gen_args(m, lg, 3), "-p", "Once",
+                                                                     "--log-text", p], gen=True),
     Writer("agents_dump_logits", "records", ".bin", lambda p, m, lg: ["agents", *gen_args(m, lg, 3), "-p", "Once",
                                                                        "--dump-logits", p], gen=True),
     Writer("compare_out", "records", ".jsonl", lambda p, m, lg: [
@@ -120,6 +124,16 @@ WRITERS = [
     Writer("eval_out", "records", ".jsonl", lambda p, m, lg: [
         "eval", "-m", m, "-t", "1", "--seed", "1", "-n", "20" if lg else "4", "--tasks", TASKS[300 if lg else 2],
         "--samplers", "greedy", "-q", "-o", p], gen=True, signals=True),
+    Writer("compare_metrics", "records", ".jsonl", lambda p, m, lg: [
+        "compare", "-m", m, "-t", "1", "--seed", "1", "-n", "4", "--prompts", PROMPTS[1], "--samplers", "greedy", "-q",
+        "--metrics-out", p], gen=True),
+    Writer("eval_metrics", "records", ".jsonl", lambda p, m, lg: [
+        "eval", "-m", m, "-t", "1", "--seed", "1", "-n", "4", "--tasks", TASKS[2], "--samplers", "greedy", "-q",
+        "--metrics-out", p], gen=True),
+    Writer("calibrate_out", "document", ".json", lambda p, m, lg: [
+        "calibrate", "-m", m, "-t", "1", "-f", CORPUS, "--max-tokens", "20", "-q", "-o", p], force=False),
+    Writer("cvector_out", "document", ".gguf", lambda p, m, lg: [
+        "cvector", "-m", m, "-t", "1", "--positive", POS, "--negative", NEG, "-o", p], force=False),
     Writer("eval_summary", "document", ".md", lambda p, m, lg: [
         "eval", "-m", m, "-t", "1", "-n", "4", "--tasks", TASKS[2], "--samplers", "greedy", "-q", "--summary", p],
            force=False),
@@ -157,6 +171,13 @@ def valid(w, data):
             return False
     if w.ext == ".svg":
         return b"<svg" in data
+    if w.ext == ".gguf":
+        return data.startswith(b"GGUF")
+    if w.ext == ".json":
+        try:
+            return isinstance(json.loads(data), dict)
+        except ValueError:
+            return False
     return len(data) > 10
 
 

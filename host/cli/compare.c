@@ -354,8 +354,8 @@ static int run_all(session *s, const compare_args *c, const prompt_style *ps, co
                 if (bad) {
                     free(ids);
                     progress_finish(&pg, "write failed");
-                    return verr_set(err, "%s%s: write failed after %d rows: %s", c->out ? "-o " : "", c->out ? c->out : "stdout",
-                                    k, strerror(errno ? errno : EIO));
+                    return verr_set(err, "%s%s: write failed after %d rows: %s", c->out ? "-o " : "",
+                                    c->out ? c->out : "stdout", k, strerror(errno ? errno : EIO));
                 }
             }
             char detail[160];
@@ -374,7 +374,8 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
     outfile out = { 0 };
     outfile_opts oo = { .records = 1, .force = c->force, .flag = "-o" };
     // checked before the model loads, opened once it loaded (host/util/outfile.h)
-    if ((c->out && outfile_check(c->out, &oo, &err)) || entropix_cli_check(&cap->ex, c->force, &err)) return fail(err.msg);
+    if ((c->out && outfile_check(c->out, &oo, &err)) || entropix_cli_check(&cap->ex, c->force, &err))
+        return fail(err.msg);
     row *rows = calloc((size_t)pl->n * n_sp, sizeof *rows);
     int rc = rows ? 0 : verr_set(&err, "out of memory");
     progress pg;

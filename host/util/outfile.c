@@ -178,8 +178,8 @@ static void remove_stale(const outfile *o) {
         long pid = temp_pid(o, e->d_name);
         struct stat st;
         if (pid < 0 || !stale(o, e->d_name, pid)) continue;
-        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
-            continue;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+        if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) continue;  // not a file of this user's
         if (unlinkat(dirfd(d), e->d_name, 0) == 0)
             notice("%s: removed %.*s%s, the temporary file of process %ld, which was killed before it finished",
                    o->shown, (int)(o->base - o->path), o->path, e->d_name, pid);
@@ -321,9 +321,8 @@ static int open_existing(outfile *o, const outfile_opts *opts, int is_link, verr
 // Removes the file this run created at path, if it is still that file.
 static void remove_created(outfile *o) {
     struct stat st;
-    if (o->created && o->dirfd >= 0 && fstatat(o->dirfd, o->base, &st, AT_SYMLINK_NOFOLLOW) == 0 && st.st_dev == o->dev &&
-        st.st_ino == o->ino)
-        unlinkat(o->dirfd, o->base, 0);
+    if (!o->created || o->dirfd < 0 || fstatat(o->dirfd, o->base, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+    if (st.st_dev == o->dev && st.st_ino == o->ino) unlinkat(o->dirfd, o->base, 0);
 }
 
 // Removes the temporary file and what this run created, untracks, closes: after a failed
@@ -352,7 +351,8 @@ int outfile_open(outfile *o, const char *path, const outfile_opts *opts, verr *e
     static const outfile_opts document = { 0 };
     if (!opts) opts = &document;
     if (reset(o, path, opts, err)) return -1;
-    if (snprintf(o->path, sizeof o->path, "%s", path) >= (int)sizeof o->path) return fail(o, err, "cannot write", ENAMETOOLONG);
+    if (snprintf(o->path, sizeof o->path, "%s", path) >= (int)sizeof o->path)
+        return fail(o, err, "cannot write", ENAMETOOLONG);
     int rc;
     struct stat lst;
     if (discard_all) {
@@ -396,7 +396,8 @@ int outfile_check(const char *path, const outfile_opts *opts, verr *err) {
     if (opts->fresh) return fail(&o, err, "cannot create", EEXIST);
     if (S_ISLNK(lst.st_mode) && link_refused(path, &lst)) return link_error(&o, err);
     if (stat(path, &st) != 0) return 0;  // a dangling link: its target is created
-    if (S_ISDIR(st.st_mode) || S_ISSOCK(st.st_mode)) return fail(&o, err, "cannot create", S_ISDIR(st.st_mode) ? EISDIR : ENXIO);
+    if (S_ISDIR(st.st_mode) || S_ISSOCK(st.st_mode))
+        return fail(&o, err, "cannot create", S_ISDIR(st.st_mode) ? EISDIR : ENXIO);
     if (!S_ISREG(st.st_mode)) return 0;
     if (refuses_existing(opts)) return exists_error(o.shown, opts, err);
     return faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0 ? fail(&o, err, "cannot open for writing", errno) : 0;

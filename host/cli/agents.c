@@ -39,7 +39,7 @@ static const cli_opt agents_cli_opts[] = {
     { "--log-text", "FILE", "output", NULL, "the same as readable text", 0 },
     { "--dump-logits", "FILE", "output", NULL, "each step's logits, vocab_size float32", 0 },
     { "--stats", NULL, "output", NULL, "timings, steps, critic checks and the seed on stderr", 0 },
-    { "--force", NULL, "output", NULL, "replace existing log files (kept as they are otherwise)", 0 },
+    { "--force", NULL, "output", NULL, "replace existing log and capture files (kept as they are otherwise)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt agents_session_opts[] = {
@@ -127,6 +127,7 @@ static void read_args(args *a, agents_args *g) {
     g->force = args_flag(a, "--force");
     g->lora_bad = cli_lora_opts(a, &g->so, g->lora, CLI_MAX_LORA, g->lora_msg, sizeof g->lora_msg);
     cli_probe_opts(a, &g->ps);
+    g->ps.force = g->force;
 }
 
 // Combinations that cannot work: CLI_EXIT_USAGE after the message, else 0.
@@ -273,9 +274,10 @@ static void log_done(agents_logs *L, const char *text, const agents_result *r) {
     flush_all(L);
 }
 
-// Creates the log files before anything runs. An existing regular file is an error
-// unless --force; a device node or FIFO is written in place (host/util/outfile.h).
-static int open_logs(agents_logs *L, const agents_args *a, char *msg, size_t n) {
+// The log files: checked before the models load (check: a bad path fails early), created
+// once they loaded, before anything runs. An existing regular file is an error unless
+// --force; a device node or FIFO is written in place (host/util/outfile.h).
+static int open_logs(agents_logs *L, const agents_args *a, int check, char *msg, size_t n) {
     const char *paths[3] = { a->log_path, a->text_path, a->dump_path };
     const char *names[3] = { "--log", "--log-text", "--dump-logits" };
     FILE **fs[3] = { &L->log, &L->text, &L->dump };
@@ -283,26 +285,26 @@ static int open_logs(agents_logs *L, const agents_args *a, char *msg, size_t n) 
         if (!paths[i]) continue;
         outfile_opts oo = { .records = 1, .force = a->force, .flag = names[i] };
         verr err = { { 0 } };
-        if (outfile_open(&L->out[i], paths[i], &oo, &err)) {
+        if (check ? outfile_check(paths[i], &oo, &err) : outfile_open(&L->out[i], paths[i], &oo, &err)) {
             snprintf(msg, n, "%s", err.msg);
             return -1;
         }
-        *fs[i] = L->out[i].f;
+        if (!check) *fs[i] = L->out[i].f;
     }
     return 0;
 }
 
-// keep: the run generated (or was interrupted): the logs are committed. Otherwise
-// only what this run created is removed. -1 with msg when a commit failed.
-static int close_logs(agents_logs *L, int keep, char *msg, size_t n) {
+// The logs as the run ended (cli_outfile_end): committed after a run that generated, the
+// finished records kept after Ctrl-C (never over an existing file); otherwise only what
+// this run created is removed. -1 with msg when a commit failed.
+static int close_logs(agents_logs *L, outfile_end how, char *msg, size_t n) {
     FILE **fs[3] = { &L->log, &L->text, &L->dump };
     int rc = 0;
     for (int i = 0; i < 3; i++) {
         if (!*fs[i]) continue;
         *fs[i] = NULL;
         verr err = { { 0 } };
-        if (!keep) outfile_abort(&L->out[i]);
-        else if (outfile_commit(&L->out[i], &err) && rc == 0) rc = (snprintf(msg, n, "%s", err.msg), -1);
+        if (outfile_finish(&L->out[i], how, &err) && rc == 0) rc = (snprintf(msg, n, "%s", err.msg), -1);
     }
     return rc;
 }
@@ -463,6 +465,7 @@ typedef struct {
     probe_spec ps;
     session *s;
     const agents_result *r;
+    outfile_end how;  // OUTFILE_PARTIAL: Ctrl-C stopped the run
     int rc;
     verr err;
 } replay_job;
@@ -486,16 +489,17 @@ static void job_replay(void *ud, int d) {
         i += k;
     }
     if (rc == 0) rc = probe_check(pr, &j->err);
-    if (probe_close(pr, rc == 0, r->ids, n, &j->err)) rc = -1;
+    if (probe_close(pr, rc == 0 ? j->how : OUTFILE_DROP, r->ids, n, &j->err)) rc = -1;
     j->rc = rc;
 }
 
 // --dump-acts, --dump-attn: the files of the accepted sequence, after generation.
-static int replay(agents_rig *g, const agents_result *r, verr *err) {
+static int replay(agents_rig *g, const agents_result *r, outfile_end how, verr *err) {
     const probe_spec *ps = &g->a->ps;
     replay_job j = { .ps = { .acts_path = ps->acts_path, .dump_layers = ps->dump_layers, .dump_points = ps->dump_points,
-                             .attn_path = ps->attn_path, .attn_layers = ps->attn_path ? ps->attn_layers : NULL },
-                     .s = &g->reps[0], .r = r };
+                             .attn_path = ps->attn_path, .attn_layers = ps->attn_path ? ps->attn_layers : NULL,
+                             .force = ps->force },
+                     .s = &g->reps[0], .r = r, .how = how };
     if (!probe_spec_active(&j.ps)) return 0;
     dev_pool_run(g->pool, 1u, job_replay, &j);
     return j.rc ? verr_set(err, "%s", j.err.msg) : 0;
@@ -519,7 +523,7 @@ static int generate_and_print(agents_rig *g, agents_logs *L, sampler_params *ag,
     if (rc == 0) rc = agents_generate(g->reps, g->pool, ids, n, &o, &r, &err);
     if (probe_close(L->probe, 0, NULL, 0, &err) && rc == 0) rc = -1;  // statistics only: no files
     L->probe = NULL;
-    if (rc == 0) rc = replay(g, &r, &err);
+    if (rc == 0) rc = replay(g, &r, L->interrupted ? OUTFILE_PARTIAL : OUTFILE_DONE, &err);
     free(ids);
     if (rc == 0 && L->write_failed) rc = write_error(L, &err);
     char *text = rc == 0 ? final_text(&g->reps[0], &r) : NULL;
@@ -575,10 +579,11 @@ static int agents_main(const agents_args *g, char *msg, size_t len) {
                                "more ranks for more replicas, or list --tp GPUs outside mpirun)", g->devices, g->so.tp);
     interrupt_install();  // Ctrl-C: stop after the current record, print the text, keep the logs
     agents_logs L = { .a = g };
-    if (open_logs(&L, g, msg, len)) return close_logs(&L, 0, msg, 0), fail(msg);
-    int rc = rig_open(&rig, &err) ? fail(err.msg) : generate_and_print(&rig, &L, ag, n_ag);
+    if (open_logs(&L, g, 1, msg, len)) return fail(msg);
+    int rc = rig_open(&rig, &err) ? fail(err.msg) : open_logs(&L, g, 0, msg, len) ? fail(msg) : 0;
+    if (rc == 0) rc = generate_and_print(&rig, &L, ag, n_ag);
     rig_close(&rig);
-    if (close_logs(&L, rc == 0 || rc == INTERRUPT_EXIT, msg, len) && rc == 0) rc = fail(msg);
+    if (close_logs(&L, cli_outfile_end(rc), msg, len) && rc == 0) rc = fail(msg);
     return rc;
 }
 

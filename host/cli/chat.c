@@ -60,17 +60,18 @@ typedef struct {
     int n, cap;
 } turn_out;
 
-// --metrics-out opens before the model loads (a bad path fails early); metrics need a
-// profile for the quadrants (the default one, as `run` uses).
-static int capture_open_log(struct chat_capture *k, gen_opts *g, int force, verr *err) {
+// --metrics-out is checked before the model loads (a bad path fails early); metrics need
+// a profile for the quadrants (the default one, as `run` uses).
+static int capture_check_log(struct chat_capture *k, gen_opts *g, int force, verr *err) {
     if (entropix_profile_load("seed", &k->ex.ex, err)) return -1;
     g->ex = &k->ex.ex;
-    return entropix_cli_open(&k->ex, force, err);
+    return entropix_cli_check(&k->ex, force, err);
 }
 
-// Once the session is open: the log's callback and the probe (the files cover every
+// Once the session is open: the log, its callback and the probe (the files cover every
 // position: the last generated token of each reply is fed too).
-static int capture_start(struct chat_capture *k, session *s, gen_opts *g, verr *err) {
+static int capture_start(struct chat_capture *k, session *s, gen_opts *g, int force, verr *err) {
+    if (entropix_cli_open(&k->ex, force, err)) return -1;
     if (k->ex.log && entropix_cli_start(&k->ex, s, g, err)) return -1;
     if (!probe_spec_active(&k->ps)) return 0;
     if (probe_open(&k->pr, &k->ps, s, err)) return -1;
@@ -79,12 +80,13 @@ static int capture_start(struct chat_capture *k, session *s, gen_opts *g, verr *
     return 0;
 }
 
-// At the end of the chat: keep writes the files and commits the log. -1 after a message.
-static int capture_close(struct chat_capture *k, int keep) {
+// At the end of the chat, as it ended (host/util/outfile.h): the files written and the log
+// committed, or dropped. -1 after a message.
+static int capture_close(struct chat_capture *k, outfile_end how) {
     verr err = { { 0 } };
-    int rc = probe_close(k->pr, keep && !k->failed, k->fed, k->n_fed, &err);
+    int rc = probe_close(k->pr, k->failed ? OUTFILE_DROP : how, k->fed, k->n_fed, &err);
     if (rc) fprintf(stderr, "varent chat: %s\n", err.msg);
-    if (entropix_cli_close(&k->ex, keep, &err)) rc = -1, fprintf(stderr, "varent chat: %s\n", err.msg);
+    if (entropix_cli_close(&k->ex, how, &err)) rc = -1, fprintf(stderr, "varent chat: %s\n", err.msg);
     free(k->fed);
     return rc;
 }
@@ -256,7 +258,7 @@ static const cli_opt chat_cli_opts[] = {
     { "--chat-template", "NAME", "chat", "the model's", "chat format instead of the detected one", 0 },
     { "--no-think", NULL, "chat", NULL, "Qwen3: an empty thinking block, no reasoning", 0 },
     { "--metrics-out", "FILE", "output", NULL, "per-token metrics as JSONL, one line per generated token, with its turn", 0 },
-    { "--force", NULL, "output", NULL, "replace an existing --metrics-out file", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing --metrics-out, --dump-acts or --dump-attn file", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const chat_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,    cli_opts_lora,  chat_cli_opts, cli_opts_sampling,
@@ -288,6 +290,7 @@ int cmd_chat(int argc, char **argv) {
     struct chat_capture cap = { 0 };
     cap.ex.metrics_path = args_str(&a, "--metrics-out", NULL), cap.ex.sampler_name = "standard";
     cli_probe_opts(&a, &cap.ps);
+    cap.ps.force = force;
     if (args_finish(&a, 0)) return cli_usage_error("chat", "%s", a.err);
     if (!so.model_dir) return cli_usage_error("chat", "missing -m MODEL (a model directory or a .gguf file)");
     if (lora_rc) return cli_usage_error("chat", "%s", lora_msg);
@@ -296,15 +299,12 @@ int cmd_chat(int argc, char **argv) {
         return cli_usage_error("chat", "%s", bad);
     verr err = { { 0 } };
     if (cap.ex.metrics_path || probe_spec_active(&cap.ps)) c.cap = &cap;
-    if (c.cap && capture_open_log(&cap, &c.g, force, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
+    if (c.cap && capture_check_log(&cap, &c.g, force, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
     session s;
-    if (session_open(&s, &so, &err)) {
-        entropix_cli_close(&cap.ex, 0, &err);
-        return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
-    }
+    if (session_open(&s, &so, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
     c.s = &s;
     int rc = 1;
-    if (c.cap && capture_start(&cap, &s, &c.g, &err)) {
+    if (c.cap && capture_start(&cap, &s, &c.g, force, &err)) {
         fprintf(stderr, "varent chat: %s\n", err.msg);
     } else if (chat_conv_init(&c.conv, &s, tmpl, think, &err) || (system && chat_set_system(&c, system, &err))) {
         fprintf(stderr, "varent chat: %s\n", err.msg);
@@ -318,7 +318,7 @@ int cmd_chat(int argc, char **argv) {
     repl_close(c.in);
     chat_conv_free(&c.conv);
     free(c.system), free(c.cached);
-    if (c.cap && capture_close(&cap, rc == 0 || rc == INTERRUPT_EXIT) && rc == 0) rc = 1;
+    if (c.cap && capture_close(&cap, cli_outfile_end(rc)) && rc == 0) rc = 1;
     session_close(&s);
     return rc;
 }

@@ -1,6 +1,7 @@
 // common.c: see common.h.
 #define _GNU_SOURCE
 #include "host/cli/common.h"
+#include "host/util/interrupt.h"
 #include "host/util/seed.h"
 
 #include "host/cli/interp_opts.h"
@@ -272,4 +273,8 @@ int cli_lora_opts(args *a, session_opts *o, session_lora *buf, int cap, char *ms
     }
     o->lora = buf, o->n_lora = n;
     return rc;
+}
+
+outfile_end cli_outfile_end(int rc) {
+    return rc == 0 ? OUTFILE_DONE : rc == INTERRUPT_EXIT ? OUTFILE_PARTIAL : OUTFILE_DROP;
 }

@@ -5,6 +5,7 @@
 
 #include "host/cli/args.h"
 #include "host/decode/generate.h"
+#include "host/util/outfile.h"
 #include "host/util/progress.h"
 
 // -m, -c/--ctx, -t/--threads, --device, -b/--batch.
@@ -57,5 +58,10 @@ int cli_lora_opts(args *a, session_opts *o, session_lora *buf, int cap, char *ms
 // stdin is not a terminal, stdin. One trailing newline of stdin or a file is dropped.
 // *text is NULL when there is none; *owned is what to free. 0, or -1 with err.
 int cli_prompt_text(const char *p, const char *file, int other_source, const char **text, char **owned, verr *err);
+
+// How a command's output files end for its exit status (host/util/outfile.h): 0 finished
+// them, INTERRUPT_EXIT (Ctrl-C) keeps what was finished without replacing an existing
+// file, anything else drops them.
+outfile_end cli_outfile_end(int rc);
 
 #endif

@@ -3,6 +3,7 @@
 // tokens/s, mean entropy, quadrant counts, distinct-n and the mean log-probability of
 // the generated tokens under the model (teacher-forced, raw logits: what the model
 // thinks of the text, whatever sampler chose it). Markdown on stdout, JSONL with -o.
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -37,7 +38,7 @@ static const cli_opt compare_opts[] = {
     { "--format", "md|jsonl", "output", "md", "what stdout gets: a markdown table or the JSONL rows", 0 },
     { "--text-width", "N", "output", "60", "characters of each text in the markdown table", 0 },
     { "--metrics-out", "FILE", "output", NULL, "per-token metrics as JSONL, each line with its prompt_index and sampler", 0 },
-    { "--force", NULL, "output", NULL, "replace an existing -o or --metrics-out file", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing -o, --metrics-out or capture file", 0 },
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
@@ -349,7 +350,15 @@ static int run_all(session *s, const compare_args *c, const prompt_style *ps, co
             if (jsonl) {
                 progress_pause(&pg);  // a record on a terminal's stdout must not share the bar's line
                 write_row(jsonl, &rows[k], pl, &sp[j], g->seed);
+                errno = 0;
+                int bad = fflush(jsonl) != 0 || ferror(jsonl);  // each row whole as it finishes (a signal keeps it)
                 progress_resume(&pg);
+                if (bad) {
+                    free(ids);
+                    progress_finish(&pg, "write failed");
+                    return verr_set(err, "%s%s: write failed after %d rows: %s", c->out ? "-o " : "",
+                                    c->out ? c->out : "stdout", k, strerror(errno ? errno : EIO));
+                }
             }
             char detail[160];
             snprintf(detail, sizeof detail, "prompt %d %.48s: %d tokens", i + 1, sp[j].name, rows[k].r.n);
@@ -366,8 +375,9 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
     verr err = { { 0 } };
     outfile out = { 0 };
     outfile_opts oo = { .records = 1, .force = c->force, .flag = "-o" };
-    if (c->out && outfile_open(&out, c->out, &oo, &err)) return fail(err.msg);
-    if (entropix_cli_open(&cap->ex, c->force, &err)) return outfile_abort(&out), fail(err.msg);
+    // checked before the model loads, opened once it loaded (host/util/outfile.h)
+    if ((c->out && outfile_check(c->out, &oo, &err)) || entropix_cli_check(&cap->ex, c->force, &err))
+        return fail(err.msg);
     row *rows = calloc((size_t)pl->n * n_sp, sizeof *rows);
     int rc = rows ? 0 : verr_set(&err, "out of memory");
     progress pg;
@@ -375,6 +385,10 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
     session s;
     if (rc != 0 || (rc = session_open(&s, so, &err)) != 0) {
         cli_load_end(&pg, 0);
+    } else if ((c->out && (rc = outfile_open(&out, c->out, &oo, &err)) != 0) ||
+               (rc = entropix_cli_open(&cap->ex, c->force, &err)) != 0) {
+        cli_load_end(&pg, 1);
+        session_close(&s);
     } else {
         cli_load_end(&pg, 1);
         gen_opts base = *g;
@@ -387,20 +401,15 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
         if (rc == 0 && !stdout_jsonl) write_markdown(stdout, rows, pl->n * n_sp, pl, sp, n_sp, &base, c->width);
         session_close(&s);
     }
-    if (rc >= 0 && out.f) {  // finished rows are kept after Ctrl-C too
-        verr cerr = { { 0 } };
-        if (outfile_commit(&out, &cerr)) {
-            err = cerr;
-            rc = -1;
-        }
-    }
-    outfile_abort(&out);
-    verr lerr = { { 0 } };
-    if (entropix_cli_close(&cap->ex, rc >= 0, &lerr) && rc >= 0) err = lerr, rc = -1;
+    // finished rows are kept after Ctrl-C too, never over an existing file
+    outfile_end how = rc == 0 ? OUTFILE_DONE : rc == 1 ? OUTFILE_PARTIAL : OUTFILE_DROP;
+    verr cerr = { { 0 } }, lerr = { { 0 } };
+    if (outfile_finish(&out, how, &cerr) && rc >= 0) err = cerr, rc = -1;
+    if (entropix_cli_close(&cap->ex, rc >= 0 ? how : OUTFILE_DROP, &lerr) && rc >= 0) err = lerr, rc = -1;
     for (int i = 0; rows && i < pl->n * n_sp; i++) batch_result_free(&rows[i].r);
     free(rows);
     if (rc == 1) {
-        fprintf(stderr, "varent compare: %s%s\n", err.msg, c->out ? c->out : "");
+        fprintf(stderr, "varent compare: %s%s\n", err.msg, c->out ? outfile_where(&out) : "");
         return INTERRUPT_EXIT;
     }
     return rc ? fail(err.msg) : 0;
@@ -443,6 +452,7 @@ int cmd_compare(int argc, char **argv) {
                        (int)args_int_range(&a, "--text-width", 60, 4, 100000), args_flag(&a, "-q"), args_flag(&a, "--force") };
     compare_cap cap = { 0 };
     cli_probe_opts(&a, &cap.ps);
+    cap.ps.force = c.force;
     cap.ex.metrics_path = args_str(&a, "--metrics-out", NULL);
     if (args_finish(&a, 0)) return cli_usage_error("compare", "%s", a.err);
     if (!so.model_dir) return cli_usage_error("compare", "missing -m DIR (the model directory)");

@@ -71,6 +71,11 @@ int entropix_cli_read(args *a, gen_opts *g, entropix_cli *c, verr *err) {
     return 0;
 }
 
+int entropix_cli_check(const entropix_cli *c, int force, verr *err) {
+    outfile_opts oo = { .records = 1, .force = force, .flag = "--metrics-out" };
+    return c->metrics_path ? outfile_check(c->metrics_path, &oo, err) : 0;
+}
+
 int entropix_cli_open(entropix_cli *c, int force, verr *err) {
     if (!c->metrics_path) return 0;
     outfile_opts oo = { .records = 1, .force = force, .flag = "--metrics-out" };
@@ -89,12 +94,10 @@ int entropix_cli_start(entropix_cli *c, const session *s, gen_opts *g, verr *err
     return 0;
 }
 
-int entropix_cli_close(entropix_cli *c, int keep, verr *err) {
+int entropix_cli_close(entropix_cli *c, outfile_end how, verr *err) {
     if (!c->log) return 0;
     c->log = NULL;
-    if (keep) return outfile_commit(&c->out, err);
-    outfile_abort(&c->out);
-    return 0;
+    return outfile_finish(&c->out, how, err);
 }
 
 

@@ -48,7 +48,7 @@ static const cli_opt eval_opts[] = {
     { "--check-every", "N", "arms", "5", "the agents' critic: every N steps (0: no critic)", 0 },
     { "--rollback", "N", "arms", "5", "the agents' critic: tokens rolled back on BAD", 0 },
     { "-o|--out", "FILE", "output", NULL, "one JSONL record per item, repeat and arm", 0 },
-    { "--force", NULL, "output", NULL, "replace an existing -o or --metrics-out file", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing -o, --metrics-out or capture file", 0 },
     { "--metrics-out", "FILE", "output", NULL,
       "per-token metrics as JSONL, each line with its item, repeat and arm (not with the agents arm)", 0 },
     { "--summary", "FILE", "output", "markdown on stdout", "the summary: markdown, or JSON when FILE ends in .json", 0 },
@@ -117,6 +117,7 @@ static int read_args(args *a, eval_args *e) {
     e->force = args_flag(a, "--force");
     e->metrics = args_str(a, "--metrics-out", NULL);
     cli_probe_opts(a, &e->ps);
+    e->ps.force = e->force;
     e->quiet = args_flag(a, "-q|--quiet");
     return bad ? -1 : 0;
 }
@@ -391,8 +392,9 @@ static int run_all(eval_ctx *c, verr *err) {
     return rc;
 }
 
+// The summary (how: OUTFILE_PARTIAL after Ctrl-C, which never replaces an existing file).
 static int write_summary(const eval_args *e, const eval_set *set, const eval_arm *arms, int n_arms,
-                         const eval_outcome *res, const eval_meta *m, verr *err) {
+                         const eval_outcome *res, const eval_meta *m, outfile_end how, verr *err) {
     if (!e->summary) {
         eval_summary_md(stdout, set, arms, n_arms, res, m);
         return fflush(stdout) ? verr_set(err, "stdout: write failed") : 0;
@@ -403,7 +405,7 @@ static int write_summary(const eval_args *e, const eval_set *set, const eval_arm
     outfile_opts oo = { .flag = "--summary" };
     if (outfile_open(&o, e->summary, &oo, err)) return -1;
     (json ? eval_summary_json : eval_summary_md)(o.f, set, arms, n_arms, res, m);
-    return outfile_commit(&o, err);
+    return outfile_finish(&o, how, err);
 }
 
 // --from: a summary of earlier trial records, without a model.
@@ -419,7 +421,7 @@ static int summarize_records(const eval_args *e) {
     char label[4200];
     snprintf(label, sizeof label, "records %s", e->from);
     eval_meta m = { label, e->seed, r.repeats, e->ao.max_new, "as recorded" };
-    if (rc == 0) rc = write_summary(e, &r.set, r.arms, r.n_arms, r.res, &m, &err);
+    if (rc == 0) rc = write_summary(e, &r.set, r.arms, r.n_arms, r.res, &m, OUTFILE_DONE, &err);
     eval_results_free(&r);
     return rc ? fail(err.msg) : 0;
 }
@@ -448,13 +450,15 @@ static int check_captures(const eval_args *e, const eval_arm *arms, int n, char 
 static int evaluate(eval_args *e, const eval_set *set, const eval_arm *arms, int n_arms) {
     verr err = { { 0 } };
     outfile out = { 0 };
-    outfile_opts oo = { .records = 1, .force = e->force, .flag = "-o" };
-    if (e->out && outfile_open(&out, e->out, &oo, &err)) return fail(err.msg);
+    outfile_opts oo = { .records = 1, .force = e->force, .flag = "-o" }, so = { .flag = "--summary" };
     session s;
     eval_outcome *res = calloc((size_t)set->n * e->repeats * n_arms, sizeof *res);
-    eval_ctx c = { .e = e, .set = set, .arms = arms, .n_arms = n_arms, .res = res, .jsonl = out.f, .s = &s };
+    eval_ctx c = { .e = e, .set = set, .arms = arms, .n_arms = n_arms, .res = res, .s = &s };
     c.ex.metrics_path = e->metrics;
-    int need_agents = 0, rc = res ? entropix_cli_open(&c.ex, e->force, &err) : verr_set(&err, "out of memory");
+    // the outputs: checked before the model loads, opened once it loaded (host/util/outfile.h)
+    int need_agents = 0, rc = res ? entropix_cli_check(&c.ex, e->force, &err) : verr_set(&err, "out of memory");
+    if (rc == 0 && e->out) rc = outfile_check(e->out, &oo, &err);
+    if (rc == 0 && e->summary) rc = outfile_check(e->summary, &so, &err);
     for (int a = 0; a < n_arms; a++) need_agents |= arms[a].kind == ARM_AGENTS;
     progress pg;
     progress_start(&pg, "load", 1, e->quiet);
@@ -463,7 +467,10 @@ static int evaluate(eval_args *e, const eval_set *set, const eval_arm *arms, int
     else progress_finish(&pg, NULL);
     if (rc == 0) {
         interrupt_install();  // Ctrl-C: stop after the current trial; the summary covers the finished ones
-        rc = eval_prompter_open(&e->pr, &s, set, &err);
+        if (e->out) rc = outfile_open(&out, e->out, &oo, &err);
+        if (rc == 0) rc = entropix_cli_open(&c.ex, e->force, &err);
+        c.jsonl = out.f;
+        if (rc == 0) rc = eval_prompter_open(&e->pr, &s, set, &err);
         if (rc == 0 && (rc = eval_runner_open(&c.run, &s, &e->ao, need_agents, &err)) == 0) {
             c.ex.s = &s;
             if (c.ex.log) c.run.on_record = entropix_cli_record, c.run.record_ud = &c.ex;
@@ -474,15 +481,12 @@ static int evaluate(eval_args *e, const eval_set *set, const eval_arm *arms, int
         eval_prompter_close(&e->pr);
         session_close(&s);
         eval_meta m = { e->so.model_dir, e->seed, e->repeats, e->ao.max_new, e->pr.chat ? "on" : "off" };
-        if (rc >= 0 && write_summary(e, set, arms, n_arms, res, &m, &err)) rc = -1;
+        if (rc >= 0 && write_summary(e, set, arms, n_arms, res, &m, rc ? OUTFILE_PARTIAL : OUTFILE_DONE, &err)) rc = -1;
     }
-    if (rc >= 0 && out.f) {
-        verr cerr = { { 0 } };
-        if (outfile_commit(&out, &cerr)) err = cerr, rc = -1;
-    }
-    outfile_abort(&out);
-    verr lerr = { { 0 } };
-    if (entropix_cli_close(&c.ex, rc >= 0, &lerr) && rc >= 0) err = lerr, rc = -1;
+    outfile_end how = rc == 0 ? OUTFILE_DONE : rc == 1 ? OUTFILE_PARTIAL : OUTFILE_DROP;  // 1: Ctrl-C
+    verr cerr = { { 0 } }, lerr = { { 0 } };
+    if (outfile_finish(&out, how, &cerr) && rc >= 0) err = cerr, rc = -1;
+    if (entropix_cli_close(&c.ex, rc >= 0 ? how : OUTFILE_DROP, &lerr) && rc >= 0) err = lerr, rc = -1;
     free(res);
     if (rc == 1) return fprintf(stderr, "varent eval: interrupted; the summary covers the finished trials\n"), INTERRUPT_EXIT;
     return rc ? fail(err.msg) : 0;

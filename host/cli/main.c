@@ -9,6 +9,7 @@
 #include "host/cli/ranks.h"
 #include "host/util/interrupt.h"
 #include "host/util/progress.h"
+#include "host/util/outfile.h"
 
 #ifdef VARENT_CUDA
 int cuda_device_count(void);
@@ -98,11 +99,16 @@ static int check_progress(const char *name, int rc) {
     abort();
 }
 
+// The output module's notices: waiting for a FIFO's reader, a partial output kept under a
+// new name, a stale temporary file removed (host/util/outfile.h).
+static void print_notice(const char *msg) { fprintf(stderr, "varent: %s\n", msg); }
+
 int main(int argc, char **argv) {
     omp_short_spin(argv);
     int rc = cli_ranks_start(&argc, &argv);  // under mpirun: join the world first
     if (rc) return rc;
     interrupt_cleanup_install();  // a signal removes the temporary output files first
+    outfile_set_notice(print_notice);
     if (argc < 2) return usage(stderr), CLI_EXIT_USAGE;
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return help(argc - 2, argv + 2);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {

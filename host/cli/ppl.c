@@ -31,6 +31,7 @@ static const cli_opt ppl_opts[] = {
     { "--json", NULL, "output", NULL, "one JSON object instead of the PPL line", 0 },
     { "--per-token", "FILE", "output", NULL, "every token's logprob as JSONL ({pos, id, text, logprob})", 0 },
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing --dump-acts or --dump-attn file", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const ppl_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, ppl_opts, cli_opts_steer, cli_opts_probe, NULL };
@@ -229,6 +230,7 @@ int cmd_ppl(int argc, char **argv) {
     int bad_protocol = protocol_opts(&a, stride, &pa.llamacpp, &pa.chunks);
     if (bad_protocol) return bad_protocol;
     cli_probe_opts(&a, &pa.ps);
+    pa.ps.force = args_flag(&a, "--force");
     if (args_finish(&a, 0)) return cli_usage_error("ppl", "%s", a.err);
     if (!so.model_dir) return cli_usage_error("ppl", "missing -m DIR (the model directory)");
     if (!path) return cli_usage_error("ppl", "missing -f FILE (the text to score)");

@@ -87,11 +87,12 @@ static int run_finish(entropix_cli *ex, const gen_stats *st) {
     return 0;
 }
 
-// Closes the --metrics-out log: kept after a run that generated (or was interrupted);
-// after a failure only a file this run created is removed (host/util/outfile.h).
-static int run_close_log(entropix_cli *ex, int keep) {
+// Closes the --metrics-out log as the run ended (cli_outfile_end): kept after a run that
+// generated, its finished records after Ctrl-C (never over an existing file); after a
+// failure only a file this run created is removed (host/util/outfile.h).
+static int run_close_log(entropix_cli *ex, outfile_end how) {
     verr err = { { 0 } };
-    return entropix_cli_close(ex, keep, &err) ? fail("run", err.msg) : 0;
+    return entropix_cli_close(ex, how, &err) ? fail("run", err.msg) : 0;
 }
 
 // The prompt: --ids, -p TEXT, or BOS alone.
@@ -215,7 +216,13 @@ static int read_done(const char *path, const prompt_list *pl, unsigned char *ski
 }
 
 // -o: records appended and flushed one by one, so Ctrl-C or a signal keeps the
-// finished ones; --resume continues such a file, --force replaces it.
+// finished ones; --resume continues such a file, --force replaces it. Checked before the
+// model loads (a bad path fails early) and opened once every prompt encodes (a FIFO is
+// opened only for a run that will write to it).
+static outfile_opts batch_out_opts(const batch_args *b) {
+    return (outfile_opts){ .records = 1, .force = b->force, .resume = b->resume, .can_resume = 1, .flag = "-o" };
+}
+
 static int open_batch_out(const batch_args *b, const prompt_list *pl, outfile *out, unsigned char **skip,
                           int *n_done, verr *err) {
     if (!b->out_path) return 0;
@@ -224,8 +231,20 @@ static int open_batch_out(const batch_args *b, const prompt_list *pl, outfile *o
         if (!*skip) return verr_set(err, "out of memory");
         if (read_done(b->out_path, pl, *skip, n_done, err)) return -1;
     }
-    outfile_opts oo = { .records = 1, .force = b->force, .resume = b->resume, .can_resume = 1, .flag = "-o" };
+    outfile_opts oo = batch_out_opts(b);
     return outfile_open(out, b->out_path, &oo, err);
+}
+
+// The end of -o: finished records are kept after Ctrl-C or a failure (--resume continues
+// them; never over an existing file, host/util/outfile.h).
+static int close_batch_out(outfile *out, int rc, int done, verr *err) {
+    outfile_end how = rc == 0 ? OUTFILE_DONE : done > 0 ? OUTFILE_PARTIAL : OUTFILE_DROP;
+    verr cerr = { { 0 } };
+    if (outfile_finish(out, how, &cerr) && rc != -1) {
+        *err = cerr;
+        return -1;
+    }
+    return rc;
 }
 
 static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, entropix_cli *ex,
@@ -237,7 +256,8 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     outfile out = { 0 };
     unsigned char *skip = NULL;
     int n_before = 0;
-    if (open_batch_out(b, &pl, &out, &skip, &n_before, &err)) return free(skip), prompts_free(&pl), fail("run", err.msg);
+    outfile_opts oo = batch_out_opts(b);
+    if (b->out_path && outfile_check(b->out_path, &oo, &err)) return prompts_free(&pl), fail("run", err.msg);
     progress pg;
     cli_load_begin(&pg, b->quiet);
     session s;
@@ -253,23 +273,18 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     } else {
         cli_load_end(&pg, 1);
         rc = encode_all(&s, ps, &pl, path, ids, n, &err);
+        if (rc == 0) rc = open_batch_out(b, &pl, &out, &skip, &n_before, &err);
         if (rc == 0) rc = entropix_cli_start(ex, &s, g, &err);
         if (rc == 0)
             rc = generate_all(&s, g, &pl, ids, n, out.f ? out.f : stdout, out.f ? out.shown : "stdout", skip, b->quiet, &n_tok, &done, &err);
         session_close(&s);
     }
+    int had_out = out.f != NULL;
+    rc = close_batch_out(&out, rc, done, &err);
     if (rc == 1)
         verr_set(&err, "interrupted after %d of %d prompts%s%s%s", n_before + done, pl.n,
-                 out.f ? "; finished records are in " : "", out.f ? b->out_path : "", out.f ? " (--resume continues)" : "");
-    // what was written is kept (a failure after some records too: --resume continues it)
-    if (out.f && (rc == 0 || done > 0)) {
-        verr cerr = { { 0 } };
-        if (outfile_commit(&out, &cerr) && rc != -1) {
-            err = cerr;
-            rc = -1;
-        }
-    }
-    outfile_abort(&out);
+                 had_out ? "; finished records are in " : "", had_out ? outfile_where(&out) : "",
+                 had_out ? " (--resume continues)" : "");
     if (rc == 0 && b->stats)
         fprintf(stderr, "batch: %d prompts, %ld tokens in %.2f s | seed %llu\n", pl.n, n_tok, gen_now() - t0,
                 (unsigned long long)g->seed);
@@ -303,7 +318,7 @@ static const cli_opt run_opts[] = {
     { "--prompt-csv", "FILE", "prompt", NULL, "batch: the prompt column of a CSV file", 0 },
     { "-o|--out", "FILE", "output", "stdout", "batch: JSONL results, each record flushed as its prompt finishes", 0 },
     { "--resume", NULL, "output", NULL, "batch: continue -o FILE, skipping the prompts already in it", 0 },
-    { "--force", NULL, "output", NULL, "replace an existing -o or --metrics-out file", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing -o, --metrics-out, --dump-acts or --dump-attn file", 0 },
     { "-q|--quiet", NULL, "output", NULL, "batch: no progress on stderr", 0 },
     { "--stats", NULL, "output", NULL, "timings, the seed and the quadrant counts on stderr", 0 },
     { "--display-prompt", NULL, "output", NULL, "print the prompt before the generated text (llama.cpp's default)", 0 },
@@ -363,6 +378,7 @@ static void run_read(args *a, run_args *r) {
     cli_probe_opts(a, &r->ps);
     r->b = (batch_args){ args_str(a, "--prompts", NULL), args_str(a, "--prompt-csv", NULL), args_str(a, "-o", NULL),
                          args_flag(a, "-q"), args_flag(a, "--stats"), args_flag(a, "--force"), args_flag(a, "--resume") };
+    r->ps.force = r->b.force;
     r->display = args_bool(a, "--display-prompt", "--no-display-prompt", 0);
     r->verbose = args_flag(a, "-v");
 }
@@ -458,17 +474,18 @@ static int run_single(run_args *r, const char *text) {
     verr err = { { 0 } };
     session s;
     entropix_cli *ex = &r->ex;
-    if (entropix_cli_open(ex, r->b.force, &r->xerr)) return fail("run", r->xerr.msg);
+    if (entropix_cli_check(ex, r->b.force, &r->xerr)) return fail("run", r->xerr.msg);
     interrupt_install();  // Ctrl-C: stop generating, flush, exit 130
     r->g.interrupt = interrupt_flag();
-    if (session_open(&s, &r->so, &err)) return run_close_log(ex, 0), fail("run", err.msg);
+    if (session_open(&s, &r->so, &err)) return fail("run", err.msg);
     int *ids = NULL, rc = 0;
     int n = r->chat.chat ? prompt_encode(&s, &r->chat, text, &ids, &err) : prompt_ids(&s, r->ids_arg, text, &ids, &err);
     run_out out = { .s = &s, .ts = s.tok ? tokenizer_stream_new(s.tok, 1) : NULL };
     stopstr_init(&out.stop, r->stop, r->n_stop);
     r->g.on_token = print_token, r->g.ud = &out, r->g.want_metrics = r->b.stats;
     probe *pr = NULL;
-    if (n >= 0 && (entropix_cli_start(ex, &s, &r->g, &err) || start_probe(&r->ps, &s, &r->g, ex, &out, ids, n, &pr, &err)))
+    if (n >= 0 && (entropix_cli_open(ex, r->b.force, &err) || entropix_cli_start(ex, &s, &r->g, &err) ||
+                   start_probe(&r->ps, &s, &r->g, ex, &out, ids, n, &pr, &err)))
         n = -1;
     if (n >= 0 && r->verbose) run_verbose(r, &s, n);
     if (n >= 0 && r->display) {
@@ -488,9 +505,9 @@ static int run_single(run_args *r, const char *text) {
     if (out.ts) tokenizer_stream_free(out.ts);
     stopstr_free(&out.stop);
     free(ids);
-    if (probe_close(pr, rc == 0 || rc == INTERRUPT_EXIT, out.ids, out.n_ids, &err) && rc == 0) rc = fail("run", err.msg);
+    if (probe_close(pr, cli_outfile_end(rc), out.ids, out.n_ids, &err) && rc == 0) rc = fail("run", err.msg);
     free(out.ids);
-    if (run_close_log(ex, rc == 0 || rc == INTERRUPT_EXIT) && rc == 0) rc = 1;
+    if (run_close_log(ex, cli_outfile_end(rc)) && rc == 0) rc = 1;
     session_close(&s);
     return rc;
 }
@@ -523,6 +540,7 @@ static const cli_opt logits_opts[] = {
     { "--ids", "LIST", "prompt", NULL, "token ids, e.g. 1,2,3 (required)", 0 },
     { "-o|--out", "FILE", "output", NULL, "where the float32 logits go (required)", 0 },
     { "--chunk", "N", "performance", "all ids at once", "forward the ids N at a time", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing --dump-acts or --dump-attn file", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const logits_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, logits_opts, cli_opts_steer,
@@ -546,6 +564,7 @@ int cmd_logits(int argc, char **argv) {
     int chunk = (int)args_int_range(&a, "--chunk", 0, 1, INT_MAX);
     probe_spec ps;
     cli_probe_opts(&a, &ps);
+    ps.force = args_flag(&a, "--force");
     if (args_finish(&a, 0)) return cli_usage_error("logits", "%s", a.err);
     if (!so.model_dir || !ids_arg || !out) return cli_usage_error("logits", "need -m DIR, --ids LIST and -o FILE");
     verr err = { { 0 } };

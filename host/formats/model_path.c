@@ -15,6 +15,7 @@
 #include "host/formats/convert.h"
 #include "host/formats/dequant.h"
 #include "host/formats/gguf.h"
+#include "host/util/outfile.h"
 #include "host/util/sha256.h"
 
 #define TAKES "-m takes a Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or a .gguf file"
@@ -131,16 +132,13 @@ static int index_read(const char *root, const char *key, char sha[65]) {
 
 // Best effort: a missing index entry only costs a re-hash.
 static void index_write(const char *root, const char *key, const char *sha) {
-    char dir[4200], p[4400], tmp[4500];
+    char dir[4200], p[4400], line[80];
     snprintf(dir, sizeof dir, "%s/index", root);
     mkdir(dir, 0755);
     snprintf(p, sizeof p, "%s/%s", dir, key);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", p, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) return;
-    int ok = fprintf(f, "%s\n", sha) > 0;
-    ok &= fclose(f) == 0;
-    if (!ok || rename(tmp, p) != 0) unlink(tmp);
+    int n = snprintf(line, sizeof line, "%s\n", sha);
+    verr err;
+    (void)outfile_write_all(p, line, (size_t)n, &err);
 }
 
 typedef struct {

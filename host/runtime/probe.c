@@ -185,7 +185,7 @@ static int open_acts(probe *p, const probe_spec *sp, verr *err) {
         }
     for (int l = 0; l < p->n_layers; l++) p->hook_layers[l] |= p->dump_layers[l];
     p->hooks.points |= p->dump_points;
-    outfile_opts oo = { .flag = "--dump-acts" };
+    outfile_opts oo = { .flag = "--dump-acts", .refuse_existing = 1, .force = sp->force, .fresh = sp->fresh };
     return outfile_open(&p->acts_out, sp->acts_path, &oo, err);
 }
 
@@ -201,7 +201,7 @@ static int open_attn(probe *p, const probe_spec *sp, verr *err) {
         snprintf(name, sizeof name, "layers.%d.attn", l);
         if ((p->attn_id[l] = st_stream_tensor(p->attn, name, "F32", p->n_heads, err)) < 0) return -1;
     }
-    outfile_opts oo = { .flag = "--dump-attn" };
+    outfile_opts oo = { .flag = "--dump-attn", .refuse_existing = 1, .force = sp->force, .fresh = sp->fresh };
     return outfile_open(&p->attn_out, sp->attn_path, &oo, err);
 }
 
@@ -336,13 +336,14 @@ int probe_add_i32(probe *p, const char *name, const int *v, int n, verr *err) {
 }
 
 // One capture file: ids (when they match), the model as metadata, the data, the commit.
-static int write_one(st_stream *w, outfile *o, const char *model_dir, const int *ids, int n_ids, long rows, verr *err) {
+static int write_one(st_stream *w, outfile *o, int keep, const char *model_dir, const int *ids, int n_ids, long rows,
+                     verr *err) {
     if (ids && rows > 0 && n_ids >= rows) {  // the fed positions are a prefix of the ids
         int id = st_stream_tensor(w, "ids", "I32", 0, err);
         if (id < 0 || st_stream_append(w, id, ids, (int)rows, 1, err)) return -1;
     }
     if (st_stream_meta(w, "model", model_dir, err) || st_stream_write(w, o->f, o->shown, err)) return -1;
-    return outfile_commit(o, err);
+    return outfile_finish(o, (outfile_end)keep, err);
 }
 
 int probe_close(probe *p, int keep, const int *ids, int n_ids, verr *err) {
@@ -351,8 +352,8 @@ int probe_close(probe *p, int keep, const int *ids, int n_ids, verr *err) {
     int rc = 0;
     if (keep && p->failed) *err = p->err, rc = -1;
     long rows = probe_rows(p);
-    if (keep && rc == 0 && p->acts) rc = write_one(p->acts, &p->acts_out, p->s->m.dir, ids, n_ids, rows, err);
-    if (keep && rc == 0 && p->attn) rc = write_one(p->attn, &p->attn_out, p->s->m.dir, NULL, 0, 0, err);
+    if (keep && rc == 0 && p->acts) rc = write_one(p->acts, &p->acts_out, keep, p->s->m.dir, ids, n_ids, rows, err);
+    if (keep && rc == 0 && p->attn) rc = write_one(p->attn, &p->attn_out, keep, p->s->m.dir, NULL, 0, 0, err);
     free_all(p);
     return rc;
 }

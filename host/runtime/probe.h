@@ -11,7 +11,8 @@
 //     (row s: the query at positions[s], keys beyond it 0) and "positions" [S];
 //   --logit-lens: the final norm and lm_head on every layer's resid_post of the last
 //     position: entropy (bits) and the top-5 tokens per layer.
-// Files are written whole at probe_close (rows spool to disk meanwhile), atomically.
+// Files are written whole at probe_close (rows spool to disk meanwhile), atomically,
+// through host/util/outfile.h (an existing file needs spec.force).
 #ifndef VARENT_PROBE_H
 #define VARENT_PROBE_H
 
@@ -26,6 +27,8 @@ typedef struct {
     const char *attn_layers;  // --attn-layers "all" or a list; NULL: none
     const char *attn_path;    // --dump-attn (layers: --attn-layers, default all)
     int logit_lens;
+    int force;  // replace existing capture files (--force); without, an existing file is an error
+    int fresh;  // the files must be new names, never followed or replaced (the server's)
 } probe_spec;
 
 typedef struct probe probe;
@@ -49,8 +52,9 @@ int probe_json(probe *p, FILE *f);
 // An I32 tensor [n] added to each capture file (--dump-acts and --dump-attn), written at
 // probe_close: what the rows stand for beyond "ids" and "positions" (ppl's "text_pos").
 int probe_add_i32(probe *p, const char *name, const int *v, int n, verr *err);
-// Restores s's hooks; keep writes the files (with "ids", the first T of ids[n_ids], when
-// they cover the T positions captured), otherwise nothing is left behind.
+// Restores s's hooks; keep (an outfile_end: OUTFILE_DONE, or OUTFILE_PARTIAL for a run
+// that stopped early) writes the files (with "ids", the first T of ids[n_ids], when they
+// cover the T positions captured); OUTFILE_DROP (0) leaves nothing behind.
 int probe_close(probe *p, int keep, const int *ids, int n_ids, verr *err);
 
 #endif

@@ -3,7 +3,24 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+// The part of a file name no other server (nor a planted link) can predict: the response
+// ids of two servers started in the same second are the same.
+static unsigned long long random_part(void) {
+    unsigned long long r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {  // no entropy yet: time and address
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r = ((unsigned long long)ts.tv_nsec << 32) ^ (unsigned long long)ts.tv_sec ^ (unsigned long long)(uintptr_t)&r ^
+            (unsigned long long)getpid() << 16;
+    }
+    return r;
+}
 
 int serve_cap_dumps(const server_opts *o) { return o->probe && (o->probe->acts_path || o->probe->attn_path); }
 
@@ -27,9 +44,11 @@ int serve_cap_open(server *s, const server_job *j, int index, session *ss, serve
         snprintf(c->note, sizeof c->note, ",\"capture\":{\"skipped\":\"the server's --dump-max-files %d are written: "
                  "it captures no more\"}", s->o.dump_max_files);
     } else {
-        if (j->req.n > 1) snprintf(c->name, sizeof c->name, "%s%s.c%d.safetensors", j->req.chat ? "chatcmpl-" : "cmpl-",
-                                   j->id, index);
-        else snprintf(c->name, sizeof c->name, "%s%s.safetensors", j->req.chat ? "chatcmpl-" : "cmpl-", j->id);
+        char choice[16] = "";
+        if (j->req.n > 1) snprintf(choice, sizeof choice, ".c%d", index);
+        snprintf(c->name, sizeof c->name, "%s%s-%016llx%s.safetensors", j->req.chat ? "chatcmpl-" : "cmpl-", j->id,
+                 random_part(), choice);
+        ps.fresh = 1;  // a new name: nothing there is followed or replaced (host/util/outfile.h)
         if (sp->acts_path) snprintf(c->acts, sizeof c->acts, "%s/%s", sp->acts_path, c->name), ps.acts_path = c->acts;
         if (sp->attn_path) snprintf(c->attn, sizeof c->attn, "%s/%s", sp->attn_path, c->name), ps.attn_path = c->attn;
     }

@@ -1,8 +1,9 @@
 // capture.h: `serve --dump-acts DIR` and `--dump-attn DIR` (docs/server.md, "Captures"):
 // each finished choice's activations (attention weights) in one safetensors file in DIR,
-// named by the response's id (cmpl-ID.safetensors; cmpl-ID.cI.safetensors for choice I
-// of a request with n > 1), written when the choice ends (FILE.tmp.PID renamed into
-// place) and named in the choice's "capture" member. At most --dump-max-files choices
+// named by the response's id and a random part (cmpl-ID-R.safetensors; cmpl-ID-R.cI.safetensors
+// for choice I of a request with n > 1), written when the choice ends (FILE.tmp.PID
+// renamed into place, never over an existing name, no link followed) and named in the
+// choice's "capture" member. At most --dump-max-files choices
 // are captured per server run; later ones say so in that member. A choice that fails,
 // is cancelled or is cut by a shutdown leaves no file and is not counted.
 #ifndef VARENT_SERVE_CAPTURE_H
@@ -14,7 +15,7 @@ typedef struct {
     int active;        // the server dumps: this choice has a "capture" member
     int reserved;      // one of --dump-max-files is this choice's
     probe *pr;         // this choice's probe (files and statistics); NULL: none
-    char name[96];     // the file name in each DIR
+    char name[128];    // the file name in each DIR
     char acts[4200], attn[4200];
     char note[512];    // the member (",\"capture\":{...}"), once known
     int *gen, n_gen, cap_gen, oom;  // the generated ids (serve_cap_push)

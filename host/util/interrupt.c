@@ -80,3 +80,9 @@ int interrupt_track(const char *path) {
 void interrupt_untrack(int slot) {
     if (slot >= 0 && slot < INTERRUPT_MAX_TRACKED) used[slot] = 0;
 }
+
+int interrupt_tracked(const char *path) {
+    for (int i = 0; i < INTERRUPT_MAX_TRACKED; i++)
+        if (used[i] && !strcmp(tracked[i], path)) return 1;
+    return 0;
+}

@@ -34,5 +34,7 @@ void interrupt_cleanup_install(void);
 int interrupt_track(const char *path);
 // Forgets a slot (after the file was renamed or removed). -1 is ignored.
 void interrupt_untrack(int slot);
+// Whether this process tracks path (its own temporary file, not a stale one).
+int interrupt_tracked(const char *path);
 
 #endif

@@ -655,13 +655,15 @@ def test_interrupt(d, tmp):
     log = os.path.join(tmp, "int.jsonl")
     p = subprocess.Popen([vtest.VARENT, "agents", "-m", d, "-p", PROMPT, "-n", "400", "--seed", "1",
                           "--check-every", "1", "--log", log], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(0.5)
+    deadline = time.time() + 60  # the log is opened once the model loaded: Ctrl-C once a step is logged
+    while time.time() < deadline and p.poll() is None and not (os.path.exists(log) and os.path.getsize(log) > 0):
+        time.sleep(0.02)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     if p.returncode == 0:
         vtest.skip("interrupt", "the run ended before Ctrl-C")
         return
-    recs = [json.loads(line) for line in open(log)]
+    recs = [json.loads(line) for line in open(log)] if os.path.exists(log) else []
     ok = p.returncode == 130 and recs and recs[-1]["event"] == "done"
     if check(ok, "interrupt_exit_130_and_done_record", f"rc {p.returncode}, {err.decode()[-200:]}"):
         ids = stories_prompt_ids(d)

@@ -69,7 +69,7 @@ def write_cvec(path, dim, dirs, arch="controlvector", layer_count=None, dtype=gg
 def check_acts(name, d, model, ids, tmp, chunk=None):
     path = os.path.join(tmp, "acts.safetensors")
     r, got = logits(d, ids, os.path.join(tmp, "l.f32"), "--dump-acts", path, "--dump-points", ",".join(POINTS),
-                    chunk=chunk)
+                    "--force", chunk=chunk)  # the file of the previous model is replaced
     if not check(got is not None, name, r.stderr[-300:]):
         return
     _, acts, _ = ref_model.forward_hooked(model, ids)
@@ -89,7 +89,8 @@ def head_stats(scores):
 
 def check_attn_and_lens(name, d, model, ids, tmp):
     path = os.path.join(tmp, "attn.safetensors")
-    r, got = logits(d, ids, os.path.join(tmp, "l.f32"), "--attn-layers", "all", "--dump-attn", path, "--logit-lens")
+    r, got = logits(d, ids, os.path.join(tmp, "l.f32"), "--attn-layers", "all", "--dump-attn", path, "--logit-lens",
+                    "--force")
     if not check(got is not None, name + "_run", r.stderr[-300:]):
         return
     ref, acts, scores = ref_model.forward_hooked(model, ids)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from vtest import VARENT, check, done, skip, stories_dir, tmpdir, varent, expect_fail
+from vtest import VARENT, check, done, make_endless, skip, stories_dir, tmpdir, varent, expect_fail
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
 import gguf_np as G  # noqa: E402
@@ -134,14 +134,7 @@ else:
 # the signal comes.
 d = os.path.join(work, "endless")
 shutil.copytree(base, d)
-for f, edit in (("config.json", {"max_position_embeddings": 65536, "eos_token_id": []}),
-                ("generation_config.json", {"eos_token_id": []})):
-    c = json.load(open(os.path.join(d, f)))
-    c.update(edit)
-    json.dump(c, open(os.path.join(d, f), "w"))
-c = json.load(open(os.path.join(d, "tokenizer_config.json")))
-c.pop("eos_token", None)
-json.dump(c, open(os.path.join(d, "tokenizer_config.json"), "w"))
+make_endless(d)
 log = os.path.join(work, "sigint.jsonl")
 p = subprocess.Popen([VARENT, "run", "-m", d, "--ctx", "65536", "-n", "60000", "--seed", "3", "--metrics-out", log],
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)

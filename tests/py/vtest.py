@@ -63,6 +63,20 @@ def poison_tensor(model_dir, tensor, value):
     write_st(path, header, data[:lo] + struct.pack("<f", value) * ((hi - lo) // 4) + data[hi:])
 
 
+def make_endless(d):
+    """Edits the model directory d (a copy of stories260K) so that a run never stops by
+    itself: a long context and no EOS, so it is still generating when a signal comes."""
+    import json
+    for f, edit in (("config.json", {"max_position_embeddings": 65536, "eos_token_id": []}),
+                    ("generation_config.json", {"eos_token_id": []})):
+        c = json.load(open(os.path.join(d, f)))
+        c.update(edit)
+        json.dump(c, open(os.path.join(d, f), "w"))
+    c = json.load(open(os.path.join(d, "tokenizer_config.json")))
+    c.pop("eos_token", None)
+    json.dump(c, open(os.path.join(d, "tokenizer_config.json"), "w"))
+
+
 def skip(name, why):
     print(f"SKIP {name}: {why}", flush=True)
 

@@ -220,9 +220,14 @@ const char *args_typed(args *a, const char *names) {
     return a->typed;
 }
 
-static void range_err(args *a, const char *name, const char *s, const char *lo, const char *hi, int lo_inf, int hi_inf) {
+// A number outside lo..hi. An unbounded side (hi_inf: INT_MAX or LONG_MAX stand for
+// "no limit") is left out of the message, unless the value is beyond it (above).
+static void range_err(args *a, const char *name, const char *s, const char *lo, const char *hi, int lo_inf, int hi_inf,
+                      int above) {
     if (a->err[0]) return;
-    if (hi_inf) snprintf(a->err, sizeof a->err, "%s %.100s: must be >= %s", name, s, lo);
+    if (above && hi_inf) snprintf(a->err, sizeof a->err, "%s %.100s: too large (at most %s)", name, s, hi);
+    else if (!above && lo_inf) snprintf(a->err, sizeof a->err, "%s %.100s: too small (at least %s)", name, s, lo);
+    else if (hi_inf) snprintf(a->err, sizeof a->err, "%s %.100s: must be >= %s", name, s, lo);
     else if (lo_inf) snprintf(a->err, sizeof a->err, "%s %.100s: must be <= %s", name, s, hi);
     else snprintf(a->err, sizeof a->err, "%s %.100s: must be in %s..%s", name, s, lo, hi);
 }
@@ -242,7 +247,7 @@ long args_int_range(args *a, const char *names, long def, long lo, long hi) {
     if (errno == ERANGE || v < lo || v > hi) {
         char l[32], h[32];
         snprintf(l, sizeof l, "%ld", lo), snprintf(h, sizeof h, "%ld", hi);
-        range_err(a, name, s, l, h, lo == LONG_MIN, hi == LONG_MAX || hi == INT_MAX);
+        range_err(a, name, s, l, h, lo == LONG_MIN, hi == LONG_MAX || hi == INT_MAX, v > hi || (errno == ERANGE && v > 0));
         return def;
     }
     return v;
@@ -269,7 +274,7 @@ double args_float_range(args *a, const char *names, double def, double lo, doubl
     if (!(v >= lo && v <= hi)) {
         char l[32], h[32];
         snprintf(l, sizeof l, "%g", lo), snprintf(h, sizeof h, "%g", hi);
-        range_err(a, name, s, l, h, lo == -HUGE_VAL, hi == HUGE_VAL);
+        range_err(a, name, s, l, h, lo == -HUGE_VAL, hi == HUGE_VAL, v > hi);
         return def;
     }
     return v;

@@ -171,6 +171,7 @@ static int chat_turn(chat_state *c, verr *err) {
     kv_cache_truncate(&s->kv, keep);
     turn_out out = { tokenizer_stream_new(s->tok, 1), NULL, 0, 0 };
     c->g.on_token = on_token, c->g.ud = &out;
+    c->g.context = ids, c->g.n_context = keep;  // the penalties see the whole conversation
     interrupt_install();  // Ctrl-C: stop this reply after the current token
     c->g.interrupt = interrupt_flag();
     gen_stats st = { 0 };

@@ -67,6 +67,26 @@ const cli_opt cli_opts_sampling[] = {
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
+const cli_opt cli_opts_penalties[] = {
+    { "--repeat-penalty", "R", "sampling", "1", "divide the positive logits of the ids in the window by R, multiply the "
+      "negative ones (1: off)", 0 },
+    { "--presence-penalty", "P", "sampling", "0", "OpenAI's: take P off the logit of every id in the window (-2..2)", 0 },
+    { "--frequency-penalty", "F", "sampling", "0", "OpenAI's: take F times its count in the window off each id's logit "
+      "(-2..2)", 0 },
+    { "--repeat-last-n", "N", "sampling", "-1", "the window of those penalties: the last N ids, prompt included (-1: "
+      "all of them; 0: off)", 0 },
+    { "--no-repeat-ngram", "N", "sampling", "0", "never repeat an n-gram of this length (0: off)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+void cli_penalty_opts(args *a, sampler_penalties *p) {
+    p->repeat = (float)args_float_range(a, "--repeat-penalty", 1.0, 1e-6, 1e6);
+    p->presence = (float)args_float_range(a, "--presence-penalty", 0, -2, 2);
+    p->frequency = (float)args_float_range(a, "--frequency-penalty", 0, -2, 2);
+    p->last_n = (int)args_int_range(a, "--repeat-last-n", -1, -1, INT_MAX);
+    p->no_repeat_ngram = (int)args_int_range(a, "--no-repeat-ngram", 0, 0, 1 << 20);
+}
+
 const cli_opt cli_opts_prompt[] = {
     { "-p|--prompt", "TEXT", "prompt", NULL, "the prompt; - reads it from stdin (piped stdin is read without -p too)", 0 },
     { "-f|--file", "FILE", "prompt", NULL, "read the prompt from FILE (one trailing newline dropped)", 0 },

@@ -20,6 +20,11 @@ extern const cli_opt cli_opts_tp_replicas[];  // cli_opts_tp without --devices (
 // --temp, --top-k, --top-p, --min-p, -s/--seed: the one set of defaults (host/decode/defaults.h).
 extern const cli_opt cli_opts_sampling[];
 
+// --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty,
+// --no-repeat-ngram (host/runtime/sampler.h), read by cli_penalty_opts.
+extern const cli_opt cli_opts_penalties[];
+void cli_penalty_opts(args *a, sampler_penalties *p);
+
 // -p/--prompt, -f/--file, --ids (cli_prompt_text reads the first two).
 extern const cli_opt cli_opts_prompt[];
 

@@ -1,7 +1,7 @@
 // entropix_opts.h: the sampler options `varent run` shares with other commands:
 //   --sampler standard|entropix  --profile NAME  --sampler-config FILE.json
 //   --set KEY=VALUE (repeatable)  --attn-layer N  --clarifier-token ID
-//   --no-repeat-ngram N  --repeat-penalty R  --branch K:B  --metrics-out FILE.jsonl
+//   --branch K:B  --metrics-out FILE.jsonl
 // and the per-token metrics log (one JSON object per line, flushed per line).
 #ifndef VARENT_ENTROPIX_CLI_H
 #define VARENT_ENTROPIX_CLI_H

@@ -312,7 +312,7 @@ static const cli_opt run_opts[] = {
 };
 
 static const cli_opt *const run_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,   cli_opts_lora, cli_opts_prompt, cli_opts_chat,
-                                             cli_opts_sampling,  cli_opts_logit_bias, run_opts, cli_opts_entropix,
+                                             cli_opts_sampling,  cli_opts_penalties, cli_opts_logit_bias, run_opts, cli_opts_entropix,
                                              cli_opts_steer,     cli_opts_probe, NULL };
 
 const cli_spec cli_run_spec = {
@@ -358,6 +358,7 @@ static void run_read(args *a, run_args *r) {
         else r->n_stop = 17;
     r->conversation = args_flag(a, "-cnv");
     r->ex_rc = entropix_cli_read(a, &r->g, &r->ex, &r->xerr);
+    cli_penalty_opts(a, &r->g.pen);
     prompt_style_read(a, &r->chat);
     cli_probe_opts(a, &r->ps);
     r->b = (batch_args){ args_str(a, "--prompts", NULL), args_str(a, "--prompt-csv", NULL), args_str(a, "-o", NULL),

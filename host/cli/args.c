@@ -84,6 +84,18 @@ static void set_err(args *a, const char *fmt, const char *x, const char *y) {
     if (!a->err[0]) snprintf(a->err, sizeof a->err, fmt, x, y);
 }
 
+// Is v one of the words of an optional value's metavar "[a|b|c]"?
+static int optval_word(const cli_opt *o, const char *v) {
+    const char *m = o->metavar + (o->metavar[0] == '[');
+    size_t len = strcspn(m, "]");
+    for (const char *p = m; p < m + len;) {
+        size_t n = strcspn(p, "|]");
+        if (strlen(v) == n && !strncmp(p, v, n)) return 1;
+        p += n + 1;
+    }
+    return 0;
+}
+
 // One argument at argv[*i] that starts with '-': an option occurrence, or an error.
 static void parse_option(args *a, int argc, char **argv, int *i) {
     const char *s = argv[*i], *val = NULL;
@@ -97,7 +109,12 @@ static void parse_option(args *a, int argc, char **argv, int *i) {
     char *name = a->occ[a->n].name;
     size_t n = val ? (size_t)(val - 1 - s) : strlen(s);
     snprintf(name, sizeof a->occ[a->n].name, "%.*s", (int)n, s);
-    if (val) {
+    if (o->flags & ARG_OPTVAL) {
+        if (val && !optval_word(o, val) && !a->err[0])
+            snprintf(a->err, sizeof a->err, "option %s takes %s (got '%.200s')", name, o->metavar, val);
+        if (val && !optval_word(o, val)) return;
+        if (!val && *i + 1 < argc && optval_word(o, argv[*i + 1])) val = argv[++*i];
+    } else if (val) {
         if (!o->metavar) return set_err(a, "option %s takes no value (got '%.200s')", name, val);
         if (strchr(o->metavar, ' ')) return set_err(a, "option %s takes two values (%s), not NAME=VALUE", name, o->metavar);
     } else if (o->metavar) {
@@ -209,6 +226,13 @@ int args_given(args *a, const char *names) {
     const char *bar = strchr(names, '|');
     const cli_opt *o = lookup(a->spec, names, bar ? (size_t)(bar - names) : strlen(names));
     return o && last_of(a, o) >= 0;
+}
+
+const char *args_peek(args *a, const char *names) {
+    const char *bar = strchr(names, '|');
+    const cli_opt *o = lookup(a->spec, names, bar ? (size_t)(bar - names) : strlen(names));
+    int i = o ? last_of(a, o) : -1;
+    return i >= 0 ? a->occ[i].val : NULL;
 }
 
 const char *args_typed(args *a, const char *names) {

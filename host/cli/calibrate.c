@@ -12,6 +12,7 @@
 #include "host/cli/ranks.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/prompts.h"
 #include "host/eval/builtin.h"
@@ -35,7 +36,7 @@ static const cli_opt calibrate_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const calibrate_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, calibrate_opts, cli_opts_chat, cli_opts_steer, NULL };
+static const cli_opt *const calibrate_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp, calibrate_opts, cli_opts_chat, cli_opts_steer, NULL };
 const cli_spec cli_calibrate_spec = {
     "calibrate", "-m DIR [-f CORPUS.txt] [-o PROFILE.json] [options]",
     "An entropix profile whose thresholds sit at quantiles of the model's own metrics.",

@@ -3,6 +3,7 @@
 #include "host/cli/common.h"
 #include "host/util/seed.h"
 
+#include "host/cli/compat.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/ranks.h"
 #include "kernels/ops.h"
@@ -34,6 +35,7 @@ const cli_opt cli_opts_kv[] = {
       "reads at depth (the GPU's cache is bf16)", 0 },
     { "--gemm-inputs", "f32|bf16", "performance", "f32", "the CPU GEMM's activations (prefill, batches) with bf16 "
       "weights: bf16 rounds them as llama.cpp does, for vdpbf16ps (faster; the logits move, docs/benchmarks.md)", 0 },
+    { "--no-mmap", NULL, "performance", "on", "CPU: a copy of the weights in 2 MiB huge pages (llama.cpp's name)", 0 },
     { "--mmap", NULL, "performance", NULL, "CPU: read the weights from the file mapping instead of a copy in 2 MiB "
       "huge pages (less memory, slower decode: docs/benchmarks.md)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
@@ -153,16 +155,21 @@ void cli_session_opts(args *a, session_opts *o) {
     o->progress = &model_progress;
     o->ctx = (int)args_int_range(a, "-c", 0, 1, INT_MAX);
     o->threads = (int)args_int_range(a, "-t", 0, 1, cli_cpu_count());
-    o->device = args_str(a, "--device", "cpu");
+    o->device = cli_device(a);
     o->max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
     o->kv_bf16 = cli_kv_bf16(a);
-    o->weights_mmap = args_flag(a, "--mmap");
+    o->weights_mmap = args_bool(a, "--mmap", "--no-mmap", 0);
     cli_steer_opts(a, &o->steer);
     cli_ranks_session(a, o);
 }
 
 // Every rank of an MPI launch draws with rank 0's seed (a random one differs per rank).
 uint64_t cli_seed(args *a) { return cli_ranks_same(seed_of(a)); }
+
+int cli_seed_given(args *a) {
+    const char *s = args_peek(a, "-s");
+    return s && strcmp(s, "-1") != 0;
+}
 
 static uint64_t seed_of(args *a) {
     const char *s = args_str(a, "-s", NULL);
@@ -208,6 +215,16 @@ static char *read_stream(FILE *f, const char *what, verr *err) {
 
 static char *read_stdin(const char *what, verr *err) { return read_stream(stdin, what, err); }
 
+// -f FILE: a regular file (or - for stdin), text without NUL bytes.
+static char *read_prompt_file(const char *path, verr *err) {
+    if (!strcmp(path, "-")) return cli_read_all(path, err);
+    FILE *f = fileio_fopen_input(path, err);
+    if (!f) return NULL;
+    char *s = read_stream(f, path, err);
+    fclose(f);
+    return s;
+}
+
 static void drop_newline(char *s) {
     size_t n = strlen(s);
     if (n && s[n - 1] == '\n') s[--n] = 0;
@@ -218,13 +235,14 @@ int cli_prompt_text(const char *p, const char *file, int other_source, const cha
     *text = NULL, *owned = NULL;
     if (p && file) return verr_set(err, "give the prompt either with -p or with -f, not both");
     if ((p || file) && other_source) return verr_set(err, "give one prompt source: -p/-f or --ids or a prompts file");
+    if (p && !p[0]) return verr_set(err, "-p: the prompt is empty (leave -p out to start from BOS)");
     if (p && strcmp(p, "-") != 0) {
         *text = p;
         return 0;
     }
     char *s = NULL;
     if (file) {
-        s = cli_read_all(file, err);
+        s = read_prompt_file(file, err);
         if (s && strlen(s) == 0) {
             free(s);
             return verr_set(err, "-f %s: the file is empty", file);

@@ -43,6 +43,8 @@ void cli_load_end(progress *pg, int ok);
 void cli_sampling_opts(args *a, gen_opts *g);
 // -s/--seed: the seed given, or a random one from the OS for -1 or none.
 uint64_t cli_seed(args *a);
+// 1 when -s/--seed N (not -1) is on the command line.
+int cli_seed_given(args *a);
 // The CPUs this process may run on (the most -t accepts).
 int cli_cpu_count(void);
 

@@ -15,6 +15,7 @@
 #include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/util/interrupt.h"
 #include "host/util/outfile.h"
 #include "host/decode/perplexity.h"
@@ -41,7 +42,7 @@ static const cli_opt compare_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const compare_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora,       cli_opts_chat, cli_opts_sampling,
+static const cli_opt *const compare_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp, cli_opts_lora,       cli_opts_chat, cli_opts_sampling,
                                                  compare_opts,     cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_compare_spec = {
     "compare", "-m DIR (--prompts FILE | --prompt-csv FILE) [--samplers LIST] [options]",

@@ -24,7 +24,6 @@ const cli_opt cli_opts_entropix[] = {
     { "--attn-layer", "N", "entropix", "the last", "layer of the attention metrics (-1: the last)", 0 },
     { "--clarifier-token", "ID", "entropix", "\" ...\" encoded", "the token HELV inserts", 0 },
     { "--branch", "K:B", "entropix", "off", "LEHV branching: K candidates, B steps each", 0 },
-    { "--metrics-out", "FILE", "output", NULL, "per-token metrics as JSONL, one line per token", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
@@ -46,7 +45,6 @@ int entropix_cli_read(args *a, gen_opts *g, entropix_cli *c, verr *err) {
     c->sampler_name = args_str(a, "--sampler", "standard");
     const char *profile = args_str(a, "--profile", "seed"), *cfg = args_str(a, "--sampler-config", NULL);
     const char *branch = args_str(a, "--branch", NULL);
-    c->metrics_path = args_str(a, "--metrics-out", NULL);
     g->attn_layer = (int)args_int_range(a, "--attn-layer", -1, -1, 4095);
     g->attn_layer_given = g->attn_layer != -1;  // -1 (or absent): the last layer
     c->clarifier = (int)args_int_range(a, "--clarifier-token", -1, -1, 1 << 30);

@@ -12,6 +12,7 @@
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/prompts.h"
@@ -55,7 +56,7 @@ static const cli_opt eval_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const eval_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,  cli_opts_lora, eval_opts, cli_opts_chat,
+static const cli_opt *const eval_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp,  cli_opts_lora, eval_opts, cli_opts_chat,
                                               cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_eval_spec = {
     "eval", "-m DIR --tasks LIST [--samplers LIST] [options]",

@@ -14,6 +14,7 @@
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/util/fileio.h"
 #include "host/decode/perplexity.h"
 #include "host/util/json_out.h"
@@ -33,7 +34,7 @@ static const cli_opt ppl_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const ppl_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, ppl_opts, cli_opts_steer, cli_opts_probe, NULL };
+static const cli_opt *const ppl_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp, cli_opts_lora, ppl_opts, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_ppl_spec = {
     "ppl", "-m DIR -f TEXT [--ctx N] [--stride S | --protocol llamacpp [--chunks N]] [--json]",
     "Perplexity of a text file with its standard error, in sliding windows of --ctx tokens.",

@@ -202,12 +202,34 @@ const cli_opt cli_opts_chat[] = {
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
+void cli_check_template(args *a, const char *name) {
+    chat_format f;
+    verr err;
+    if (name && chat_format_from_name(name, &f, &err)) args_bad(a, "--chat-template: %s", err.msg);
+}
+
 void prompt_style_read(args *a, prompt_style *ps) {
     ps->chat = args_flag(a, "--chat");
     ps->think = !args_flag(a, "--no-think");
     ps->system = args_str(a, "--system", NULL);
     ps->template_name = args_str(a, "--chat-template", NULL);
+    cli_check_template(a, ps->template_name);
     ps->chat |= !ps->think || ps->system || ps->template_name;  // they only mean something in a chat prompt
+}
+
+const cli_opt cli_opts_raw[] = {
+    { "--raw|-no-cnv|--no-conversation", NULL, "chat", NULL, "the prompt is plain text, even when the model has a chat "
+      "template", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+void prompt_style_read_raw(args *a, prompt_style *ps) { ps->raw = args_flag(a, "--raw"); }
+
+int prompt_style_auto(const session *s, prompt_style *ps) {
+    if (ps->chat || ps->raw || !s->tok) return 0;
+    const char *t = tokenizer_chat_template(s->tok);
+    if (!t || chat_detect(t).kind == CHAT_UNKNOWN) return 0;
+    return ps->chat = 1;
 }
 
 int prompt_encode(session *s, const prompt_style *ps, const char *text, int **ids, verr *err) {

@@ -344,11 +344,27 @@ static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr
     return 0;
 }
 
+// The progress detail: this task's trials so far and how many were right ("arith: 7 of
+// 12 right"), counted afresh when the task changes.
+typedef struct {
+    const char *task;
+    long done, right;
+} task_tally;
+
+static void tally_item(task_tally *t, const eval_ctx *c, int i, char *detail, size_t len) {
+    const eval_item *it = &c->set->it[i];
+    if (!t->task || strcmp(t->task, it->task) != 0) t->task = it->task, t->done = t->right = 0;
+    for (long k = (long)i * c->e->repeats * c->n_arms; k < (long)(i + 1) * c->e->repeats * c->n_arms; k++)
+        if (c->res[k].done) t->done++, t->right += c->res[k].correct;
+    snprintf(detail, len, "%.60s: %ld of %ld right", it->task, t->right, t->done);
+}
+
 // Every item, repeat and arm. 1 when interrupted (the finished trials are kept).
 static int run_all(eval_ctx *c, verr *err) {
     const eval_set *set = c->set;
     int first = c->e->skip < set->n ? c->e->skip : set->n;
-    long total = (long)(set->n - first) * c->e->repeats * c->n_arms, done = 0, right = 0;
+    long total = (long)(set->n - first) * c->e->repeats * c->n_arms, done = 0;
+    task_tally tally = { 0 };
     progress pg;
     progress_start(&pg, "eval", total, c->e->quiet);
     for (int i = first; i < set->n; i++) {  // items keep their index (and seed) when skipping
@@ -360,13 +376,13 @@ static int run_all(eval_ctx *c, verr *err) {
             for (int a = 0; rc == 0 && a < c->n_arms; a++) {
                 if (interrupt_requested()) rc = 1;
                 else rc = run_gen(c, i, r, a, ids, n, err);
-                if (rc == 0) done++, right += c->res[((long)i * c->e->repeats + r) * c->n_arms + a].correct;
+                if (rc == 0) done++;
             }
         free(ids);
         if (rc < 0) return verr_set(err, "%s item %d%s%.0d: %.900s", it->task, i, it->line ? " line " : "", it->line, err->msg);
         if (c->jsonl && fflush(c->jsonl)) return verr_set(err, "-o: write failed");
         char detail[96];
-        snprintf(detail, sizeof detail, "%s: %ld right", it->task, right);
+        tally_item(&tally, c, i, detail, sizeof detail);
         progress_update(&pg, done, detail);
         if (rc == 1) {
             progress_finish(&pg, "interrupted");

@@ -49,6 +49,7 @@ typedef struct {
     const session *s;
     const int *ids;
     int n, next;               // the text's tokens; the next one --per-token writes
+    long scored;               // tokens scored so far: the progress
     outfile out;               // --per-token; out.f NULL without
     tokenizer_stream *ts;
     probe *pr;
@@ -57,10 +58,13 @@ typedef struct {
     long n_fed, cap_fed;
 } ppl_run;
 
+// The progress counts scored tokens: each as it is scored, the running perplexity after
+// each window.
 static int on_window(void *ud, int w, int n_windows, const ppl_result *r) {
     ppl_run *wr = ud;
-    snprintf(wr->detail, sizeof wr->detail, "ppl %.4f +/- %.4f", r->ppl, r->ppl_se);
-    progress_update(&wr->p, w + 1, wr->detail);
+    snprintf(wr->detail, sizeof wr->detail, "window %d of %d, ppl %.4f +/- %.4f", w + 1, n_windows, r->ppl, r->ppl_se);
+    wr->scored = r->n_scored;
+    progress_update(&wr->p, wr->scored, wr->detail);
     return 0;
 }
 
@@ -94,6 +98,7 @@ static int per_token_line(ppl_run *r, int i, double logp, int scored) {
 
 static int on_token(void *ud, int i, double logp) {
     ppl_run *r = ud;
+    progress_update(&r->p, ++r->scored, r->detail);
     if (!r->out.f) return 0;
     for (; r->next < i; r->next++)
         if (per_token_line(r, r->next, NAN, 0)) return -1;
@@ -203,7 +208,10 @@ static int score_text(session *s, const int *ids, int n, const ppl_args *pa, ver
     // each: a forward per position, so that every query's attention and lens are captured
     ppl_watch w = { on_window, on_feed, on_token, pa->ps.attn_layers || pa->ps.attn_path || pa->ps.logit_lens, &run };
     ppl_result r;
-    progress_start(&run.p, "ppl", n_windows, pa->quiet);
+    // the tokens to score: every one but the first, or the second half of each chunk (bar its first)
+    long total = pa->llamacpp ? (long)n_windows * (s->ctx - s->ctx / 2 - 1) : n - 1L;
+    run.detail[0] = 0;
+    progress_start(&run.p, "ppl", total, pa->quiet);
     if (rc == 0) rc = pa->llamacpp ? ppl_eval_chunks(s, ids, n, s->ctx, bos, pa->chunks, &w, &r, err)
                                    : ppl_eval(s, ids, n, s->ctx, pa->step, &w, &r, err);
     if (run_close(&run, rc == 0, err) && rc == 0) rc = -1;

@@ -243,3 +243,15 @@ int prompt_encode(session *s, const prompt_style *ps, const char *text, int **id
     chat_conv_free(&conv);
     return n;
 }
+
+int prompts_encode_all(session *s, const prompt_style *ps, const prompt_list *pl, const char *path, int **ids, int *n,
+                       verr *err) {
+    for (int i = 0; i < pl->n; i++) {
+        n[i] = prompt_encode(s, ps, pl->text[i], &ids[i], err);
+        if (n[i] < 0) return verr_set(err, "%s:%d: %.900s", path, pl->line[i], err->msg);
+        if (n[i] >= s->ctx)
+            return verr_set(err, "%s:%d: the prompt is %d tokens but the context holds %d (raise --ctx)", path,
+                            pl->line[i], n[i], s->ctx);
+    }
+    return 0;
+}

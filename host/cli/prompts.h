@@ -48,5 +48,10 @@ int prompt_style_auto(const session *s, prompt_style *ps);
 // Plain: session_encode_prompt (BOS per the tokenizer config). Chat: the system and
 // user turns rendered with the template (which also registers its stop tokens).
 int prompt_encode(session *s, const prompt_style *ps, const char *text, int **ids, verr *err);
+// Every prompt of pl into ids[i] (n[i] of them) before anything runs, so that a prompt
+// that cannot run (not encodable, or too long for the context) fails first: 0, or -1
+// with err naming path:line.
+int prompts_encode_all(session *s, const prompt_style *ps, const prompt_list *pl, const char *path, int **ids, int *n,
+                       verr *err);
 
 #endif

@@ -146,19 +146,6 @@ static int write_result(FILE *f, int i, const prompt_list *pl, const batch_resul
     return 0;
 }
 
-// Encodes every prompt up front, so a prompt that cannot run fails before any output.
-static int encode_all(session *s, const prompt_style *ps, const prompt_list *pl, const char *path, int **ids, int *n,
-                      verr *err) {
-    for (int i = 0; i < pl->n; i++) {
-        n[i] = prompt_encode(s, ps, pl->text[i], &ids[i], err);
-        if (n[i] < 0) return verr_set(err, "%s:%d: %.900s", path, pl->line[i], err->msg);
-        if (n[i] >= s->ctx)
-            return verr_set(err, "%s:%d: the prompt is %d tokens but the context holds %d (raise --ctx)", path,
-                            pl->line[i], n[i], s->ctx);
-    }
-    return 0;
-}
-
 // 0, -1 with err, or 1 when Ctrl-C stopped it (*done prompts were written). where
 // names f in messages ("-o PATH" or "stdout").
 static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, int **ids, const int *n, FILE *f,
@@ -245,7 +232,7 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
     } else {
         cli_load_end(&pg, 1);
         if (prompt_style_auto(&s, ps) && !b->quiet) chat_note();
-        rc = encode_all(&s, ps, &pl, path, ids, n, &err);
+        rc = prompts_encode_all(&s, ps, &pl, path, ids, n, &err);
         if (rc == 0) rc = entropix_cli_start(ex, &s, g, &err);
         if (rc == 0)
             rc = generate_all(&s, g, &pl, ids, n, out.f ? out.f : stdout, out.f ? out.shown : "stdout", d.skip, b->quiet,

@@ -741,3 +741,32 @@ done:
     gguf_close(g);
     return rc;
 }
+
+// The tokenizer alone: what convert_gguf writes of it, from the metadata (no tensor is read).
+int convert_gguf_tokenizer(const char *in, const char *out, verr *err) {
+    gguf_file *g = gguf_open(in, err);
+    if (!g) return -1;
+    gguf_hparams hp = {0};
+    tok_ids ti;
+    cJSON *json[OUT_N] = {0};
+    char *text[OUT_N] = {0};
+    int rc = -1;
+    int r = gguf_get_str(g, "general.architecture", &hp.arch, err);
+    if (r <= 0) {
+        if (r == 0) verr_set(err, "%s: missing metadata key 'general.architecture'", g->path);
+        goto done;
+    }
+    if (load_hparams(g, &hp, err) || load_tok_ids(g, &ti, err) ||
+        build_tokenizer(g, &ti, hp.n_ctx, &json[OUT_TOK], &json[OUT_TOKCFG], err)) goto done;
+    if (!json[OUT_TOK]) {
+        rc = 0;
+        goto done;
+    }
+    if (render_outputs(json, text, err) || check_tokenizer(g, text[OUT_TOK], err)) goto done;
+    model_dir_file files[2] = { { out_names[OUT_TOK], text[OUT_TOK] }, { out_names[OUT_TOKCFG], text[OUT_TOKCFG] } };
+    rc = model_dir_write(out, files, 2, NULL, err) ? -1 : 1;
+done:
+    for (int i = 0; i < OUT_N; i++) cJSON_Delete(json[i]), free(text[i]);
+    gguf_close(g);
+    return rc;
+}

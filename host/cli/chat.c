@@ -199,7 +199,10 @@ static int chat_turn(chat_state *c, verr *err) {
     gen_stats st = { 0 };
     long rows = c->cap ? probe_rows(c->cap->pr) : 0;
     if (c->cap) snprintf(c->cap->ex.tag, sizeof c->cap->ex.tag, "\"turn\":%d,", ++c->cap->turn);
+    cli_prefill bar = { .shown = 0 };
+    if (!c->cap || !c->cap->pr) cli_prefill_watch(&bar, &c->g);  // a capture sees each turn's prompt as one forward
     int rc = out.ts ? generate(s, ids + keep, n - keep, &c->g, &st, err) : verr_set(err, "out of memory");
+    cli_prefill_done(&bar);
     if (c->cap) capture_turn(c->cap, ids + keep, n - keep, out.ids, out.n, probe_rows(c->cap->pr) - rows);
     const char *tail;
     int k = rc == 0 ? tokenizer_stream_flush(out.ts, &tail) : 0;

@@ -142,6 +142,24 @@ void cli_load_end(progress *pg, int ok) {
     else progress_stop(pg);
 }
 
+void cli_prefill_done(cli_prefill *p) {
+    if (p->shown) progress_stop(&p->pg);
+    p->shown = 0;
+}
+
+// The bar goes when the prefill is over: the text follows on the same terminal.
+static void on_prefill(void *ud, int done, int total) {
+    cli_prefill *p = ud;
+    if (done >= total) return cli_prefill_done(p);
+    if (!p->shown) progress_start(&p->pg, "prefill", total, 0), p->shown = 1;
+    progress_update(&p->pg, done, "prompt tokens");
+}
+
+void cli_prefill_watch(cli_prefill *p, gen_opts *g) {
+    p->shown = 0;
+    if (isatty(2)) g->on_prefill = on_prefill, g->prefill_ud = p;
+}
+
 int cli_kv_bf16(args *a) {
     const char *kv = args_str(a, "--kv-type", "f32"), *gi = args_str(a, "--gemm-inputs", NULL);
     if (strcmp(kv, "bf16") != 0 && strcmp(kv, "f32") != 0) args_bad(a, "--kv-type %s: f32 or bf16", kv);

@@ -39,6 +39,15 @@ const model_path_progress *cli_model_progress(void);
 void cli_load_begin(progress *pg, int quiet);
 // ok: "load: done" (else the bar is cleared silently, an error follows).
 void cli_load_end(progress *pg, int ok);
+// A long prompt's prefill on the terminal: a "prefill" bar on stderr, chunk by chunk
+// (gen_opts.on_prefill), when stderr is a terminal; cli_prefill_done clears it before
+// the text.
+typedef struct {
+    progress pg;
+    int shown;
+} cli_prefill;
+void cli_prefill_watch(cli_prefill *p, gen_opts *g);
+void cli_prefill_done(cli_prefill *p);
 // The sampling options into g (the seed: --seed, or random when absent or -1).
 void cli_sampling_opts(args *a, gen_opts *g);
 // -s/--seed: the seed given, or a random one from the OS for -1 or none.

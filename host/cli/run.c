@@ -493,7 +493,11 @@ static int run_single(run_args *r, const char *text) {
         if (out.ts) tokenizer_stream_continue(out.ts);
     }
     gen_stats st;
-    if (n < 0 || generate(&s, ids, n, &r->g, &st, &err) || probe_check(pr, &err)) {
+    cli_prefill bar = { .shown = 0 };
+    if (!probe_spec_active(&r->ps)) cli_prefill_watch(&bar, &r->g);  // a capture sees the prompt as one forward
+    int gen_rc = n < 0 ? -1 : generate(&s, ids, n, &r->g, &st, &err);
+    cli_prefill_done(&bar);
+    if (gen_rc || probe_check(pr, &err)) {
         rc = fail("run", err.msg);
     } else {
         print_tail(&out);

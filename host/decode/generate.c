@@ -233,6 +233,23 @@ static int emit(gen_ctx *c, gen_stats *st, const int *toks, gen_record *recs, in
     return 0;
 }
 
+// The prompt into the cache: one forward, or with on_prefill (a single-process session)
+// one per chunk of the forward's own size, the last one armed as the one forward was.
+static int prefill(gen_ctx *c, const int *prompt, int n_prompt, verr *err) {
+    session *s = c->s;
+    const gen_opts *o = c->o;
+    int chunk = s->fw.max_T, done = 0, chunked = o->on_prefill && !s->tpl && !s->fw.comm && chunk > 0;
+    for (; chunked && n_prompt - done > chunk; done += chunk) {
+        kv_view kv = kv_view_of(&s->kv);
+        if (session_forward(s, &kv, prompt + done, chunk, err)) return -1;
+        o->on_prefill(o->prefill_ud, done + chunk, n_prompt);
+    }
+    kv_view kv = kv_view_of(&s->kv);
+    int rc = arm_step(c, err) ? -1 : session_forward(s, &kv, prompt + done, n_prompt - done, err);
+    if (rc == 0 && chunked) o->on_prefill(o->prefill_ud, n_prompt, n_prompt);
+    return rc;
+}
+
 int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen_stats *st, verr *err) {
     memset(st, 0, sizeof *st);
     st->n_prompt = n_prompt;
@@ -242,10 +259,10 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
                         s->ctx, s->m.cfg.max_pos);
     gen_ctx c;
     if (ctx_init(&c, s, o, prompt, n_prompt, err)) return -1;
-    kv_view kv = kv_view_of(&s->kv);
     double t0 = gen_now();
     s->fw.lazy_logits = c.lazy;
-    int rc = arm_step(&c, err) ? -1 : session_forward(s, &kv, prompt, n_prompt, err);
+    int rc = prefill(&c, prompt, n_prompt, err);
+    kv_view kv = kv_view_of(&s->kv);
     st->prefill_s = gen_now() - t0;
     t0 = gen_now();
     int unfed = -1;  // the last emitted token when the model has not seen it

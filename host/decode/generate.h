@@ -49,6 +49,12 @@ typedef struct {
                                 // stay on the device: session_logits fetches them)
     void *record_ud;
     const volatile sig_atomic_t *interrupt;  // set (e.g. by Ctrl-C): stop before the next token
+    // A prompt longer than the session's prefill chunk is fed chunk by chunk (the chunks
+    // the forward makes anyway, so the numbers are the same), calling this after each:
+    // done of total prompt tokens (a progress bar; done == total: the prefill is over).
+    // NULL: one forward.
+    void (*on_prefill)(void *ud, int done, int total);
+    void *prefill_ud;
 } gen_opts;
 
 typedef struct {

@@ -701,6 +701,13 @@ static uint64_t n_tokens(const gguf_file *g) {
     return kv && kv->type == GGUF_ARRAY && kv->arr_type == GGUF_STRING ? kv->arr_n : 0;
 }
 
+// general.architecture into hp->arch: 0, or -1 with err.
+static int read_arch(const gguf_file *g, gguf_hparams *hp, verr *err) {
+    int r = gguf_get_str(g, "general.architecture", &hp->arch, err);
+    if (r == 0) verr_set(err, "%s: missing metadata key 'general.architecture'", g->path);
+    return r > 0 ? 0 : -1;
+}
+
 int convert_gguf(const char *in, const char *out, int f32, const convert_progress *prog, convert_summary *sum,
                  verr *err) {
     gguf_file *g = gguf_open(in, err);
@@ -711,11 +718,7 @@ int convert_gguf(const char *in, const char *out, int f32, const convert_progres
     char *text[OUT_N] = {0};
     st_writer *w = NULL;
     int rc = -1, n_tensors = 0;
-    int r = gguf_get_str(g, "general.architecture", &hp.arch, err);
-    if (r <= 0) {
-        if (r == 0) verr_set(err, "%s: missing metadata key 'general.architecture'", g->path);
-        goto done;
-    }
+    if (read_arch(g, &hp, err)) goto done;
     if (!arch_class(hp.arch)) {
         verr_set(err, "%s: architecture '%s' is not supported (llama, qwen2, qwen3)", g->path, hp.arch);
         goto done;
@@ -751,11 +754,7 @@ int convert_gguf_tokenizer(const char *in, const char *out, verr *err) {
     cJSON *json[OUT_N] = {0};
     char *text[OUT_N] = {0};
     int rc = -1;
-    int r = gguf_get_str(g, "general.architecture", &hp.arch, err);
-    if (r <= 0) {
-        if (r == 0) verr_set(err, "%s: missing metadata key 'general.architecture'", g->path);
-        goto done;
-    }
+    if (read_arch(g, &hp, err)) goto done;
     if (load_hparams(g, &hp, err) || load_tok_ids(g, &ti, err) ||
         build_tokenizer(g, &ti, hp.n_ctx, &json[OUT_TOK], &json[OUT_TOKCFG], err)) goto done;
     if (!json[OUT_TOK]) {

@@ -12,17 +12,12 @@ import signal
 import subprocess
 import time
 
-from vtest import ROOT, TESTDATA, VARENT, check, done, expect_fail, skip, stories_dir, tmpdir, varent
+from vtest import ROOT, TESTDATA, VARENT, check, done, expect_fail, skip, stories_dir, tmpdir, varent, with_chat_template
 
 work = tmpdir("newcomer")
 base = stories_dir("f32")
 G = ["--temp", "0"]
-tpl = os.path.join(work, "chat-model")
-shutil.copytree(base, tpl)
-cfg_path = os.path.join(tpl, "tokenizer_config.json")
-cfg = json.load(open(cfg_path))
-cfg["chat_template"] = open(os.path.join(TESTDATA, "chat-templates", "meta-llama-Llama-2-chat.jinja")).read()
-json.dump(cfg, open(cfg_path, "w"))
+tpl = with_chat_template(base, os.path.join(work, "chat-model"))
 GGUF = os.path.join(TESTDATA, "gguf-tiny", "tiny.gguf")
 HF = os.path.join(TESTDATA, "gguf-tiny", "hf")
 

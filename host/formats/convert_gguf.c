@@ -745,27 +745,30 @@ done:
     return rc;
 }
 
+// The tokenizer files' texts (text[OUT_TOK], text[OUT_TOKCFG]) from the metadata: 1, 0
+// when the GGUF has no byte-level BPE vocabulary, -1 with err.
+static int tokenizer_texts(const gguf_file *g, char *text[OUT_N], verr *err) {
+    gguf_hparams hp = {0};
+    tok_ids ti;
+    cJSON *json[OUT_N] = {0};
+    int rc = read_arch(g, &hp, err) || load_hparams(g, &hp, err) || load_tok_ids(g, &ti, err) ||
+             build_tokenizer(g, &ti, hp.n_ctx, &json[OUT_TOK], &json[OUT_TOKCFG], err) ? -1 : 0;
+    if (rc == 0 && json[OUT_TOK]) rc = render_outputs(json, text, err) || check_tokenizer(g, text[OUT_TOK], err) ? -1 : 1;
+    for (int i = 0; i < OUT_N; i++) cJSON_Delete(json[i]);
+    return rc;
+}
+
 // The tokenizer alone: what convert_gguf writes of it, from the metadata (no tensor is read).
 int convert_gguf_tokenizer(const char *in, const char *out, verr *err) {
     gguf_file *g = gguf_open(in, err);
     if (!g) return -1;
-    gguf_hparams hp = {0};
-    tok_ids ti;
-    cJSON *json[OUT_N] = {0};
     char *text[OUT_N] = {0};
-    int rc = -1;
-    if (read_arch(g, &hp, err)) goto done;
-    if (load_hparams(g, &hp, err) || load_tok_ids(g, &ti, err) ||
-        build_tokenizer(g, &ti, hp.n_ctx, &json[OUT_TOK], &json[OUT_TOKCFG], err)) goto done;
-    if (!json[OUT_TOK]) {
-        rc = 0;
-        goto done;
+    int rc = tokenizer_texts(g, text, err);
+    if (rc == 1) {
+        model_dir_file files[2] = { { out_names[OUT_TOK], text[OUT_TOK] }, { out_names[OUT_TOKCFG], text[OUT_TOKCFG] } };
+        rc = model_dir_write(out, files, 2, NULL, err) ? -1 : 1;
     }
-    if (render_outputs(json, text, err) || check_tokenizer(g, text[OUT_TOK], err)) goto done;
-    model_dir_file files[2] = { { out_names[OUT_TOK], text[OUT_TOK] }, { out_names[OUT_TOKCFG], text[OUT_TOKCFG] } };
-    rc = model_dir_write(out, files, 2, NULL, err) ? -1 : 1;
-done:
-    for (int i = 0; i < OUT_N; i++) cJSON_Delete(json[i]), free(text[i]);
+    for (int i = 0; i < OUT_N; i++) free(text[i]);
     gguf_close(g);
     return rc;
 }

@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,8 @@ char *batch_settings_json(const char *model_arg, const gen_opts *g, const char *
                           const prompt_style *ps) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
-    cJSON_AddItemToObject(o, "model", str_or_null(model_arg));
+    char real[PATH_MAX];  // ./m and m are one model
+    cJSON_AddItemToObject(o, "model", str_or_null(model_arg && realpath(model_arg, real) ? real : model_arg));
     add_num(o, "max_tokens", g->max_new == 0x7fffffff ? -1 : g->max_new);
     cJSON_AddBoolToObject(o, "ignore_eos", g->ignore_eos);
     add_num(o, "temperature", g->sp.temperature);

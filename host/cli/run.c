@@ -1,13 +1,11 @@
 // run.c: `varent run` (generate text, for one prompt or a batch from a file) and
 // `varent logits` (dump logits).
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "host/cli/args.h"
@@ -296,9 +294,11 @@ static const cli_opt run_opts[] = {
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
-static const cli_opt *const run_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_llama_text, cli_opts_kv, cli_opts_tp,   cli_opts_lora, cli_opts_prompt, cli_opts_chat, cli_opts_raw,
-                                             cli_opts_sampling,  cli_opts_penalties, cli_opts_logit_bias, run_opts, cli_opts_entropix,
-                                             cli_opts_steer,     cli_opts_probe, NULL };
+static const cli_opt *const run_tables[] = { cli_opts_session,   cli_opts_llama,     cli_opts_llama_text, cli_opts_kv,
+                                             cli_opts_tp,        cli_opts_lora,      cli_opts_prompt,     cli_opts_chat,
+                                             cli_opts_raw,       cli_opts_sampling,  cli_opts_penalties,  cli_opts_logit_bias,
+                                             run_opts,           cli_opts_entropix,  cli_opts_steer,      cli_opts_probe,
+                                             NULL };
 
 const cli_spec cli_run_spec = {
     "run", "-m DIR [-p TEXT | -f FILE | --ids LIST | --prompts FILE [-o OUT.jsonl]] [options]",

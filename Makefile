@@ -33,7 +33,11 @@ endif
 # build/gen/config.mk on every make (rewritten only when the answer changes: make then
 # restarts on it, and the flags below rebuild what it changes, e.g. after `make test`
 # installed Open MPI on a tree `make run` built); `make LIBEDIT=0` builds without it.
+ifeq ($(filter-out clean,$(MAKECMDGOALS))$(filter clean,$(MAKECMDGOALS)),clean)
+  # `make clean` alone probes nothing and installs nothing
+else
 -include $(BUILD)/gen/config.mk
+endif
 $(BUILD)/gen/config.mk: FORCE | deps
 	@mkdir -p $(dir $@)
 	@{ if [ -e /usr/include/histedit.h ]; then echo 'HAVE_LIBEDIT := 1'; else echo 'HAVE_LIBEDIT := 0'; fi; \
@@ -81,6 +85,9 @@ all: deps $(BIN)
 # build needs, run what `make run` needs (the build without Open MPI), test what the
 # tests use too (make test installs them: numpy, jinja2, chromium, selenium, clang,
 # valgrind, tmux, ...).
+ifneq ($(filter run,$(MAKECMDGOALS)),)
+  DEPS_SET ?= run
+endif
 DEPS_SET ?= build
 deps:
 	@bash tools/install-deps.sh $(DEPS_SET)
@@ -148,7 +155,6 @@ test: test-deps all $(TEST_BIN) $(REPLAY_BIN)
 JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_GPU  = $(shell ls /dev/nvidia[0-9]* >/dev/null 2>&1 && echo 1)
 run:
-	@bash tools/install-deps.sh run
 	@if [ -n "$(NVCC)" ] && [ -z "$(RUN_GPU)" ]; then \
 	   echo "make run: no GPU here: the CPU build (make builds the CUDA backend too)" >&2; fi
 	@$(MAKE) --no-print-directory -j$(JOBS) DEPS_SET=run $(if $(RUN_GPU),,CUDA=0) $(BIN)

@@ -30,15 +30,21 @@ endif
 
 # libedit (line editing and history in `varent chat`, host/cli/repl.c) when libedit-dev
 # is installed; without it the chat reads plain lines. Probed after install-deps into
-# build/gen/config.mk (make restarts on it, and probes again when the Makefile changes);
-# `make LIBEDIT=0` builds without it.
+# build/gen/config.mk on every make (rewritten only when the answer changes: make then
+# restarts on it, and the flags below rebuild what it changes, e.g. after `make test`
+# installed Open MPI on a tree `make run` built); `make LIBEDIT=0` builds without it.
+ifeq ($(filter-out clean,$(MAKECMDGOALS))$(filter clean,$(MAKECMDGOALS)),clean)
+  # `make clean` alone probes nothing and installs nothing
+else
 -include $(BUILD)/gen/config.mk
-$(BUILD)/gen/config.mk: Makefile | deps
+endif
+$(BUILD)/gen/config.mk: FORCE | deps
 	@mkdir -p $(dir $@)
 	@{ if [ -e /usr/include/histedit.h ]; then echo 'HAVE_LIBEDIT := 1'; else echo 'HAVE_LIBEDIT := 0'; fi; \
 	   if command -v mpicc >/dev/null 2>&1 && mpicc --showme:compile >/dev/null 2>&1; then \
 	     echo 'HAVE_MPI := 1'; echo "MPI_CFLAGS := $$(mpicc --showme:compile)"; echo "MPI_LIBS := $$(mpicc --showme:link)"; \
-	   else echo 'HAVE_MPI := 0'; fi; } >$@
+	   else echo 'HAVE_MPI := 0'; fi; } >$@.new
+	@if cmp -s $@.new $@; then rm -f $@.new; else mv -f $@.new $@; fi
 ifeq ($(LIBEDIT),0)
   HAVE_LIBEDIT := 0
 endif
@@ -78,14 +84,35 @@ SAN      ?=
 CFLAGS   += $(SAN)
 LDLIBS   += $(SAN)
 
-.PHONY: all deps test tests run bench bench-cpu clean test-asan fuzz fuzz-build fuzz-seeds emu test-emu cli-docs trace-lib
+.PHONY: all deps test-deps test tests run bench bench-cpu clean test-asan fuzz fuzz-build fuzz-seeds emu test-emu \
+        cli-docs trace-lib FORCE
 all: deps $(BIN)
 
+# The Debian packages (tools/install-deps.sh): DEPS_SET=build (the default) what the
+# build needs, run what `make run` needs (the build without Open MPI), test what the
+# tests use too (make test installs them: numpy, jinja2, chromium, selenium, clang,
+# valgrind, tmux, ...).
+ifneq ($(filter run,$(MAKECMDGOALS)),)
+  DEPS_SET ?= run
+endif
+DEPS_SET ?= build
 deps:
-	@bash tools/install-deps.sh
+	@bash tools/install-deps.sh $(DEPS_SET)
+test-deps:
+	@bash tools/install-deps.sh test
 
 # Order-only: under make -j the compilers wait for install-deps (the headers it installs).
 $(BUILD)/host/cli/main.o $(LIB_OBJ) $(TEST_BIN): | deps
+
+# The flags the objects were compiled with: when they change (CUDA=0 after a CUDA
+# build, MPI installed since), every object and the binary are rebuilt, never mixed.
+FLAGS_STAMP := $(BUILD)/gen/flags
+$(FLAGS_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(CC) $(CFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDLIBS)' >$@.new
+	@if cmp -s $@.new $@; then rm -f $@.new; else mv -f $@.new $@; fi
+$(BUILD)/host/cli/main.o $(LIB_OBJ): $(FLAGS_STAMP)
+FORCE:
 
 # A change of the probe (or of LIBEDIT) recompiles the reader.
 $(BUILD)/host/cli/repl.o: $(BUILD)/gen/config.mk
@@ -126,11 +153,18 @@ $(BUILD)/tests/%: tests/c/%.c $(LIB_OBJ)
 	$(CC) $(CFLAGS) -o $@ $(filter %.c %.o,$^) $(LDLIBS)
 
 tests: $(TEST_BIN) $(REPLAY_BIN)
-test: all $(TEST_BIN) $(REPLAY_BIN)
+test: test-deps all $(TEST_BIN) $(REPLAY_BIN)
 	@PYTHON=$(PYTHON) BUILD=$(BUILD) VARENT=$(abspath $(BIN)) bash tests/run.sh $(T)
 
-# Default model: stories260K from tests/data until the real chat model lands.
-run: all
+# The demo (tools/run-default.sh): the packages the build needs but Open MPI, a build on
+# every core and, on a machine without a GPU, without the CUDA backend (its kernels take
+# minutes to compile; `make` and `make test` build it whenever nvcc is found).
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+RUN_GPU  = $(shell ls /dev/nvidia[0-9]* >/dev/null 2>&1 && echo 1)
+run:
+	@if [ -n "$(NVCC)" ] && [ -z "$(RUN_GPU)" ]; then \
+	   echo "make run: no GPU here: the CPU build (make builds the CUDA backend too)" >&2; fi
+	@$(MAKE) --no-print-directory -j$(JOBS) DEPS_SET=run $(if $(RUN_GPU),,CUDA=0) $(BIN)
 	@bash tools/run-default.sh
 
 # docs/cli.md is generated from the commands' option tables (tests/py/test_cli_help.py
@@ -227,7 +261,7 @@ test-emu: emu
 # aborts the process, which the tests see as a crash (docs/robustness.md).
 ASAN_BUILD ?= $(BUILD)/asan
 ASAN_SAN   := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer
-test-asan: deps
+test-asan: deps test-deps
 	ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 EMU_SCHEDULES=forward \
 	$(MAKE) CUDA=0 BUILD=$(ASAN_BUILD) BIN=$(ASAN_BUILD)/varent OPT=-O1 SAN="$(ASAN_SAN)" test

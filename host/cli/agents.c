@@ -95,7 +95,7 @@ static void read_args(args *a, agents_args *g) {
     g->so.threads = (int)args_int_range(a, "-t", 0, 1, cli_cpu_count());
     g->so.max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
     g->so.kv_bf16 = cli_kv_bf16(a);
-    g->so.weights_mmap = args_flag(a, "--mmap");
+    g->so.weights_mmap = args_bool(a, "--mmap", "--no-mmap", 0);
     cli_steer_opts(a, &g->so.steer);
     cli_ranks_replicas();  // under mpirun the ranks are replica groups (--tp: ranks per group)
     cli_ranks_session(a, &g->so);

@@ -84,6 +84,18 @@ static void set_err(args *a, const char *fmt, const char *x, const char *y) {
     if (!a->err[0]) snprintf(a->err, sizeof a->err, fmt, x, y);
 }
 
+// Is v one of the words of an optional value's metavar "[a|b|c]"?
+static int optval_word(const cli_opt *o, const char *v) {
+    const char *m = o->metavar + (o->metavar[0] == '[');
+    size_t len = strcspn(m, "]");
+    for (const char *p = m; p < m + len;) {
+        size_t n = strcspn(p, "|]");
+        if (strlen(v) == n && !strncmp(p, v, n)) return 1;
+        p += n + 1;
+    }
+    return 0;
+}
+
 // One argument at argv[*i] that starts with '-': an option occurrence, or an error.
 static void parse_option(args *a, int argc, char **argv, int *i) {
     const char *s = argv[*i], *val = NULL;
@@ -97,7 +109,12 @@ static void parse_option(args *a, int argc, char **argv, int *i) {
     char *name = a->occ[a->n].name;
     size_t n = val ? (size_t)(val - 1 - s) : strlen(s);
     snprintf(name, sizeof a->occ[a->n].name, "%.*s", (int)n, s);
-    if (val) {
+    if (o->flags & ARG_OPTVAL) {
+        if (val && !optval_word(o, val) && !a->err[0])
+            snprintf(a->err, sizeof a->err, "option %s takes %s (got '%.200s')", name, o->metavar, val);
+        if (val && !optval_word(o, val)) return;
+        if (!val && *i + 1 < argc && optval_word(o, argv[*i + 1])) val = argv[++*i];
+    } else if (val) {
         if (!o->metavar) return set_err(a, "option %s takes no value (got '%.200s')", name, val);
         if (strchr(o->metavar, ' ')) return set_err(a, "option %s takes two values (%s), not NAME=VALUE", name, o->metavar);
     } else if (o->metavar) {
@@ -211,6 +228,13 @@ int args_given(args *a, const char *names) {
     return o && last_of(a, o) >= 0;
 }
 
+const char *args_peek(args *a, const char *names) {
+    const char *bar = strchr(names, '|');
+    const cli_opt *o = lookup(a->spec, names, bar ? (size_t)(bar - names) : strlen(names));
+    int i = o ? last_of(a, o) : -1;
+    return i >= 0 ? a->occ[i].val : NULL;
+}
+
 const char *args_typed(args *a, const char *names) {
     const char *bar = strchr(names, '|');
     const cli_opt *o = lookup(a->spec, names, bar ? (size_t)(bar - names) : strlen(names));
@@ -220,9 +244,14 @@ const char *args_typed(args *a, const char *names) {
     return a->typed;
 }
 
-static void range_err(args *a, const char *name, const char *s, const char *lo, const char *hi, int lo_inf, int hi_inf) {
+// A number outside lo..hi. An unbounded side (hi_inf: INT_MAX or LONG_MAX stand for
+// "no limit") is left out of the message, unless the value is beyond it (above).
+static void range_err(args *a, const char *name, const char *s, const char *lo, const char *hi, int lo_inf, int hi_inf,
+                      int above) {
     if (a->err[0]) return;
-    if (hi_inf) snprintf(a->err, sizeof a->err, "%s %.100s: must be >= %s", name, s, lo);
+    if (above && hi_inf) snprintf(a->err, sizeof a->err, "%s %.100s: too large (at most %s)", name, s, hi);
+    else if (!above && lo_inf) snprintf(a->err, sizeof a->err, "%s %.100s: too small (at least %s)", name, s, lo);
+    else if (hi_inf) snprintf(a->err, sizeof a->err, "%s %.100s: must be >= %s", name, s, lo);
     else if (lo_inf) snprintf(a->err, sizeof a->err, "%s %.100s: must be <= %s", name, s, hi);
     else snprintf(a->err, sizeof a->err, "%s %.100s: must be in %s..%s", name, s, lo, hi);
 }
@@ -242,7 +271,7 @@ long args_int_range(args *a, const char *names, long def, long lo, long hi) {
     if (errno == ERANGE || v < lo || v > hi) {
         char l[32], h[32];
         snprintf(l, sizeof l, "%ld", lo), snprintf(h, sizeof h, "%ld", hi);
-        range_err(a, name, s, l, h, lo == LONG_MIN, hi == LONG_MAX || hi == INT_MAX);
+        range_err(a, name, s, l, h, lo == LONG_MIN, hi == LONG_MAX || hi == INT_MAX, v > hi || (errno == ERANGE && v > 0));
         return def;
     }
     return v;
@@ -269,7 +298,7 @@ double args_float_range(args *a, const char *names, double def, double lo, doubl
     if (!(v >= lo && v <= hi)) {
         char l[32], h[32];
         snprintf(l, sizeof l, "%g", lo), snprintf(h, sizeof h, "%g", hi);
-        range_err(a, name, s, l, h, lo == -HUGE_VAL, hi == HUGE_VAL);
+        range_err(a, name, s, l, h, lo == -HUGE_VAL, hi == HUGE_VAL, v > hi);
         return def;
     }
     return v;

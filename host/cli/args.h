@@ -21,7 +21,10 @@
 #define CLI_EXIT_RUNTIME 1
 #define CLI_EXIT_USAGE 2
 
-enum { ARG_REPEAT = 1 };  // cli_opt.flags: every occurrence is kept (args_each)
+// cli_opt.flags. ARG_REPEAT: every occurrence is kept (args_each). ARG_OPTVAL: the value
+// is optional, one of the words of metavar "[on|off|auto]": the next argument is taken
+// only when it is one of them (llama.cpp's -fa, -fa on).
+enum { ARG_REPEAT = 1, ARG_OPTVAL = 2 };
 
 typedef struct {
     const char *names;    // "-c|--ctx|--ctx-size": help shows them in this order
@@ -86,6 +89,9 @@ int args_flag(args *a, const char *names);
 int args_bool(args *a, const char *on, const char *off, int def);
 // 1 if the option was given (any value).
 int args_given(args *a, const char *names);
+// The value of an option given (the last one), or NULL, without reading it: for a
+// second look at an option its reader reads.
+const char *args_peek(args *a, const char *names);
 // The name as the user typed it of a given option (for messages), else its first name.
 const char *args_typed(args *a, const char *names);
 // The i-th positional argument, or NULL.

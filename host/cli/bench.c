@@ -21,6 +21,7 @@
 #include "host/cli/interp_opts.h"
 #include "host/cli/ranks.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/decode/generate.h"
 #include "host/runtime/session_cuda.h"
 #include "host/runtime/devices.h"
@@ -254,9 +255,9 @@ static void bench_host_sampler(session *s, const float *rows, int n_rows, double
 }
 
 static const cli_opt bench_opts[] = {
-    { "-n|--n-predict", "N", "sampling", "256", "tokens to decode per run", 0 },
-    { "--prompt-len", "N", "prompt", "512", "prompt tokens to prefill per run (random ids)", 0 },
-    { "--runs", "N", "output", "3", "runs; the medians are reported", 0 },
+    { "-n|--n-predict|--n-gen", "N", "sampling", "256", "tokens to decode per run", 0 },
+    { "-p|--prompt-len|--n-prompt", "N", "prompt", "512", "prompt tokens to prefill per run (random ids)", 0 },
+    { "-r|--runs|--repetitions", "N", "output", "3", "runs; the medians are reported", 0 },
     { "--sampler", "LIST", "entropix", "standard,entropix", "samplers to time in the full decode loop (standard, "
       "standard+metrics, entropix), or none", 0 },
     { "--profile", "NAME|FILE", "entropix", "seed", "entropix profile of the sampler runs: a stock name or a profile file NAME.json", 0 },
@@ -278,7 +279,7 @@ static const cli_opt bench_session_opts[] = {
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const bench_tables[] = { bench_session_opts, cli_opts_kv, cli_opts_tp, bench_opts, cli_opts_steer, NULL };
+static const cli_opt *const bench_tables[] = { bench_session_opts, cli_opts_llama, cli_opts_kv, cli_opts_tp, bench_opts, cli_opts_steer, NULL };
 const cli_spec cli_bench_spec = {
     "bench", "-m DIR [-n 256] [--prompt-len 512] [--runs 3] [options]",
     "Measure prefill and decode speed and the memory bandwidth achieved, then the decode loop per sampler.",
@@ -342,11 +343,11 @@ int cmd_bench(int argc, char **argv) {
     if (rc0 >= 0) return rc0;
     session_opts so = { 0 };
     so.model_dir = args_str(&a, "-m", NULL);
-    so.device = args_str(&a, "--device", "cpu");
+    so.device = cli_device(&a);
     so.threads = (int)args_int_range(&a, "-t", 0, 1, cli_cpu_count());
     so.max_batch = (int)args_int_range(&a, "-b", 0, 1, INT_MAX);
     so.kv_bf16 = cli_kv_bf16(&a);
-    so.weights_mmap = args_flag(&a, "--mmap");
+    so.weights_mmap = args_bool(&a, "--mmap", "--no-mmap", 0);
     cli_steer_opts(&a, &so.steer);  // what an intervention costs a step (tests/py/test_interp_cuda.py)
     cli_ranks_session(&a, &so);      // mpirun -np N varent bench: N ranks, --tp N
     int n = (int)args_int_range(&a, "-n", 256, 1, 1 << 24), plen = (int)args_int_range(&a, "--prompt-len", 512, 1, 1 << 24);

@@ -7,11 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "host/cli/args.h"
 #include "host/cli/ranks.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/prompts.h"
 #include "host/eval/builtin.h"
@@ -32,10 +34,11 @@ static const cli_opt calibrate_opts[] = {
     { "--name", "NAME", "profile", "calibrated", "the profile's name", 0 },
     { "-o|--out", "FILE", "output", "calibrated.json", "the profile (JSON; --profile FILE loads it)", 0 },
     { "--dump", "FILE", "output", NULL, "every measured token's six metrics as JSONL", 0 },
+    { "--force", NULL, "output", NULL, "replace an existing -o or --dump file", 0 },
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const calibrate_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, calibrate_opts, cli_opts_chat, cli_opts_steer, NULL };
+static const cli_opt *const calibrate_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp, calibrate_opts, cli_opts_chat, cli_opts_steer, NULL };
 const cli_spec cli_calibrate_spec = {
     "calibrate", "-m DIR [-f CORPUS.txt] [-o PROFILE.json] [options]",
     "An entropix profile whose thresholds sit at quantiles of the model's own metrics.",
@@ -50,7 +53,7 @@ typedef struct {
     session_opts so;
     const char *corpus, *out, *dump, *name;
     long max_tokens;
-    int n_gen, quiet;
+    int n_gen, quiet, force;
     uint64_t seed;
     double lo, hi;
     eval_prompter pr;
@@ -75,6 +78,18 @@ static void read_args(args *a, calib_args *c) {
     c->pr.think = !args_flag(a, "--no-think");
     c->pr.chat |= !c->pr.think || c->pr.system || c->pr.template_name;  // they only mean something in a chat prompt
     c->quiet = args_flag(a, "-q|--quiet");
+    c->force = args_flag(a, "--force");
+}
+
+// -o and --dump replace a file only with --force, checked before the model loads.
+static int check_outputs(const calib_args *c, verr *err) {
+    const char *paths[2] = { c->out, c->dump }, *flags[2] = { "-o", "--dump" };
+    for (int i = 0; i < 2 && !c->force; i++) {
+        struct stat st;
+        if (paths[i] && stat(paths[i], &st) == 0 && S_ISREG(st.st_mode))
+            return verr_set(err, "%s %s: the file exists (--force replaces it)", flags[i], paths[i]);
+    }
+    return 0;
 }
 
 static const char *const PROMPTS[] = {
@@ -140,7 +155,8 @@ static int measure_corpus(calib_args *c, session *s, calib_samples *out, verr *e
     free(text);
     if (n < 0) return -1;
     if (n < 3) return free(ids), verr_set(err, "%s: %d tokens; calibration needs at least 3", c->corpus, n);
-    if (!c->quiet) fprintf(stderr, "calibrate: %d corpus tokens, measuring %ld\n", n, c->max_tokens ? c->max_tokens : n - 1L);
+    long measured = c->max_tokens && c->max_tokens < n - 1L ? c->max_tokens : n - 1L;  // each after the first
+    if (!c->quiet) fprintf(stderr, "calibrate: measuring %ld tokens of %s\n", measured, c->corpus);
     int rc = calib_corpus(s, ids, n, c->max_tokens, out, err);
     free(ids);
     return rc;
@@ -193,6 +209,7 @@ int cmd_calibrate(int argc, char **argv) {
     if (!c.so.model_dir) return cli_usage_error("calibrate", "missing -m DIR (the model directory)");
     if (!(c.lo < c.hi)) return cli_usage_error("calibrate", "--low must be below --high");
     verr err = { { 0 } };
+    if (check_outputs(&c, &err)) return fail(err.msg);
     session s;
     if (session_open(&s, &c.so, &err)) return fail(err.msg);
     calib_samples cs = { 0 };

@@ -15,7 +15,9 @@
 #include "host/cli/commands.h"
 #include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
+#include "host/cli/prompts.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/util/interrupt.h"
 
 // --metrics-out and the captures (docs/research.md): the log gets one record per
@@ -60,19 +62,9 @@ typedef struct {
     int n, cap;
 } turn_out;
 
-// --metrics-out is checked before the model loads (a bad path fails early); metrics need
-// a profile for the quadrants (the default one, as `run` uses).
-static int capture_check_log(struct chat_capture *k, gen_opts *g, int force, verr *err) {
-    if (entropix_profile_load("seed", &k->ex.ex, err)) return -1;
-    g->ex = &k->ex.ex;
-    return entropix_cli_check(&k->ex, force, err);
-}
-
-// Once the session is open: the log, its callback and the probe (the files cover every
-// position: the last generated token of each reply is fed too).
-static int capture_start(struct chat_capture *k, session *s, gen_opts *g, int force, verr *err) {
-    if (entropix_cli_open(&k->ex, force, err)) return -1;
-    if (k->ex.log && entropix_cli_start(&k->ex, s, g, err)) return -1;
+// Once the session is open (and entropix_cli_start set the log's callback): the probe
+// (the files cover every position: the last generated token of each reply is fed too).
+static int capture_start(struct chat_capture *k, session *s, gen_opts *g, verr *err) {
     if (!probe_spec_active(&k->ps)) return 0;
     if (probe_open(&k->pr, &k->ps, s, err)) return -1;
     k->ex.probe = k->pr;
@@ -116,37 +108,56 @@ static int common_prefix(const int *cached, int n_cached, const int *ids, int n)
     return k;
 }
 
-// Drops the oldest turn after the system prompt: its user message and the replies up to
-// the next user message. 0 when nothing but the newest message is left.
-static int drop_oldest_turn(chat_conv *conv) {
-    int first = conv->n > 0 && !strcmp(conv->msgs[0].role, "system");
-    if (conv->n - first <= 1) return 0;
-    chat_remove_message(conv, first);
-    while (conv->n - first > 1 && strcmp(conv->msgs[first].role, "user") != 0) chat_remove_message(conv, first);
-    return 1;
+// How many messages the oldest turn after the system prompt spans in msgs[first..n):
+// its user message and the replies up to the next user message; 0 when nothing but the
+// newest message is left.
+static int oldest_turn(const chat_msg *msgs, int n, int first) {
+    if (n - first <= 1) return 0;
+    int k = 1;
+    while (n - first - k > 1 && strcmp(msgs[first + k].role, "user") != 0) k++;
+    return k;
 }
 
-// The prompt ids of the conversation, shifted until the prompt and room for a reply
-// (min(-n, ctx / 2) tokens) fit the context. -1 with err when even the newest message
-// alone does not fit.
+// The prompt ids of the conversation without its first `drop` messages after the system
+// prompt (a view: nothing is removed).
+static int ids_without(const chat_conv *conv, const session *s, int first, int drop, int **ids, verr *err) {
+    if (drop == 0) return chat_conv_ids(conv, s, ids, err);
+    chat_conv view = *conv;
+    if (!(view.msgs = malloc(sizeof *view.msgs * (size_t)conv->n))) return verr_set(err, "out of memory");
+    memcpy(view.msgs, conv->msgs, sizeof *view.msgs * (size_t)first);
+    memcpy(view.msgs + first, conv->msgs + first + drop, sizeof *view.msgs * (size_t)(conv->n - first - drop));
+    view.n = conv->n - drop;
+    int n = chat_conv_ids(&view, s, ids, err);
+    free(view.msgs);
+    return n;
+}
+
+// The prompt ids of the conversation, its oldest turns shifted out until the prompt and
+// room for a reply (min(-n, ctx / 2) tokens) fit the context. When even the newest
+// message alone does not fit, -1 with err, and the conversation is as it was.
 static int fit_context(chat_state *c, int **ids, verr *err) {
-    int ctx = c->s->ctx, reserve = c->g.max_new < ctx / 2 ? c->g.max_new : ctx / 2, dropped = 0, n;
+    chat_conv *conv = &c->conv;
+    int ctx = c->s->ctx, reserve = c->g.max_new < ctx / 2 ? c->g.max_new : ctx / 2, n;
+    int first = conv->n > 0 && !strcmp(conv->msgs[0].role, "system"), drop = 0, turns = 0;
     for (;;) {
-        n = chat_conv_ids(&c->conv, c->s, ids, err);
-        if (n < 0 || n + reserve <= ctx || !drop_oldest_turn(&c->conv)) break;
+        n = ids_without(conv, c->s, first, drop, ids, err);
+        int k = n < 0 || n + reserve <= ctx ? 0 : oldest_turn(conv->msgs + drop, conv->n - drop, first);
+        if (k == 0) break;
         free(*ids);
         *ids = NULL;
-        dropped++;
+        drop += k, turns++;
     }
-    if (dropped)
-        fprintf(stderr, "[context full (%d tokens): dropped the oldest %d turn%s%s]\n", ctx, dropped,
-                dropped == 1 ? "" : "s", c->system ? ", kept the system prompt" : "");
     if (n >= ctx) {
         free(*ids);
         *ids = NULL;
-        return verr_set(err, "this message makes a prompt of %d tokens, more than the context of %d holds (raise --ctx)",
-                        n, ctx);
+        return verr_set(err, "this message makes a prompt of %d tokens, more than the context of %d holds (raise "
+                             "--ctx); it was not sent, and the conversation is as it was", n, ctx);
     }
+    if (n < 0) return -1;
+    for (int i = 0; i < drop; i++) chat_remove_message(conv, first);
+    if (turns)
+        fprintf(stderr, "[context full (%d tokens): dropped the oldest %d turn%s%s]\n", ctx, turns, turns == 1 ? "" : "s",
+                c->system ? ", kept the system prompt" : "");
     return n;
 }
 
@@ -165,26 +176,41 @@ static void remember_cache(chat_state *c, const int *ids, int n, const turn_out 
     c->n_cached = c->s->kv.len;
 }
 
+// --stats: one reply's timings and the seed, then the quadrant counts.
+static void turn_stats(const chat_state *c, const gen_stats *st) {
+    fprintf(stderr, "[prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | seed %llu]\n", st->n_prompt,
+            st->n_prompt / (st->prefill_s > 0 ? st->prefill_s : 1e-9), st->n_gen,
+            st->n_gen > 1 ? (st->n_gen - 1) / st->decode_s : 0.0, (unsigned long long)c->g.seed);
+    entropix_cli_report(c->ex, st);
+}
+
+// One turn: -2 when the message was refused before anything changed (it does not fit
+// the context), -1 on another error.
 static int chat_turn(chat_state *c, verr *err) {
     int *ids = NULL, n = fit_context(c, &ids, err);
-    if (n < 0) return -1;
+    if (n < 0) return -2;
     session *s = c->s;
     int keep = common_prefix(c->cached, c->n_cached, ids, n);
     kv_cache_truncate(&s->kv, keep);
     turn_out out = { tokenizer_stream_new(s->tok, 1), NULL, 0, 0 };
     c->g.on_token = on_token, c->g.ud = &out;
+    c->g.context = ids, c->g.n_context = keep;  // the penalties see the whole conversation
     interrupt_install();  // Ctrl-C: stop this reply after the current token
     c->g.interrupt = interrupt_flag();
     gen_stats st = { 0 };
     long rows = c->cap ? probe_rows(c->cap->pr) : 0;
     if (c->cap) snprintf(c->cap->ex.tag, sizeof c->cap->ex.tag, "\"turn\":%d,", ++c->cap->turn);
+    cli_prefill bar = { .shown = 0 };
+    if (!c->cap || !c->cap->pr) cli_prefill_watch(&bar, &c->g);  // a capture sees each turn's prompt as one forward
     int rc = out.ts ? generate(s, ids + keep, n - keep, &c->g, &st, err) : verr_set(err, "out of memory");
+    cli_prefill_done(&bar);
     if (c->cap) capture_turn(c->cap, ids + keep, n - keep, out.ids, out.n, probe_rows(c->cap->pr) - rows);
     const char *tail;
     int k = rc == 0 ? tokenizer_stream_flush(out.ts, &tail) : 0;
     if (k > 0) fwrite(tail, 1, (size_t)k, stdout);
     printf("\n");
     fflush(stdout);
+    if (rc == 0 && c->stats) turn_stats(c, &st);
     if (rc == 0 && st.interrupted) fprintf(stderr, "[stopped]\n");
     else if (rc == 0 && st.hit_ctx) fprintf(stderr, "[the reply filled the context; the next turn drops the oldest]\n");
     remember_cache(c, ids, n, &out, rc == 0);
@@ -201,8 +227,11 @@ static void banner(const chat_state *c, const char *model_arg) {
     const model_config *m = &c->s->m.cfg;
     const sampler_params *p = &c->g.sp;
     fprintf(stderr, "varent chat: %s (%s, %.1f M params)\n", model_arg, m->arch_name, c->s->m.n_params / 1e6);
-    fprintf(stderr, "context %d tokens; replies up to %d tokens; sampler: ", c->s->ctx, c->g.max_new);
-    if (p->temperature == 0) fprintf(stderr, "greedy");
+    fprintf(stderr, "context %d tokens; ", c->s->ctx);
+    if (c->g.max_new == INT_MAX) fprintf(stderr, "replies until end of turn or a full context; sampler: ");
+    else fprintf(stderr, "replies up to %d tokens; sampler: ", c->g.max_new);
+    if (c->g.sampler == GEN_ENTROPIX) fprintf(stderr, "entropix (profile %s)", c->ex->ex.name);
+    else if (p->temperature == 0) fprintf(stderr, "greedy");
     else fprintf(stderr, "temp %g, top-p %g, top-k %d, min-p %g", p->temperature, p->top_p, p->top_k, p->min_p);
     fprintf(stderr, ", seed %llu\n", (unsigned long long)c->g.seed);
     if (c->system) fprintf(stderr, "system prompt: %s\n", c->system);
@@ -210,18 +239,24 @@ static void banner(const chat_state *c, const char *model_arg) {
             repl_editing(c->in) ? "" : " (no line editing: built without libedit)");
 }
 
-// A message that failed leaves the conversation as it was before it.
+// A message that failed leaves the conversation as it was before it (and one refused
+// before it ran, the cache too).
 static void send_message(chat_state *c, const char *text) {
     verr err = { { 0 } };
-    int before = c->conv.n;
-    if (chat_conv_add(&c->conv, "user", text, &err) == 0 && chat_turn(c, &err) == 0) return;
+    int before = c->conv.n, rc = chat_conv_add(&c->conv, "user", text, &err);
+    if (rc == 0 && (rc = chat_turn(c, &err)) == 0) return;
     fprintf(stderr, "varent chat: %s\n", err.msg);
     while (c->conv.n > before) chat_remove_message(&c->conv, c->conv.n - 1);
-    c->n_cached = 0;
+    if (rc != -2) c->n_cached = 0;
 }
 
-static int chat_loop(chat_state *c) {
+static int chat_loop(chat_state *c, const char *first) {
     int armed = 0;  // the last thing was a Ctrl-C at an empty prompt
+    if (first) {  // -p TEXT: the first message, shown as if typed
+        if (c->tty) printf("> %s\n", first), fflush(stdout);
+        send_message(c, first);
+        if (c->cap && c->cap->failed) return 1;
+    }
     for (;;) {
         const char *line;
         repl_status st = repl_read(c->in, "> ", "... ", &line);
@@ -254,15 +289,20 @@ static int chat_loop(chat_state *c) {
 
 static const cli_opt chat_cli_opts[] = {
     { "-n|--n-predict|--max-tokens", "N", "sampling", "512", "tokens per reply at most; -1: until EOS or a full context", 0 },
+    { "-p|--prompt", "TEXT", "prompt", NULL, "the first message, sent before the chat reads more (llama-cli's -cnv -p)", 0 },
+    { "-f|--file", "FILE", "prompt", NULL, "the first message from FILE", 0 },
     { "-sys|--system|--system-prompt", "TEXT", "chat", NULL, "system message, kept across /reset", 0 },
     { "--chat-template", "NAME", "chat", "the model's", "chat format instead of the detected one", 0 },
     { "--no-think", NULL, "chat", NULL, "Qwen3: an empty thinking block, no reasoning", 0 },
     { "--metrics-out", "FILE", "output", NULL, "per-token metrics as JSONL, one line per generated token, with its turn", 0 },
+    { "--stats", NULL, "output", NULL, "after each reply: its timings and the seed, and the quadrant counts, on stderr", 0 },
     { "--force", NULL, "output", NULL, "replace an existing --metrics-out, --dump-acts or --dump-attn file", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const chat_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,    cli_opts_lora,  chat_cli_opts, cli_opts_sampling,
-                                              cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, NULL };
+static const cli_opt *const chat_tables[] = { cli_opts_session,    cli_opts_llama, cli_opts_llama_text, cli_opts_kv,
+                                              cli_opts_tp,         cli_opts_lora,  chat_cli_opts,       cli_opts_sampling,
+                                              cli_opts_penalties,  cli_opts_logit_bias, cli_opts_entropix,  cli_opts_steer,
+                                              cli_opts_probe,      NULL };
 const cli_spec cli_chat_spec = {
     "chat", "-m DIR [options]", "Interactive multi-turn chat in the model's chat template.",
     "Type a message and Enter; /reset starts over, /quit (or end of input) leaves. Each turn reuses the\n"
@@ -270,55 +310,106 @@ const cli_spec cli_chat_spec = {
     chat_tables, NULL, NULL,
 };
 
+// What cmd_chat reads before the model loads.
+typedef struct {
+    session_opts so;
+    session_lora lora[CLI_MAX_LORA];
+    logit_bias bias[CLI_MAX_BIAS];
+    const char *system, *tmpl, *first, *first_file;
+    char *owned[2];  // the first message read from -f, and -e's copies
+    int think, force;
+    char bad[4400];  // the first bad value of -l, --lora or the entropix options
+} chat_args;
+
+static int chat_read(args *a, chat_args *o, chat_state *c, struct chat_capture *cap) {
+    cli_session_opts(a, &o->so);
+    int rc = cli_lora_opts(a, &o->so, o->lora, CLI_MAX_LORA, o->bad, sizeof o->bad);
+    cli_sampling_opts(a, &c->g);
+    cli_penalty_opts(a, &c->g.pen);
+    char msg[512];
+    if (cli_logit_bias(a, &c->g, o->bias, CLI_MAX_BIAS, msg, sizeof msg) && !rc) rc = -1, snprintf(o->bad, sizeof o->bad, "%s", msg);
+    long n_max = args_int_range(a, "-n", 512, -1, INT_MAX);
+    c->g.max_new = n_max < 0 ? INT_MAX : (int)n_max;
+    o->first = args_str(a, "-p", NULL), o->first_file = args_str(a, "-f", NULL);
+    o->system = args_str(a, "-sys", NULL), o->tmpl = args_str(a, "--chat-template", NULL);
+    cli_check_template(a, o->tmpl);
+    o->think = !args_flag(a, "--no-think"), o->force = args_flag(a, "--force");
+    c->stats = args_flag(a, "--stats");
+    c->g.want_metrics = c->stats;  // the quadrant counts under the standard sampler too
+    int escape = cli_llama_text_opts(a);
+    verr err = { { 0 } };
+    if (entropix_cli_read(a, &c->g, &cap->ex, &err) && !rc) rc = -1, snprintf(o->bad, sizeof o->bad, "%s", err.msg);
+    cap->ex.metrics_path = args_str(a, "--metrics-out", NULL);
+    cli_probe_opts(a, &cap->ps);
+    c->ex = &cap->ex;
+    if (escape && o->first && (o->owned[0] = strdup(o->first))) cli_unescape(o->owned[0]), o->first = o->owned[0];
+    if (escape && o->system && (o->owned[1] = strdup(o->system))) cli_unescape(o->owned[1]), o->system = o->owned[1];
+    return rc;
+}
+
+// Usage errors: CLI_EXIT_USAGE after the message, else 0.
+static int chat_check(args *a, chat_args *o, int bad_rc, const struct chat_capture *cap) {
+    char bad[256];
+    if (args_finish(a, 0)) return cli_usage_error("chat", "%s", a->err);
+    if (!o->so.model_dir) return cli_usage_error("chat", "missing -m MODEL (a model directory or a .gguf file)");
+    if (bad_rc) return cli_usage_error("chat", "%s", o->bad);
+    if (o->first && !o->first[0]) return cli_usage_error("chat", "-p: the first message is empty");
+    if (o->first && o->first_file) return cli_usage_error("chat", "give the first message either with -p or with -f, not both");
+    if (cli_probe_check(&cap->ps, "--metrics-out", cap->ex.metrics_path != NULL, 0, bad, sizeof bad))
+        return cli_usage_error("chat", "%s", bad);
+    return 0;
+}
+
+// -f FILE: the first message (one trailing newline dropped).
+static int read_first(chat_args *o, verr *err) {
+    if (!o->first_file) return 0;
+    const char *text;
+    char *owned;
+    if (cli_prompt_text(NULL, o->first_file, 0, &text, &owned, err)) return -1;
+    free(o->owned[0]);
+    o->owned[0] = owned, o->first = text;
+    return 0;
+}
+
 int cmd_chat(int argc, char **argv) {
     args a;
     int rc0 = args_init(&a, &cli_chat_spec, argc, argv);
     if (rc0 >= 0) return rc0;
-    session_opts so = { 0 };
-    cli_session_opts(&a, &so);
-    session_lora lora[CLI_MAX_LORA];
-    char lora_msg[4400], bad[256];
-    int lora_rc = cli_lora_opts(&a, &so, lora, CLI_MAX_LORA, lora_msg, sizeof lora_msg);
+    chat_args o = { 0 };
     chat_state c = { 0 };
-    cli_sampling_opts(&a, &c.g);
-    logit_bias bias[CLI_MAX_BIAS];
-    int bias_rc = cli_logit_bias(&a, &c.g, bias, CLI_MAX_BIAS, bad, sizeof bad);
-    long n_max = args_int_range(&a, "-n", 512, -1, INT_MAX);
-    c.g.max_new = n_max < 0 ? INT_MAX : (int)n_max;
-    const char *system = args_str(&a, "-sys", NULL), *tmpl = args_str(&a, "--chat-template", NULL);
-    int think = !args_flag(&a, "--no-think"), force = args_flag(&a, "--force");
     struct chat_capture cap = { 0 };
-    cap.ex.metrics_path = args_str(&a, "--metrics-out", NULL), cap.ex.sampler_name = "standard";
-    cli_probe_opts(&a, &cap.ps);
-    cap.ps.force = force;
-    if (args_finish(&a, 0)) return cli_usage_error("chat", "%s", a.err);
-    if (!so.model_dir) return cli_usage_error("chat", "missing -m MODEL (a model directory or a .gguf file)");
-    if (lora_rc) return cli_usage_error("chat", "%s", lora_msg);
-    if (bias_rc) return cli_usage_error("chat", "%s", bad);
-    if (cli_probe_check(&cap.ps, "--metrics-out", cap.ex.metrics_path != NULL, 0, bad, sizeof bad))
-        return cli_usage_error("chat", "%s", bad);
+    int rc = chat_check(&a, &o, chat_read(&a, &o, &c, &cap), &cap);
     verr err = { { 0 } };
+    if (rc == 0 && read_first(&o, &err)) rc = cli_error("chat", "%s", err.msg);
+    if (rc) return free(o.owned[0]), free(o.owned[1]), rc;
     if (cap.ex.metrics_path || probe_spec_active(&cap.ps)) c.cap = &cap;
-    if (c.cap && capture_check_log(&cap, &c.g, force, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
+    cap.ps.force = o.force;
+    // the metrics path is checked before the model loads and opened once it loaded (host/util/outfile.h)
+    if (entropix_cli_check(&cap.ex, o.force, &err)) return free(o.owned[0]), free(o.owned[1]), cli_error("chat", "%s", err.msg);
     session s;
-    if (session_open(&s, &so, &err)) return fprintf(stderr, "varent chat: %s\n", err.msg), 1;
+    if (session_open(&s, &o.so, &err)) {
+        free(o.owned[0]), free(o.owned[1]);
+        return cli_error("chat", "%s", err.msg);
+    }
     c.s = &s;
-    int rc = 1;
-    if (c.cap && capture_start(&cap, &s, &c.g, force, &err)) {
+    rc = 1;
+    if (entropix_cli_open(&cap.ex, o.force, &err) || entropix_cli_start(&cap.ex, &s, &c.g, &err) ||
+        (c.cap && capture_start(&cap, &s, &c.g, &err))) {
         fprintf(stderr, "varent chat: %s\n", err.msg);
-    } else if (chat_conv_init(&c.conv, &s, tmpl, think, &err) || (system && chat_set_system(&c, system, &err))) {
+    } else if (chat_conv_init(&c.conv, &s, o.tmpl, o.think, &err) || (o.system && chat_set_system(&c, o.system, &err))) {
         fprintf(stderr, "varent chat: %s\n", err.msg);
     } else if (!(c.in = repl_open())) {
         fprintf(stderr, "varent chat: out of memory\n");
     } else {
         c.tty = repl_tty(c.in);
-        if (c.tty) banner(&c, so.model_dir);
-        rc = chat_loop(&c);
+        if (c.tty) banner(&c, o.so.model_dir);
+        rc = chat_loop(&c, o.first);
     }
     repl_close(c.in);
     chat_conv_free(&c.conv);
     free(c.system), free(c.cached);
-    if (c.cap && capture_close(&cap, cli_outfile_end(rc)) && rc == 0) rc = 1;
+    if (capture_close(&cap, cli_outfile_end(rc)) && rc == 0) rc = 1;
     session_close(&s);
+    free(o.owned[0]), free(o.owned[1]);
     return rc;
 }

@@ -4,6 +4,7 @@
 #ifndef VARENT_CHAT_CMDS_H
 #define VARENT_CHAT_CMDS_H
 
+#include "host/cli/entropix_opts.h"
 #include "host/cli/repl.h"
 #include "host/decode/chat_prompt.h"
 #include "host/decode/generate.h"
@@ -18,6 +19,8 @@ typedef struct {
     repl *in;
     int tty;           // people at a terminal: confirmations, banner
     struct chat_capture *cap;  // --metrics-out and the captures (chat.c); NULL: none
+    const entropix_cli *ex;    // the sampler options (--sampler, --profile, ...)
+    int stats;                 // --stats: each reply's timings on stderr
 } chat_state;
 
 typedef enum { CHAT_CMD_DONE, CHAT_CMD_QUIT } chat_cmd_result;

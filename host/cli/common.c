@@ -4,6 +4,7 @@
 #include "host/util/interrupt.h"
 #include "host/util/seed.h"
 
+#include "host/cli/compat.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/ranks.h"
 #include "kernels/ops.h"
@@ -35,6 +36,7 @@ const cli_opt cli_opts_kv[] = {
       "reads at depth (the GPU's cache is bf16)", 0 },
     { "--gemm-inputs", "f32|bf16", "performance", "f32", "the CPU GEMM's activations (prefill, batches) with bf16 "
       "weights: bf16 rounds them as llama.cpp does, for vdpbf16ps (faster; the logits move, docs/benchmarks.md)", 0 },
+    { "--no-mmap", NULL, "performance", "on", "CPU: a copy of the weights in 2 MiB huge pages (llama.cpp's name)", 0 },
     { "--mmap", NULL, "performance", NULL, "CPU: read the weights from the file mapping instead of a copy in 2 MiB "
       "huge pages (less memory, slower decode: docs/benchmarks.md)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
@@ -67,6 +69,26 @@ const cli_opt cli_opts_sampling[] = {
     { "-s|--seed", "N", "sampling", "random", "sampling seed; -1: random (from the OS)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
+
+const cli_opt cli_opts_penalties[] = {
+    { "--repeat-penalty", "R", "sampling", "1", "divide the positive logits of the ids in the window by R, multiply the "
+      "negative ones (1: off)", 0 },
+    { "--presence-penalty", "P", "sampling", "0", "OpenAI's: take P off the logit of every id in the window (-2..2)", 0 },
+    { "--frequency-penalty", "F", "sampling", "0", "OpenAI's: take F times its count in the window off each id's logit "
+      "(-2..2)", 0 },
+    { "--repeat-last-n", "N", "sampling", "-1", "the window of those penalties: the last N ids, prompt included (-1: "
+      "all of them; 0: off)", 0 },
+    { "--no-repeat-ngram", "N", "sampling", "0", "never repeat an n-gram of this length (0: off)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+void cli_penalty_opts(args *a, sampler_penalties *p) {
+    p->repeat = (float)args_float_range(a, "--repeat-penalty", 1.0, 1e-6, 1e6);
+    p->presence = (float)args_float_range(a, "--presence-penalty", 0, -2, 2);
+    p->frequency = (float)args_float_range(a, "--frequency-penalty", 0, -2, 2);
+    p->last_n = (int)args_int_range(a, "--repeat-last-n", -1, -1, INT_MAX);
+    p->no_repeat_ngram = (int)args_int_range(a, "--no-repeat-ngram", 0, 0, 1 << 20);
+}
 
 const cli_opt cli_opts_prompt[] = {
     { "-p|--prompt", "TEXT", "prompt", NULL, "the prompt; - reads it from stdin (piped stdin is read without -p too)", 0 },
@@ -126,6 +148,24 @@ void cli_load_end(progress *pg, int ok) {
     else progress_stop(pg);
 }
 
+void cli_prefill_done(cli_prefill *p) {
+    if (p->shown) progress_stop(&p->pg);
+    p->shown = 0;
+}
+
+// The bar goes when the prefill is over: the text follows on the same terminal.
+static void on_prefill(void *ud, int done, int total) {
+    cli_prefill *p = ud;
+    if (done >= total) return cli_prefill_done(p);
+    if (!p->shown) progress_start(&p->pg, "prefill", total, 0), p->shown = 1;
+    progress_update(&p->pg, done, "prompt tokens");
+}
+
+void cli_prefill_watch(cli_prefill *p, gen_opts *g) {
+    p->shown = 0;
+    if (isatty(2)) g->on_prefill = on_prefill, g->prefill_ud = p;
+}
+
 int cli_kv_bf16(args *a) {
     const char *kv = args_str(a, "--kv-type", "f32"), *gi = args_str(a, "--gemm-inputs", NULL);
     if (strcmp(kv, "bf16") != 0 && strcmp(kv, "f32") != 0) args_bad(a, "--kv-type %s: f32 or bf16", kv);
@@ -139,16 +179,21 @@ void cli_session_opts(args *a, session_opts *o) {
     o->progress = &model_progress;
     o->ctx = (int)args_int_range(a, "-c", 0, 1, INT_MAX);
     o->threads = (int)args_int_range(a, "-t", 0, 1, cli_cpu_count());
-    o->device = args_str(a, "--device", "cpu");
+    o->device = cli_device(a);
     o->max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
     o->kv_bf16 = cli_kv_bf16(a);
-    o->weights_mmap = args_flag(a, "--mmap");
+    o->weights_mmap = args_bool(a, "--mmap", "--no-mmap", 0);
     cli_steer_opts(a, &o->steer);
     cli_ranks_session(a, o);
 }
 
 // Every rank of an MPI launch draws with rank 0's seed (a random one differs per rank).
 uint64_t cli_seed(args *a) { return cli_ranks_same(seed_of(a)); }
+
+int cli_seed_given(args *a) {
+    const char *s = args_peek(a, "-s");
+    return s && strcmp(s, "-1") != 0;
+}
 
 static uint64_t seed_of(args *a) {
     const char *s = args_str(a, "-s", NULL);
@@ -194,6 +239,16 @@ static char *read_stream(FILE *f, const char *what, verr *err) {
 
 static char *read_stdin(const char *what, verr *err) { return read_stream(stdin, what, err); }
 
+// -f FILE: a regular file (or - for stdin), text without NUL bytes.
+static char *read_prompt_file(const char *path, verr *err) {
+    if (!strcmp(path, "-")) return cli_read_all(path, err);
+    FILE *f = fileio_fopen_input(path, err);
+    if (!f) return NULL;
+    char *s = read_stream(f, path, err);
+    fclose(f);
+    return s;
+}
+
 static void drop_newline(char *s) {
     size_t n = strlen(s);
     if (n && s[n - 1] == '\n') s[--n] = 0;
@@ -204,13 +259,14 @@ int cli_prompt_text(const char *p, const char *file, int other_source, const cha
     *text = NULL, *owned = NULL;
     if (p && file) return verr_set(err, "give the prompt either with -p or with -f, not both");
     if ((p || file) && other_source) return verr_set(err, "give one prompt source: -p/-f or --ids or a prompts file");
+    if (p && !p[0]) return verr_set(err, "-p: the prompt is empty (leave -p out to start from BOS)");
     if (p && strcmp(p, "-") != 0) {
         *text = p;
         return 0;
     }
     char *s = NULL;
     if (file) {
-        s = cli_read_all(file, err);
+        s = read_prompt_file(file, err);
         if (s && strlen(s) == 0) {
             free(s);
             return verr_set(err, "-f %s: the file is empty", file);

@@ -21,6 +21,11 @@ extern const cli_opt cli_opts_tp_replicas[];  // cli_opts_tp without --devices (
 // --temp, --top-k, --top-p, --min-p, -s/--seed: the one set of defaults (host/decode/defaults.h).
 extern const cli_opt cli_opts_sampling[];
 
+// --repeat-penalty, --repeat-last-n, --presence-penalty, --frequency-penalty,
+// --no-repeat-ngram (host/runtime/sampler.h), read by cli_penalty_opts.
+extern const cli_opt cli_opts_penalties[];
+void cli_penalty_opts(args *a, sampler_penalties *p);
+
 // -p/--prompt, -f/--file, --ids (cli_prompt_text reads the first two).
 extern const cli_opt cli_opts_prompt[];
 
@@ -35,10 +40,21 @@ const model_path_progress *cli_model_progress(void);
 void cli_load_begin(progress *pg, int quiet);
 // ok: "load: done" (else the bar is cleared silently, an error follows).
 void cli_load_end(progress *pg, int ok);
+// A long prompt's prefill on the terminal: a "prefill" bar on stderr, chunk by chunk
+// (gen_opts.on_prefill), when stderr is a terminal; cli_prefill_done clears it before
+// the text.
+typedef struct {
+    progress pg;
+    int shown;
+} cli_prefill;
+void cli_prefill_watch(cli_prefill *p, gen_opts *g);
+void cli_prefill_done(cli_prefill *p);
 // The sampling options into g (the seed: --seed, or random when absent or -1).
 void cli_sampling_opts(args *a, gen_opts *g);
 // -s/--seed: the seed given, or a random one from the OS for -1 or none.
 uint64_t cli_seed(args *a);
+// 1 when -s/--seed N (not -1) is on the command line.
+int cli_seed_given(args *a);
 // The CPUs this process may run on (the most -t accepts).
 int cli_cpu_count(void);
 

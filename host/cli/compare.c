@@ -16,6 +16,7 @@
 #include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/util/interrupt.h"
 #include "host/util/outfile.h"
 #include "host/decode/perplexity.h"
@@ -42,7 +43,7 @@ static const cli_opt compare_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const compare_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora,       cli_opts_chat, cli_opts_sampling,
+static const cli_opt *const compare_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp, cli_opts_lora,       cli_opts_chat, cli_opts_sampling,
                                                  compare_opts,     cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_compare_spec = {
     "compare", "-m DIR (--prompts FILE | --prompt-csv FILE) [--samplers LIST] [options]",
@@ -326,23 +327,22 @@ typedef struct {
     int force;  // -o: replace an existing file
 } compare_args;
 
-static int run_all(session *s, const compare_args *c, const prompt_style *ps, const gen_opts *g, const prompt_list *pl,
-                   const sampler_spec *sp, int n_sp, row *rows, FILE *jsonl, compare_cap *cap, verr *err) {
+// The runs, prompt-major: each prompt under every sampler, a row each (written to jsonl
+// when given). 0, -1 with err, or 1 when Ctrl-C stopped it.
+static int generate_rows(session *s, const compare_args *c, const gen_opts *g, const prompt_list *pl, int **ids,
+                         const int *n, const sampler_spec *sp, int n_sp, row *rows, FILE *jsonl, compare_cap *cap,
+                         verr *err) {
     progress pg;
     progress_start(&pg, "compare", (long)pl->n * n_sp, c->quiet);
     const char *path = c->prompts ? c->prompts : c->csv;
     for (int i = 0, k = 0; i < pl->n; i++) {
-        int *ids = NULL, n = prompt_encode(s, ps, pl->text[i], &ids, err);
-        if (n < 0) return progress_stop(&pg), verr_set(err, "%s:%d: %.900s", path, pl->line[i], err->msg);
         for (int j = 0; j < n_sp; j++, k++) {
             rows[k].prompt = i, rows[k].sampler = j;
-            if (run_one(s, g, &sp[j], ids, n, &rows[k], cap, i, err)) {
-                free(ids);
+            if (run_one(s, g, &sp[j], ids[i], n[i], &rows[k], cap, i, err)) {
                 progress_stop(&pg);
                 return verr_set(err, "%s:%d: %s: %.900s", path, pl->line[i], sp[j].name, err->msg);
             }
             if (rows[k].r.st.interrupted) {
-                free(ids);
                 progress_finish(&pg, "interrupted");
                 verr_set(err, "interrupted after %d of %d runs%s", k, pl->n * n_sp, c->out ? "; finished rows are in " : "");
                 return 1;
@@ -364,10 +364,20 @@ static int run_all(session *s, const compare_args *c, const prompt_style *ps, co
             snprintf(detail, sizeof detail, "prompt %d %.48s: %d tokens", i + 1, sp[j].name, rows[k].r.n);
             progress_update(&pg, k + 1, detail);
         }
-        free(ids);
     }
     progress_finish(&pg, NULL);
     return 0;
+}
+
+static int run_all(session *s, const compare_args *c, const prompt_style *ps, const gen_opts *g, const prompt_list *pl,
+                   const sampler_spec *sp, int n_sp, row *rows, FILE *jsonl, compare_cap *cap, verr *err) {
+    const char *path = c->prompts ? c->prompts : c->csv;
+    int **ids = calloc((size_t)pl->n, sizeof *ids), *n = calloc((size_t)pl->n, sizeof *n);
+    int rc = !ids || !n ? verr_set(err, "out of memory") : prompts_encode_all(s, ps, pl, path, ids, n, err);
+    if (rc == 0) rc = generate_rows(s, c, g, pl, ids, n, sp, n_sp, rows, jsonl, cap, err);
+    for (int i = 0; ids && i < pl->n; i++) free(ids[i]);
+    free(ids), free(n);
+    return rc;
 }
 
 static int compare(const compare_args *c, const session_opts *so, const gen_opts *g, const prompt_style *ps,

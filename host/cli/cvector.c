@@ -10,6 +10,7 @@
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/cli/prompts.h"
 #include "host/runtime/cvector.h"
 
@@ -22,7 +23,7 @@ static const cli_opt cvector_opts[] = {
     { "-o|--out", "FILE", "output", NULL, "the control vector, llama.cpp GGUF (required)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const cvector_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cvector_opts, cli_opts_chat, cli_opts_steer, NULL };
+static const cli_opt *const cvector_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp, cvector_opts, cli_opts_chat, cli_opts_steer, NULL };
 const cli_spec cli_cvector_spec = {
     "cvector", "-m DIR --positive P.txt --negative N.txt [--method mean|pca] -o FILE.gguf [options]",
     "A control vector (llama.cpp's GGUF format) from contrasting prompts.",

@@ -24,9 +24,6 @@ const cli_opt cli_opts_entropix[] = {
     { "--attn-layer", "N", "entropix", "the last", "layer of the attention metrics (-1: the last)", 0 },
     { "--clarifier-token", "ID", "entropix", "\" ...\" encoded", "the token HELV inserts", 0 },
     { "--branch", "K:B", "entropix", "off", "LEHV branching: K candidates, B steps each", 0 },
-    { "--no-repeat-ngram", "N", "sampling", "0", "never repeat an n-gram of this length (0: off)", 0 },
-    { "--repeat-penalty", "R", "sampling", "1", "divide the logits of tokens already seen by R (1: off)", 0 },
-    { "--metrics-out", "FILE", "output", NULL, "per-token metrics as JSONL, one line per token", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
@@ -48,11 +45,8 @@ int entropix_cli_read(args *a, gen_opts *g, entropix_cli *c, verr *err) {
     c->sampler_name = args_str(a, "--sampler", "standard");
     const char *profile = args_str(a, "--profile", "seed"), *cfg = args_str(a, "--sampler-config", NULL);
     const char *branch = args_str(a, "--branch", NULL);
-    c->metrics_path = args_str(a, "--metrics-out", NULL);
     g->attn_layer = (int)args_int_range(a, "--attn-layer", -1, -1, 4095);
     g->attn_layer_given = g->attn_layer != -1;  // -1 (or absent): the last layer
-    g->no_repeat_ngram = (int)args_int_range(a, "--no-repeat-ngram", 0, 0, 1 << 20);
-    g->repeat_penalty = (float)args_float_range(a, "--repeat-penalty", 1.0, 1e-6, 1e6);
     c->clarifier = (int)args_int_range(a, "--clarifier-token", -1, -1, 1 << 30);
     // every --set is read before anything is checked (args_finish then sees them read)
     const char *sets[64];

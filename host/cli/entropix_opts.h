@@ -1,8 +1,9 @@
 // entropix_opts.h: the sampler options `varent run` shares with other commands:
 //   --sampler standard|entropix  --profile NAME  --sampler-config FILE.json
 //   --set KEY=VALUE (repeatable)  --attn-layer N  --clarifier-token ID
-//   --no-repeat-ngram N  --repeat-penalty R  --branch K:B  --metrics-out FILE.jsonl
-// and the per-token metrics log (one JSON object per line, flushed per line).
+//   --branch K:B
+// and the per-token metrics log of --metrics-out (each command has that option itself;
+// one JSON object per line, flushed per line).
 #ifndef VARENT_ENTROPIX_CLI_H
 #define VARENT_ENTROPIX_CLI_H
 
@@ -15,7 +16,7 @@
 
 typedef struct {
     entropix_config ex;
-    const char *metrics_path, *sampler_name;
+    const char *metrics_path, *sampler_name;  // metrics_path: set by the command after entropix_cli_read
     int clarifier;   // -1: from the tokenizer
     outfile out;     // --metrics-out (records; host/util/outfile.h)
     FILE *log;       // out.f while open, else NULL

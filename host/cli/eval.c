@@ -13,6 +13,7 @@
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/prompts.h"
@@ -56,7 +57,7 @@ static const cli_opt eval_opts[] = {
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const eval_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,  cli_opts_lora, eval_opts, cli_opts_chat,
+static const cli_opt *const eval_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp,  cli_opts_lora, eval_opts, cli_opts_chat,
                                               cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_eval_spec = {
     "eval", "-m DIR --tasks LIST [--samplers LIST] [options]",
@@ -353,11 +354,27 @@ static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr
     return 0;
 }
 
+// The progress detail: this task's trials so far and how many were right ("arith: 7 of
+// 12 right"), counted afresh when the task changes.
+typedef struct {
+    const char *task;
+    long done, right;
+} task_tally;
+
+static void tally_item(task_tally *t, const eval_ctx *c, int i, char *detail, size_t len) {
+    const eval_item *it = &c->set->it[i];
+    if (!t->task || strcmp(t->task, it->task) != 0) t->task = it->task, t->done = t->right = 0;
+    for (long k = (long)i * c->e->repeats * c->n_arms; k < (long)(i + 1) * c->e->repeats * c->n_arms; k++)
+        if (c->res[k].done) t->done++, t->right += c->res[k].correct;
+    snprintf(detail, len, "%.60s: %ld of %ld right", it->task, t->right, t->done);
+}
+
 // Every item, repeat and arm under the bar pg. 1 when interrupted (the finished
 // trials are kept).
 static int run_items(eval_ctx *c, progress *pg, int first, verr *err) {
     const eval_set *set = c->set;
-    long done = 0, right = 0;
+    long done = 0;
+    task_tally tally = { 0 };
     for (int i = first; i < set->n; i++) {  // items keep their index (and seed) when skipping
         const eval_item *it = &set->it[i];
         int *ids = NULL, n = eval_prompt_ids(&c->e->pr, c->s, it, &ids, err);
@@ -367,14 +384,14 @@ static int run_items(eval_ctx *c, progress *pg, int first, verr *err) {
             for (int a = 0; rc == 0 && a < c->n_arms; a++) {
                 if (interrupt_requested()) rc = 1;
                 else rc = run_gen(c, i, r, a, ids, n, err);
-                if (rc == 0) done++, right += c->res[((long)i * c->e->repeats + r) * c->n_arms + a].correct;
+                if (rc == 0) done++;
             }
         free(ids);
         if (rc < 0) return verr_set(err, "%s item %d%s%.0d: %.900s", it->task, i, it->line ? " line " : "", it->line, err->msg);
         int e = c->jsonl ? write_error(c->jsonl) : 0;
         if (e) return verr_set(err, "-o %s: write failed: %s", c->e->out, strerror(e));
         char detail[96];
-        snprintf(detail, sizeof detail, "%s: %ld right", it->task, right);
+        tally_item(&tally, c, i, detail, sizeof detail);
         progress_update(pg, done, detail);
         if (rc == 1) return 1;
     }

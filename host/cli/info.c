@@ -58,6 +58,11 @@ int cmd_info(int argc, char **argv) {
     if (model_path_resolve(dir, cli_model_progress(), &mp, &err) || model_load(&m, mp.dir, &err))
         return cli_error("info", "%s", err.msg);
     const model_config *c = &m.cfg;
+    tp_shard plan;
+    if (tp && tp_shard_plan(c, 0, tp, &plan, &err)) {  // before the block: the error is the answer
+        model_free(&m);
+        return cli_error("info", "%s", err.msg);
+    }
     size_t kv_per_pos = (size_t)2 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
     printf("model:          %s%s%s\n", dir, mp.gguf ? " -> " : "", mp.gguf ? mp.dir : "");
     printf("architecture:   %s (%s)\n", c->arch_name, config_arch_label(c->arch));

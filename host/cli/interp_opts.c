@@ -71,6 +71,9 @@ static void read_cvecs(args *a, steer_spec *sp) {
             return;
         }
         sp->range_given = 1;
+        if (sp->n_cvec == 0)
+            bad(a, "option %s: no control vector to apply it to (--control-vector FILE, --control-vector-scaled FILE "
+                   "SCALE)%s", "--control-vector-layer-range", "");
     }
 }
 

@@ -111,10 +111,9 @@ int main(int argc, char **argv) {
     outfile_set_notice(print_notice);
     if (argc < 2) return usage(stderr), CLI_EXIT_USAGE;
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return help(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
-        version();
-        return 0;
-    }
+    if (!strcmp(argv[1], "version")) return version(), 0;
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)  // --version anywhere: `varent run --version`
+        if (!strcmp(argv[i], "--version")) return version(), 0;
     const command *c = find_command(argv[1]);
     if (c) return cli_ranks_end(check_progress(c->spec->name, c->fn(argc - 2, argv + 2)));
     fprintf(stderr, "varent: unknown command '%s' (varent help lists the commands)\n", argv[1]);

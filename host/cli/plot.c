@@ -48,6 +48,7 @@ const cli_spec cli_plot_spec = {
 
 #define W 1000
 #define H 1010
+#define H_ENTROPY_ONLY 540  // a log without varentropy: the entropy panel and the legend
 #define LEFT 70.0
 #define RIGHT (W - 30.0)
 
@@ -163,10 +164,6 @@ static void series(svg *s, const plot_log *l, const entropix_config *c, int whic
                           "stroke-dasharray=\"2 3\"/>\n", f.x0, fy(&f, t[i]), f.x1, fy(&f, t[i]));
             svg_text(s, f.x1 - 2, fy(&f, t[i]) - 3, "text-anchor=\"end\" font-size=\"9\" fill=\"#666\"", "%g", t[i]);
         }
-    if (which && l->n_varentropy == 0) {
-        svg_text(s, (f.x0 + f.x1) / 2, (f.y0 + f.y1) / 2, "text-anchor=\"middle\" fill=\"#666\"",
-                 "this log has no varentropy per token");
-    }
     double r = l->n > 2000 ? 1.2 : l->n > 500 ? 1.8 : 2.6;
     svg_printf(s, "<polyline class=\"trace\" fill=\"none\" stroke=\"#bbb\" stroke-width=\"0.7\" points=\"");
     for (int i = 0; i < l->n; i++)
@@ -213,8 +210,6 @@ static void scatter(svg *s, const plot_log *l, const entropix_config *c, double 
         if (isfinite(t->varentropy)) mark(s, t, i, fx(&f, t->entropy), fy(&f, t->varentropy), 3);
     }
     svg_printf(s, "</g>\n");
-    if (l->n_varentropy == 0)
-        svg_text(s, (f.x0 + f.x1) / 2, (f.y0 + f.y1) / 2, "text-anchor=\"middle\" fill=\"#666\"", "no varentropy in this log");
 }
 
 static void legend(svg *s, const plot_log *l, const entropix_config *c, double x, double y) {
@@ -247,19 +242,25 @@ static void legend(svg *s, const plot_log *l, const entropix_config *c, double x
     svg_text(s, x, y + 16, "font-size=\"10\" fill=\"#555\"", "(entropy and varentropy bounds only)");
     if (l->agents)
         svg_text(s, x, y + 32, "font-size=\"10\" fill=\"#555\"", "agents log: entropy of the chosen proposal's distribution");
+    if (l->n_varentropy == 0)
+        svg_text(s, x, y + 48, "font-size=\"10\" fill=\"#555\"", "no varentropy in this log: the entropy panel alone");
 }
 
 static void draw(svg *s, const plot_log *l, const entropix_config *c, const char *title) {
     int n_rb = 0;
     for (int e = 0; e < l->n_ev; e++) n_rb += l->ev[e].kind == EV_ROLLBACK;
-    svg_begin(s, W, H);
+    svg_begin(s, W, l->n_varentropy > 0 ? H : H_ENTROPY_ONLY);
     svg_text(s, LEFT, 24, "font-size=\"15\" font-weight=\"bold\"", "%s", title);
     svg_text(s, RIGHT, 24, "text-anchor=\"end\" fill=\"#555\"", "%d %s, %d rollbacks, profile %s", l->n,
              l->agents ? "steps" : "tokens", n_rb, c->name);
     series(s, l, c, 0, 60, 260);
-    series(s, l, c, 1, 320, 520);
-    scatter(s, l, c, 580, 960);
-    legend(s, l, c, LEFT + 520, 600);
+    if (l->n_varentropy > 0) {
+        series(s, l, c, 1, 320, 520);
+        scatter(s, l, c, 580, 960);
+        legend(s, l, c, LEFT + 520, 600);
+    } else {  // an agents log: no panel would be left empty
+        legend(s, l, c, LEFT, 320);
+    }
     svg_end(s);
 }
 
@@ -371,7 +372,8 @@ int cmd_plot(int argc, char **argv) {
     if (plot_log_read(&l, in, &err)) return fail(err.msg);
     char def_title[512];
     const char *base = strrchr(in, '/');
-    snprintf(def_title, sizeof def_title, "%s: entropy and varentropy per token", base ? base + 1 : in);
+    snprintf(def_title, sizeof def_title, "%s: %s per token", base ? base + 1 : in,
+             l.n_varentropy > 0 ? "entropy and varentropy" : "entropy");
     draw(&s, &l, &c, title ? title : def_title);
     int rc = png ? write_png(&s, out, &err) : write_svg(&s, out, &err);
     svg_free(&s);

@@ -14,6 +14,7 @@
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/util/fileio.h"
 #include "host/decode/perplexity.h"
 #include "host/util/json_out.h"
@@ -34,7 +35,7 @@ static const cli_opt ppl_opts[] = {
     { "--force", NULL, "output", NULL, "replace an existing --dump-acts or --dump-attn file", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const ppl_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, ppl_opts, cli_opts_steer, cli_opts_probe, NULL };
+static const cli_opt *const ppl_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp, cli_opts_lora, ppl_opts, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_ppl_spec = {
     "ppl", "-m DIR -f TEXT [--ctx N] [--stride S | --protocol llamacpp [--chunks N]] [--json]",
     "Perplexity of a text file with its standard error, in sliding windows of --ctx tokens.",
@@ -49,6 +50,7 @@ typedef struct {
     const session *s;
     const int *ids;
     int n, next;               // the text's tokens; the next one --per-token writes
+    long scored;               // tokens scored so far: the progress
     outfile out;               // --per-token; out.f NULL without
     tokenizer_stream *ts;
     probe *pr;
@@ -57,10 +59,13 @@ typedef struct {
     long n_fed, cap_fed;
 } ppl_run;
 
+// The progress counts scored tokens: each as it is scored, the running perplexity after
+// each window.
 static int on_window(void *ud, int w, int n_windows, const ppl_result *r) {
     ppl_run *wr = ud;
-    snprintf(wr->detail, sizeof wr->detail, "ppl %.4f +/- %.4f", r->ppl, r->ppl_se);
-    progress_update(&wr->p, w + 1, wr->detail);
+    snprintf(wr->detail, sizeof wr->detail, "window %d of %d, ppl %.4f +/- %.4f", w + 1, n_windows, r->ppl, r->ppl_se);
+    wr->scored = r->n_scored;
+    progress_update(&wr->p, wr->scored, wr->detail);
     return 0;
 }
 
@@ -94,6 +99,7 @@ static int per_token_line(ppl_run *r, int i, double logp, int scored) {
 
 static int on_token(void *ud, int i, double logp) {
     ppl_run *r = ud;
+    progress_update(&r->p, ++r->scored, r->detail);
     if (!r->out.f) return 0;
     for (; r->next < i; r->next++)
         if (per_token_line(r, r->next, NAN, 0)) return -1;
@@ -203,7 +209,10 @@ static int score_text(session *s, const int *ids, int n, const ppl_args *pa, ver
     // each: a forward per position, so that every query's attention and lens are captured
     ppl_watch w = { on_window, on_feed, on_token, pa->ps.attn_layers || pa->ps.attn_path || pa->ps.logit_lens, &run };
     ppl_result r;
-    progress_start(&run.p, "ppl", n_windows, pa->quiet);
+    // the tokens to score: every one but the first, or the second half of each chunk (bar its first)
+    long total = pa->llamacpp ? (long)n_windows * (s->ctx - s->ctx / 2 - 1) : n - 1L;
+    run.detail[0] = 0;
+    progress_start(&run.p, "ppl", total, pa->quiet);
     if (rc == 0) rc = pa->llamacpp ? ppl_eval_chunks(s, ids, n, s->ctx, bos, pa->chunks, &w, &r, err)
                                    : ppl_eval(s, ids, n, s->ctx, pa->step, &w, &r, err);
     if (run_close(&run, rc == 0, err) && rc == 0) rc = -1;

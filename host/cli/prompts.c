@@ -202,12 +202,34 @@ const cli_opt cli_opts_chat[] = {
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
+void cli_check_template(args *a, const char *name) {
+    chat_format f;
+    verr err;
+    if (name && chat_format_from_name(name, &f, &err)) args_bad(a, "--chat-template: %s", err.msg);
+}
+
 void prompt_style_read(args *a, prompt_style *ps) {
     ps->chat = args_flag(a, "--chat");
     ps->think = !args_flag(a, "--no-think");
     ps->system = args_str(a, "--system", NULL);
     ps->template_name = args_str(a, "--chat-template", NULL);
+    cli_check_template(a, ps->template_name);
     ps->chat |= !ps->think || ps->system || ps->template_name;  // they only mean something in a chat prompt
+}
+
+const cli_opt cli_opts_raw[] = {
+    { "--raw|-no-cnv|--no-conversation", NULL, "chat", NULL, "the prompt is plain text, even when the model has a chat "
+      "template", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+void prompt_style_read_raw(args *a, prompt_style *ps) { ps->raw = args_flag(a, "--raw"); }
+
+int prompt_style_auto(const session *s, prompt_style *ps) {
+    if (ps->chat || ps->raw || !s->tok) return 0;
+    const char *t = tokenizer_chat_template(s->tok);
+    if (!t || chat_detect(t).kind == CHAT_UNKNOWN) return 0;
+    return ps->chat = 1;
 }
 
 int prompt_encode(session *s, const prompt_style *ps, const char *text, int **ids, verr *err) {
@@ -220,4 +242,16 @@ int prompt_encode(session *s, const prompt_style *ps, const char *text, int **id
     int n = rc == 0 ? chat_conv_ids(&conv, s, ids, err) : -1;
     chat_conv_free(&conv);
     return n;
+}
+
+int prompts_encode_all(session *s, const prompt_style *ps, const prompt_list *pl, const char *path, int **ids, int *n,
+                       verr *err) {
+    for (int i = 0; i < pl->n; i++) {
+        n[i] = prompt_encode(s, ps, pl->text[i], &ids[i], err);
+        if (n[i] < 0) return verr_set(err, "%s:%d: %.900s", path, pl->line[i], err->msg);
+        if (n[i] >= s->ctx)
+            return verr_set(err, "%s:%d: the prompt is %d tokens but the context holds %d (raise --ctx)", path,
+                            pl->line[i], n[i], s->ctx);
+    }
+    return 0;
 }

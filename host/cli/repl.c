@@ -213,6 +213,9 @@ static repl_status edit_line(repl *r, const char *prompt, const char **line, siz
     }
     if (!s || k <= 0) return REPL_EOF;
     *line = s, *n = chomp(s, (size_t)k);
+    // A paste's first line ends the edit before libedit draws it or moves on (no Enter
+    // was typed): it is drawn here, after the prompt already on the screen.
+    if (r->pasted) printf("%.*s\n", (int)*n, s), fflush(stdout);
     return REPL_LINE;
 }
 #endif

@@ -1,18 +1,18 @@
 // run.c: `varent run` (generate text, for one prompt or a batch from a file) and
 // `varent logits` (dump logits).
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "host/cli/args.h"
+#include "host/cli/batch_resume.h"
 #include "host/cli/commands.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/decode/batch.h"
 #include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
@@ -27,6 +27,12 @@
 #include "host/decode/stopstr.h"
 
 static int fail(const char *cmd, const char *msg) { return cli_error(cmd, "%s", msg); }
+
+// A text prompt became a user turn by default (prompt_style_auto): said once, on stderr.
+static void chat_note(void) {
+    fprintf(stderr, "varent run: the model has a chat template: the prompt is a user turn in it (--raw or -no-cnv "
+                    "for plain text)\n");
+}
 
 typedef struct {
     session *s;
@@ -114,10 +120,14 @@ typedef struct {
     const char *lines_path, *csv_path, *out_path;
     int quiet, stats;
     int force, resume;  // -o: replace an existing file / continue it
+    int seed_given;     // --seed N (not -1): a resumed file's seed must be N
+    char *settings;     // every record's "settings" (host/cli/batch_resume.h)
 } batch_args;
 
-// One record, flushed: 0, or the errno of a failed write.
-static int write_result(FILE *f, int i, const prompt_list *pl, const batch_result *r, uint64_t seed) {
+// One record, flushed: 0, or the errno of a failed write. chat: the prompt was a user
+// turn in the chat template.
+static int write_result(FILE *f, int i, const prompt_list *pl, const batch_result *r, uint64_t seed, int chat,
+                        const char *settings) {
     errno = 0;
     fprintf(f, "{\"index\":%d,\"line\":%d,\"prompt\":", i, pl->line[i]);
     json_out_str(f, pl->text[i]);
@@ -128,30 +138,19 @@ static int write_result(FILE *f, int i, const prompt_list *pl, const batch_resul
     for (int k = 0; k < r->n; k++) fprintf(f, k ? ",%d" : "%d", r->ids[k]);
     fprintf(f, "],\"tokens\":%d,\"prompt_tokens\":%d,\"tok_per_s\":", r->st.n_gen, r->st.n_prompt);
     json_out_num(f, batch_tok_s(r));
-    fprintf(f, ",\"seed\":%llu,\"stop\":\"%s\",", (unsigned long long)seed, batch_stop_reason(r));
+    fprintf(f, ",\"seed\":%llu,\"stop\":\"%s\",\"chat\":%s,\"settings\":%s,", (unsigned long long)seed,
+            batch_stop_reason(r), chat ? "true" : "false", settings);
     batch_json_metrics(f, r);
     fputs("}\n", f);
     if (fflush(f) != 0 || ferror(f)) return errno ? errno : EIO;
     return 0;
 }
 
-// Encodes every prompt up front, so a prompt that cannot run fails before any output.
-static int encode_all(session *s, const prompt_style *ps, const prompt_list *pl, const char *path, int **ids, int *n,
-                      verr *err) {
-    for (int i = 0; i < pl->n; i++) {
-        n[i] = prompt_encode(s, ps, pl->text[i], &ids[i], err);
-        if (n[i] < 0) return verr_set(err, "%s:%d: %.900s", path, pl->line[i], err->msg);
-        if (n[i] >= s->ctx)
-            return verr_set(err, "%s:%d: the prompt is %d tokens but the context holds %d (raise --ctx)", path,
-                            pl->line[i], n[i], s->ctx);
-    }
-    return 0;
-}
-
 // 0, -1 with err, or 1 when Ctrl-C stopped it (*done prompts were written). where
 // names f in messages ("-o PATH" or "stdout").
 static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, int **ids, const int *n, FILE *f,
-                        const char *where, const unsigned char *skip, int quiet, long *n_tok, int *done, verr *err) {
+                        const char *where, const unsigned char *skip, int quiet, int chat, const char *settings,
+                        long *n_tok, int *done, verr *err) {
     progress pg;
     progress_start(&pg, "run", pl->n, quiet);
     for (int i = 0; i < pl->n; i++) {
@@ -164,7 +163,7 @@ static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, in
             return 1;
         }
         progress_pause(&pg);  // a record on a terminal's stdout must not share the bar's line
-        int werr = write_result(f, i, pl, &r, g->seed);
+        int werr = write_result(f, i, pl, &r, g->seed, chat, settings);
         progress_resume(&pg);
         if (werr) {
             batch_result_free(&r);
@@ -182,57 +181,33 @@ static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, in
     return 0;
 }
 
-// --resume: marks skip[i] for every index already recorded in path, after checking
-// that each record belongs to this prompt list. 0, or -1 with err naming the line.
-static int read_done(const char *path, const prompt_list *pl, unsigned char *skip, int *n_done, verr *err) {
-    struct stat sb;
-    if (stat(path, &sb) != 0 && errno == ENOENT) return 0;
-    verr why;
-    FILE *f = fileio_fopen_input(path, &why);  // a FIFO or device holds nothing to resume
-    if (!f) return verr_set(err, "--resume: %.900s", why.msg);
-    char *line = NULL;
-    size_t cap = 0;
-    int rc = 0;
-    for (int no = 1; rc == 0 && getline(&line, &cap, f) > 0; no++) {
-        if (!strchr(line, '\n')) break;  // a partial last record: dropped when the file is opened
-        cJSON *j = cJSON_Parse(line);
-        const cJSON *idx = cJSON_GetObjectItemCaseSensitive(j, "index");
-        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-        int k;
-        if (json_in_int32(idx, 0, pl->n - 1, &k) || !cJSON_IsString(prompt))
-            rc = verr_set(err, "%s:%d: not a record of this batch (no index below %d with a prompt); not resuming",
-                          path, no, pl->n);
-        else if (strcmp(prompt->valuestring, pl->text[k]) != 0)
-            rc = verr_set(err, "%s:%d: record %d has another prompt than the prompt file; not resuming", path, no, k);
-        else if (!skip[k]) {
-            skip[k] = 1;
-            *n_done += 1;
-        }
-        cJSON_Delete(j);
-    }
-    free(line);
-    fclose(f);
-    return rc;
-}
-
 // -o: records appended and flushed one by one, so Ctrl-C or a signal keeps the
-// finished ones; --resume continues such a file, --force replaces it. Checked before the
-// model loads (a bad path fails early) and opened once every prompt encodes (a FIFO is
+// finished ones; --resume continues such a file (with its settings and seed: g->seed
+// becomes the recorded one), --force replaces it. Checked, and its records read, before
+// the model loads (a bad path fails early); opened once every prompt encodes (a FIFO is
 // opened only for a run that will write to it).
 static outfile_opts batch_out_opts(const batch_args *b) {
     return (outfile_opts){ .records = 1, .force = b->force, .resume = b->resume, .can_resume = 1, .flag = "-o" };
 }
 
-static int open_batch_out(const batch_args *b, const prompt_list *pl, outfile *out, unsigned char **skip,
-                          int *n_done, verr *err) {
+// Before the model loads: the path checked and --resume's records read. 1 when every
+// prompt is done already.
+static int check_batch_out(const batch_args *b, const prompt_list *pl, batch_done *d, gen_opts *g, verr *err) {
     if (!b->out_path) return 0;
     if (b->resume) {
-        *skip = calloc((size_t)pl->n, 1);
-        if (!*skip) return verr_set(err, "out of memory");
-        if (read_done(b->out_path, pl, *skip, n_done, err)) return -1;
+        if (batch_done_read(b->out_path, pl, d, err) || batch_done_check(d, b->settings, b->out_path, err)) return -1;
+        if (d->has_seed && b->seed_given && d->seed != g->seed)
+            return verr_set(err, "--resume: %s was written with seed %llu, this run has --seed %llu; resume without "
+                            "--seed (or with its seed), or start over with --force", b->out_path,
+                            (unsigned long long)d->seed, (unsigned long long)g->seed);
+        if (d->has_seed) g->seed = d->seed;
+        if (d->n_done == pl->n) return 1;
+        if (d->n_done > 0 && !b->quiet)
+            fprintf(stderr, "varent run: resuming %s: %d of %d prompts done; seed %llu%s\n", b->out_path, d->n_done,
+                    pl->n, (unsigned long long)g->seed, d->has_seed ? " (its records')" : "");
     }
     outfile_opts oo = batch_out_opts(b);
-    return outfile_open(out, b->out_path, &oo, err);
+    return outfile_check(b->out_path, &oo, err);
 }
 
 // The end of -o: finished records are kept after Ctrl-C or a failure (--resume continues
@@ -247,17 +222,20 @@ static int close_batch_out(outfile *out, int rc, int done, verr *err) {
     return rc;
 }
 
-static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, entropix_cli *ex,
-                     const prompt_style *ps) {
+static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, entropix_cli *ex, prompt_style *ps) {
     const char *path = b->lines_path ? b->lines_path : b->csv_path;
     verr err = { { 0 } };
     prompt_list pl;
     if ((b->lines_path ? prompts_read_lines : prompts_read_csv)(&pl, path, &err)) return fail("run", err.msg);
     outfile out = { 0 };
-    unsigned char *skip = NULL;
-    int n_before = 0;
-    outfile_opts oo = batch_out_opts(b);
-    if (b->out_path && outfile_check(b->out_path, &oo, &err)) return prompts_free(&pl), fail("run", err.msg);
+    batch_done d = { 0 };
+    int checked = check_batch_out(b, &pl, &d, g, &err), n_before = d.n_done;
+    if (checked == 1) fprintf(stderr, "varent run: nothing to do: %d of %d prompts are done in %s\n", d.n_done, pl.n,
+                              b->out_path);
+    if (checked) {
+        batch_done_free(&d), prompts_free(&pl);
+        return checked == 1 ? 0 : fail("run", err.msg);
+    }
     progress pg;
     cli_load_begin(&pg, b->quiet);
     session s;
@@ -272,11 +250,16 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
         cli_load_end(&pg, 0);
     } else {
         cli_load_end(&pg, 1);
-        rc = encode_all(&s, ps, &pl, path, ids, n, &err);
-        if (rc == 0) rc = open_batch_out(b, &pl, &out, &skip, &n_before, &err);
+        if (prompt_style_auto(&s, ps) && !b->quiet) chat_note();
+        rc = prompts_encode_all(&s, ps, &pl, path, ids, n, &err);
+        if (rc == 0 && b->out_path) {
+            outfile_opts oo = batch_out_opts(b);
+            rc = outfile_open(&out, b->out_path, &oo, &err);
+        }
         if (rc == 0) rc = entropix_cli_start(ex, &s, g, &err);
         if (rc == 0)
-            rc = generate_all(&s, g, &pl, ids, n, out.f ? out.f : stdout, out.f ? out.shown : "stdout", skip, b->quiet, &n_tok, &done, &err);
+            rc = generate_all(&s, g, &pl, ids, n, out.f ? out.f : stdout, out.f ? out.shown : "stdout", d.skip, b->quiet,
+                              ps->chat, b->settings, &n_tok, &done, &err);
         session_close(&s);
     }
     int had_out = out.f != NULL;
@@ -289,7 +272,8 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
         fprintf(stderr, "batch: %d prompts, %ld tokens in %.2f s | seed %llu\n", pl.n, n_tok, gen_now() - t0,
                 (unsigned long long)g->seed);
     for (int i = 0; ids && i < pl.n; i++) free(ids[i]);
-    free(ids), free(n), free(skip);
+    free(ids), free(n);
+    batch_done_free(&d);
     prompts_free(&pl);
     return rc == 1 ? (fail("run", err.msg), INTERRUPT_EXIT) : rc ? fail("run", err.msg) : 0;
 }
@@ -311,9 +295,11 @@ static int start_probe(const probe_spec *p, session *s, gen_opts *g, entropix_cl
 static const cli_opt run_opts[] = {
     { "-n|--n-predict|--max-tokens", "N", "sampling", "256", "tokens to generate at most; -1: until EOS or a full context", 0 },
     { "--ignore-eos", NULL, "sampling", NULL, "go on past end-of-sequence tokens (up to -n)", 0 },
+    { "--metrics-out", "FILE", "output", NULL, "per-token metrics as JSONL, one line per token", 0 },
     { "-r|--reverse-prompt|--stop", "TEXT", "sampling", NULL, "stop before TEXT, which is not printed (the server's stop)",
       ARG_REPEAT },
-    { "-cnv|--conversation|-i|--interactive", NULL, "chat", NULL, "the interactive chat: varent chat with these options", 0 },
+    { "-cnv|--conversation|-i|--interactive", NULL, "chat", NULL, "the interactive chat: varent chat with these "
+      "options (-p TEXT: its first message)", 0 },
     { "--prompts", "FILE", "prompt", NULL, "batch: one prompt per line", 0 },
     { "--prompt-csv", "FILE", "prompt", NULL, "batch: the prompt column of a CSV file", 0 },
     { "-o|--out", "FILE", "output", "stdout", "batch: JSONL results, each record flushed as its prompt finishes", 0 },
@@ -327,16 +313,20 @@ static const cli_opt run_opts[] = {
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
-static const cli_opt *const run_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp,   cli_opts_lora, cli_opts_prompt, cli_opts_chat,
-                                             cli_opts_sampling,  cli_opts_logit_bias, run_opts, cli_opts_entropix,
-                                             cli_opts_steer,     cli_opts_probe, NULL };
+static const cli_opt *const run_tables[] = { cli_opts_session,   cli_opts_llama,     cli_opts_llama_text, cli_opts_kv,
+                                             cli_opts_tp,        cli_opts_lora,      cli_opts_prompt,     cli_opts_chat,
+                                             cli_opts_raw,       cli_opts_sampling,  cli_opts_penalties,  cli_opts_logit_bias,
+                                             run_opts,           cli_opts_entropix,  cli_opts_steer,      cli_opts_probe,
+                                             NULL };
 
 const cli_spec cli_run_spec = {
     "run", "-m DIR [-p TEXT | -f FILE | --ids LIST | --prompts FILE [-o OUT.jsonl]] [options]",
     "Generate text from a prompt, or from each prompt of a file (a batch).",
     "The text streams to stdout. Without -p, -f or --ids, a piped stdin is the prompt; with none at all,\n"
-    "generation starts from BOS. A batch writes one JSONL record per prompt (to -o FILE or stdout), each\n"
-    "generated exactly as a single run with the same options and seed would be.",
+    "generation starts from BOS. When the model has a chat template, a text prompt is a user turn in it\n"
+    "(as llama-cli's conversation mode, one turn; a note on stderr says so): --raw (-no-cnv) keeps it plain\n"
+    "text. A batch writes one JSONL record per prompt (to -o FILE or stdout), each generated exactly as a\n"
+    "single run with the same options and seed would be.",
     run_tables, NULL, NULL,
 };
 
@@ -354,7 +344,9 @@ typedef struct {
     char bad[4400];                   // a bad --lora or -l value
     int bad_rc;
     const char *ids_arg, *p, *file, *stop[16];
-    int n_stop, display, verbose, conversation;
+    int n_stop, display, verbose, conversation, escape;
+    char *escaped[18];  // -e: the unescaped copies of -p, --system and -r (freed by run_free)
+    int n_escaped;
 } run_args;
 
 static void run_read(args *a, run_args *r) {
@@ -374,10 +366,15 @@ static void run_read(args *a, run_args *r) {
         else r->n_stop = 17;
     r->conversation = args_flag(a, "-cnv");
     r->ex_rc = entropix_cli_read(a, &r->g, &r->ex, &r->xerr);
+    r->ex.metrics_path = args_str(a, "--metrics-out", NULL);
+    cli_penalty_opts(a, &r->g.pen);
     prompt_style_read(a, &r->chat);
+    prompt_style_read_raw(a, &r->chat);
+    r->escape = cli_llama_text_opts(a);
     cli_probe_opts(a, &r->ps);
     r->b = (batch_args){ args_str(a, "--prompts", NULL), args_str(a, "--prompt-csv", NULL), args_str(a, "-o", NULL),
-                         args_flag(a, "-q"), args_flag(a, "--stats"), args_flag(a, "--force"), args_flag(a, "--resume") };
+                         args_flag(a, "-q"), args_flag(a, "--stats"), args_flag(a, "--force"), args_flag(a, "--resume"),
+                         cli_seed_given(a), NULL };
     r->ps.force = r->b.force;
     r->display = args_bool(a, "--display-prompt", "--no-display-prompt", 0);
     r->verbose = args_flag(a, "-v");
@@ -391,7 +388,11 @@ static int run_check(const run_args *r) {
     if (r->n_stop > 16) return cli_usage_error("run", "-r: at most 16 stop strings");
     for (int i = 0; i < r->n_stop; i++)
         if (!r->stop[i][0]) return cli_usage_error("run", "-r: a stop string is empty");
+    if (r->p && !r->p[0]) return cli_usage_error("run", "-p: the prompt is empty (leave -p out to start from BOS)");
     if (r->p && r->file) return cli_usage_error("run", "give the prompt either with -p or with -f, not both");
+    if (r->chat.raw && r->chat.chat)
+        return cli_usage_error("run", "--raw (-no-cnv) is plain text, --chat (--system, --chat-template, --no-think) "
+                                      "the chat template: give one of them");
     if (r->ids_arg && (r->p || r->file)) return cli_usage_error("run", "give either --ids or -p/-f, not both");
     if (r->ids_arg && r->chat.chat) return cli_usage_error("run", "--chat renders text: give the message with -p, not --ids");
     if (b->lines_path && b->csv_path) return cli_usage_error("run", "give either --prompts or --prompt-csv, not both");
@@ -416,11 +417,12 @@ static int run_check(const run_args *r) {
     return 0;
 }
 
-// -cnv/-i: `varent chat` with the other arguments; the chat reads its messages itself.
+// -cnv/-i: `varent chat` with the other arguments; -p or -f is its first message (as
+// llama-cli takes it), then the chat reads its messages itself.
 static int run_as_chat(const run_args *r, int argc, char **argv) {
-    if (r->p || r->file || r->ids_arg)
-        return cli_usage_error("run", "-cnv/-i starts the interactive chat, which reads the messages from the terminal: "
-                                      "drop -p/-f/--ids (-sys TEXT sets the system message)");
+    if (r->ids_arg)
+        return cli_usage_error("run", "-cnv/-i starts the interactive chat, whose messages are text: drop --ids "
+                                      "(-p TEXT is the first message, -sys TEXT the system message)");
     char **rest = malloc(sizeof(char *) * (size_t)(argc + 1));
     if (!rest) return cli_error("run", "out of memory");
     int n = 0, opts = 1;
@@ -469,6 +471,25 @@ static void display_prompt(const session *s, const char *text, const int *ids, i
     free(t);
 }
 
+// Where the prompt came from, for messages: "-f FILE", "-p", "--ids" or "stdin".
+static void prompt_source(const run_args *r, char *buf, size_t len) {
+    if (r->file) snprintf(buf, len, "-f %s", r->file);
+    else snprintf(buf, len, "%s", r->ids_arg ? "--ids" : r->p && strcmp(r->p, "-") != 0 ? "-p" : "stdin");
+}
+
+// The prompt's ids: -1 with err naming where the prompt came from when it cannot run.
+static int single_prompt(run_args *r, session *s, const char *text, int **ids, verr *err) {
+    if (!r->ids_arg && text && prompt_style_auto(s, &r->chat)) chat_note();
+    int n = r->chat.chat ? prompt_encode(s, &r->chat, text, ids, err) : prompt_ids(s, r->ids_arg, text, ids, err);
+    if (n >= 0 && n < s->ctx) return n;
+    char where[4200], why[sizeof err->msg];
+    prompt_source(r, where, sizeof where);
+    snprintf(why, sizeof why, "%s", err->msg);
+    if (n < 0) return verr_set(err, "%.300s: %s", where, why);
+    return verr_set(err, "%.300s: the prompt is %d tokens but the context holds %d (raise --ctx, up to %d)", where, n,
+                    s->ctx, s->m.cfg.max_pos);
+}
+
 // One prompt, streamed to stdout.
 static int run_single(run_args *r, const char *text) {
     verr err = { { 0 } };
@@ -479,7 +500,7 @@ static int run_single(run_args *r, const char *text) {
     r->g.interrupt = interrupt_flag();
     if (session_open(&s, &r->so, &err)) return fail("run", err.msg);
     int *ids = NULL, rc = 0;
-    int n = r->chat.chat ? prompt_encode(&s, &r->chat, text, &ids, &err) : prompt_ids(&s, r->ids_arg, text, &ids, &err);
+    int n = single_prompt(r, &s, text, &ids, &err);
     run_out out = { .s = &s, .ts = s.tok ? tokenizer_stream_new(s.tok, 1) : NULL };
     stopstr_init(&out.stop, r->stop, r->n_stop);
     r->g.on_token = print_token, r->g.ud = &out, r->g.want_metrics = r->b.stats;
@@ -493,12 +514,19 @@ static int run_single(run_args *r, const char *text) {
         if (out.ts) tokenizer_stream_continue(out.ts);
     }
     gen_stats st;
-    if (n < 0 || generate(&s, ids, n, &r->g, &st, &err) || probe_check(pr, &err)) {
+    cli_prefill bar = { .shown = 0 };
+    if (!probe_spec_active(&r->ps)) cli_prefill_watch(&bar, &r->g);  // a capture sees the prompt as one forward
+    int gen_rc = n < 0 ? -1 : generate(&s, ids, n, &r->g, &st, &err);
+    cli_prefill_done(&bar);
+    if (gen_rc || probe_check(pr, &err)) {
         rc = fail("run", err.msg);
     } else {
         print_tail(&out);
         printf("\n");
         fflush(stdout);  // the text before the stats line, even when both go to one terminal
+        if (st.hit_ctx)
+            fprintf(stderr, "varent run: context full after %d tokens (they and the prompt's %d fill --ctx %d; raise "
+                    "it)\n", st.n_gen, st.n_prompt, s.ctx);
         if (r->b.stats) run_stats(&s, &st, r->g.seed), entropix_cli_report(ex, &st);
         rc = run_finish(ex, &st);
     }
@@ -512,6 +540,42 @@ static int run_single(run_args *r, const char *text) {
     return rc;
 }
 
+// -e: a copy of s with its escapes processed (kept in r->escaped), or s.
+static const char *unescaped(run_args *r, const char *s) {
+    if (!r->escape || !s || r->n_escaped == (int)(sizeof r->escaped / sizeof *r->escaped)) return s;
+    char *c = strdup(s);
+    if (!c) return s;
+    cli_unescape(c);
+    return r->escaped[r->n_escaped++] = c;
+}
+
+static void run_free(run_args *r) {
+    for (int i = 0; i < r->n_escaped; i++) free(r->escaped[i]);
+    free(r->b.settings);
+}
+
+// The batch: its settings, recorded in every record for --resume (host/cli/batch_resume.h).
+static int run_batch_cmd(run_args *r) {
+    r->b.settings = batch_settings_json(r->so.model_dir, &r->g, r->ex.sampler_name, r->ex.ex.name, &r->chat);
+    if (!r->b.settings) return cli_error("run", "out of memory");
+    return run_batch(&r->b, &r->so, &r->g, &r->ex, &r->chat);
+}
+
+static int run_main(run_args *r) {
+    if (r->b.lines_path || r->b.csv_path) return run_batch_cmd(r);
+    verr err = { { 0 } };
+    const char *text;
+    char *owned;
+    if (cli_prompt_text(r->p, r->file, r->ids_arg != NULL, &text, &owned, &err)) return fail("run", err.msg);
+    if (r->chat.chat && !text) {
+        free(owned);
+        return cli_usage_error("run", "--chat needs a user message: -p TEXT, -f FILE or stdin");
+    }
+    int rc = run_single(r, unescaped(r, text));
+    free(owned);
+    return rc;
+}
+
 int cmd_run(int argc, char **argv) {
     args a;
     int rc = args_init(&a, &cli_run_spec, argc, argv);
@@ -520,19 +584,10 @@ int cmd_run(int argc, char **argv) {
     run_read(&a, &r);
     if (r.conversation) return run_as_chat(&r, argc, argv);
     if (args_finish(&a, 0)) return cli_usage_error("run", "%s", a.err);
-    if ((rc = run_check(&r))) return rc;
-    if (r.ex_rc) return cli_usage_error("run", "%s", r.xerr.msg);
-    if (r.b.lines_path || r.b.csv_path) return run_batch(&r.b, &r.so, &r.g, &r.ex, &r.chat);
-    verr err = { { 0 } };
-    const char *text;
-    char *owned;
-    if (cli_prompt_text(r.p, r.file, r.ids_arg != NULL, &text, &owned, &err)) return fail("run", err.msg);
-    if (r.chat.chat && !text) {
-        free(owned);
-        return cli_usage_error("run", "--chat needs a user message: -p TEXT, -f FILE or stdin");
-    }
-    rc = run_single(&r, text);
-    free(owned);
+    r.chat.system = unescaped(&r, r.chat.system);
+    for (int i = 0; i < r.n_stop && i < 16; i++) r.stop[i] = unescaped(&r, r.stop[i]);
+    if ((rc = run_check(&r)) == 0) rc = r.ex_rc ? cli_usage_error("run", "%s", r.xerr.msg) : run_main(&r);
+    run_free(&r);
     return rc;
 }
 
@@ -543,7 +598,7 @@ static const cli_opt logits_opts[] = {
     { "--force", NULL, "output", NULL, "replace an existing --dump-acts or --dump-attn file", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const logits_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, logits_opts, cli_opts_steer,
+static const cli_opt *const logits_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp, cli_opts_lora, logits_opts, cli_opts_steer,
                                                 cli_opts_probe, NULL };
 const cli_spec cli_logits_spec = {
     "logits", "-m DIR --ids 1,2,3 -o FILE [options]",

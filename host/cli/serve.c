@@ -14,6 +14,7 @@
 #include "host/cli/commands.h"
 #include "host/cli/interp_opts.h"
 #include "host/cli/common.h"
+#include "host/cli/compat.h"
 #include "host/decode/defaults.h"
 #include "host/serve/server.h"
 
@@ -48,7 +49,7 @@ static const cli_opt serve_opts[] = {
       "here --dump-acts and --dump-attn name directories, a file per choice: capture N choices at most", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
-static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_kv, cli_opts_tp, cli_opts_lora, serve_opts, cli_opts_steer, cli_opts_probe, NULL };
+static const cli_opt *const serve_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp, cli_opts_lora, serve_opts, cli_opts_steer, cli_opts_probe, NULL };
 const cli_spec cli_serve_spec = {
     "serve", "-m DIR [--host 127.0.0.1] [--port 8080] [--parallel N] [options]",
     "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions) with a live entropy page.",

@@ -11,6 +11,7 @@
 #include "host/cli/args.h"
 #include "host/cli/ranks.h"
 #include "host/cli/commands.h"
+#include "host/formats/model_path.h"
 #include "host/util/fileio.h"
 #include "host/util/err.h"
 #include "tokenizer/chat.h"
@@ -162,7 +163,13 @@ static int render_and_print(const char *tpath, const char *mpath, const char *na
     char *out = NULL, *mtext = NULL;
     int n = 0, rc = -1;
     chat_format f;
-    if (tpath && load_template(&ts, tpath, err)) goto done;
+    char dir[4096];
+    int tmp = 0;
+    if (tpath && model_path_tokenizer(tpath, dir, sizeof dir, &tmp, err)) goto done;
+    int bad = tpath && load_template(&ts, dir, err);
+    model_path_tokenizer_done(dir, tmp);
+    if (tmp && tpath) snprintf(ts.src, sizeof ts.src, "%s (metadata tokenizer.chat_template)", tpath);
+    if (bad) goto done;
     if (!tpath) snprintf(ts.src, sizeof ts.src, "(no -t)");
     if (pick_format(&ts, name, &f, err)) goto done;
     if (ts.cfg) {

@@ -1,6 +1,7 @@
 // tokenize.c: `varent tokenize` and `varent detokenize`.
 #include "host/cli/args.h"
 #include "host/cli/commands.h"
+#include "host/formats/model_path.h"
 #include "host/util/fileio.h"
 #include "tokenizer/tokenizer.h"
 
@@ -154,9 +155,17 @@ const cli_spec cli_detokenize_spec = {
     "Token ids (1,2,3 or [1, 2, 3]; stdin without IDS) to text.", NULL, detokenize_tables, tok_moved, NULL,
 };
 
+// -m: a model directory, a tokenizer.json, or a GGUF file (its metadata's tokenizer).
 static tokenizer *load(const char *cmd, const char *path) {
     verr err;
-    tokenizer *t = tokenizer_load(path, &err);
+    char dir[4096];
+    int tmp;
+    if (model_path_tokenizer(path, dir, sizeof dir, &tmp, &err)) {
+        cli_error(cmd, "%s", err.msg);
+        return NULL;
+    }
+    tokenizer *t = tokenizer_load(dir, &err);
+    model_path_tokenizer_done(dir, tmp);
     if (!t) cli_error(cmd, "%s", err.msg);
     return t;
 }
@@ -172,7 +181,15 @@ int cmd_tokenize(int argc, char **argv) {
     const char *text = args_pos(&a, 0);
     if (!path) return cli_usage_error("tokenize", "missing -m PATH (a model directory or tokenizer.json)");
     if (!!jsonl + !!bench + !!text > 1) return cli_usage_error("tokenize", "give one input: TEXT, --jsonl or --bench FILE");
-    if (bench) return tokenize_bench(path, bench, special);
+    if (bench) {
+        char dir[4096];
+        int tmp;
+        verr err;
+        if (model_path_tokenizer(path, dir, sizeof dir, &tmp, &err)) return cli_error("tokenize", "%s", err.msg);
+        int rc = tokenize_bench(dir, bench, special);
+        model_path_tokenizer_done(dir, tmp);
+        return rc;
+    }
     tokenizer *t = load("tokenize", path);
     if (!t) return 1;
     int rc;
@@ -188,8 +205,9 @@ int cmd_tokenize(int argc, char **argv) {
     return rc;
 }
 
-// "1,2,3" or "[1, 2, 3]" -> ids.
-static int parse_ids(const char *s, int **out) {
+// "1,2,3" or "[1, 2, 3]" -> ids; after a message, -2 for a malformed list (a usage error
+// when the ids were an argument, usage set) and -1 when out of memory.
+static int parse_ids(const char *s, int **out, int usage) {
     int n = 0, cap = 64;
     int *ids = malloc((size_t)cap * sizeof *ids);
     while (ids && *s) {
@@ -200,9 +218,10 @@ static int parse_ids(const char *s, int **out) {
         char *end;
         long v = strtol(s, &end, 10);
         if (end == s) {
-            cli_error("detokenize", "ids: '%.20s' is not an integer (want e.g. 1,2,3)", s);
+            if (usage) cli_usage_error("detokenize", "ids: '%.20s' is not an integer (want e.g. 1,2,3)", s);
+            else cli_error("detokenize", "stdin: '%.20s' is not an integer (want ids, e.g. 1,2,3)", s);
             free(ids);
-            return -1;
+            return -2;
         }
         if (n == cap) {
             int *g = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
@@ -230,9 +249,9 @@ int cmd_detokenize(int argc, char **argv) {
     char *in = NULL;
     size_t len;
     if (!list && !(list = in = read_all("detokenize", stdin, "stdin", &len))) return 1;
-    int *ids = NULL, n = parse_ids(list, &ids);
+    int from_arg = in == NULL, *ids = NULL, n = parse_ids(list, &ids, from_arg);
     free(in);
-    if (n < 0) return 1;
+    if (n < 0) return n == -2 && from_arg ? CLI_EXIT_USAGE : CLI_EXIT_RUNTIME;
     verr err;
     tokenizer *t = load("detokenize", path);
     char *text = t ? tokenizer_decode(t, ids, n, skip, &err) : NULL;

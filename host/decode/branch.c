@@ -45,12 +45,11 @@ void branch_free(branch_set *bs) {
 // The logits a branch draw sees: its row's raw logits, or those penalised by the
 // history plus the branch's first j tokens.
 static const float *branch_logits(const float *logits, int vocab, const branch_penalty *pen, const int *tok, int j) {
-    if (!pen || (pen->no_repeat_ngram <= 0 && !(pen->repeat_penalty > 0 && pen->repeat_penalty != 1) && pen->n_bias <= 0))
-        return logits;
+    if (!pen || (!sampler_penalties_active(pen->pen) && pen->n_bias <= 0)) return logits;
     memcpy(pen->hist + pen->n_hist, tok, sizeof(int) * (size_t)j);
     memcpy(pen->work, logits, sizeof(float) * (size_t)vocab);
     logit_bias_apply(pen->work, vocab, pen->bias, pen->n_bias);
-    sampler_penalize(pen->work, vocab, pen->hist, pen->n_hist + j, pen->no_repeat_ngram, pen->repeat_penalty, pen->seen);
+    sampler_penalize(pen->work, vocab, pen->hist, pen->n_hist + j, pen->pen, pen->count);
     return pen->work;
 }
 

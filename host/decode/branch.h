@@ -29,13 +29,12 @@ typedef struct {
 
 // The stock penalties (and logit biases) inside branches: each branch step sees the committed history
 // plus the branch's own tokens. hist has room for n_hist + b + 1 ids past which the
-// branch tokens are written; work [vocab] and seen [vocab, zeroed] are scratch.
+// branch tokens are written; work [vocab] and count are scratch.
 typedef struct {
     int *hist, n_hist;
-    int no_repeat_ngram;
-    float repeat_penalty;
+    const sampler_penalties *pen;  // NULL: none
     float *work;
-    unsigned char *seen;
+    int *count;  // [vocab] zeroed scratch of sampler_penalize
     const logit_bias *bias;  // [n_bias] (generate.h); last, so older initialisers mean "none"
     int n_bias;
 } branch_penalty;

@@ -32,9 +32,9 @@ typedef struct {
     session *s;
     const gen_opts *o;
     rng r;
-    int *hist, n_hist;     // this call's prompt and generated ids (penalties, clarifier)
+    int *hist, n_hist;     // the context, this call's prompt and the generated ids (penalties, clarifier)
     float *work;           // [vocab] penalised logits
-    unsigned char *seen;   // [vocab] scratch of sampler_penalize
+    int *count;            // [vocab] zeroed scratch of sampler_penalize
     metrics_ws ws;
     branch_set bs;
     int metrics;           // compute metrics at every step
@@ -46,8 +46,11 @@ typedef struct {
     double *u;             // [n_draw] arm_step's peeked uniforms
 } gen_ctx;
 
+// The draws read the forward's own logits: no penalty or bias rewrites them.
+static int raw_draws(const gen_opts *o) { return !sampler_penalties_active(&o->pen) && o->n_bias <= 0; }
+
 static void ctx_free(gen_ctx *c) {
-    free(c->hist), free(c->work), free(c->seen), free(c->cfg), free(c->drawn), free(c->u);
+    free(c->hist), free(c->work), free(c->count), free(c->cfg), free(c->drawn), free(c->u);
     metrics_ws_free(&c->ws);
     branch_free(&c->bs);
 }
@@ -63,17 +66,20 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
     c->lazy = s->cu && !o->need_logits;
     if (o->sampler == GEN_ENTROPIX && !o->ex) return verr_set(err, "the entropix sampler needs a profile");
     if (logit_bias_check(o->bias, o->n_bias, vocab, err)) return -1;
-    c->hist = malloc(sizeof(int) * ((size_t)n_prompt + o->max_new + o->branch_b + 1));
+    // the history: the context, the prompt and what is generated, which a full context ends
+    int n_ctx = o->context ? o->n_context : 0, gen_max = o->max_new < s->ctx ? o->max_new : s->ctx;
+    c->hist = malloc(sizeof(int) * ((size_t)n_ctx + n_prompt + gen_max + o->branch_b + 1));
     c->work = malloc(sizeof(float) * (size_t)vocab);
-    c->seen = calloc((size_t)vocab, 1);
+    c->count = calloc((size_t)vocab, sizeof *c->count);
     c->n_draw = o->ex ? entropix_n_samples(o->ex) : 1;
     c->cfg = malloc(sizeof *c->cfg * (size_t)c->n_draw);
     c->drawn = malloc(sizeof *c->drawn * (size_t)c->n_draw);
     c->u = malloc(sizeof *c->u * (size_t)c->n_draw);
-    if (!c->hist || !c->work || !c->seen || !c->cfg || !c->drawn || !c->u)
+    if (!c->hist || !c->work || !c->count || !c->cfg || !c->drawn || !c->u)
         return ctx_free(c), verr_set(err, "out of memory");
-    memcpy(c->hist, prompt, sizeof(int) * (size_t)n_prompt);
-    c->n_hist = n_prompt;
+    if (n_ctx) memcpy(c->hist, o->context, sizeof(int) * (size_t)n_ctx);
+    memcpy(c->hist + n_ctx, prompt, sizeof(int) * (size_t)n_prompt);
+    c->n_hist = n_ctx + n_prompt;
     if (branching && branch_init(&c->bs, &s->m, o->branch_k, o->branch_b, err)) return ctx_free(c), -1;
     int last = s->m.cfg.n_layers - 1, layer = o->attn_layer_given ? o->attn_layer : last;
     if (layer < 0 || layer > last) {
@@ -84,8 +90,7 @@ static int ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt
     // The draws read the forward's own logits unless penalties or a bias rewrite them
     // (draw_logits): then the device can make them right after the step (an entropix
     // step's after its statistics).
-    int raw = o->no_repeat_ngram <= 0 && !(o->repeat_penalty > 0 && o->repeat_penalty != 1) && o->n_bias <= 0;
-    if (c->lazy && raw) c->arm = o->sampler != GEN_ENTROPIX ? ARM_STD : c->metrics ? ARM_EX : ARM_NONE;
+    if (c->lazy && raw_draws(o)) c->arm = o->sampler != GEN_ENTROPIX ? ARM_STD : c->metrics ? ARM_EX : ARM_NONE;
     return 0;
 }
 
@@ -120,13 +125,12 @@ static int arm_step(gen_ctx *c, verr *err) {
 static const float *draw_logits(gen_ctx *c, verr *err) {
     const gen_opts *o = c->o;
     int vocab = c->s->m.cfg.vocab_size;
-    if (o->no_repeat_ngram <= 0 && !(o->repeat_penalty > 0 && o->repeat_penalty != 1) && o->n_bias <= 0)
-        return c->s->fw.logits;
+    if (raw_draws(o)) return c->s->fw.logits;
     const float *raw = session_logits(c->s, err);
     if (!raw) return NULL;
     memcpy(c->work, raw, sizeof(float) * (size_t)vocab);
     logit_bias_apply(c->work, vocab, o->bias, o->n_bias);  // llama.cpp's order: the bias, then the penalties
-    sampler_penalize(c->work, vocab, c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->seen);
+    sampler_penalize(c->work, vocab, c->hist, c->n_hist, &o->pen, c->count);
     return c->work;
 }
 
@@ -193,8 +197,7 @@ static int step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record
             if (lg == s->fw.logits && !(lg = session_logits(s, err))) return -1;
             sampler_distribution(&s->smp, lg, st.sp);
             sampler_params base = entropix_base_params(o->ex);
-            branch_penalty pen = { c->hist, c->n_hist, o->no_repeat_ngram, o->repeat_penalty, c->work, c->seen,
-                                   o->bias, o->n_bias };
+            branch_penalty pen = { c->hist, c->n_hist, &o->pen, c->work, c->count, o->bias, o->n_bias };
             int w = branch_run(&c->bs, s, one, base, b, &c->ws, &c->r, &pen, err);
             if (w < 0) return -1;
             *toks = c->bs.tok + (size_t)w * (c->bs.b + 1), *recs = c->bs.rec + (size_t)w * (c->bs.b + 1);
@@ -230,6 +233,23 @@ static int emit(gen_ctx *c, gen_stats *st, const int *toks, gen_record *recs, in
     return 0;
 }
 
+// The prompt into the cache: one forward, or with on_prefill (a single-process session)
+// one per chunk of the forward's own size, the last one armed as the one forward was.
+static int prefill(gen_ctx *c, const int *prompt, int n_prompt, verr *err) {
+    session *s = c->s;
+    const gen_opts *o = c->o;
+    int chunk = s->fw.max_T, done = 0, chunked = o->on_prefill && !s->tpl && !s->fw.comm && chunk > 0;
+    for (; chunked && n_prompt - done > chunk; done += chunk) {
+        kv_view kv = kv_view_of(&s->kv);
+        if (session_forward(s, &kv, prompt + done, chunk, err)) return -1;
+        o->on_prefill(o->prefill_ud, done + chunk, n_prompt);
+    }
+    kv_view kv = kv_view_of(&s->kv);
+    int rc = arm_step(c, err) ? -1 : session_forward(s, &kv, prompt + done, n_prompt - done, err);
+    if (rc == 0 && chunked) o->on_prefill(o->prefill_ud, n_prompt, n_prompt);
+    return rc;
+}
+
 int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen_stats *st, verr *err) {
     memset(st, 0, sizeof *st);
     st->n_prompt = n_prompt;
@@ -239,10 +259,10 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
                         s->ctx, s->m.cfg.max_pos);
     gen_ctx c;
     if (ctx_init(&c, s, o, prompt, n_prompt, err)) return -1;
-    kv_view kv = kv_view_of(&s->kv);
     double t0 = gen_now();
     s->fw.lazy_logits = c.lazy;
-    int rc = arm_step(&c, err) ? -1 : session_forward(s, &kv, prompt, n_prompt, err);
+    int rc = prefill(&c, prompt, n_prompt, err);
+    kv_view kv = kv_view_of(&s->kv);
     st->prefill_s = gen_now() - t0;
     t0 = gen_now();
     int unfed = -1;  // the last emitted token when the model has not seen it

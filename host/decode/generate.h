@@ -33,8 +33,10 @@ typedef struct {
     const entropix_config *ex;  // thresholds and constants; required for entropix and metrics
     int attn_layer_given, attn_layer;   // layer of the attention metrics (default: last)
     int clarifier;              // HELV's inserted token (entropix)
-    int no_repeat_ngram;        // 0: off
-    float repeat_penalty;       // <= 0 or 1: off
+    sampler_penalties pen;      // repeat, presence, frequency, window, no-repeat n-gram (all 0: off;
+                                // host/runtime/sampler.h): they make the draws read a host copy
+    const int *context;         // [n_context] the ids before the prompt already in the cache (a chat's
+    int n_context;              // earlier turns): the penalties' history starts with them
     const logit_bias *bias;     // [n_bias] added to the logits the draws see (host/runtime/logit_bias.h);
     int n_bias;                 // metrics, entropix scores and logprobs still read the raw logits
     int branch_k, branch_b;     // LEHV branching: K candidates, B steps each (0: off)
@@ -47,6 +49,12 @@ typedef struct {
                                 // stay on the device: session_logits fetches them)
     void *record_ud;
     const volatile sig_atomic_t *interrupt;  // set (e.g. by Ctrl-C): stop before the next token
+    // A prompt longer than the session's prefill chunk is fed chunk by chunk (the chunks
+    // the forward makes anyway, so the numbers are the same), calling this after each:
+    // done of total prompt tokens (a progress bar; done == total: the prefill is over).
+    // NULL: one forward.
+    void (*on_prefill)(void *ud, int done, int total);
+    void *prefill_ud;
 } gen_opts;
 
 typedef struct {

@@ -25,6 +25,10 @@ typedef struct {
 // be NULL.
 int convert_gguf(const char *gguf_path, const char *out_dir, int f32, const convert_progress *prog,
                  convert_summary *sum, verr *err);
+// The tokenizer.json and tokenizer_config.json that convert_gguf writes, alone, into
+// out_dir (created; its other files are left alone), from the GGUF's metadata: 1, 0
+// when the GGUF has no byte-level BPE vocabulary, -1 with err.
+int convert_gguf_tokenizer(const char *gguf_path, const char *out_dir, verr *err);
 // A llama2.c legacy (v0) checkpoint and its tokenizer.bin to out_dir, as f32 or bf16.
 // prog may be NULL.
 int convert_llama2c(const char *ckpt, const char *tok, const char *out_dir, int bf16, const convert_progress *prog,

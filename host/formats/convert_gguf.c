@@ -705,6 +705,13 @@ static uint64_t n_tokens(const gguf_file *g) {
     return kv && kv->type == GGUF_ARRAY && kv->arr_type == GGUF_STRING ? kv->arr_n : 0;
 }
 
+// general.architecture into hp->arch: 0, or -1 with err.
+static int read_arch(const gguf_file *g, gguf_hparams *hp, verr *err) {
+    int r = gguf_get_str(g, "general.architecture", &hp->arch, err);
+    if (r == 0) verr_set(err, "%s: missing metadata key 'general.architecture'", g->path);
+    return r > 0 ? 0 : -1;
+}
+
 int convert_gguf(const char *in, const char *out, int f32, const convert_progress *prog, convert_summary *sum,
                  verr *err) {
     gguf_file *g = gguf_open(in, err);
@@ -715,11 +722,7 @@ int convert_gguf(const char *in, const char *out, int f32, const convert_progres
     char *text[OUT_N] = {0};
     st_writer *w = NULL;
     int rc = -1, n_tensors = 0;
-    int r = gguf_get_str(g, "general.architecture", &hp.arch, err);
-    if (r <= 0) {
-        if (r == 0) verr_set(err, "%s: missing metadata key 'general.architecture'", g->path);
-        goto done;
-    }
+    if (read_arch(g, &hp, err)) goto done;
     if (!arch_class(hp.arch)) {
         verr_set(err, "%s: architecture '%s' is not supported (llama, qwen2, qwen3)", g->path, hp.arch);
         goto done;
@@ -742,6 +745,34 @@ int convert_gguf(const char *in, const char *out, int f32, const convert_progres
 done:
     for (int i = 0; i < OUT_N; i++) cJSON_Delete(json[i]), free(text[i]);
     st_writer_free(w);
+    gguf_close(g);
+    return rc;
+}
+
+// The tokenizer files' texts (text[OUT_TOK], text[OUT_TOKCFG]) from the metadata: 1, 0
+// when the GGUF has no byte-level BPE vocabulary, -1 with err.
+static int tokenizer_texts(const gguf_file *g, char *text[OUT_N], verr *err) {
+    gguf_hparams hp = {0};
+    tok_ids ti;
+    cJSON *json[OUT_N] = {0};
+    int rc = read_arch(g, &hp, err) || load_hparams(g, &hp, err) || load_tok_ids(g, &ti, err) ||
+             build_tokenizer(g, &ti, hp.n_ctx, &json[OUT_TOK], &json[OUT_TOKCFG], err) ? -1 : 0;
+    if (rc == 0 && json[OUT_TOK]) rc = render_outputs(json, text, err) || check_tokenizer(g, text[OUT_TOK], err) ? -1 : 1;
+    for (int i = 0; i < OUT_N; i++) cJSON_Delete(json[i]);
+    return rc;
+}
+
+// The tokenizer alone: what convert_gguf writes of it, from the metadata (no tensor is read).
+int convert_gguf_tokenizer(const char *in, const char *out, verr *err) {
+    gguf_file *g = gguf_open(in, err);
+    if (!g) return -1;
+    char *text[OUT_N] = {0};
+    int rc = tokenizer_texts(g, text, err);
+    if (rc == 1) {
+        model_dir_file files[2] = { { out_names[OUT_TOK], text[OUT_TOK] }, { out_names[OUT_TOKCFG], text[OUT_TOKCFG] } };
+        rc = model_dir_write(out, files, 2, NULL, err) ? -1 : 1;
+    }
+    for (int i = 0; i < OUT_N; i++) free(text[i]);
     gguf_close(g);
     return rc;
 }

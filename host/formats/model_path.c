@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -190,12 +191,10 @@ static int convert_into(const char *gguf, const char *root, const char *sha, con
     return 0;
 }
 
-static int resolve_gguf(const char *arg, const struct stat *st, const model_path_progress *prog, model_path *out,
-                        verr *err) {
-    char root[3900], real[PATH_MAX], key[65], sha[65], cfg[4400];
-    if (model_path_cache_root(root, sizeof root, err)) return -1;
-    if (!realpath(arg, real)) return verr_set(err, "%s: %s", arg, strerror(errno));
-    index_key(real, st, key);
+// The cache entry of a GGUF: from the index, else hashed, then converted when absent.
+static int resolve_locked(const char *arg, const struct stat *st, const model_path_progress *prog, const char *root,
+                          const char *key, model_path *out, verr *err) {
+    char sha[65], cfg[4400];
     if (!index_read(root, key, sha)) {
         hash_report h = { prog, (long)(st->st_size >> 20) };
         if (sha256_file(arg, sha, prog && prog->fn ? on_hash_chunk : NULL, &h, err)) return -1;
@@ -209,6 +208,33 @@ static int resolve_gguf(const char *arg, const struct stat *st, const model_path
     }
     index_write(root, key, sha);
     return 0;
+}
+
+// An exclusive lock on this version of the file for the time of its resolution, so that
+// processes resolving it at once (the ranks of an MPI launch, parallel runs) hash and
+// convert it once: the others wait and then find it in the index. -1: no lock (a
+// filesystem without flock): they each resolve it, as before.
+static int lock_key(const char *root, const char *key) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/index/%s.lock", root, key);
+    char dir[4000];
+    snprintf(dir, sizeof dir, "%s/index", root);
+    mkdir(dir, 0755);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0 && flock(fd, LOCK_EX) != 0) close(fd), fd = -1;
+    return fd;
+}
+
+static int resolve_gguf(const char *arg, const struct stat *st, const model_path_progress *prog, model_path *out,
+                        verr *err) {
+    char root[3900], real[PATH_MAX], key[65];
+    if (model_path_cache_root(root, sizeof root, err)) return -1;
+    if (!realpath(arg, real)) return verr_set(err, "%s: %s", arg, strerror(errno));
+    index_key(real, st, key);
+    int lock = lock_key(root, key);
+    int rc = resolve_locked(arg, st, prog, root, key, out, err);
+    if (lock >= 0) close(lock);  // closing releases the lock
+    return rc;
 }
 
 static int resolve(const char *arg, const model_path_progress *prog, model_path *out, verr *err) {
@@ -240,4 +266,41 @@ int model_path_resolve(const char *arg, const model_path_progress *prog, model_p
     int rc = resolve(arg, prog, out, err);
     if (prog && prog->fn) prog->fn(prog->ud, NULL, 0, 0);  // over, on every path: a bar drawn for a stage ends
     return rc;
+}
+
+// ---- the tokenizer of a GGUF ---------------------------------------------------------
+
+static int is_gguf_file(const char *path) {
+    struct stat st;
+    unsigned char head[4];
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, head, sizeof head);
+    close(fd);
+    return n == 4 && !memcmp(head, "GGUF", 4);
+}
+
+int model_path_tokenizer(const char *arg, char *out, size_t n, int *tmp, verr *err) {
+    *tmp = 0;
+    if (!is_gguf_file(arg)) {
+        if (snprintf(out, n, "%s", arg) >= (int)n) return verr_set(err, "%s: path too long", arg);
+        return 0;
+    }
+    const char *t = getenv("TMPDIR");
+    if (snprintf(out, n, "%s/varent-tokenizer-XXXXXX", t && t[0] ? t : "/tmp") >= (int)n || !mkdtemp(out))
+        return verr_set(err, "%s: cannot make a temporary directory for its tokenizer: %s", arg, strerror(errno));
+    *tmp = 1;
+    verr why = { { 0 } };
+    int r = convert_gguf_tokenizer(arg, out, &why);
+    if (r == 1) return 0;
+    model_path_tokenizer_done(out, 1);
+    *tmp = 0;
+    if (r == 0) return verr_set(err, "%s: the GGUF has no byte-level BPE vocabulary (tokenizer.ggml.model gpt2), so no "
+                                     "tokenizer", arg);
+    return verr_set(err, "-m %s: %s", arg, why.msg);
+}
+
+void model_path_tokenizer_done(const char *dir, int tmp) {
+    if (tmp) remove_flat_dir(dir);
 }

@@ -31,6 +31,12 @@ typedef struct {
 
 // Resolves arg (a -m value) into out. prog may be NULL. -1 with err naming arg.
 int model_path_resolve(const char *arg, const model_path_progress *prog, model_path *out, verr *err);
+// The tokenizer of the tokenizer commands (tokenize, detokenize, template): arg as it is
+// (a directory, a tokenizer.json or a template file), or, for a GGUF file, a temporary
+// directory with the tokenizer.json and tokenizer_config.json its metadata makes (no
+// tensor is read; *tmp = 1: remove it with model_path_tokenizer_done). -1 with err.
+int model_path_tokenizer(const char *arg, char *out, size_t n, int *tmp, verr *err);
+void model_path_tokenizer_done(const char *dir, int tmp);
 // The cache root of converted GGUFs, created when absent. -1 with err.
 int model_path_cache_root(char *out, size_t n, verr *err);
 

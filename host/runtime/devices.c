@@ -3,6 +3,8 @@
 // and counts itself done; the caller waits for the count.
 #include "host/runtime/devices.h"
 
+#include "host/formats/model_path.h"
+
 #include <ctype.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -156,9 +158,15 @@ static void close_one(void *ud, int d) {
 
 int devices_open(dev_pool *p, unsigned mask, const device_spec *specs, const session_opts *o, session *sessions,
                  verr *err) {
+    // -m resolved once: a GGUF's first use is hashed and converted once, not by every
+    // device at the same time into one temporary directory
+    model_path mp;
+    if (model_path_resolve(o->model_dir, o->progress, &mp, err)) return -1;
+    session_opts one = *o;
+    one.model_dir = mp.dir;
     open_job *j = calloc(1, sizeof *j);
     if (!j) return verr_set(err, "out of memory");
-    j->specs = specs, j->o = o, j->sessions = sessions;
+    j->specs = specs, j->o = &one, j->sessions = sessions;
     for (int d = 0; d < DEVICES_MAX; d++) j->rc[d] = -1;
     dev_pool_run(p, mask, open_one, j);
     int bad = -1;

@@ -85,19 +85,33 @@ int sampler_draw_distinct(sampler *s, rng *r, int k, int *out) {
     return n;
 }
 
-void sampler_penalize(float *logits, int n, const int *hist, int n_hist, int no_repeat_ngram, float repeat_penalty,
-                      unsigned char *seen) {
-    if (repeat_penalty > 0 && repeat_penalty != 1) {
-        for (int i = 0; i < n_hist; i++) {
-            int id = hist[i];
-            if (id < 0 || id >= n || seen[id]) continue;
-            seen[id] = 1;
-            logits[id] = logits[id] > 0 ? logits[id] / repeat_penalty : logits[id] * repeat_penalty;
-        }
-        for (int i = 0; i < n_hist; i++)
-            if (hist[i] >= 0 && hist[i] < n) seen[hist[i]] = 0;
+int sampler_penalties_active(const sampler_penalties *p) {
+    if (!p) return 0;
+    int window = p->last_n != 0 && ((p->repeat > 0 && p->repeat != 1) || p->presence != 0 || p->frequency != 0);
+    return window || p->no_repeat_ngram > 0;
+}
+
+// The penalties that count the ids of the window.
+static void penalize_window(float *logits, int n, const int *win, int n_win, const sampler_penalties *p, int *count) {
+    for (int i = 0; i < n_win; i++)
+        if (win[i] >= 0 && win[i] < n) count[win[i]]++;
+    int repeat = p->repeat > 0 && p->repeat != 1;
+    for (int i = 0; i < n_win; i++) {
+        int id = win[i];
+        if (id < 0 || id >= n || count[id] == 0) continue;  // out of range, or done
+        float x = logits[id];
+        if (repeat) x = x > 0 ? x / p->repeat : x * p->repeat;
+        x -= (float)count[id] * p->frequency + p->presence;
+        logits[id] = x;
+        count[id] = 0;  // each id once; the scratch is zeroed as it goes
     }
-    int N = no_repeat_ngram;
+}
+
+void sampler_penalize(float *logits, int n, const int *hist, int n_hist, const sampler_penalties *p, int *count) {
+    if (!sampler_penalties_active(p)) return;
+    int n_win = p->last_n < 0 || p->last_n > n_hist ? n_hist : p->last_n;
+    if (n_win > 0) penalize_window(logits, n, hist + n_hist - n_win, n_win, p, count);
+    int N = p->no_repeat_ngram;
     if (N <= 0 || n_hist + 1 < N) return;
     const int *prefix = hist + n_hist - (N - 1);  // the N-1 newest ids
     for (int i = 0; i + N <= n_hist; i++) {

@@ -77,12 +77,26 @@ double sampler_exp_fast(double d);
 // Sorts and normalises a lazy distribution in full, so that cand[0..n_cand) holds it
 // (a no-op otherwise). O(n log n): for callers that read the whole candidate list.
 void sampler_materialize(sampler *s);
-// HF-style stock extras on logits[n] in place, given the ids so far: with
-// repeat_penalty R (> 0, != 1) each seen id's logit is divided by R when positive and
-// multiplied by R otherwise; no_repeat_ngram N (> 0) bans every id that would repeat an
-// N-gram already in hist. seen: scratch [n] of zeros, left zeroed.
-void sampler_penalize(float *logits, int n, const int *hist, int n_hist, int no_repeat_ngram, float repeat_penalty,
-                      unsigned char *seen);
+// The stock penalties on the logits, before temperature and truncation:
+//   repeat (HF and llama.cpp's repetition penalty R): a logit of an id in the window is
+//     divided by R when positive and multiplied by R otherwise (<= 0 or 1: off);
+//   presence and frequency (OpenAI's): c[id], the count of id in the window, takes
+//     c[id] * frequency + (c[id] > 0) * presence off its logit (0: off);
+//   last_n: the window, the newest last_n ids of the history (< 0: all of it; 0: none),
+//     llama.cpp's --repeat-last-n;
+//   no_repeat_ngram N (HF's; over the whole history): bans every id that would repeat
+//     an N-gram already in it (0: off).
+typedef struct {
+    float repeat, presence, frequency;
+    int last_n;
+    int no_repeat_ngram;
+} sampler_penalties;
+
+// 1 when p (NULL: none) changes any logit.
+int sampler_penalties_active(const sampler_penalties *p);
+// The penalties on logits[n] in place, given the ids so far hist[n_hist]. count:
+// scratch [n] of zeros, left zeroed.
+void sampler_penalize(float *logits, int n, const int *hist, int n_hist, const sampler_penalties *p, int *count);
 // sampler_distribution + sampler_draw.
 int sampler_sample(sampler *s, const float *logits, sampler_params p, rng *r);
 // n draws from logits[s->n], each with its own truncation and uniform (cfg[i].u, read

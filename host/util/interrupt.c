@@ -60,10 +60,14 @@ const volatile sig_atomic_t *interrupt_flag(void) { return &interrupted; }
 
 int interrupt_requested(void) { return interrupted != 0; }
 
+// SIGINT is the one way to stop a command, whatever it inherited: a shell runs a
+// script's background jobs with SIGINT ignored, and `kill -INT` must still stop them
+// (every command alike, those with a handler of their own and those without). The
+// others keep an inherited SIG_IGN (nohup's SIGHUP).
 void interrupt_cleanup_install(void) {
     for (size_t i = 0; i < sizeof cleanup_signals / sizeof *cleanup_signals; i++)
         install(cleanup_signals[i], cleanup_and_die, 0, 1);
-    install(SIGINT, cleanup_and_die, 0, 1);
+    install(SIGINT, cleanup_and_die, 0, 0);
 }
 
 int interrupt_track(const char *path) {

@@ -27,7 +27,8 @@ const volatile sig_atomic_t *interrupt_flag(void);
 int interrupt_requested(void);
 
 // Installs the cleanup handlers for the signals above (SIGINT too, until a command
-// calls interrupt_install). Signals the process ignores stay ignored.
+// calls interrupt_install). Signals the process was started ignoring stay ignored,
+// except SIGINT: it stops every command, however it was started.
 void interrupt_cleanup_install(void);
 // Registers a file to remove if a signal ends the process: a slot, or -1 when all
 // INTERRUPT_MAX_TRACKED slots are taken (the file then is not removed on a signal).

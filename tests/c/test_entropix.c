@@ -223,18 +223,20 @@ static void test_distinct(void) {
 
 static void test_penalties(void) {
     float x[6] = { 2, -2, 1, 4, 0.5f, 3 };
-    unsigned char seen[6] = { 0 };
+    int seen[6] = { 0 };
     int hist[5] = { 0, 1, 0, 3, 0 };
-    sampler_penalize(x, 6, hist, 5, 0, 2.0f, seen);
+    sampler_penalties rep = { .repeat = 2.0f, .last_n = -1 };
+    sampler_penalize(x, 6, hist, 5, &rep, seen);
     CHECK(x[0] == 1 && x[1] == -4 && x[3] == 2 && x[2] == 1 && x[5] == 3 && !seen[0] && !seen[3], "repeat_penalty_hf",
           "%g %g %g %g", x[0], x[1], x[3], x[5]);
     // history 0 1 0 3 0 1: with N=3 the prefix is (0, 1); (0, 1) was followed by 0 -> 0 banned
     float y[6] = { 1, 1, 1, 1, 1, 1 };
     int h2[6] = { 0, 1, 0, 3, 0, 1 };
-    sampler_penalize(y, 6, h2, 6, 3, 1.0f, seen);
+    sampler_penalties ng3 = { .no_repeat_ngram = 3 }, ng2 = { .no_repeat_ngram = 2 };
+    sampler_penalize(y, 6, h2, 6, &ng3, seen);
     CHECK(isinf(y[0]) && y[0] < 0 && y[1] == 1 && y[3] == 1, "no_repeat_ngram3", "%g %g %g", y[0], y[1], y[3]);
     float w[6] = { 1, 1, 1, 1, 1, 1 };  // N=2, prefix (1): 1 was followed by 0 -> ban 0
-    sampler_penalize(w, 6, h2, 6, 2, 1.0f, seen);
+    sampler_penalize(w, 6, h2, 6, &ng2, seen);
     CHECK(isinf(w[0]) && w[2] == 1 && w[3] == 1, "no_repeat_ngram2", "%g %g", w[0], w[3]);
 }
 

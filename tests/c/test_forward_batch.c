@@ -321,7 +321,7 @@ static int branch_reference(session *s, const float *root, rng r, sampler_params
             if (pen) {
                 memcpy(pen->hist + pen->n_hist, o->tok[i], sizeof(int) * j);
                 memcpy(work, lg, sizeof(float) * V);
-                sampler_penalize(work, V, pen->hist, pen->n_hist + j, pen->no_repeat_ngram, pen->repeat_penalty, pen->seen);
+                sampler_penalize(work, V, pen->hist, pen->n_hist + j, pen->pen, pen->count);
                 lg = work;
             }
             o->tok[i][j] = sampler_sample(&s->smp, lg, base, &r);
@@ -385,7 +385,7 @@ static void test_branch(const char *tag, const char *dir) {
     memset(&o, 0, sizeof o);
     memset(&bs, 0, sizeof bs);
     float *root = malloc(sizeof(float) * V), *work = malloc(sizeof(float) * V);
-    unsigned char *seen = calloc((size_t)V, 1);
+    int *seen = calloc((size_t)V, sizeof *seen);
     int *hist = malloc(sizeof(int) * (n_prompt + BB + 1));
     metrics_ws ws = { 0 };
     int ok = root && work && seen && hist && branch_init(&bs, &s.m, BK, BB, &err) == 0;
@@ -401,7 +401,8 @@ static void test_branch(const char *tag, const char *dir) {
     memcpy(hist, prompt, sizeof prompt);
     s.fw.attn_layer = s2.fw.attn_layer = c->n_layers - 1;
     sampler_params lehv = { 1.3f, 30, 1, 0 }, base = { 1.0f, 0, 1, 0 };
-    branch_penalty pen = { hist, n_prompt, 0, 1.5f, work, seen, NULL, 0 };
+    sampler_penalties rep = { .repeat = 1.5f, .last_n = -1 };
+    branch_penalty pen = { hist, n_prompt, &rep, work, seen, NULL, 0 };
     // the first reference picks a stop id: branch 1's second draw
     if (branch_reference(&s2, root, (rng){ 77, 0 }, lehv, base, NULL, &o, &err) < 0) goto done;
     session_add_stop(&s, o.tok[1][2]);

@@ -150,7 +150,8 @@ try:
     if editing:
         tmux("set-buffer", "-b", "p", "The cat sat.\nThe cat ran.\nThe end")
         tmux("paste-buffer", "-p", "-b", "p", "-t", "chat")
-        s, ok = wait_for(lambda s: "... The cat ran." in s and s.rstrip().endswith("... The end"), 10)
+        # every pasted line is on the screen, the first one too (issue 33 row 6: it was sent unseen)
+        s, ok = wait_for(lambda s: "> The cat sat.\n... The cat ran." in s and s.rstrip().endswith("... The end"), 10)
         check(ok, "repl_bracketed_paste_shown", s[-400:])
         keys("Enter")
         s, ok = wait_for(lambda s: prompt_back(s, 3), 30)

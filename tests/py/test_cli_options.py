@@ -121,7 +121,7 @@ def trun(*args, **kw):
 
 
 chat_sys = out(trun("--chat", "--system", "Be brief.", "-p", "Tell me about a cat.", "-n", 24, *G))
-plain = out(trun("-p", "Tell me about a cat.", "-n", 24, *G))
+plain = out(trun("--raw", "-p", "Tell me about a cat.", "-n", 24, *G))
 check(chat_sys != plain, "chat_differs_from_plain", chat_sys)
 check(out(trun("--system", "Be brief.", "-p", "Tell me about a cat.", "-n", 24, *G)) == chat_sys, "system_implies_chat")
 check(out(trun("-sys", "Be brief.", "-p", "Tell me about a cat.", "-n", 24, *G)) == chat_sys, "alias_sys")
@@ -156,8 +156,11 @@ check(chat.returncode == 0 and len(chat.stdout.strip()) > 10, "chat_reference", 
 for flag in ("-cnv", "-i", "--conversation", "--interactive"):
     r = trun(flag, "-n", 24, *G, stdin=msgs)
     check(r.returncode == 0 and r.stdout == chat.stdout, f"run_{flag.lstrip('-')}_is_chat", f"{r.stdout!r} {r.stderr!r}")
-r = trun("-cnv", "-p", "hi")
-check(r.returncode == 2 and "-cnv" in r.stderr, "cnv_with_p_is_usage_error", r.stderr)
+# -cnv -p TEXT: TEXT is the first message, as llama-cli takes it (issue 33)
+r = trun("-cnv", "-p", msgs.strip(), "-n", 24, *G, stdin="")
+check(r.returncode == 0 and r.stdout == chat.stdout, "cnv_p_is_the_first_message", f"{r.stdout!r} {r.stderr!r}")
+r = trun("-cnv", "--ids", "1,2")
+check(r.returncode == 2 and "--ids" in r.stderr, "cnv_with_ids_is_usage_error", r.stderr)
 
 # --- -r stop strings, as the server's: the text ends before the first one ----------------
 long_want = out(run("-p", PROMPT, "-n", 64, *G))

@@ -118,6 +118,12 @@ check(len(by_class(asvg, "discarded")) == 3 * n_rb, "plot_agents_rolled_back_ste
 check(len(by_class(asvg, "critic")) == 6 and len(by_class(asvg, "critic-bad")) == 2, "plot_agents_critic_marks")
 pairs = sorted(zip(chosen, [float(m.get("cy")) for m in ms]))
 check(ms and all(b[1] <= a[1] + 1e-6 for a, b in zip(pairs, pairs[1:])), "plot_agents_chosen_entropy_plotted")
+# an agents log has no varentropy: its plot is the entropy panel alone, no empty panel
+# (issue 33: two empty panels); a metrics log keeps all three
+groups = {e.get("id") for e in ET.parse(asvg).getroot().iter() if e.get("id")}
+check("entropy-marks" in groups and not groups & {"varentropy-marks", "scatter-marks"}
+      and int(ET.parse(asvg).getroot().get("height")) < int(ET.parse(svg).getroot().get("height")),
+      "plot_agents_no_empty_panels", str(groups))
 titles = "".join(t.text or "" for t in ET.parse(asvg).getroot().iter(SVG + "title"))
 check('t&lt;' not in titles and 't<' in titles and '&"' in titles, "plot_escapes_token_text")
 
@@ -143,6 +149,8 @@ if shutil.which("rsvg-convert"):
     want = (int(root.get("width")), int(root.get("height")))
     check(r.returncode == 0 and png_size(png) == want, "plot_png_rendered", f"{r.stderr} {png_size(png) if os.path.exists(png) else None}")
     r = varent("plot", log, "-o", os.path.join(work, "metrics.png"))
+    root = ET.parse(svg).getroot()
+    want = (int(root.get("width")), int(root.get("height")))
     check(r.returncode == 0 and png_size(os.path.join(work, "metrics.png")) == want, "plot_png_metrics_rendered", r.stderr)
 else:
     skip("plot_png_rendered", "rsvg-convert is not installed")

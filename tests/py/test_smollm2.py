@@ -58,6 +58,21 @@ def test_chat_answer():
           f"rc={r.returncode} out={r.stdout!r} err={r.stderr[-300:]!r}")
 
 
+def test_make_run_demo_and_batch():
+    """`make run`'s question (tools/run-default.sh, its sampler and seed) and the README's
+    batch example: with the chat template applied by default (issue 33 row 4) the answer
+    names Paris, and no record of examples/prompts.txt is empty."""
+    r = varent("run", "-m", MODEL, "-p", "What is the capital of France? Answer in one sentence.", "--sampler",
+               "entropix", "-n", "128", "--seed", "1")
+    check(r.returncode == 0 and re.search(r"\bParis\b", r.stdout) and "chat template" in r.stderr,
+          "smollm2 make run demo answers Paris", f"rc={r.returncode} out={r.stdout!r} err={r.stderr[-300:]!r}")
+    r = varent("run", "-m", MODEL, "--prompts", os.path.join(ROOT, "examples", "prompts.txt"), "-n", "48", "-s", "1",
+               "-q")
+    recs = [json.loads(line) for line in r.stdout.splitlines()] if r.returncode == 0 else []
+    check(len(recs) == 5 and all(x["chat"] and x["text"].strip() for x in recs), "smollm2 batch example no empty record",
+          f"rc={r.returncode} {[x.get('text') for x in recs]} {r.stderr[-300:]}")
+
+
 PARAGRAPH = ("The history of the city goes back more than two thousand years. It began as a small settlement on "
              "the banks of a river, where farmers traded grain and cattle at a weekly market. Over the centuries "
              "it grew into a busy town with a cathedral, a university and a harbour full of ships. Today it is "
@@ -86,5 +101,6 @@ if not (os.path.exists(os.path.join(MODEL, "model.safetensors")) and os.path.exi
 else:
     test_tokenizer_vs_gguf_vocab()
     test_chat_answer()
+    test_make_run_demo_and_batch()
     test_ppl()
 done()

@@ -90,6 +90,17 @@ def varent(*args, stdin=None, timeout=300, env=None):
                           text=True, timeout=timeout, env=e)
 
 
+def with_chat_template(src, out, template="meta-llama-Llama-2-chat.jinja"):
+    """A copy of model dir src at out whose tokenizer_config.json has tests/data's template."""
+    import shutil
+    shutil.copytree(src, out)
+    cfg_path = os.path.join(out, "tokenizer_config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["chat_template"] = open(os.path.join(TESTDATA, "chat-templates", template)).read()
+    json.dump(cfg, open(cfg_path, "w"))
+    return out
+
+
 def tmpdir(prefix):
     os.makedirs(TESTTMP, exist_ok=True)
     return tempfile.mkdtemp(prefix=prefix + "-", dir=TESTTMP)

@@ -27,8 +27,8 @@ int serve_cap_open(server *s, const server_job *j, int index, session *ss, serve
         snprintf(c->note, sizeof c->note, ",\"capture\":{\"skipped\":\"the server's --dump-max-files %d are written: "
                  "it captures no more\"}", s->o.dump_max_files);
     } else {
-        if (j->req.n > 1) snprintf(c->name, sizeof c->name, "%s%s.c%d.safetensors", j->req.chat ? "chatcmpl-" : "cmpl-",
-                                   j->id, index);
+        if (j->req.n * j->n_prompts > 1)
+            snprintf(c->name, sizeof c->name, "%s%s.c%d.safetensors", j->req.chat ? "chatcmpl-" : "cmpl-", j->id, index);
         else snprintf(c->name, sizeof c->name, "%s%s.safetensors", j->req.chat ? "chatcmpl-" : "cmpl-", j->id);
         if (sp->acts_path) snprintf(c->acts, sizeof c->acts, "%s/%s", sp->acts_path, c->name), ps.acts_path = c->acts;
         if (sp->attn_path) snprintf(c->attn, sizeof c->attn, "%s/%s", sp->attn_path, c->name), ps.attn_path = c->attn;

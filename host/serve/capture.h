@@ -1,7 +1,7 @@
 // capture.h: `serve --dump-acts DIR` and `--dump-attn DIR` (docs/server.md, "Captures"):
 // each finished choice's activations (attention weights) in one safetensors file in DIR,
 // named by the response's id (cmpl-ID.safetensors; cmpl-ID.cI.safetensors for choice I
-// of a request with n > 1), written when the choice ends (FILE.tmp.PID renamed into
+// of a request with several choices), written when the choice ends (FILE.tmp.PID renamed into
 // place) and named in the choice's "capture" member. At most --dump-max-files choices
 // are captured per server run; later ones say so in that member. A choice that fails,
 // is cancelled or is cut by a shutdown leaves no file and is not counted.

@@ -26,7 +26,8 @@ static const cli_opt serve_opts[] = {
     { "-a|--alias|--model-id", "NAME", "server", "-m's file or directory name", "the model's id in /v1/models and responses",
       0 },
     { "--strict-model", NULL, "server", NULL,
-      "a request's \"model\" must be the id or a --lora-modules name (404 otherwise); default: any name runs the model", 0 },
+      "a request's \"model\" must be the id (else a 404); default: any name runs the model, but with --lora-modules "
+      "only the id and their names", 0 },
     { "--metrics", NULL, "output", NULL,
       "completions carry per-token metrics unless they ask otherwise (default: only with \"metrics\": true; on with "
       "--attn-layers or --logit-lens)", 0 },

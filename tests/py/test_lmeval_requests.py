@@ -13,7 +13,8 @@ The model is a random checkpoint (tools/gen_random_checkpoint.py, untied head) w
 of lm_head copies a frequent winner's, so the reference's greedy next token is EOS after
 some prefixes. Cases: continuations of one and several tokens, one-token contexts, some
 followed by a greedy EOS; each alone (batch_size 1) and four in one request (batch_size 4);
-and a generate_until request with a batch and lm-eval's whole list of stop strings.
+one streamed; and a generate_until request with a batch and lm-eval's whole list of stop
+strings.
 """
 import json
 import math
@@ -159,6 +160,14 @@ def main():
         check(len(together) == 8 and all(alone[i] is not None and abs(alone[i][0] - g[0]) < 1e-9 and alone[i][1] == g[1]
                                          for i, g in together), "batch_size_4_equals_batch_size_1",
               f"{together} vs {alone}")
+        # streamed, the EOS entry comes with the last event: the same arrays as plain
+        ctx, cont, _ = batch[0]
+        body = dict(loglikelihood_payload([ctx + cont]), stream=True)
+        st, _, ev, done = srv.stream("/v1/completions", body)
+        _, plain = srv.post("/v1/completions", loglikelihood_payload([ctx + cont]))
+        got = [x for e in ev for c in e["choices"] for x in (c["logprobs"] or {}).get("token_logprobs", [])]
+        check(st == 200 and done and got == plain["choices"][0]["logprobs"]["token_logprobs"] and
+              len(got) == len(ctx) + len(cont) + 1, "stream_lists_the_eos_entry", f"{got[-3:]} vs plain")
         # generate_until: a batch, greedy, and the task's whole list of stop strings
         until = ["\nclass", "\ndef", "\n#", "\nif", "\nprint", "</s>", "Question:"]
         body = {"model": "local", "prompt": [batch[4][0], batch[0][0] + batch[0][1]], "max_tokens": 8, "temperature": 0,

@@ -5,6 +5,9 @@
 # Then:
 #   VARENT_HF_PYTHON=$PWD/build/hf-venv/bin/python make test T=hf      # hf_compare, interp_hf
 #   VARENT_HF_PYTHON=$PWD/build/hf-venv/bin/python make test T=lora_peft
+# lm-evaluation-harness (tests/py/test_lmeval_hf.py, docs/server.md) goes into the same venv:
+#   build/hf-venv/bin/pip install 'lm-eval[api,hf]'
+#   make test T=lmeval_hf     # needs weights/SmolLM2-135M-Instruct (weights/fetch-smollm2.sh)
 # Env: PYTHON (python3) makes the venv; HF_VENV_PACKAGES replaces the pinned list (the
 # versions docs/research.md reports), e.g. HF_VENV_PACKAGES="torch transformers peft
 # safetensors numpy" for the newest.

@@ -24,7 +24,14 @@ static const cli_opt serve_opts[] = {
     { "--host", "ADDR", "server", "127.0.0.1", "address to listen on", 0 },
     { "--port", "N", "server", "8080", "TCP port (0: any free port)", 0 },
     { "--parallel", "N", "server", "1", "slots: requests generated at once", 0 },
-    { "--model-id", "NAME", "server", "the model directory's name", "the model's name in /v1/models", 0 },
+    { "-a|--alias|--model-id", "NAME", "server", "-m's file or directory name", "the model's id in /v1/models and responses",
+      0 },
+    { "--strict-model", NULL, "server", NULL,
+      "a request's \"model\" must be the id (else a 404); default: any name runs the model, but with --lora-modules "
+      "only the id and their names", 0 },
+    { "--metrics", NULL, "output", NULL,
+      "completions carry per-token metrics unless they ask otherwise (default: only with \"metrics\": true; on with "
+      "--attn-layers or --logit-lens)", 0 },
     { "--chat-template", "NAME", "chat", "the model's", "chat format for /v1/chat/completions", 0 },
     { "--sampler", "NAME", "entropix", "standard", "sampler of requests that name none: standard or entropix", 0 },
     { "--profile", "NAME", "entropix", "seed", "entropix profile of requests that name none", 0 },
@@ -100,7 +107,9 @@ static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t
     o->timeout_s = (int)args_int_range(a, "--timeout", 60, 0, 86400);
     o->header_timeout_s = (int)args_int_range(a, "--header-timeout", 5, 1, 3600);
     o->max_per_ip = (int)args_int_range(a, "--max-connections-per-ip", 64, 1, 65536);
-    o->model_id = args_str(a, "--model-id", NULL);
+    o->model_id = args_str(a, "--alias", NULL);
+    o->strict_model = args_flag(a, "--strict-model");
+    o->metrics = args_flag(a, "--metrics");
     const char *smp = args_str(a, "--sampler", "standard");
     o->profile = args_str(a, "--profile", "seed");
     o->chat_template = args_str(a, "--chat-template", NULL);
@@ -110,6 +119,7 @@ static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t
     o->escape_special = args_flag(a, "--escape-special");
     o->verbose = args_flag(a, "-v");
     *drain_s = args_float_range(a, "--drain-timeout", 60, 0, 86400);
+    if (o->model_id && !o->model_id[0]) return snprintf(msg, len, "--alias: the name is empty"), -1;
     if (strcmp(smp, "standard") && strcmp(smp, "entropix"))
         return snprintf(msg, len, "--sampler '%s': use standard or entropix", smp), -1;
     o->sampler = strcmp(smp, "entropix") ? GEN_STANDARD : GEN_ENTROPIX;
@@ -197,12 +207,14 @@ int cmd_serve(int argc, char **argv) {
     if (!bad && lm_bad) bad = lm_bad, snprintf(msg, sizeof msg, "%s", lm_msg);
     probe_spec ps;
     cli_probe_opts(&a, &ps);
+    if (ps.attn_layers || ps.logit_lens) o.metrics = 1;  // they exist to add members to the metrics
     const char *max_files = args_str(&a, "--dump-max-files", NULL);
     if (args_finish(&a, 0)) return cli_usage_error("serve", "%s", a.err);
     if (!so.model_dir) return cli_usage_error("serve", "missing -m DIR (the model directory)");
     if (lora_rc) return cli_usage_error("serve", "%s", lora_msg);
     if (bad) return cli_usage_error("serve", "%s", msg);
     o.tp = so.tp_comm;
+    o.model_path = so.model_dir;
     if (check_probe(&ps, &o, max_files, msg, sizeof msg)) return cli_usage_error("serve", "%s", msg);
     if (o.tp && o.tp->rank > 0) return follow(&so, &o);
     // Signals go to sigwait below: block them before any thread (OpenMP, slots,

@@ -221,8 +221,11 @@ static void count(gen_stats *st, const gen_ctx *c, const gen_record *r) {
 static int emit(gen_ctx *c, gen_stats *st, const int *toks, gen_record *recs, int n) {
     const gen_opts *o = c->o;
     for (int i = 0; i < n; i++) {
-        if (!o->ignore_eos && session_is_stop(c->s, toks[i])) return st->hit_eos = 1;
         recs[i].token = toks[i];
+        if (!o->ignore_eos && session_is_stop(c->s, toks[i])) {
+            if (o->record_stop && o->on_record) o->on_record(o->record_ud, &recs[i]);
+            return st->hit_eos = 1;
+        }
         st->n_gen++;
         c->hist[c->n_hist++] = toks[i];
         count(st, c, &recs[i]);

@@ -45,6 +45,8 @@ typedef struct {
     int feed_last;              // also run the last generated token through the model, so
                                 // forward hooks see every position (activation captures)
     int (*on_record)(void *ud, const gen_record *r);  // per token, before on_token
+    int record_stop;            // on_record also sees the stop token that ends generation (not
+                                // emitted: no on_token, not in n_gen; st->hit_eos says it came)
     int need_logits;            // on_record reads s->fw.logits (otherwise on CUDA they may
                                 // stay on the device: session_logits fetches them)
     void *record_ud;

@@ -45,7 +45,7 @@ int serve_cap_open(server *s, const server_job *j, int index, session *ss, serve
                  "it captures no more\"}", s->o.dump_max_files);
     } else {
         char choice[16] = "";
-        if (j->req.n > 1) snprintf(choice, sizeof choice, ".c%d", index);
+        if (j->req.n * j->n_prompts > 1) snprintf(choice, sizeof choice, ".c%d", index);
         snprintf(c->name, sizeof c->name, "%s%s-%016llx%s.safetensors", j->req.chat ? "chatcmpl-" : "cmpl-", j->id,
                  random_part(), choice);
         ps.fresh = 1;  // a new name: nothing there is followed or replaced (host/util/outfile.h)

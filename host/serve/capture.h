@@ -1,9 +1,9 @@
 // capture.h: `serve --dump-acts DIR` and `--dump-attn DIR` (docs/server.md, "Captures"):
 // each finished choice's activations (attention weights) in one safetensors file in DIR,
-// named by the response's id and a random part (cmpl-ID-R.safetensors; cmpl-ID-R.cI.safetensors
-// for choice I of a request with n > 1), written when the choice ends (FILE.tmp.PID
-// renamed into place, never over an existing name, no link followed) and named in the
-// choice's "capture" member. At most --dump-max-files choices
+// named by the response's id and a random part (cmpl-ID-R.safetensors;
+// cmpl-ID-R.cI.safetensors for choice I of a request with several choices), written when
+// the choice ends (FILE.tmp.PID renamed into place, never over an existing name, no link
+// followed) and named in the choice's "capture" member. At most --dump-max-files choices
 // are captured per server run; later ones say so in that member. A choice that fails,
 // is cancelled or is cut by a shutdown leaves no file and is not counted.
 #ifndef VARENT_SERVE_CAPTURE_H

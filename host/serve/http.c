@@ -311,21 +311,20 @@ static const char *kind_code(server_err_kind k) {
     }
 }
 
-// The prompt's ids: text, token ids, or chat messages (rendered with the template,
-// or joined by newlines when the model has none). -1 with err.
-static int prompt_ids(server *s, const server_request *q, int **ids, verr *err) {
+// A prompt's ids: text, token ids, or chat messages (rendered with the template, or
+// joined by newlines when the model has none). -1 with err.
+static int prompt_ids(server *s, const server_request *q, const server_prompt *p, int **ids, verr *err) {
     const session *b = s->base;
-    if (q->prompt_ids) {
-        for (int i = 0; i < q->n_prompt_ids; i++)
-            if (q->prompt_ids[i] >= b->m.cfg.vocab_size)
-                return verr_set(err, "prompt: token id %d is outside the vocabulary (0..%d)", q->prompt_ids[i],
-                                b->m.cfg.vocab_size - 1);
-        *ids = malloc(sizeof(int) * (size_t)q->n_prompt_ids);
+    if (p && !p->text) {
+        for (int i = 0; i < p->n_ids; i++)
+            if (p->ids[i] >= b->m.cfg.vocab_size)
+                return verr_set(err, "token id %d is outside the vocabulary (0..%d)", p->ids[i], b->m.cfg.vocab_size - 1);
+        *ids = malloc(sizeof(int) * (size_t)p->n_ids);
         if (!*ids) return verr_set(err, "out of memory");
-        memcpy(*ids, q->prompt_ids, sizeof(int) * (size_t)q->n_prompt_ids);
-        return q->n_prompt_ids;
+        memcpy(*ids, p->ids, sizeof(int) * (size_t)p->n_ids);
+        return p->n_ids;
     }
-    if (!q->chat) return session_encode_prompt(b, q->prompt, ids, err);
+    if (p) return session_encode_prompt(b, p->text, ids, err);
     int escape = q->escape_special >= 0 ? q->escape_special : s->o.escape_special;
     if (s->has_chat) {
         chat_conv conv = { .fmt = s->chat_fmt, .opts = s->chat_opt, .escape_special = escape };
@@ -345,15 +344,49 @@ static int prompt_ids(server *s, const server_request *q, int **ids, verr *err) 
     return n;
 }
 
+// Every prompt's ids (chat: the one conversation), each checked against the context;
+// 0, or an HTTP status with msg and code. A batch's messages name the prompt ("prompt[2]").
+static int job_prompts(server *s, server_job *j, char *msg, size_t len, const char **code) {
+    const server_request *q = &j->req;
+    int n = q->chat ? 1 : q->n_prompts;
+    verr err = { { 0 } };
+    if (!(j->prompts = calloc((size_t)n, sizeof *j->prompts))) return snprintf(msg, len, "out of memory"), 500;
+    for (; j->n_prompts < n; j->n_prompts++) {
+        job_prompt *p = &j->prompts[j->n_prompts];
+        char where[48] = "";
+        if (!q->chat) snprintf(where, sizeof where, q->n_prompts > 1 ? "prompt[%d]: " : "prompt: ", j->n_prompts);
+        p->n_ids = prompt_ids(s, q, q->chat ? NULL : &q->prompts[j->n_prompts], &p->ids, &err);
+        if (p->n_ids < 0) return snprintf(msg, len, "%s%s", where, err.msg), 400;
+        if (p->n_ids == 0) return snprintf(msg, len, "%sthe prompt is empty (and the model adds no BOS token)", where), 400;
+        if (p->n_ids >= s->base->ctx) {
+            snprintf(msg, len, "%sthe prompt is %d tokens but the context holds %d (including at least one generated token)",
+                     where, p->n_ids, s->base->ctx);
+            return *code = "context_length_exceeded", 400;
+        }
+        j->prompt_tokens += p->n_ids;
+    }
+    return 0;
+}
+
+// The --lora-modules adapter a request's "model" selects (-1: the base model), or -2 for
+// a name this server refuses. Any name runs the base model, as llama-server does, except
+// under --strict-model and on a server with --lora-modules: there "model" chooses what
+// runs, and a misspelt adapter must not quietly run the base model.
+static int job_module(const server *s, const char *name) {
+    if (!name || !strcmp(name, s->model_id)) return -1;
+    int module = server_adapter_find(s, name);
+    return module >= 0 || !(s->o.strict_model || s->n_mods) ? module : -2;
+}
+
 // Checks what needs the model and fills the job; returns 0 or an HTTP status with msg.
 int server_prepare_job(server *s, server_job *j, char *msg, size_t len, const char **param, const char **code) {
     server_request *q = &j->req;
     verr err = { { 0 } };
     *param = q->chat ? "messages" : "prompt", *code = "invalid_value";
-    int module = q->model && strcmp(q->model, s->model_id) ? server_adapter_find(s, q->model) : -1;
-    if (q->model && strcmp(q->model, s->model_id) && module < 0) {
+    int module = job_module(s, q->model);
+    if (module == -2) {
         snprintf(msg, len, "the model '%.300s' does not exist (this server has '%s'%s)", q->model, s->model_id,
-                 s->n_mods ? " and its --lora-modules: GET /v1/models" : "");
+                 s->n_mods ? " and its --lora-modules: GET /v1/models" : ", and --strict-model");
         return *param = "model", *code = "model_not_found", 404;
     }
     if (server_job_adapters(s, j, module, &err)) return snprintf(msg, len, "%s", err.msg), 500;
@@ -363,14 +396,9 @@ int server_prepare_job(server *s, server_job *j, char *msg, size_t len, const ch
         return *param = "max_tokens", 400;
     }
     j->max_tokens = q->max_tokens >= 0 ? q->max_tokens : q->chat || limit < 16 ? limit : 16;
-    j->n_ids = prompt_ids(s, q, &j->ids, &err);
-    if (j->n_ids < 0) return snprintf(msg, len, "%s", err.msg), 400;
-    if (j->n_ids == 0) return snprintf(msg, len, "the prompt is empty (and the model adds no BOS token)"), 400;
-    if (j->n_ids >= s->base->ctx) {
-        snprintf(msg, len, "the prompt is %d tokens but the context holds %d (including at least one generated token)",
-                 j->n_ids, s->base->ctx);
-        return *code = "context_length_exceeded", 400;
-    }
+    if (q->metrics < 0) q->metrics = s->o.metrics;
+    int status = job_prompts(s, j, msg, len, code);
+    if (status) return status;
     if (logit_bias_check(q->bias, q->n_bias, s->base->m.cfg.vocab_size, &err))
         return snprintf(msg, len, "'logit_bias': %s", err.msg), *param = "logit_bias", 400;
     j->sampler = q->sampler >= 0 ? (gen_sampler)q->sampler : s->o.sampler;
@@ -511,13 +539,13 @@ int server_setup_model(server *s, verr *err) {
     if (!b->tok) return verr_set(err, "%s has no tokenizer.json, which the server needs", b->m.dir);
     if (s->o.model_id) {
         snprintf(s->model_id, sizeof s->model_id, "%s", s->o.model_id);
-    } else {  // the directory's last component
-        char dir[sizeof b->m.dir];
-        snprintf(dir, sizeof dir, "%s", b->m.dir);
-        size_t n = strlen(dir);
-        while (n > 1 && dir[n - 1] == '/') dir[--n] = 0;
-        const char *slash = strrchr(dir, '/');
-        snprintf(s->model_id, sizeof s->model_id, "%s", slash && slash[1] ? slash + 1 : dir);
+    } else {  // the last component of -m: a directory's name, a GGUF's file name (not its cache's hash)
+        char path[sizeof b->m.dir];
+        snprintf(path, sizeof path, "%s", s->o.model_path ? s->o.model_path : b->m.dir);
+        size_t n = strlen(path);
+        while (n > 1 && path[n - 1] == '/') path[--n] = 0;
+        const char *slash = strrchr(path, '/');
+        snprintf(s->model_id, sizeof s->model_id, "%s", slash && slash[1] ? slash + 1 : path);
     }
     sb_json_str(&s->model_json, s->model_id, strlen(s->model_id));
     s->clarifier = gen_find_clarifier(b);

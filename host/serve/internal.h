@@ -26,15 +26,27 @@ typedef struct {
     server_job *job;        // the other ranks: the job handed to this slot, under srv->tp_mu
 } server_slot;
 
+// One prompt of a job: its token ids and, with echo and logprobs, each prompt token's
+// logprob ([n_ids], entry 0 unused: it has no context) and top alternatives ([n_ids * k]),
+// scored once for all of its choices.
+typedef struct {
+    int *ids, n_ids;
+    double *echo_lp, *echo_top_lp;
+    int *echo_top, echo_scored;
+} job_prompt;
+
 // One completion request, shared by its connection thread and the slot that runs it.
+// Its choices run prompt by prompt: choice index p * n + i is prompt p's i-th.
 struct server_job {
     server *srv;
     server_request req;
-    int *ids, n_ids;          // the prompt's token ids
+    job_prompt *prompts;      // [n_prompts]: a chat request's one, or each completions prompt
+    int n_prompts;
+    int prompt_tokens;        // over all prompts (usage)
     int max_tokens;
     gen_sampler sampler;
     entropix_config ex;       // the profile (also classifies quadrants under standard)
-    uint64_t seed;            // choice i uses seed + i
+    uint64_t seed;            // each prompt's choice i uses seed + i
     char id[48];
     long created;             // unix time
     int fd;                   // the client's socket, polled for hangup while waiting
@@ -57,11 +69,7 @@ struct server_job {
     int refs;                 // under srv->mu: the connection and, once queued, the slot
     double t_new, t_start, prefill_s, decode_s;
     double token_s;           // time in the server's per-token callbacks (text, metrics, SSE)
-    int completion_tokens;
-    // echo with logprobs: each prompt token's logprob ([n_ids], entry 0 unused: it has no
-    // context) and top alternatives ([n_ids * k]); scored once for all the choices
-    double *echo_lp, *echo_top_lp;
-    int *echo_top, echo_scored;
+    int completion_tokens;    // generated tokens of every choice, a stop token (EOS) included
     lora_use *lora;           // the adapters this request runs with ([n_lora]: the base's, then its module)
     int n_lora;
     char *raw;                // tensor parallelism, rank 0: the request body, for the other ranks

@@ -43,7 +43,11 @@ void server_job_release(server_job *j) {
     if (!last) return;
     server_request_free(&j->req);
     free(j->raw);
-    free(j->ids), free(j->echo_lp), free(j->echo_top_lp), free(j->echo_top), free(j->lora);
+    for (int i = 0; i < j->n_prompts; i++) {
+        job_prompt *p = &j->prompts[i];
+        free(p->ids), free(p->echo_lp), free(p->echo_top_lp), free(p->echo_top);
+    }
+    free(j->prompts), free(j->lora);
     sb_free(&j->out), sb_free(&j->body), sb_free(&j->chunk_head);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
@@ -91,7 +95,8 @@ static server_job *queue_pop(server *s) {
 typedef struct {
     server_job *j;
     session *s;
-    int index;
+    job_prompt *p;    // its prompt
+    int index;        // in the response: p's number times n, plus its own
     tokenizer_stream *ts;
     sbuf text;        // the completion text so far (cut at a stop string)
     size_t sent;      // bytes of text already streamed
@@ -197,33 +202,33 @@ static void record_logprobs(choice *c, const gen_record *r, const char *t, size_
 // ---- echo: the prompt before the completion -----------------------------------------
 
 typedef struct {
-    server_job *j;
-    int vocab;
+    job_prompt *p;
+    int vocab, k;
 } echo_rows;
 
 static int echo_row(void *ud, int i, const float *lg) {
     echo_rows *e = ud;
-    server_job *j = e->j;
-    int k = j->req.top_logprobs, *top = j->echo_top + (size_t)i * k;
+    job_prompt *p = e->p;
+    int k = e->k, *top = p->echo_top + (size_t)i * k;
     double lz = log_sum_exp(lg, e->vocab);
-    j->echo_lp[i] = lg[j->ids[i]] - lz;
+    p->echo_lp[i] = lg[p->ids[i]] - lz;
     int got = top_ids(lg, e->vocab, k, top);
-    for (int t = 0; t < k; t++) j->echo_top_lp[(size_t)i * k + t] = t < got ? lg[top[t]] - lz : NAN;
+    for (int t = 0; t < k; t++) p->echo_top_lp[(size_t)i * k + t] = t < got ? lg[top[t]] - lz : NAN;
     return 0;
 }
 
 // Every prompt token's logprob and alternatives, from one teacher-forced pass over the
-// prompt on the slot's session (the first choice's; later choices reuse them).
-static int echo_score(session *s, server_job *j, verr *err) {
-    if (j->echo_scored) return 0;
-    size_t n = (size_t)j->n_ids, k = (size_t)j->req.top_logprobs;
-    j->echo_lp = malloc(sizeof(double) * n);
-    j->echo_top = malloc(sizeof(int) * (n * k + 1));
-    j->echo_top_lp = malloc(sizeof(double) * (n * k + 1));
-    if (!j->echo_lp || !j->echo_top || !j->echo_top_lp) return verr_set(err, "out of memory");
-    echo_rows e = { j, s->m.cfg.vocab_size };
-    if (j->n_ids > 1 && ppl_score_rows(s, j->ids, j->n_ids, 1, echo_row, &e, err)) return -1;
-    j->echo_scored = 1;
+// prompt on the slot's session (its first choice's; later choices reuse them).
+static int echo_score(session *s, server_job *j, job_prompt *p, verr *err) {
+    if (p->echo_scored) return 0;
+    size_t n = (size_t)p->n_ids, k = (size_t)j->req.top_logprobs;
+    p->echo_lp = malloc(sizeof(double) * n);
+    p->echo_top = malloc(sizeof(int) * (n * k + 1));
+    p->echo_top_lp = malloc(sizeof(double) * (n * k + 1));
+    if (!p->echo_lp || !p->echo_top || !p->echo_top_lp) return verr_set(err, "out of memory");
+    echo_rows e = { p, s->m.cfg.vocab_size, (int)k };
+    if (p->n_ids > 1 && ppl_score_rows(s, p->ids, p->n_ids, 1, echo_row, &e, err)) return -1;
+    p->echo_scored = 1;
     return 0;
 }
 
@@ -232,23 +237,24 @@ static int echo_score(session *s, server_job *j, verr *err) {
 // has none (null), as in OpenAI's echo.
 static int echo_prompt(choice *c, verr *err) {
     server_job *j = c->j;
-    if (j->req.logprobs && echo_score(c->s, j, err)) return -1;
-    for (int i = 0; i < j->n_ids; i++) {
+    job_prompt *p = c->p;
+    if (j->req.logprobs && echo_score(c->s, j, p, err)) return -1;
+    for (int i = 0; i < p->n_ids; i++) {
         const char *piece;
         verr e;
         size_t at = c->text.len, tn;
-        int n = tokenizer_stream_push(c->ts, j->ids[i], &piece, &e);
+        int n = tokenizer_stream_push(c->ts, p->ids[i], &piece, &e);
         if (n > 0) sb_put(&c->text, piece, (size_t)n);
         if (!j->req.logprobs) continue;
         int first = c->n_lp++ == 0, k = j->req.top_logprobs;
         for (int q = 0; q < 4; q++) sep(&c->lp[q], first);
-        const char *t = decode_one(c, j->ids[i], &tn);
+        const char *t = decode_one(c, p->ids[i], &tn);
         sb_json_str(&c->lp[0], t, tn);
         if (i == 0) {
             sb_puts(&c->lp[1], "null"), sb_puts(&c->lp[2], "null");
         } else {
-            sb_json_num(&c->lp[1], j->echo_lp[i]);
-            sb_top_map(&c->lp[2], j->echo_top + (size_t)i * k, j->echo_top_lp + (size_t)i * k, k, decode_one, c);
+            sb_json_num(&c->lp[1], p->echo_lp[i]);
+            sb_top_map(&c->lp[2], p->echo_top + (size_t)i * k, p->echo_top_lp + (size_t)i * k, k, decode_one, c);
         }
         sb_printf(&c->lp[3], "%zu", at);
     }
@@ -271,13 +277,16 @@ static void probe_members(choice *c) {
     free(buf);
 }
 
+// Per generated token, and for the stop token (EOS, end of turn) that ends a choice: it
+// is in the logprobs and metrics with empty text, as OpenAI and vLLM list it, so an echo
+// request's arrays always hold the prompt's tokens and then the generated ones.
 static int on_record(void *ud, const gen_record *r) {
     choice *c = ud;
     const server_request *q = &c->j->req;
     if (!q->metrics && !q->logprobs) return 0;
     double t0 = server_now();
-    size_t tn;
-    const char *t = decode_one(c, r->token, &tn);
+    size_t tn = 0;
+    const char *t = session_is_stop(c->s, r->token) ? "" : decode_one(c, r->token, &tn);
     if (q->metrics) {
         sep(&c->mx, c->n_mx++ == 0);
         sb_metrics(&c->mx, r, t, tn);
@@ -449,7 +458,8 @@ static const char *finish_reason(const choice *c, const gen_stats *st, int *cut)
 // Returns the tokens generated, or -1 with err; *cut when the server stopped it.
 static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, int *cut, verr *err) {
     session *s = &sl->s;
-    choice c = { .j = j, .s = s, .index = index, .ts = tokenizer_stream_new(s->tok, 1), .probe = sl->probe };
+    job_prompt *p = &j->prompts[index / j->req.n];
+    choice c = { .j = j, .s = s, .p = p, .index = index, .ts = tokenizer_stream_new(s->tok, 1), .probe = sl->probe };
     c.has_lz = j->req.metrics || j->sampler == GEN_ENTROPIX;
     if (!c.ts) return verr_set(err, "out of memory");
     if (session_set_lora(s, j->lora, j->n_lora, err)) return choice_free(&c), -1;  // this request's adapters
@@ -459,20 +469,22 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
     } else if (!j->req.chat) {  // a completion continues the prompt: keep its first token's leading space
         const char *t;
         verr e;
-        tokenizer_stream_push(c.ts, j->ids[j->n_ids - 1], &t, &e);
+        tokenizer_stream_push(c.ts, p->ids[p->n_ids - 1], &t, &e);
         tokenizer_stream_flush(c.ts, &t);
     }
-    gen_opts g = { .max_new = j->max_tokens, .seed = j->seed + (uint64_t)index, .sampler = j->sampler, .ex = &j->ex };
+    // each prompt's choice i draws with seed + i: a batch gives what its prompts give alone
+    gen_opts g = { .max_new = j->max_tokens, .seed = j->seed + (uint64_t)(index % j->req.n), .sampler = j->sampler,
+                   .ex = &j->ex };
     g.bias = j->req.bias, g.n_bias = j->req.n_bias;
     g.sp = (sampler_params){ (float)j->req.temperature, j->req.top_k, (float)j->req.top_p, (float)j->req.min_p };
     g.clarifier = j->srv->clarifier, g.want_metrics = j->req.metrics;
-    g.on_token = on_token, g.ud = &c, g.on_record = on_record, g.record_ud = &c;
+    g.on_token = on_token, g.ud = &c, g.on_record = on_record, g.record_ud = &c, g.record_stop = 1;
     g.need_logits = c.j->req.logprobs;  // record_logprobs reads s->fw.logits
     kv_cache_truncate(&s->kv, 0);
     gen_stats st = { 0 };
     int rc = g.max_new > 0 ? serve_cap_open(j->srv, j, index, s, &c.cap, err) : 0;  // after the prompt's scoring
     if (c.cap.active) c.probe = c.cap.pr, g.feed_last = c.cap.reserved;  // the files cover every position
-    if (rc == 0 && g.max_new > 0) rc = generate(s, j->ids, j->n_ids, &g, &st, err);  // max_tokens 0: echo alone
+    if (rc == 0 && g.max_new > 0) rc = generate(s, p->ids, p->n_ids, &g, &st, err);  // max_tokens 0: echo alone
     j->prefill_s += st.prefill_s, j->decode_s += st.decode_s;
     if (rc == 0) {
         const char *tail;
@@ -481,7 +493,7 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
         if (k > 0) sb_put(&c.text, tail, (size_t)k);
         if (k > 0 && j->req.n_stop) c.stop_hit = find_stop(&c, before);
         const char *finish = finish_reason(&c, &st, cut);
-        serve_cap_close(j->srv, &c.cap, !*cut && !atomic_load(&j->cancelled), j->ids, j->n_ids);
+        serve_cap_close(j->srv, &c.cap, !*cut && !atomic_load(&j->cancelled), p->ids, p->n_ids);
         if (j->req.stream) {
             if (c.text.len > c.sent || c.n_mx || c.n_lp) stream_event(&c, c.text.len, NULL);
             stream_event(&c, c.text.len, finish);
@@ -494,15 +506,15 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
         serve_cap_close(j->srv, &c.cap, 0, NULL, 0);
     }
     choice_free(&c);
-    return rc ? -1 : st.n_gen;
+    return rc ? -1 : st.n_gen + st.hit_eos;  // the stop token counts, as OpenAI and vLLM count it
 }
 
 // ---- one request ----------------------------------------------------------------
 
 static void put_usage(sbuf *b, server_job *j) {
-    int n = j->completion_tokens, d = n - j->req.n;
-    sb_printf(b, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", j->n_ids, n,
-              j->n_ids + n);
+    int n = j->completion_tokens, d = n - j->req.n * j->n_prompts;  // each choice's first token comes from its prefill
+    sb_printf(b, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", j->prompt_tokens,
+              n, j->prompt_tokens + n);
     sb_printf(b, ",\"timings\":{\"queued_s\":%.6f,\"prefill_s\":%.6f,\"decode_s\":%.6f,\"decode_tokens_per_s\":%.3f,"
                  "\"server_token_s\":%.6f}",
               j->t_start - j->t_new, j->prefill_s, j->decode_s, d > 0 && j->decode_s > 0 ? d / j->decode_s : 0.0,
@@ -562,10 +574,11 @@ static void finish_job(server_job *j, sbuf *choices, int cut, int *failed, verr 
 
 // Whether choice i runs: not after a cancel or a cut (rank 0's view on every rank).
 static int next_choice(server_job *j, int i, int cut) {
-    int go = i < j->req.n && !atomic_load(&j->cancelled) && !cut;
+    int total = j->req.n * j->n_prompts;
+    int go = i < total && !atomic_load(&j->cancelled) && !cut;
     if (!j->srv->o.tp) return go;
     go = server_tp_agree(j, go);
-    if (!go && i < j->req.n) atomic_store(&j->cancelled, 1);  // the other ranks learn rank 0's cancel
+    if (!go && i < total) atomic_store(&j->cancelled, 1);  // the other ranks learn rank 0's cancel
     return go;
 }
 
@@ -589,12 +602,12 @@ void server_run_job(server_slot *sl, server_job *j) {
         j->completion_tokens += n;
     }
     // choices not run because the server stops (or none: cancelled while queued) are cut too
-    cut = cut || (!failed && atomic_load(&j->srv->stopping) && (!j->started || i < j->req.n));
+    cut = cut || (!failed && atomic_load(&j->srv->stopping) && (!j->started || i < j->req.n * j->n_prompts));
     finish_job(j, &choices, cut, &failed, &err);
     sb_free(&choices);
     if (j->srv->o.verbose)
         fprintf(stderr, "varent serve: %s: prompt %d tokens, %d generated, prefill %.3f s, decode %.3f s%s%s\n", j->id,
-                j->n_ids, j->completion_tokens, j->prefill_s, j->decode_s, failed == 500 ? ", failed: " : "",
+                j->prompt_tokens, j->completion_tokens, j->prefill_s, j->decode_s, failed == 500 ? ", failed: " : "",
                 failed == 500 ? err.msg : cut ? ", stopped by shutdown" : atomic_load(&j->cancelled) ? ", cancelled" : "");
     pthread_mutex_lock(&j->mu);
     j->done = 1, j->failed = failed;

@@ -80,38 +80,52 @@ static int dup_str(char **dst, const char *s, server_request *r, verr *err) {
     return *dst ? 0 : bad(r, err, SRV_E_VALUE, "", "out of memory%s%s", NULL);
 }
 
-// "prompt": a string, [string], [id, ...] or [[id, ...]].
-static int parse_ids(server_request *r, const cJSON *arr, verr *err) {
+// One prompt's token ids (an array of integers >= 0) into p; *total counts the ids of
+// every prompt so far against SERVER_MAX_PROMPT_IDS.
+static int parse_ids(server_request *r, const cJSON *arr, server_prompt *p, long *total, verr *err) {
     int n = cJSON_GetArraySize(arr);
-    if (n == 0) return bad(r, err, SRV_E_VALUE, "prompt", "'%s' is an empty array%s", NULL);
-    if (n > SERVER_MAX_PROMPT_IDS) return bad(r, err, SRV_E_VALUE, "prompt", "'%s' has too many token ids%s", NULL);
-    r->prompt_ids = malloc(sizeof(int) * (size_t)n);
-    if (!r->prompt_ids) return bad(r, err, SRV_E_VALUE, "", "out of memory%s%s", NULL);
+    if (n == 0) return bad(r, err, SRV_E_VALUE, "prompt", "'%s' holds an empty array of token ids%s", NULL);
+    if ((*total += n) > SERVER_MAX_PROMPT_IDS)
+        return bad(r, err, SRV_E_VALUE, "prompt", "'%s' has too many token ids (1048576 in all)%s", NULL);
+    p->ids = malloc(sizeof(int) * (size_t)n);
+    if (!p->ids) return bad(r, err, SRV_E_VALUE, "", "out of memory%s%s", NULL);
     const cJSON *e;
     cJSON_ArrayForEach(e, arr) {
         if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 ||
             e->valuedouble > 0x7fffffff)
-            return bad(r, err, SRV_E_TYPE, "prompt", "'%s' must be a string or an array of token ids (integers >= 0)%s",
-                       NULL);
-        r->prompt_ids[r->n_prompt_ids++] = (int)e->valuedouble;
+            return bad(r, err, SRV_E_TYPE, "prompt",
+                       "'%s' must be a string, an array of token ids (integers >= 0), or an array of those%s", NULL);
+        p->ids[p->n_ids++] = (int)e->valuedouble;
     }
     return 0;
 }
 
+// "prompt": a string, token ids [id, ...], or a list of prompts [string | [id, ...], ...]
+// (OpenAI's batched form: one choice per prompt and n).
 static int parse_prompt(server_request *r, const cJSON *o, verr *err) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "prompt");
     if (!v) return bad(r, err, SRV_E_MISSING, "prompt", "'%s' is required%s", NULL);
-    if (cJSON_IsString(v)) return dup_str(&r->prompt, v->valuestring, r, err);
-    if (!cJSON_IsArray(v)) return bad_type(r, err, "prompt", v, "a string or an array of token ids");
-    const cJSON *first = v->child;
-    if (first && (cJSON_IsString(first) || cJSON_IsArray(first))) {
-        if (cJSON_GetArraySize(v) != 1)
-            return bad(r, err, SRV_E_UNSUPPORTED, "prompt", "'%s': batched prompts are not supported; send one per request%s",
-                       NULL);
-        if (cJSON_IsString(first)) return dup_str(&r->prompt, first->valuestring, r, err);
-        return parse_ids(r, first, err);
+    if (!cJSON_IsString(v) && !cJSON_IsArray(v)) return bad_type(r, err, "prompt", v, "a string or an array of token ids");
+    const cJSON *first = cJSON_IsArray(v) ? v->child : NULL;
+    int list = first && (cJSON_IsString(first) || cJSON_IsArray(first));
+    int n = list ? cJSON_GetArraySize(v) : 1;
+    if (n > SERVER_MAX_PROMPTS) return bad(r, err, SRV_E_VALUE, "prompt", "'%s' holds more than 4096 prompts%s", NULL);
+    r->prompts = calloc((size_t)n, sizeof *r->prompts);
+    if (!r->prompts) return bad(r, err, SRV_E_VALUE, "", "out of memory%s%s", NULL);
+    long total = 0;
+    const cJSON *e = list ? first : v;
+    for (; r->n_prompts < n; e = e->next) {
+        server_prompt *p = &r->prompts[r->n_prompts++];
+        if (cJSON_IsString(e)) {
+            if (dup_str(&p->text, e->valuestring, r, err)) return -1;
+        } else if (cJSON_IsArray(e) && (!list || !e->child || !cJSON_IsArray(e->child))) {
+            if (parse_ids(r, e, p, &total, err)) return -1;
+        } else {
+            return bad(r, err, SRV_E_TYPE, "prompt",
+                       "'%s' must be a string, an array of token ids, or an array of strings and token-id arrays%s", NULL);
+        }
     }
-    return parse_ids(r, v, err);
+    return 0;
 }
 
 // Message content: a string, null (""), or an array of {"type":"text","text":...} parts.
@@ -168,18 +182,22 @@ static int parse_messages(server_request *r, const cJSON *o, verr *err) {
     return 0;
 }
 
+// "stop": a string or an array of them, any number, SERVER_MAX_STOP_BYTES in all.
 static int parse_stop(server_request *r, const cJSON *o, verr *err) {
     const cJSON *v = field(o, "stop");
     if (!v) return 0;
     if (!cJSON_IsString(v) && !cJSON_IsArray(v)) return bad_type(r, err, "stop", v, "a string or an array of strings");
-    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > SERVER_MAX_STOP)
-        return bad(r, err, SRV_E_VALUE, "stop", "'%s' takes at most 4 strings%s", NULL);
+    int n = cJSON_IsString(v) ? 1 : cJSON_GetArraySize(v);
+    size_t total = 0;
+    r->stop = calloc((size_t)(n ? n : 1), sizeof *r->stop);
+    if (!r->stop) return bad(r, err, SRV_E_VALUE, "", "out of memory%s%s", NULL);
     const cJSON *e = cJSON_IsString(v) ? v : v->child;
     for (; e; e = cJSON_IsString(v) ? NULL : e->next) {
         if (!cJSON_IsString(e)) return bad_type(r, err, "stop", e, "a string or an array of strings");
-        size_t n = strlen(e->valuestring);
-        if (n == 0 || n > SERVER_MAX_STOP_LEN)
-            return bad(r, err, SRV_E_VALUE, "stop", "'%s': each stop string must be 1..256 bytes%s", NULL);
+        size_t len = strlen(e->valuestring);
+        if (len == 0) return bad(r, err, SRV_E_VALUE, "stop", "'%s': a stop string may not be empty%s", NULL);
+        if ((total += len) > SERVER_MAX_STOP_BYTES)
+            return bad(r, err, SRV_E_VALUE, "stop", "'%s': the stop strings hold more than 4096 bytes in all%s", NULL);
         if (dup_str(&r->stop[r->n_stop++], e->valuestring, r, err)) return -1;
     }
     return 0;
@@ -346,6 +364,8 @@ static int parse_fields(server_request *r, const cJSON *o, verr *err) {
         return -1;
     if (so && !cJSON_IsObject(so)) return bad_type(r, err, "stream_options", so, "an object");
     if (so && get_bool(r, so, "include_usage", &r->include_usage, err)) return -1;
+    if (!r->chat && (long)r->n_prompts * n > SERVER_MAX_CHOICES)
+        return bad(r, err, SRV_E_VALUE, "n", "'%s' times the prompts exceeds 4096 choices per request%s", NULL);
     r->max_tokens = (int)max_tokens, r->top_k = (int)top_k, r->n = (int)n;
     r->has_seed = seed >= 0, r->seed = seed >= 0 ? (uint64_t)seed : 0;
     return 0;
@@ -356,7 +376,7 @@ int server_parse_request(const char *body, size_t len, int chat, server_request 
     out->chat = chat, out->max_tokens = -1, out->n = 1;
     // the defaults of varent run and chat (host/decode/defaults.h)
     out->temperature = GEN_DEFAULT_TEMP, out->top_p = GEN_DEFAULT_TOP_P, out->min_p = GEN_DEFAULT_MIN_P;
-    out->sampler = -1, out->metrics = 1, out->escape_special = -1;
+    out->sampler = -1, out->metrics = -1, out->escape_special = -1;
     // NUL-terminated copy: cJSON's length-limited parse cannot reject trailing bytes.
     char *buf = malloc(len + 1);
     if (!buf) return bad(out, err, SRV_E_VALUE, "", "out of memory%s%s", NULL);
@@ -392,9 +412,12 @@ int server_parse_request(const char *body, size_t len, int chat, server_request 
 }
 
 void server_request_free(server_request *r) {
-    free(r->model), free(r->prompt), free(r->prompt_ids);
+    free(r->model);
+    for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i].text), free(r->prompts[i].ids);
+    free(r->prompts);
     for (int i = 0; i < r->n_msgs; i++) free(r->msgs[i].role), free(r->msgs[i].content);
     free(r->msgs), free(r->bias);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
     memset(r, 0, sizeof *r);
 }

@@ -11,9 +11,10 @@
 #include "host/runtime/logit_bias.h"
 #include "host/util/err.h"
 
-#define SERVER_MAX_STOP 4          // stop strings per request (OpenAI's limit)
-#define SERVER_MAX_STOP_LEN 256    // bytes per stop string
-#define SERVER_MAX_N 16            // choices per request
+#define SERVER_MAX_STOP_BYTES 4096 // stop strings per request: any number, this many bytes in all
+#define SERVER_MAX_N 16            // choices per prompt
+#define SERVER_MAX_PROMPTS 4096    // prompts per completions request
+#define SERVER_MAX_CHOICES 4096    // prompts x n per request
 #define SERVER_MAX_TOP_LOGPROBS 20 // alternatives per token
 #define SERVER_MAX_MESSAGES 4096
 #define SERVER_MAX_PROMPT_IDS (1 << 20)
@@ -26,7 +27,7 @@ typedef enum {
     SRV_E_TYPE,         // a field of the wrong JSON type
     SRV_E_VALUE,        // the right type, out of range or unknown
     SRV_E_MISSING,      // a required field is absent
-    SRV_E_UNSUPPORTED,  // valid OpenAI, not supported here (batched prompts, a penalty other than 0)
+    SRV_E_UNSUPPORTED,  // valid OpenAI, not supported here (a penalty other than 0)
     SRV_E_UNKNOWN,      // a field this endpoint does not know
 } server_err_kind;
 
@@ -34,11 +35,17 @@ typedef struct {
     char *role, *content;  // role: system (also "developer"), user, assistant, tool
 } server_msg;
 
+// One prompt of a completions request: text, or token ids.
+typedef struct {
+    char *text;                    // NULL when given as token ids
+    int *ids, n_ids;               // token ids ([n_ids]), checked against the vocab later
+} server_prompt;
+
 typedef struct {
     int chat;                      // 1: /v1/chat/completions
     char *model;                   // NULL: not given (the loaded one)
-    char *prompt;                  // completions: text (NULL when given as token ids)
-    int *prompt_ids, n_prompt_ids; // completions: token ids ([n_prompt_ids]), checked against the vocab later
+    server_prompt *prompts;        // completions: [n_prompts] (a list of prompts answers each, in order)
+    int n_prompts;
     server_msg *msgs;              // chat: [n_msgs]
     int n_msgs;
     int max_tokens;                // -1: not given; 0 only with echo (score the prompt alone)
@@ -49,15 +56,15 @@ typedef struct {
     int top_k;                     // 0: off
     int has_seed;
     uint64_t seed;
-    char *stop[SERVER_MAX_STOP];   // non-empty strings
+    char **stop;                   // [n_stop] non-empty strings, SERVER_MAX_STOP_BYTES in all
     int n_stop;
     int stream, include_usage;     // include_usage: stream_options.include_usage
-    int n;                         // choices, 1..SERVER_MAX_N
+    int n;                         // choices per prompt, 1..SERVER_MAX_N
     int sampler;                   // -1: server default; else a gen_sampler value
     char profile[32];              // "": server default; else a known profile name
     int logprobs;                  // 1: return per-token logprobs
     int top_logprobs;              // alternatives per token, 0..SERVER_MAX_TOP_LOGPROBS
-    int metrics;                   // 1 (default): per-token entropix metrics in choices[i].metrics
+    int metrics;                   // 1: per-token entropix metrics in choices[i].metrics; -1: the server's default
     int escape_special;            // chat: 1 special-token text in messages is plain text, 0 parsed, -1 server default
     // On failure: the field at fault ("" for the body as a whole) and the kind.
     char param[64];

@@ -23,7 +23,11 @@ typedef struct {
     int header_timeout_s;       // a deadline for a request's headers, from the connection's start or the
                                 // previous request's end (>= 1; host/serve/conns.c)
     int max_per_ip;             // open connections from one client address
-    const char *model_id;       // name in /v1/models (NULL: the model directory's basename)
+    const char *model_id;       // --alias: the id in /v1/models (NULL: model_path's file or directory name)
+    const char *model_path;     // the -m value (a directory or a GGUF file); NULL: the loaded directory
+    int strict_model;           // a request's "model" must be the id or a --lora-modules name (else a 404);
+                                // 0: any other name runs the base model, as llama-server does
+    int metrics;                // requests that do not say get per-token metrics (choices[i].metrics)
     gen_sampler sampler;        // defaults when a request names none
     const char *profile;
     const char *chat_template;  // NULL: the model's; none recognised: messages joined by newlines

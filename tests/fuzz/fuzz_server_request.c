@@ -21,16 +21,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         FUZZ_CHECK(r.chat == chat);
         FUZZ_CHECK(r.n >= 1 && r.n <= SERVER_MAX_N);
-        FUZZ_CHECK(r.n_stop >= 0 && r.n_stop <= SERVER_MAX_STOP);
-        for (int i = 0; i < r.n_stop; i++) FUZZ_CHECK(r.stop[i] && r.stop[i][0] && strlen(r.stop[i]) <= SERVER_MAX_STOP_LEN);
+        size_t stop_bytes = 0;
+        for (int i = 0; i < r.n_stop; i++) {
+            FUZZ_CHECK(r.stop[i] && r.stop[i][0]);
+            stop_bytes += strlen(r.stop[i]);
+        }
+        FUZZ_CHECK(r.n_stop >= 0 && stop_bytes <= SERVER_MAX_STOP_BYTES);
         FUZZ_CHECK(r.top_logprobs >= 0 && r.top_logprobs <= SERVER_MAX_TOP_LOGPROBS);
         FUZZ_CHECK(r.max_tokens >= -1);
         if (chat) {
             FUZZ_CHECK(r.n_msgs >= 1 && r.n_msgs <= SERVER_MAX_MESSAGES);
             for (int i = 0; i < r.n_msgs; i++) FUZZ_CHECK(r.msgs[i].role && r.msgs[i].content);
         } else {
-            FUZZ_CHECK(r.prompt || r.n_prompt_ids > 0);
-            FUZZ_CHECK(r.n_prompt_ids >= 0 && r.n_prompt_ids <= SERVER_MAX_PROMPT_IDS);
+            FUZZ_CHECK(r.n_prompts >= 1 && r.n_prompts <= SERVER_MAX_PROMPTS && r.n_prompts * r.n <= SERVER_MAX_CHOICES);
+            long ids = 0;
+            for (int i = 0; i < r.n_prompts; i++) {
+                FUZZ_CHECK(r.prompts[i].text || r.prompts[i].n_ids > 0);
+                ids += r.prompts[i].n_ids;
+            }
+            FUZZ_CHECK(ids <= SERVER_MAX_PROMPT_IDS);
         }
     }
     server_request_free(&r);

@@ -249,7 +249,9 @@ def seeds_server(out):
              "logprobs": 3, "stream": True, "stream_options": {"include_usage": True}},
             {"prompt": ["one"], "top_p": 0.9, "top_k": 40, "min_p": 0.05, "sampler": "entropix", "profile": "seed",
              "metrics": False, "user": "x"},
-            {"prompt": [[1, 2, 3]], "max_tokens": None, "stop": "END"}]
+            {"prompt": [[1, 2, 3]], "max_tokens": None, "stop": "END"},
+            {"prompt": [[1, 2, 3], "two", [4]], "n": 3, "echo": True, "max_tokens": 1, "logprobs": 1,
+             "stop": ["\nclass", "\ndef", "\n#", "\nif", "\nprint", "</s>"]}]
     chat = [{"messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 8},
             {"messages": [{"role": "developer", "content": "Be brief."},
                           {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},

@@ -4,8 +4,11 @@ python3-selenium with chromium-driver, against `varent serve` on stories260K.
 Types a prompt, generates (entropix), waits for streamed tokens, checks the token spans
 are coloured by quadrant (the class and the computed background both), hovers one for
 its metrics card, checks the chart has one point per token, the entropy/varentropy
-lines and the profile's threshold lines, runs the stock-vs-entropix side-by-side mode,
-and saves a screenshot under tests/tmp that is checked to be a non-blank PNG.
+lines and the profile's threshold lines (their labels in the margin, right of every
+point), runs the stock-vs-entropix side-by-side mode (both charts on one y scale), holds
+a two-turn chat (the second request carries the first turn; New chat forgets it), and
+saves a screenshot under tests/tmp that is checked to be a non-blank PNG. The page's
+temperature is the shared default (0.7) and its requests ask for metrics.
 SKIPs when selenium, chromium or chromedriver is absent.
 """
 import os
@@ -107,6 +110,11 @@ def main():
         wait = poll
         check(wait(lambda: drv.find_elements(By.CSS_SELECTOR, "#profile option")), "page_loads_profiles",
               "the profile list stayed empty")
+        temp = drv.find_element(By.ID, "temperature").get_attribute("value")
+        check(temp == "0.7", "page_temperature_is_the_shared_default", temp)
+        # every request the page sends, as JSON (the chat turns and the metrics flag are read from them)
+        drv.execute_script("window.sent = []; const f = window.fetch; window.fetch = (u, o) => "
+                           "{ if (o && o.body) window.sent.push(JSON.parse(o.body)); return f(u, o); };")
         box = drv.find_element(By.ID, "prompt")
         box.clear()
         box.send_keys("Once upon a time, there was a cat")
@@ -129,6 +137,12 @@ def main():
         ths = drv.find_elements(By.CSS_SELECTOR, ".pane svg.chart line.threshold")
         check(len(pts) == n_metrics and n_metrics >= 10 and len(lines) == 2 and len(ths) >= 2, "chart_drawn",
               f"{len(pts)} points for {n_metrics} tokens, {len(lines)} lines, {len(ths)} thresholds")
+        xs = drv.execute_script("const s = document.querySelector('.pane svg.chart'); return ["
+                                "Math.max(...[...s.querySelectorAll('circle.pt')].map((c) => +c.getAttribute('cx') + 3)), "
+                                "Math.min(...[...s.querySelectorAll('text.threshold-label')].map((t) => t.getBBox().x))]")
+        check(xs[1] > xs[0], "threshold_labels_right_of_the_points", f"points end at x {xs[0]}, labels start at {xs[1]}")
+        sent = drv.execute_script("return window.sent")
+        check(len(sent) == 1 and sent[0].get("metrics") is True, "page_asks_for_metrics", str(sent)[:200])
         ActionChains(drv).move_to_element(spans[min(4, len(spans) - 1)]).perform()
         card = drv.find_element(By.ID, "card")
         check(wait(lambda: card.is_displayed(), 5) and "entropy" in card.text and "varentropy" in card.text,
@@ -146,13 +160,50 @@ def main():
         samplers = [p.get_attribute("data-sampler") for p in drv.find_elements(By.CSS_SELECTOR, ".pane")]
         stock = drv.find_elements(By.CSS_SELECTOR, ".pane[data-sampler=standard] .tok")
         check(samplers == ["standard", "entropix"] and len(stock) > 0, "compare_stock_and_entropix", str(samplers))
+        scales = drv.execute_script("return panes.map((p) => [p.svg.dataset.ymax, "
+                                    "Math.max(...p.metrics.map((m) => Math.max(m.entropy, m.varentropy)))])")
+        check(len(scales) == 2 and scales[0][0] == scales[1][0] and float(scales[0][0]) >= max(x[1] for x in scales),
+              "compare_charts_share_one_y_scale", str(scales))
         drv.save_screenshot(os.path.join(vtest.TESTTMP, "browser-compare.png"))
+        test_chat(drv, By)
         logs = [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"] if hasattr(drv, "get_log") else []
         check(not logs, "no_console_errors", str(logs[:2]))
     finally:
         drv.quit()
         srv.stop()
     vtest.done()
+
+
+def test_chat(drv, By):
+    """Two chat turns: the second request holds the first turn (the user's message and the
+    reply the page showed); New chat starts over."""
+    drv.find_element(By.ID, "compare").click()  # one pane again
+    drv.find_element(By.ID, "chat").click()
+    drv.find_element(By.ID, "max-tokens").clear()
+    drv.find_element(By.ID, "max-tokens").send_keys("12")
+    drv.execute_script("window.sent = []")
+    for turn, text in ((1, "Tell me about a cat."), (2, "What did the cat do next?")):
+        box = drv.find_element(By.ID, "prompt")
+        box.clear()
+        box.send_keys(text)
+        drv.find_element(By.ID, "go").click()
+        poll(lambda: f"turn {turn}" in drv.find_element(By.ID, "status").text, 30)
+    sent = drv.execute_script("return window.sent")
+    reply = drv.execute_script("return panes[0].reply")
+    msgs = sent[1].get("messages", []) if len(sent) == 2 else []
+    check([m["role"] for m in msgs] == ["user", "assistant", "user"] and msgs[0]["content"] == "Tell me about a cat."
+          and msgs[2]["content"] == "What did the cat do next?" and msgs[1]["content"] and
+          drv.execute_script("return conversations.entropix[3].content") == reply, "chat_is_multi_turn",
+          str(sent)[:400])
+    turns = drv.find_elements(By.CSS_SELECTOR, ".pane .turn")
+    check(len(turns) == 3, "chat_pane_shows_the_conversation", f"{len(turns)} turns shown")
+    drv.find_element(By.ID, "new-chat").click()
+    box = drv.find_element(By.ID, "prompt")
+    box.send_keys("Hello")
+    drv.find_element(By.ID, "go").click()
+    poll(lambda: "turn 1" in drv.find_element(By.ID, "status").text, 30)
+    sent = drv.execute_script("return window.sent")
+    check(len(sent) == 3 and len(sent[2]["messages"]) == 1, "new_chat_forgets_the_conversation", str(sent[-1:])[:300])
 
 
 def poll(cond, timeout=20):

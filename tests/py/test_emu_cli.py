@@ -141,7 +141,7 @@ def test_serve(model):
     finally:
         vtest.VARENT = saved
     try:
-        body = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 12, "seed": 9}
+        body = {"messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 12, "seed": 9, "metrics": True}
         st, r = srv.post("/v1/chat/completions", body)
         c = (r.get("choices") or [{}])[0]
         check(st == 200 and isinstance(c.get("message", {}).get("content"), str) and len(c.get("metrics", [])) > 0,

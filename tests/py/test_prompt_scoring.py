@@ -150,7 +150,7 @@ def test_bias_server(srv, model_dir, model, tag):
     want = greedy_with_bias(model, ids, bias, 6)
     plain = greedy_with_bias(model, ids, {}, 6)
     st, r = srv.post("/v1/completions", {"prompt": ids, "max_tokens": 6, "temperature": 0, "logprobs": 0,
-                                         "logit_bias": {str(k): v for k, v in bias.items()}})
+                                         "logit_bias": {str(k): v for k, v in bias.items()}, "metrics": True})
     got = [m["token"] for m in r["choices"][0]["metrics"]] if st == 200 else None
     check(got == want and want != plain, f"{tag}_logit_bias_greedy_follows_reference",
           f"got {got}, want {want} (unbiased {plain})")

@@ -95,7 +95,7 @@ def test_completion_matches_cli(srv, model):
             ("entropix", ("--sampler", "entropix", "--profile", "seed"), {"sampler": "entropix", "profile": "seed"}),
             ("entropix-jax", ("--sampler", "entropix", "--profile", "jax"), {"sampler": "entropix", "profile": "jax"})):
         want = run_cli(model, 60, 7, *extra)
-        st, r = srv.post("/v1/completions", dict(prompt=PROMPT, max_tokens=60, seed=7, **params))
+        st, r = srv.post("/v1/completions", dict(prompt=PROMPT, max_tokens=60, seed=7, metrics=True, **params))
         got = completion_text(r) if st == 200 else None
         first = r["choices"][0]["metrics"][0]["token"] if st == 200 else -1
         check(same_as_run(model, got, want, first), f"completion_equals_varent_run_{sampler}",
@@ -103,7 +103,7 @@ def test_completion_matches_cli(srv, model):
 
 
 def test_completion_shape(srv):
-    st, r = srv.post("/v1/completions", {"model": srv.model, "prompt": PROMPT, "max_tokens": 12, "seed": 3})
+    st, r = srv.post("/v1/completions", {"model": srv.model, "prompt": PROMPT, "max_tokens": 12, "seed": 3, "metrics": True})
     c = r.get("choices", [{}])[0]
     u = r.get("usage", {})
     ok = st == 200 and r["object"] == "text_completion" and r["id"].startswith("cmpl-") and r["model"] == srv.model \
@@ -136,7 +136,7 @@ def test_default_seed(srv):
 def test_metrics_and_logprobs_vs_reference(srv, model):
     ids = [1, 403, 407, 261, 378, 284, 315]  # BOS + token ids of a story opening
     st, r = srv.post("/v1/completions", {"prompt": ids, "max_tokens": 8, "seed": 11, "logprobs": 3,
-                                         "temperature": 0.9})
+                                         "temperature": 0.9, "metrics": True})
     if not check(st == 200, "ids_prompt", str(r)[:300]):
         return
     c = r["choices"][0]
@@ -184,7 +184,7 @@ def test_metrics_and_logprobs_vs_reference(srv, model):
 
 
 def test_streaming(srv):
-    body = {"prompt": PROMPT, "max_tokens": 40, "seed": 5, "sampler": "entropix"}
+    body = {"prompt": PROMPT, "max_tokens": 40, "seed": 5, "sampler": "entropix", "metrics": True}
     st, plain = srv.post("/v1/completions", body)
     st2, ctype, ev, done = srv.stream("/v1/completions", dict(body, stream=True, stream_options={"include_usage": True}))
     text = stream_text(ev)
@@ -203,7 +203,7 @@ def test_streaming(srv):
 def test_chat(srv):
     body = {"messages": [{"role": "system", "content": "Tell a story."},
                          {"role": "user", "content": [{"type": "text", "text": "Once upon a time"}]}],
-            "max_tokens": 30, "seed": 9}
+            "max_tokens": 30, "seed": 9, "metrics": True}
     st, r = srv.post("/v1/chat/completions", body)
     c = r.get("choices", [{}])[0]
     ok = st == 200 and r["object"] == "chat.completion" and r["id"].startswith("chatcmpl-") and \
@@ -229,7 +229,7 @@ def test_chat(srv):
 
 
 def test_n_and_stop(srv):
-    st, r = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 20, "seed": 21, "n": 3})
+    st, r = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 20, "seed": 21, "n": 3, "metrics": True})
     st0, r0 = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 20, "seed": 21})
     st1, r1 = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 20, "seed": 22})
     ch = r.get("choices", [])
@@ -254,6 +254,101 @@ def test_n_and_stop(srv):
             text, fin = completion_text(r), [r["choices"][0]["finish_reason"]]
         check(st == 200 and text == full[:stop_at] and fin == ["stop"], f"stop_string_{'stream' if stream else 'plain'}",
               f"{text!r} vs {full[:stop_at]!r} {fin}")
+
+
+def test_batch_prompts(srv):
+    """A list of prompts: one choice per prompt and n, prompt by prompt (index p * n + i),
+    each what its prompt gives alone with the same seed; streamed the same."""
+    ids = json.loads(vtest.varent("tokenize", "-m", srv.model_dir, "The dog ran").stdout)
+    prompts = [PROMPT, "Tom had a red ball", [1] + ids]
+    body = {"max_tokens": 10, "seed": 4, "n": 2, "logprobs": 1, "metrics": True}
+    st, r = srv.post("/v1/completions", dict(body, prompt=prompts))
+    alone = [srv.post("/v1/completions", dict(body, prompt=p))[1] for p in prompts]
+    ch = r.get("choices", []) if st == 200 else []
+    want = [c for a in alone for c in a.get("choices", [])]
+    same = [c["index"] for c in ch] == list(range(6)) and \
+        all(c["text"] == w["text"] and c["logprobs"] == w["logprobs"] and c["metrics"] == w["metrics"]
+            for c, w in zip(ch, want))
+    check(st == 200 and len(ch) == 6 and same, "batch_choices_in_order_as_alone", json.dumps(r)[:300])
+    u = r.get("usage", {})
+    check(st == 200 and u["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone) and
+          u["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone) ==
+          sum(len(c["metrics"]) for c in ch), "batch_usage_sums_prompts", f"{u} vs {[a['usage'] for a in alone]}")
+    st, _, ev, done = srv.stream("/v1/completions", dict(body, prompt=prompts, stream=True))
+    check(st == 200 and done and [stream_text(ev, index=i) for i in range(6)] == [c["text"] for c in ch],
+          "batch_streamed", "streamed choices differ from plain")
+    st, r = srv.post("/v1/completions", {"prompt": [[1, 5], [1, 99999]], "max_tokens": 1})
+    check(st == 400 and "prompt[1]" in r["error"]["message"], "batch_error_names_prompt", str(r)[:200])
+    # many stop strings (lm-eval sends its task's list whole): any number is fine
+    st0, r0 = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 20, "seed": 21})
+    full = completion_text(r0) if st0 == 200 else ""
+    word = full.split()[2] if len(full.split()) > 2 else "the"
+    stops = [f"zzq{i}" for i in range(40)] + [word]
+    st, r = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 20, "seed": 21, "stop": stops})
+    check(st == 200 and completion_text(r) == full[:full.find(word)] and r["choices"][0]["finish_reason"] == "stop",
+          "stop_41_strings", f"{st} {str(r)[:200]} vs {full[:full.find(word)]!r}")
+
+
+def test_metrics_opt_in(srv):
+    """Per-token metrics come when asked ("metrics": true), or by default under --metrics."""
+    body = {"prompt": PROMPT, "max_tokens": 64, "seed": 2, "temperature": 0}
+    st, _, plain = srv.request("POST", "/v1/completions", body)
+    st2, _, full = srv.request("POST", "/v1/completions", dict(body, metrics=True))
+    a, b = json.loads(plain), json.loads(full)
+    check(st == st2 == 200 and "metrics" not in a["choices"][0] and len(b["choices"][0]["metrics"]) ==
+          b["usage"]["completion_tokens"] and a["choices"][0]["text"] == b["choices"][0]["text"],
+          "metrics_only_when_asked", f"{len(plain)} bytes plain, {len(full)} with metrics")
+    print(f"# 64 tokens: {len(plain)} bytes without metrics, {len(full)} with")
+
+
+def test_metrics_flag(slow):
+    st, r = slow.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "seed": 1})
+    st2, r2 = slow.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "seed": 1, "metrics": False})
+    check(st == st2 == 200 and len(r["choices"][0].get("metrics", [])) == 3 and "metrics" not in r2["choices"][0],
+          "metrics_flag_default_on", f"{str(r)[:200]} {str(r2)[:200]}")
+
+
+def test_model_names(model):
+    """Any "model" runs the model by default (llama-server's rule), --strict-model keeps the
+    404; the id is -m's file or directory name (a GGUF's file name, not its cache's hash),
+    --alias sets it; GET /v1/models lists it."""
+    body = {"prompt": PROMPT, "max_tokens": 2, "seed": 1}
+    srv = Server(model, "-t", 1, name="serve-names")
+    try:
+        st, r = srv.post("/v1/completions", dict(body, model="gpt-4o-mini"))
+        st2, r2 = srv.post("/v1/chat/completions", {"model": "anything", "messages": [{"role": "user", "content": "hi"}],
+                                                    "max_tokens": 2})
+        check(st == 200 and st2 == 200 and r["model"] == r2["model"] == os.path.basename(model), "any_model_name_accepted",
+              f"{st} {str(r)[:200]} {st2}")
+        st, m = srv.json("GET", "/v1/models/gpt-4o-mini")
+        check(st == 404 and m["error"]["code"] == "model_not_found", "models_get_still_names_only_the_id", f"{st} {m}")
+    finally:
+        srv.stop()
+    srv = Server(model, "-t", 1, "--alias", "my-model", "--strict-model", name="serve-names-strict")
+    try:
+        st, m = srv.json("GET", "/v1/models")
+        ids = [x["id"] for x in m.get("data", [])]
+        st1, r1 = srv.post("/v1/completions", dict(body, model="my-model"))
+        st2, r2 = srv.post("/v1/completions", dict(body, model="gpt-4"))
+        check(st == 200 and ids == ["my-model"] and st1 == 200 and r1["model"] == "my-model", "alias_sets_the_id",
+              f"{ids} {st1} {str(r1)[:200]}")
+        check(st2 == 404 and error_shape(r2) and r2["error"]["code"] == "model_not_found" and
+              r2["error"]["param"] == "model" and "--strict-model" in r2["error"]["message"], "strict_model_404",
+              f"{st2} {r2}")
+    finally:
+        srv.stop()
+    gguf = os.path.join(vtest.TESTDATA, "gguf-tiny", "tiny.gguf")
+    os.environ["XDG_CACHE_HOME"] = vtest.tmpdir("serve-names-cache")  # the conversion's cache, not the user's
+    srv = Server(gguf, "-t", 1, name="serve-names-gguf")
+    try:
+        st, m = srv.json("GET", "/v1/models")
+        st1, r1 = srv.post("/v1/completions", dict(body, model="gpt-4o-mini"))
+        check(st == 200 and [x["id"] for x in m["data"]] == ["tiny.gguf"] and st1 == 200 and r1["model"] == "tiny.gguf",
+              "gguf_named_by_its_file", f"{m} {st1} {str(r1)[:200]}")
+    finally:
+        srv.stop()
+    r = vtest.varent("serve", "-m", model, "--alias", "", timeout=30)
+    check(r.returncode == 2 and "--alias" in r.stderr, "cli_error_empty_alias", r.stderr[-200:])
 
 
 def test_errors(srv):
@@ -283,18 +378,23 @@ def test_errors(srv):
          "temperature"),
         ("n_zero", "/v1/completions", {"prompt": "x", "n": 0}, 400, "invalid_value", "n"),
         ("max_tokens_zero", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "invalid_value", "max_tokens"),
-        ("too_many_stops", "/v1/completions", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "invalid_value",
-         "stop"),
+        ("stop_strings_too_long", "/v1/completions", {"prompt": "x", "stop": ["a" * 3000, "b" * 1097]}, 400,
+         "invalid_value", "stop"),
         ("empty_stop", "/v1/completions", {"prompt": "x", "stop": [""]}, 400, "invalid_value", "stop"),
         ("bad_sampler", "/v1/completions", {"prompt": "x", "sampler": "magic"}, 400, "invalid_value", "sampler"),
         ("bad_profile", "/v1/completions", {"prompt": "x", "profile": "nope"}, 400, "invalid_value", "profile"),
         ("logprobs_too_many", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "invalid_value", "logprobs"),
         ("top_logprobs_without_logprobs", "/v1/chat/completions",
          {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "invalid_value", "top_logprobs"),
-        ("batched_prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "unsupported_parameter", "prompt"),
+        ("prompt_nested_too_deep", "/v1/completions", {"prompt": [[[1]]]}, 400, "invalid_type", "prompt"),
+        ("prompt_list_with_number", "/v1/completions", {"prompt": ["a", 5]}, 400, "invalid_type", "prompt"),
+        ("prompt_list_empty_ids", "/v1/completions", {"prompt": [[1, 5], []]}, 400, "invalid_value", "prompt"),
+        ("prompt_empty_list", "/v1/completions", {"prompt": []}, 400, "invalid_value", "prompt"),
+        ("prompts_times_n_over_4096", "/v1/completions", {"prompt": ["a"] * 300, "n": 16}, 400, "invalid_value", "n"),
+        ("batch_token_id_out_of_vocab", "/v1/completions", {"prompt": [[1, 5], [1, 99999]]}, 400, "invalid_value",
+         "prompt"),
         ("token_id_out_of_vocab", "/v1/completions", {"prompt": [1, 99999]}, 400, "invalid_value", "prompt"),
         ("negative_token_id", "/v1/completions", {"prompt": [1, -3]}, 400, "invalid_type", "prompt"),
-        ("unknown_model", "/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model_not_found", "model"),
         ("max_tokens_over_limit", "/v1/completions", {"prompt": "x", "max_tokens": 201}, 400, "invalid_value",
          "max_tokens"),
         ("prompt_longer_than_context", "/v1/completions", {"prompt": "Once upon a time " * 100}, 400,
@@ -486,6 +586,7 @@ def test_cli_errors(model):
 def main():
     model = vtest.stories_dir()
     test_cli_errors(model)
+    test_model_names(model)
     srv = Server(model, "--parallel", 2, "-t", 1, "--ctx", 256, "--max-tokens-limit", 200, "--max-body", 65536)
     srv.model, srv.model_dir = os.path.basename(model), model
     try:
@@ -497,13 +598,16 @@ def main():
         test_streaming(srv)
         test_chat(srv)
         test_n_and_stop(srv)
+        test_batch_prompts(srv)
+        test_metrics_opt_in(srv)
         test_errors(srv)
         test_concurrent(srv)
     finally:
         code = srv.stop(signal.SIGINT)
     check(code == 0, "sigint_exit_0", f"exit {code}: {srv.text()[-300:]}")
-    slow = Server(model, "--parallel", 1, "-t", 1, "--token-delay-ms", 20, name="serve-slow")
+    slow = Server(model, "--parallel", 1, "-t", 1, "--token-delay-ms", 20, "--metrics", name="serve-slow")
     try:
+        test_metrics_flag(slow)
         test_disconnect(slow)
         test_drain(slow)
     finally:

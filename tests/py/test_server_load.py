@@ -35,7 +35,7 @@ MALFORMED = [
     b"{", b"not json at all", b'{"prompt": 5}', b'{"prompt": "x", "max_tokens": -1}', b"[]", b"null",
     b'{"prompt": "x", "temperature": "warm"}', b'{"prompt": "x", "max_tokens": 1000}', b'{"prompt": "x", "n": 99}',
     b"[" * 3000 + b"]" * 3000, b'{"prompt": "x", "top_p": 1e999}', b'{"prompt": "x"} trailing',
-    b'{"prompt": [1, 2, 100000]}', b'{"prompt": "x", "stop": [1]}', b'{"prompt": "x", "model": "other"}',
+    b'{"prompt": [1, 2, 100000]}', b'{"prompt": "x", "stop": [1]}', b'{"prompt": [[1], "x", 5]}',
     b'{"prompt": "\xff\xfe"', b'{"prompt": "x", "logprobs": 50}',
 ]
 

@@ -106,7 +106,7 @@ def test_serve(tmp, stories):
     two = start_server([MPIRUN, "--allow-run-as-root", "--oversubscribe", "-np", "2", vtest.VARENT, *common, "--port",
                         str(ports[1]), "--tp", "2", "--dump-acts", dirs[2][0], "--dump-attn", dirs[2][1]], ports[1])
     try:
-        body = {"prompt": [1, 403, 407, 261], "max_tokens": 5, "temperature": 0}
+        body = {"prompt": [1, 403, 407, 261], "max_tokens": 5, "temperature": 0, "metrics": True}
         try:
             a, b = json.loads(post(ports[0], "/v1/completions", body)), json.loads(post(ports[1], "/v1/completions", body))
         except Exception as e:

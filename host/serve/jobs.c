@@ -477,6 +477,8 @@ static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, 
                    .ex = &j->ex };
     g.bias = j->req.bias, g.n_bias = j->req.n_bias;
     g.sp = (sampler_params){ (float)j->req.temperature, j->req.top_k, (float)j->req.top_p, (float)j->req.min_p };
+    g.pen = (sampler_penalties){ .repeat = (float)j->req.repeat_penalty, .presence = (float)j->req.presence,
+                                 .frequency = (float)j->req.frequency, .last_n = j->req.repeat_last_n };
     g.clarifier = j->srv->clarifier, g.want_metrics = j->req.metrics;
     g.on_token = on_token, g.ud = &c, g.on_record = on_record, g.record_ud = &c, g.record_stop = 1;
     g.need_logits = c.j->req.logprobs;  // record_logprobs reads s->fw.logits

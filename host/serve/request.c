@@ -274,6 +274,7 @@ static const struct {
     { "temperature", 3 }, { "top_p", 3 }, { "top_k", 3 }, { "min_p", 3 }, { "seed", 3 }, { "stop", 3 }, { "n", 3 },
     { "stream", 3 }, { "stream_options", 3 }, { "sampler", 3 }, { "profile", 3 }, { "logprobs", 3 },
     { "top_logprobs", 2 }, { "metrics", 3 }, { "escape_special", 3 }, { "echo", 1 }, { "logit_bias", 3 },
+    { "presence_penalty", 3 }, { "frequency_penalty", 3 }, { "repeat_penalty", 3 }, { "repeat_last_n", 3 },
 };
 
 // OpenAI fields accepted because they change nothing here: any value of the first
@@ -283,10 +284,7 @@ static const char *const no_effect_any[] = { "user", "store", "metadata", "servi
 static int neutral_field(server_request *r, const cJSON *o, const char *name, verr *err) {
     const cJSON *v = field(o, name);
     const char *want = NULL;
-    if (!strcmp(name, "frequency_penalty") || !strcmp(name, "presence_penalty")) {
-        if (!v || (cJSON_IsNumber(v) && v->valuedouble == 0)) return 0;
-        want = "0";
-    } else if (!strcmp(name, "best_of")) {
+    if (!strcmp(name, "best_of")) {
         if (!v || (cJSON_IsNumber(v) && v->valuedouble == 1)) return 0;
         want = "1";
     } else if (!strcmp(name, "suffix")) {
@@ -310,7 +308,7 @@ static const struct {
     const char *name;
     int where;
 } no_effect_neutral[] = {
-    { "frequency_penalty", 3 }, { "presence_penalty", 3 }, { "best_of", 1 }, { "suffix", 1 },
+    { "best_of", 1 }, { "suffix", 1 },
     { "tools", 2 }, { "tool_choice", 2 }, { "response_format", 2 },
 };
 
@@ -347,7 +345,7 @@ static int parse_fields(server_request *r, const cJSON *o, verr *err) {
     // a missing prompt or messages first: a chat body with a "prompt" lacks its messages
     if (r->chat ? parse_messages(r, o, err) : parse_prompt(r, o, err)) return -1;
     if (check_field_names(r, o, err)) return -1;
-    int64_t max_tokens = -1, top_k = GEN_DEFAULT_TOP_K, n = 1, seed = -1;
+    int64_t max_tokens = -1, top_k = GEN_DEFAULT_TOP_K, n = 1, seed = -1, last_n = -1;
     const char *max_name = r->chat && field(o, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (get_bool(r, o, "echo", &r->echo, err)) return -1;
     const cJSON *mt = field(o, max_name);
@@ -360,8 +358,12 @@ static int parse_fields(server_request *r, const cJSON *o, verr *err) {
         get_int(r, o, "seed", 0, 9007199254740992.0, &seed, err) || parse_stop(r, o, err) ||
         get_bool(r, o, "stream", &r->stream, err) || parse_sampler(r, o, err) || parse_logprobs(r, o, err) ||
         get_bool(r, o, "metrics", &r->metrics, err) || get_bool(r, o, "escape_special", &r->escape_special, err) ||
-        parse_logit_bias(r, o, err))
+        parse_logit_bias(r, o, err) || get_number(r, o, "presence_penalty", -2, 2, &r->presence, err) ||
+        get_number(r, o, "frequency_penalty", -2, 2, &r->frequency, err) ||
+        get_number(r, o, "repeat_penalty", 1e-6, 1e6, &r->repeat_penalty, err) ||
+        get_int(r, o, "repeat_last_n", -1, 0x7fffffff, &last_n, err))
         return -1;
+    r->repeat_last_n = (int)last_n;
     if (so && !cJSON_IsObject(so)) return bad_type(r, err, "stream_options", so, "an object");
     if (so && get_bool(r, so, "include_usage", &r->include_usage, err)) return -1;
     if (!r->chat && (long)r->n_prompts * n > SERVER_MAX_CHOICES)
@@ -376,6 +378,7 @@ int server_parse_request(const char *body, size_t len, int chat, server_request 
     out->chat = chat, out->max_tokens = -1, out->n = 1;
     // the defaults of varent run and chat (host/decode/defaults.h)
     out->temperature = GEN_DEFAULT_TEMP, out->top_p = GEN_DEFAULT_TOP_P, out->min_p = GEN_DEFAULT_MIN_P;
+    out->repeat_penalty = 1, out->repeat_last_n = -1;
     out->sampler = -1, out->metrics = -1, out->escape_special = -1;
     // NUL-terminated copy: cJSON's length-limited parse cannot reject trailing bytes.
     char *buf = malloc(len + 1);

@@ -54,6 +54,9 @@ typedef struct {
     int n_bias;
     double temperature, top_p, min_p;  // defaults 1, 1, 0
     int top_k;                     // 0: off
+    double presence, frequency;    // OpenAI's penalties, -2..2 (0: off; host/runtime/sampler.h)
+    double repeat_penalty;         // llama-server's repeat_penalty (1: off)
+    int repeat_last_n;             // the penalties' window, prompt included (-1: all of it)
     int has_seed;
     uint64_t seed;
     char **stop;                   // [n_stop] non-empty strings, SERVER_MAX_STOP_BYTES in all

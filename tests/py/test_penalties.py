@@ -7,12 +7,15 @@ Greedy runs on stories260K: at every step the reference takes the numpy model's 
 computes them from the window's counts, and the token varent chose must be the
 reference's argmax (within a tie margin). Each setting must also change the text, so a
 penalty that does nothing fails. The emulated CUDA device (its draws read the same host
-copy of the penalised logits) must choose the same tokens as the CPU."""
+copy of the penalised logits) must choose the same tokens as the CPU. `varent serve` takes
+the same penalties as OpenAI's presence_penalty and frequency_penalty and llama-server's
+repeat_penalty and repeat_last_n: its greedy tokens must follow the same reference."""
 import json
 import os
 
 import numpy as np
 
+import servertest
 import vtest
 from vtest import check, done, skip, stories_dir, tmpdir
 import ref_model
@@ -102,6 +105,36 @@ for name, kw, flags, wrong in CASES:
 # --repeat-last-n 0: the window is empty, nothing is penalised
 toks, why = generated("--presence-penalty", 2, "--frequency-penalty", 2, "--repeat-last-n", 0)
 check(toks == plain, "penalty_window_zero_is_off", why or f"{toks} vs {plain}")
+
+# the server: each request's tokens (its metrics name them) follow the same reference, up
+# to an end of text the server stops at (the CLI runs with --ignore-eos)
+FIELDS = {"presence": "presence_penalty", "frequency": "frequency_penalty", "repeat": "repeat_penalty",
+          "last_n": "repeat_last_n"}
+srv = servertest.Server(model_dir, "-t", 1, "--max-tokens-limit", N, name="penalties")
+try:
+    for name, kw, flags, wrong in CASES:
+        body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "metrics": True}
+        body.update({FIELDS[k]: v for k, v in kw.items()})
+        st, r = srv.post("/v1/completions", body)
+        got = [m["token"] for m in r["choices"][0]["metrics"]] if st == 200 else None
+        if got is None or len(got) < 8:
+            check(False, f"serve_penalty_{name}", f"status {st}: {str(r)[:300]}")
+            continue
+        cli = results[name][0] or []
+        check(got == cli[:len(got)], f"serve_penalty_{name}_same_as_run", f"{got} vs run's {cli[:len(got)]}")
+        ids = list(PROMPT)
+        bad = ""
+        for i, t in enumerate(got):
+            x = penalised(ref_model.forward(model, ids)[-1], ids, **kw)
+            if x[t] < x.max() - TIE and not bad:
+                bad = f"step {i}: the server chose {t}, the reference {int(x.argmax())}"
+            ids.append(t)
+        check(not bad, f"serve_penalty_{name}_matches_numpy", bad)
+    st, r = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": N, "temperature": 0, "metrics": True})
+    got = [m["token"] for m in r["choices"][0]["metrics"]] if st == 200 else None
+    check(got is not None and got == plain[:len(got)], "serve_penalty_none_is_plain", f"{got} vs {plain}")
+finally:
+    srv.stop()
 
 # the emulated CUDA device chooses the same tokens (the draw reads the penalised host copy)
 emu = os.path.join(os.environ.get("EMU_BUILD", os.path.join(vtest.ROOT, "build", "emu")), "varent")

@@ -31,7 +31,9 @@
 # device tool brings back): summary.txt, decode-trace.tsv, ab.tsv and logs.tar.gz (every
 # raw log, repacked after each stage).
 # Env: OUT (/tmp/gpu-window), DEADLINE (480 s; 300 emulated), STAGES (all, in order),
-#      MODELS (smollm2-135m llama-3.2-1b; emulated llama3-tiny), ROUNDS (3 A/B rounds),
+#      MODELS (smollm2-135m qwen3-0.6b llama-3.2-1b, issue 34's goal table; the last one is
+#      traced; emulated llama3-tiny), ROUNDS (3 A/B rounds), AB_RUNS (3 bench runs each: the
+#      first prefill is cold, so a median of 1 is not a prefill figure; emulated 1),
 #      N (256 decode steps), PROMPT (512), CUR_VARENT and CUR_TESTS (the current binary and
 #      test programs; not VARENT, which make test sets to its own build), BASE_VARENT (the
 #      baseline binary; default the bundle's), GUARD_TESTS (the guard's programs), WEIGHTS (/tmp/weights), PYTHON,
@@ -67,7 +69,8 @@ if [ $emulated = 1 ]; then
     export WEIGHTS=${WEIGHTS:-$WORK/weights}
 else
     export DEADLINE=${DEADLINE:-480} ROUNDS=${ROUNDS:-3} N=${N:-256} PROMPT=${PROMPT:-512}
-    export MODELS=${MODELS:-smollm2-135m llama-3.2-1b} BIG_MODEL=${BIG_MODEL:-llama-3.1-8b}
+    export MODELS=${MODELS:-smollm2-135m qwen3-0.6b llama-3.2-1b} BIG_MODEL=${BIG_MODEL:-llama-3.1-8b}
+    export AB_RUNS=${AB_RUNS:-3}
     if [ -z "$stage_only" ] && [ ! -x .gpu/build/varent ]; then
         [ -f .gpu/bundle.tar.xz ] || { echo "gpu-window: no .gpu/build and no .gpu/bundle.tar.xz (run tools/gpu-bundle.sh)" >&2; exit 1; }
         tar -xJf .gpu/bundle.tar.xz -C .gpu || exit 1
@@ -215,7 +218,7 @@ stage_ab() {
     base_id=$(build_id "$BASE_VARENT")
     note "current: $cur_id; baseline: $base_id"
     local m d r b
-    [ -s "$OUT/ab.tsv" ] || printf 'model\tbuild\tround\tdecode_tok_s\n' >"$OUT/ab.tsv"
+    [ -s "$OUT/ab.tsv" ] || printf 'model\tbuild\tround\tdecode_tok_s\tprefill_tok_s\n' >"$OUT/ab.tsv"
     for m in $MODELS; do
         d=$(model_dir "$m") || { note "$m: could not write the checkpoint (models.log)"; continue; }
         for r in $(seq 1 "$ROUNDS"); do
@@ -223,14 +226,17 @@ stage_ab() {
                 local bin=$CUR_VARENT
                 [ $b = base ] && bin=$BASE_VARENT
                 local o=$WORK/ab-$m-$b-$r.txt
-                bench "$o" "$bin" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 --sampler none
-                printf '%s\t%s\t%s\t%s\n' "$m" "$b" "$r" "$(decode_tps "$o")" >>"$OUT/ab.tsv"
+                bench "$o" "$bin" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs "${AB_RUNS:-1}" --sampler none
+                printf '%s\t%s\t%s\t%s\t%s\n' "$m" "$b" "$r" "$(decode_tps "$o")" "$(field prefill 4 "$o")" >>"$OUT/ab.tsv"
             done
         done
         local c0 b0
         c0=$(awk -v m="$m" '$1 == m && $2 == "current" { print $4 }' "$OUT/ab.tsv" | median)
         b0=$(awk -v m="$m" '$1 == m && $2 == "base" { print $4 }' "$OUT/ab.tsv" | median)
         note "$m: decode current $c0 tok/s, baseline $b0 tok/s: $(ratio "$c0" "$b0")x (medians of $ROUNDS, interleaved)"
+        c0=$(awk -v m="$m" '$1 == m && $2 == "current" { print $5 }' "$OUT/ab.tsv" | median)
+        b0=$(awk -v m="$m" '$1 == m && $2 == "base" { print $5 }' "$OUT/ab.tsv" | median)
+        note "$m: prefill current $c0 tok/s, baseline $b0 tok/s: $(ratio "$c0" "$b0")x (each a median of ${AB_RUNS:-1} runs)"
         note "$m: current $(grep -h '^decode step' "$WORK/ab-$m-current-1.txt")"
     done
     # The current build alone: the CLI's default context, and the samplers' decode loops.

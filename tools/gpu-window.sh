@@ -332,9 +332,35 @@ stage_kbench() {
     grep -h '^BENCH' "$WORK/kbench-kernels.txt" "$WORK/kbench-sample.txt" | sed 's/^BENCH /  /' >>"$WORK/$STAGE.summary"
 }
 
+# llama-bench from the bundle's llama.cpp sources (tools/gpu-bundle.sh), into .gpu/llamacpp.
+build_llamacpp() {
+    local src=.gpu/llamacpp-src/tree b=.gpu/llamacpp-src/build jobs=$(( $(nproc) > 4 ? $(nproc) - 2 : 1 ))
+    local t0=$SECONDS
+    rm -rf "$src" && mkdir -p "$src" && tar -xJf .gpu/llamacpp-src/llamacpp-src.tar.xz -C "$src" || return 1
+    command -v cmake >/dev/null || { echo "no cmake on this machine"; return 1; }
+    local gen=()
+    command -v ninja >/dev/null && gen=(-G Ninja)
+    cmake -S "$src" -B "$b" "${gen[@]}" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF \
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release || return 1
+    cmake --build "$b" --target llama-bench -j"$jobs" || return 1
+    mkdir -p .gpu/llamacpp
+    cp "$b/bin/llama-bench" .gpu/llamacpp/ || return 1
+    echo "$(cat .gpu/llamacpp-src/VERSION); built in $((SECONDS - t0)) s" >.gpu/llamacpp/VERSION
+    echo "llama-bench built in $((SECONDS - t0)) s"
+}
+
 stage_llamacpp() {
     [ "$EMULATED" = 1 ] && skip "llama.cpp runs on hardware only"
     local lb=$ROOT/.gpu/llamacpp/llama-bench
+    local bp=$WORK/llamacpp-build.pid
+    if [ ! -x "$lb" ] && [ -f "$bp" ]; then  # built here, beside the earlier stages: wait for it within this share
+        local w0=$SECONDS
+        note "waiting for the llama.cpp build started with the window (its progress: llamacpp-build.log)"
+        while [ ! -x "$lb" ] && kill -0 "$(cat "$bp")" 2>/dev/null; do sleep 2; done
+        [ -x "$lb" ] || skip "the llama.cpp build failed (llamacpp-build.log: $(grep -m1 -iE 'error|no cmake' "$WORK/llamacpp-build.log" | cut -c1-160))"
+        note "llama.cpp: $(cat "$ROOT/.gpu/llamacpp/VERSION"); this stage waited $((SECONDS - w0)) s for it"
+    fi
     [ -x "$lb" ] || skip "no llama.cpp build in the bundle ($(cat "$ROOT/.gpu/llamacpp.why" 2>/dev/null || echo 'tools/gpu-bundle.sh LLAMACPP=1'))"
     local m d g
     for m in $MODELS; do
@@ -381,6 +407,15 @@ mode=hardware
 mkdir -p "$WEIGHTS"
 setsid nice -n 10 bash -c "$(declare -f gen_model prepare_models); prepare_models" >>"$WORK/models.log" 2>&1 &
 echo $! >"$WORK/models.pid"
+# llama.cpp's sources in the bundle and no llama-bench: the machine builds it (16 cores,
+# nvcc, cmake) while the first stages run, at a low priority, leaving two cores free.
+if [ $emulated = 0 ] && [ ! -x .gpu/llamacpp/llama-bench ] && [ -f .gpu/llamacpp-src/llamacpp-src.tar.xz ] &&
+    case " $STAGES " in *" llamacpp "*) true ;; *) false ;; esac; then
+    setsid nice -n 15 bash -c "$(declare -f build_llamacpp); build_llamacpp" >"$WORK/llamacpp-build.log" 2>&1 &
+    echo $! >"$WORK/llamacpp-build.pid"
+    echo "  llama.cpp: built here from the bundle's sources, beside the stages (nice 15, $(( $(nproc) > 4 ? $(nproc) - 2 : 1 )) jobs)" \
+        >>"$OUT/summary.txt"
+fi
 pack() { tar -czf "$OUT/logs.tar.gz.tmp" -C "$WORK" --exclude weights . 2>/dev/null && mv "$OUT/logs.tar.gz.tmp" "$OUT/logs.tar.gz"; }
 
 for s in $ALL_STAGES; do
@@ -412,5 +447,9 @@ for s in $ALL_STAGES; do
 done
 kill -- -"$(cat "$WORK/models.pid")" 2>/dev/null  # its own process group (setsid): the writer and its python
 rm -f "$WORK/models.pid"
+if [ -f "$WORK/llamacpp-build.pid" ]; then
+    kill -- -"$(cat "$WORK/llamacpp-build.pid")" 2>/dev/null
+    rm -f "$WORK/llamacpp-build.pid"
+fi
 echo "gpu-window: $((SECONDS - start)) s; logs in $OUT/logs.tar.gz" >>"$OUT/summary.txt"
 cat "$OUT/summary.txt"

@@ -81,15 +81,16 @@ static void read_args(args *a, calib_args *c) {
     c->force = args_flag(a, "--force");
 }
 
-// -o and --dump replace a file only with --force, checked before the model loads.
+// -o and --dump replace an existing file only with --force (host/util/outfile.h's
+// refuse_existing), checked before the model loads; a stream or device is written in place.
+static outfile_opts calib_out_opts(const calib_args *c, const char *flag) {
+    return (outfile_opts){ .refuse_existing = 1, .force = c->force, .flag = flag };
+}
+
 static int check_outputs(const calib_args *c, verr *err) {
-    const char *paths[2] = { c->out, c->dump }, *flags[2] = { "-o", "--dump" };
-    for (int i = 0; i < 2 && !c->force; i++) {
-        struct stat st;
-        if (paths[i] && stat(paths[i], &st) == 0 && S_ISREG(st.st_mode))
-            return verr_set(err, "%s %s: the file exists (--force replaces it)", flags[i], paths[i]);
-    }
-    return 0;
+    outfile_opts o = calib_out_opts(c, "-o"), d = calib_out_opts(c, "--dump");
+    if (c->out && outfile_check(c->out, &o, err)) return -1;
+    return c->dump ? outfile_check(c->dump, &d, err) : 0;
 }
 
 static const char *const PROMPTS[] = {
@@ -162,9 +163,9 @@ static int measure_corpus(calib_args *c, session *s, calib_samples *out, verr *e
     return rc;
 }
 
-static int write_dump(const char *path, const calib_samples *cs, verr *err) {
+static int write_dump(const calib_args *c, const char *path, const calib_samples *cs, verr *err) {
     outfile o;
-    outfile_opts oo = { .flag = "--dump" };
+    outfile_opts oo = calib_out_opts(c, "--dump");
     if (outfile_open(&o, path, &oo, err)) return -1;
     for (long k = 0; k < cs->n; k++) {
         const token_metrics *m = &cs->m[k];
@@ -184,13 +185,13 @@ static int write_outputs(calib_args *c, const calib_samples *cs, verr *err) {
     calib_fit fit;
     if (calib_fit_run(cs, c->lo, c->hi, c->name, &fit, err)) return -1;
     outfile o;
-    outfile_opts oo = { .flag = "-o" };
+    outfile_opts oo = calib_out_opts(c, "-o");
     int rc = outfile_open(&o, c->out, &oo, err);
     if (rc == 0) {
         calib_write_profile(o.f, &fit, cs, c->so.model_dir, source);
         rc = outfile_commit(&o, err);
     }
-    if (rc == 0 && c->dump) rc = write_dump(c->dump, cs, err);
+    if (rc == 0 && c->dump) rc = write_dump(c, c->dump, cs, err);
     if (rc == 0) {
         calib_report_md(stdout, &fit, cs, c->so.model_dir, source);
         printf("\nprofile written to %s (use --profile %s)\n", c->out, c->out);

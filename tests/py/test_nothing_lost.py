@@ -130,8 +130,8 @@ WRITERS = [
     Writer("eval_metrics", "records", ".jsonl", lambda p, m, lg: [
         "eval", "-m", m, "-t", "1", "--seed", "1", "-n", "4", "--tasks", TASKS[2], "--samplers", "greedy", "-q",
         "--metrics-out", p], gen=True),
-    Writer("calibrate_out", "document", ".json", lambda p, m, lg: [
-        "calibrate", "-m", m, "-t", "1", "-f", CORPUS, "--max-tokens", "20", "-q", "-o", p], force=False),
+    Writer("calibrate_out", "capture", ".json", lambda p, m, lg: [  # replaces a file only with --force
+        "calibrate", "-m", m, "-t", "1", "-f", CORPUS, "--max-tokens", "20", "-q", "-o", p]),
     Writer("cvector_out", "document", ".gguf", lambda p, m, lg: [
         "cvector", "-m", m, "-t", "1", "--positive", POS, "--negative", NEG, "-o", p], force=False),
     Writer("eval_summary", "document", ".md", lambda p, m, lg: [

@@ -37,7 +37,8 @@
 #      N (256 decode steps), PROMPT (512), CUR_VARENT and CUR_TESTS (the current binary and
 #      test programs; not VARENT, which make test sets to its own build), BASE_VARENT (the
 #      baseline binary; default the bundle's), GUARD_TESTS (the guard's programs), WEIGHTS (/tmp/weights), PYTHON,
-#      PLANT_HANG=STAGE (the stage sleeps first: the deadline's own test).
+#      PLANT_HANG=STAGE (the stage sleeps first: the deadline's own test), AB_VARIANTS
+#      ("LABEL ENV=V... --flag V...;...": the current build again with each, per model).
 set -u
 cd "$(dirname "$0")/.."
 export ROOT=$PWD
@@ -239,6 +240,31 @@ stage_ab() {
         note "$m: prefill current $c0 tok/s, baseline $b0 tok/s: $(ratio "$c0" "$b0")x (each a median of ${AB_RUNS:-1} runs)"
         note "$m: current $(grep -h '^decode step' "$WORK/ab-$m-current-1.txt")"
     done
+    # Variants of the current build (AB_VARIANTS: "LABEL ENV=V... --flag V...;..."), each
+    # against the current build's median: a switch the change put behind a flag or env var.
+    local v label words e a
+    if [ -n "${AB_VARIANTS:-}" ]; then
+        for m in $MODELS; do
+            d=$(model_dir "$m") || continue
+            c0=$(awk -v m="$m" '$1 == m && $2 == "current" { print $4 }' "$OUT/ab.tsv" | median)
+            while IFS= read -r v; do
+                read -r label words <<<"$v"
+                [ -n "$label" ] || continue
+                e=()
+                a=()
+                for w in $words; do
+                    case $w in *=*) [ ${#a[@]} -eq 0 ] && { e+=("$w"); continue; } ;; esac
+                    a+=("$w")
+                done
+                (
+                    [ ${#e[@]} -eq 0 ] || export "${e[@]}"
+                    bench "$WORK/ab-$m-variant-$label.txt" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" \
+                        --runs "${AB_RUNS:-1}" --sampler none "${a[@]}"
+                )
+                note "$m: variant $label ($words): decode $(decode_tps "$WORK/ab-$m-variant-$label.txt") tok/s (current $c0); $(grep -h '^decode step' "$WORK/ab-$m-variant-$label.txt" | cut -c13-80)"
+            done <<<"$(echo "$AB_VARIANTS" | tr ';' '\n')"
+        done
+    fi
     # The current build alone: the CLI's default context, and the samplers' decode loops.
     for m in $MODELS; do
         d=$(model_dir "$m") || continue

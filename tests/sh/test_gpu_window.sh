@@ -81,7 +81,7 @@ echo "the current emulated build without CUDA graphs" >"$TMP/base/COMMIT"
 deadline=${WINDOW_DEADLINE:-300}
 [ -n "${ASAN_OPTIONS:-}" ] && deadline=${WINDOW_DEADLINE:-1200}  # make test-asan: every stage several times slower
 start=$SECONDS
-OUT=$TMP/out WORK=$TMP/work DEADLINE=$deadline PLANT_HANG=facts BASE_VARENT=$TMP/base/varent \
+OUT=$TMP/out WORK=$TMP/work DEADLINE=$deadline PLANT_HANG=facts BASE_VARENT=$TMP/base/varent AB_VARIANTS='graphs-off VARENT_CUDA_GRAPHS=0' \
     EMU_BUILD=$EMU PYTHON=$PY tools/gpu-window.sh --emulated >"$TMP/window.log" 2>&1
 rc=$?
 took=$((SECONDS - start))
@@ -115,6 +115,8 @@ order=$(awk 'NR > 1 { printf "%s ", $2 }' "$TMP/out/ab.tsv" 2>/dev/null)
 [ "$n_cur" -ge 2 ] && [ "$n_cur" = "$n_base" ] && [[ $order == "current base current base"* ]] &&
     grep -Eq 'decode current [0-9.]+ tok/s, baseline [0-9.]+ tok/s: [0-9.]+x' "$S"
 ok gpu_window_ab_compares_two_builds $? "current $n_cur, base $n_base, order: $order; $(grep -A3 '^stage ab' "$S")"
+grep -q 'variant graphs-off (VARENT_CUDA_GRAPHS=0): decode [0-9.]* tok/s.* 0 graph nodes' "$S"
+ok gpu_window_ab_variant_takes_its_env $? "$(grep 'variant' "$S")"
 
 # The trace: one row per graph node of each step kind, as varent bench counted them.
 mkdir -p "$TMP/logs"

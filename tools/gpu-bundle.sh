@@ -150,8 +150,8 @@ if [ "$total" -gt $((limit_mb << 20)) ] && [ -x "$out/llamacpp/llama-bench" -o -
 fi
 mb() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 say "$out/bundle.tar.xz: $(mb "$(stat -c %s "$out/bundle.tar.xz")"), with the working tree $(mb "$total") of $limit_mb MiB"
-lc=$(cat "$out/llamacpp/VERSION" "$out/llamacpp-src/VERSION" 2>/dev/null | head -1)
-[ -n "$lc" ] || lc=$(cat "$out/llamacpp.why" 2>/dev/null)
+lc=$(cat "$out/llamacpp/VERSION" "$out/llamacpp-src/VERSION" 2>/dev/null | head -1 || true)
+[ -n "$lc" ] || lc=$(cat "$out/llamacpp.why" 2>/dev/null || true)
 say "current $(cat "$out/build/COMMIT"); baseline $(cat "$out/base/COMMIT" 2>/dev/null || echo none); llama.cpp: $lc"
 say "libraries: $(ls "$out/lib" | tr '\n' ' ')"
 if [ "$total" -gt $((limit_mb << 20)) ]; then

@@ -91,7 +91,9 @@ ALL_STAGES="facts guard ab trace ncu kbench llamacpp big"
 STAGES=${STAGES:-$ALL_STAGES}
 
 # Each stage's share of the deadline (per mille of it when every stage runs).
-share_of() {
+share_of() {  # per mille; SHARE_<stage>=N overrides one (a window that needs more A/B time)
+    local v="SHARE_$1"
+    [ -n "${!v:-}" ] && { echo "${!v}"; return; }
     case $1 in
     facts) echo 60 ;; guard) echo 160 ;; ab) echo 200 ;; trace) echo 150 ;; ncu) echo 110 ;;
     kbench) echo 100 ;; llamacpp) echo 120 ;; big) echo 100 ;; *) echo 0 ;;

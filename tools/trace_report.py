@@ -160,15 +160,17 @@ def report(path, kind, tsv, append):
             f.write(HEADER)
         for k, i, name, dur, gap in rows:
             f.write(f"{k}\t{i}\t{name}\t{dur:.2f}\t{gap:.2f}\n")
-    spans = [(n[-1].end - n[0].start) / 1e3 for _, n in steps]
-    busy = [sum(r.end - r.start for r in n) / 1e3 for _, n in steps]
+    spans = [(max(r.end for r in n) - n[0].start) / 1e3 for _, n in steps]
+    busy = [union_us(n) for _, n in steps]  # with PDL a node starts before the one ahead ends
+    overlap = [sum(r.end - r.start for r in n) / 1e3 - union_us(n) for _, n in steps]
     per_token = [(b[0].start - a[0].start) / 1e3 for a, b in zip(steps, steps[1:])]
     lengths, dev_work, host_calls = between(steps, recs, device, graph)
     n_gaps = max(1, len(lengths))
     print(f"trace {kind}: {len(steps)} steps of graph {graph}, {len(rows)} nodes each "
           f"({dropped} records dropped)")
     print(f"  step span {median(spans):.1f} us, busy {median(busy):.1f} us "
-          f"({100 * median(busy) / median(spans):.0f}%), idle inside {median(spans) - median(busy):.1f} us")
+          f"({100 * median(busy) / median(spans):.0f}%), idle inside {median(spans) - median(busy):.1f} us"
+          + (f"; nodes overlapped {median(overlap):.1f} us (programmatic dependent launch)" if median(overlap) > 0 else ""))
     print(f"  launch to launch {median(per_token):.1f} us ({1e6 / median(per_token):.0f} tok/s traced); "
           f"between steps {median(lengths):.1f} us")
     for name, v in sorted(dev_work.items(), key=lambda kv: -sum(kv[1])):
@@ -178,6 +180,19 @@ def report(path, kind, tsv, append):
     slow = sorted(rows, key=lambda r: -r[3])[:5]
     print("  slowest nodes: " + "; ".join(f"#{i} {name} {dur:.1f} us" for _, i, name, dur, _ in slow))
     return 0
+
+
+def union_us(nodes):
+    """The time (us) covered by at least one of the nodes' intervals."""
+    total, end = 0, None
+    for r in sorted(nodes, key=lambda r: r.start):
+        if end is None or r.start >= end:
+            total += r.end - r.start
+            end = r.end
+        elif r.end > end:
+            total += r.end - end
+            end = r.end
+    return total / 1e3
 
 
 def main():

@@ -57,6 +57,21 @@ rc=$?
 [ $rc -eq 1 ] && grep -q 'no graph launch' "$TMP/empty.err"
 ok trace_report_no_graph $? "rc $rc: $(cat "$TMP/empty.err")"
 
+# Overlapping nodes (programmatic dependent launch: k2 starts 2 us before k1 ends): the
+# busy time is the union of the intervals, and the overlap is reported, not counted twice.
+cat >"$TMP/overlap.raw" <<'EOF'
+# varent-trace 1
+A	100000	101000	1	0	0	9	cudaGraphLaunch_v10000
+K	102000	108000	1	9	38654705664	3	_Z2k1v
+K	106000	112000	1	9	38654705665	3	_Z2k2v
+A	120000	121000	2	0	0	9	cudaGraphLaunch_v10000
+K	122000	128000	2	9	38654705664	3	_Z2k1v
+K	126000	132000	2	9	38654705665	3	_Z2k2v
+EOF
+"$PY" tools/trace_report.py "$TMP/overlap.raw" --kind overlap --tsv "$TMP/overlap.tsv" >"$TMP/overlap.txt" 2>&1
+grep -q 'step span 10.0 us, busy 10.0 us (100%), idle inside 0.0 us; nodes overlapped 2.0 us' "$TMP/overlap.txt"
+ok trace_report_overlapping_nodes $? "$(cat "$TMP/overlap.txt")"
+
 # ---- the tracer library ----------------------------------------------------------------------
 if [ ! -x "$EMU/varent" ] || [ ! -f "$EMU/tools/libvarent_trace.so" ] || [ ! -x "$EMU/tests/test_cudaemu_checks" ]; then
     echo "FAIL gpu_window_builds: $EMU/varent, $EMU/tools/libvarent_trace.so or $EMU/tests/test_cudaemu_checks missing (make emu)"

@@ -545,7 +545,10 @@ int server_setup_model(server *s, verr *err) {
         size_t n = strlen(path);
         while (n > 1 && path[n - 1] == '/') path[--n] = 0;
         const char *slash = strrchr(path, '/');
-        snprintf(s->model_id, sizeof s->model_id, "%s", slash && slash[1] ? slash + 1 : path);
+        const char *name = slash && slash[1] ? slash + 1 : path;
+        size_t keep = strlen(name) < sizeof s->model_id ? strlen(name) : sizeof s->model_id - 1;  // a long name is cut
+        memcpy(s->model_id, name, keep);
+        s->model_id[keep] = 0;
     }
     sb_json_str(&s->model_json, s->model_id, strlen(s->model_id));
     s->clarifier = gen_find_clarifier(b);

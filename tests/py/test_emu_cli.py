@@ -47,6 +47,8 @@ PRESETS = (("llama3-tiny", "bf16", 11), ("llama-mha-untied", "f32", 12),
 
 def run(binary, *args, timeout=300):
     import subprocess
+    if os.environ.get("ASAN_OPTIONS"):  # make test-asan: the emulated device runs several times slower
+        timeout *= 3
     return subprocess.run([binary, *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 

@@ -7,7 +7,12 @@
 //     closed (the watchdog thread below checks twice a second);
 //   - such waiting connections may hold all but a reserve of --max-connections: when a
 //     new connection would exceed that, the one that has waited longest is closed, so
-//     a client that sends its request at once (a health check) always finds a slot.
+//     a client that sends its request at once (a health check) always finds a slot;
+//   - a connection closed that way has had its socket shut down, but its thread may not
+//     have run yet to end it (a loaded machine, a burst of reconnecting slow clients),
+//     and until then libmicrohttpd still counts it. So libmicrohttpd's own limit is
+//     twice --max-connections (server_hard_limit), and --max-connections is kept here,
+//     on the live connections (open and not shut down): one beyond it is shut at once.
 // libmicrohttpd calls notify_connection when a connection starts and when it is
 // cleaned up, before it closes the socket: under conns_mu a listed socket is open, so
 // shutting it down (which ends its connection thread's wait) can hit no other socket.
@@ -22,8 +27,13 @@ struct conn_rec {
     conn_rec *prev, *next;  // the waiting list, oldest first (when waiting)
     int fd;
     int waiting;            // for a request's headers, since `since`
+    int cut;                // shut down by us: no longer live
     double since;
 };
+
+unsigned server_hard_limit(int max_connections) {
+    return 2u * (unsigned)max_connections;
+}
 
 // Waiting connections may hold all but this many of --max-connections.
 static int reserve_of(int max_connections) {
@@ -55,7 +65,19 @@ static void enlist(server *s, conn_rec *c) {
 static void cut(server *s, conn_rec *c, long *counter) {
     unlist(s, c);
     shutdown(c->fd, SHUT_RDWR);
+    c->cut = 1;
+    s->n_live--;
     (*counter)++;
+}
+
+// A new connection: the oldest waiting one makes room for it past the reserve, and it
+// is itself shut when the live connections already fill --max-connections.
+static void admit(server *s, conn_rec *c) {
+    int max = s->o.max_connections;
+    enlist(s, c);
+    s->n_live++;
+    if (s->n_waiting > max - reserve_of(max) && s->wait_head != c) cut(s, s->wait_head, &s->n_evicted);
+    if (s->n_live > max) cut(s, c, &s->n_evicted);
 }
 
 void server_conn_notify(void *cls, struct MHD_Connection *mc, void **ctx, enum MHD_ConnectionNotificationCode code) {
@@ -67,13 +89,13 @@ void server_conn_notify(void *cls, struct MHD_Connection *mc, void **ctx, enum M
         *ctx = c;
         if (c) {
             c->fd = ci->connect_fd;
-            enlist(s, c);
-            if (s->n_waiting > s->o.max_connections - reserve_of(s->o.max_connections) && s->wait_head != c)
-                cut(s, s->wait_head, &s->n_evicted);
+            admit(s, c);
         }
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED && *ctx) {
-        unlist(s, *ctx);
-        free(*ctx);
+        conn_rec *c = *ctx;
+        unlist(s, c);
+        if (!c->cut) s->n_live--;
+        free(c);
         *ctx = NULL;
     }
     pthread_mutex_unlock(&s->conns_mu);

@@ -602,7 +602,7 @@ static server *start(session *base, const server_opts *o, verr *err) {
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
                             s, MHD_OPTION_SOCK_ADDR, &ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, server_conn_notify, s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            MHD_OPTION_CONNECTION_LIMIT, server_hard_limit(o->max_connections), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                             (unsigned)o->max_per_ip, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->header_timeout_s,
                             MHD_OPTION_END);
     if (!s->d) {

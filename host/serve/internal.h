@@ -121,6 +121,7 @@ struct server {
     int conns_init, conns_live, conns_stop;
     conn_rec *wait_head, *wait_tail;  // oldest first
     int n_waiting;
+    int n_live;               // open and not shut down by conns.c: at most --max-connections
     long n_header_timeouts;   // closed at the header deadline
     long n_evicted;           // closed to keep the reserve of --max-connections
 };
@@ -128,6 +129,8 @@ struct server {
 // conns.c: libmicrohttpd's connection notifications (MHD_OPTION_NOTIFY_CONNECTION); a
 // request's headers are in (on_request's first call); a request is over (its
 // NOTIFY_COMPLETED: a kept-alive connection waits for the next headers).
+// libmicrohttpd's connection limit: room for connections shut down whose threads are ending.
+unsigned server_hard_limit(int max_connections);
 void server_conn_notify(void *cls, struct MHD_Connection *mc, void **ctx, enum MHD_ConnectionNotificationCode code);
 void server_conn_headers_in(server *s, struct MHD_Connection *mc);
 void server_conn_request_done(server *s, struct MHD_Connection *mc);

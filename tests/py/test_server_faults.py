@@ -431,6 +431,33 @@ def row32_12():
     finally:
         srv.stop()
 
+def row32_12_live_limit():
+    """--max-connections counts live connections: with 8 of them open and their headers in
+    (bodies pending), a 9th is closed at once and /health is refused; when one of the 8
+    closes, /health answers again. The threads of connections already closed get their own
+    room (libmicrohttpd's limit is twice N), so this limit is the server's, not the library's."""
+    srv = start("row32_12_live_limit", "--max-connections", "8", "--timeout", "30", name="serve-live-limit")
+    if not srv:
+        return
+    held = []
+    try:
+        for _ in range(8):
+            sock = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+            sock.sendall(post_raw([("Host", "127.0.0.1"), ("Content-Length", "400")], body=b""))
+            held.append(sock)
+        time.sleep(0.5)
+        st, _ = raw(srv.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", timeout=3)
+        check(st is None, "row32_12_live_limit_ninth_closed", f"the 9th connection got {st}")
+        held.pop().close()
+        time.sleep(0.5)
+        st, _ = raw(srv.port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", timeout=3)
+        check(st == 200, "row32_12_live_limit_room_again", f"/health got {st} once one of the 8 closed")
+    finally:
+        for sock in held:
+            sock.close()
+        srv.stop()
+
+
 srv = Server(base, "--parallel", "1")
 try:
     row16(srv)
@@ -446,5 +473,6 @@ row13()
 row15()
 row11()
 row32_12()
+row32_12_live_limit()
 
 done()

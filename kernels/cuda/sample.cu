@@ -155,10 +155,22 @@ __device__ void pick_bucket(sample_sh &sh, int d, u64 target) {
 }
 
 // The smallest key at which the cumulative weight of the candidates (1 each, or their
-// mass) reaches target (1 <= target <= their total). Every thread gets it.
+// mass) reaches target (1 <= target <= their total). Every thread gets it. The descent
+// starts at the highest digit where the keys differ: a bucket this large is ties, whose
+// keys differ only in the id's low bits.
 __device__ u64 radix_find(sample_sh &sh, const cand_src &s, bool by_mass, u64 target) {
-    int tid = threadIdx.x, d = 56;
+    int tid = threadIdx.x;
+    u64 first = s.keys[0], diff = 0;
     if (tid == 0) sh.prefix = 0, sh.below = 0, sh.single = 0;
+    __syncthreads();
+    for (int i = tid; i < s.m; i += blockDim.x) diff |= s.keys[i] ^ first;
+    if (diff) atomicOr(&sh.prefix, diff);
+    __syncthreads();
+    diff = sh.prefix;
+    if (diff == 0) return first;  // one candidate (every thread returns before sh changes)
+    int d = (63 - __clzll((long long)diff)) / 8 * 8;
+    __syncthreads();
+    if (tid == 0) sh.prefix = d == 56 ? 0 : first >> (d + 8) << (d + 8);
     for (;; d -= 8) {
         for (int b = tid; b < 256; b += blockDim.x) sh.hw[b] = 0, sh.hc[b] = 0;
         __syncthreads();

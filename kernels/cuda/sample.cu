@@ -319,7 +319,8 @@ struct search_ctx {
 // Thread t's two buckets of the histogram, 2t and 2t + 1: the kept candidates' counts,
 // masses and entropy terms (the cut's bucket holds only those up to the cut).
 struct hist2 {
-    u64 c[2], q[2], e[2];
+    unsigned c[2];
+    u64 q[2], e[2];
 };
 
 // The bucket where the cumulative weight (counts, or masses) reaches target: into sh.bucket,
@@ -439,7 +440,7 @@ __device__ u64 hist_find(sample_sh &sh, sample_members &m, search_ctx &c, hist2 
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             unsigned bj = 2 * threadIdx.x + j;
-            if (bj == b) h.c[j] = kc, h.q[j] = kq, h.e[j] = ke;
+            if (bj == b) h.c[j] = (unsigned)kc, h.q[j] = kq, h.e[j] = ke;
             if (bj > b) h.c[j] = 0, h.q[j] = 0, h.e[j] = 0;
         }
         c.cut = key;
@@ -471,7 +472,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     size_t off = (size_t)blockIdx.x * n;
     search_ctx c = { x, n, x[am], 1.0 / (double)cfg.temperature, buckets + blockIdx.x * stride,
                      keys + off, qs + off, es + off, ~0ull };
-    u64 cnt = block_sum(h.c[0] + h.c[1], sh.red);
+    u64 cnt = block_sum((u64)h.c[0] + h.c[1], sh.red);
     if (cnt == 0) {  // no candidate (cannot happen for a finite maximum: it has q = 2^44)
         if (threadIdx.x == 0) *o = sample_out{ am, 1, x[am], 0.f, 0.0 };
         return;
@@ -481,7 +482,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         u64 Q = block_sum(h.q[0] + h.q[1], sh.red);
         hist_find(sh, m, c, h, true, sample_top_p_target(cfg.top_p, Q), true);
     }
-    cnt = block_sum(h.c[0] + h.c[1], sh.red);
+    cnt = block_sum((u64)h.c[0] + h.c[1], sh.red);
     u64 Q = block_sum(h.q[0] + h.q[1], sh.red), E = block_sum(h.e[0] + h.e[1], sh.red);
     u64 key = hist_find(sh, m, c, h, true, sample_draw_target(cfg.u, Q), false);
     if (threadIdx.x == 0) {

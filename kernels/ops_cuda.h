@@ -31,7 +31,6 @@ typedef struct cuda_ctx {
     int device;                   // CUDA device index
     int n_sm;                     // multiprocessor count (sizes split-KV attention)
     int smem_optin;               // opt-in shared memory per block, bytes (read at init)
-    int sample_smem;              // sample_kernel's raised dynamic shared limit (0: not yet)
     cudaStream_t stream;          // every op runs on this stream
     struct cublasContext *cublas; // cuBLAS handle bound to stream
     void *scratch;                // device scratch shared by ops (one stream: no overlap)
@@ -266,11 +265,11 @@ int cuda_argmax(cuda_ctx *ctx, int *out, const float *logits, int rows, int n);
 // device arrays [n_cfg], so a caller uploads the configurations (uniforms included)
 // and downloads the results around it. Same tokens as cpu_sample.
 int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg, int n_cfg);
-// Room for cuda_sample's candidate arrays (24 bytes per token and configuration): call at
+// Room for cuda_sample's arrays (26 bytes per token and 40 KiB per configuration): call at
 // setup, not per token, since growing them frees and allocates device memory, which
 // waits for the device (other streams' collectives included). A draw with more
-// configurations than reserved grows them then. It also raises sample_kernel's shared
-// memory limit, so a draw captured into a graph after it queries and sets nothing.
+// configurations than reserved grows them then, so a draw captured into a graph after
+// it allocates nothing.
 int cuda_reserve_sample(cuda_ctx *ctx, int n, int n_cfg);
 // The entropix decision on the device (kernels/entropix_core.h) from a step's logit
 // stats {max, lse, H, V} and attention stats, into k >= 1 draw configurations cfg

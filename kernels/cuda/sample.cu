@@ -1,72 +1,137 @@
 // sample.cu: exact sampling on the device, any number of configurations drawn from the
-// same row of logits (the agents draw 8+ per step), in three launches:
-//   1. argmax partials, one block per SAMPLE_CHUNK tokens;
-//   2. each configuration's candidates (fixed-point mass q > 0, passing min-p) with
-//      their keys, masses and entropy terms, computed once per token by many blocks
-//      and compacted into global arrays;
-//   3. one block per configuration searches its array (copied to shared memory when it
-//      fits, up to 12288, as the device's opt-in shared memory allows): no pass
-//      re-reads the row or recomputes an exp.
-// Top-k, top-p and the draw are each "the smallest key whose cumulative weight reaches a
-// target", found by a radix descent over the 64-bit sort key, 8 bits per pass, stopping
-// early once the chosen bucket holds one candidate. Histograms sum integers, so every
-// result is exact and independent of thread order: the same as the CPU twin
+// same row of logits (the agents draw 8+ per step), in three launches, the first two
+// spread over the whole GPU:
+//   1. sample_argmax_kernel: argmax and finite-minimum partials, one block per 1024
+//      tokens; it also clears the histograms the next launch fills;
+//   2. sample_mass_kernel, (2048-token chunks x configurations): every token's mass once
+//      (one double exp); the candidates (q > 0, passing min-p) are counted into
+//      SAMPLE_BUCKETS buckets of (x - max) / T, with their integer masses and entropy
+//      terms, and each token's bucket is stored (2 bytes);
+//   3. sample_kernel, one block per configuration: top-k, top-p and the draw are each
+//      "the smallest key whose cumulative weight reaches a target". A prefix sum over
+//      the histogram finds the bucket it lies in; one pass over the 2-byte buckets
+//      gathers that bucket's tokens (a few dozen on real and near-flat rows), which are
+//      ranked in shared memory. A bucket of more than SAMPLE_SORT_MAX tokens (mass
+//      ties) goes to a radix descent over the 64-bit key, 8 bits per pass.
+// Buckets are monotone in the key (descending logit, then ascending id), so a bucket's
+// tokens are a contiguous run of the CPU twin's sorted order. Every sum is an integer
+// sum, exact in any order: the result is the same as the CPU twin's
 // (kernels/cpu/sample.c), which sorts instead. kernels/sample_core.h has the arithmetic.
 #include "kernels/cuda/common.cuh"
 #include "kernels/sample_core.h"
 
-#define SAMPLE_THREADS 1024
-#define SAMPLE_PREP_THREADS 256
-#define SAMPLE_CHUNK 4096     // tokens per block of the argmax and mass passes
-#define SAMPLE_CAP_MAX 12288  // shared candidates, 16 bytes each (key, mass): 192 KiB
+#define SAMPLE_THREADS 1024       // sample_kernel's block
+#define SAMPLE_PREP_THREADS 256   // the argmax and mass passes' blocks
+#define SAMPLE_MAX_CHUNK 1024     // tokens per block of the argmax pass (4 per thread)
+#define SAMPLE_MASS_CHUNK 2048    // tokens per block of the mass pass (8 per thread)
+#define SAMPLE_BUCKETS 2048       // buckets per configuration (2 per sample_kernel thread)
+#define SAMPLE_SORT_MAX 1024      // a bucket's tokens ranked in shared memory (1 per thread)
+#define SAMPLE_NONE 0xffffu       // the bucket of a token that is not a candidate
+#define SAMPLE_RANGE 31.0         // d = (x - max) / T of any candidate is above -31 (q > 0: d > -30.5)
 
 typedef unsigned long long u64;
 
+// One configuration's candidates by bucket: counts, 2^44-scaled masses and entropy terms.
+struct sample_hist {
+    unsigned cnt[SAMPLE_BUCKETS];
+    u64 q[SAMPLE_BUCKETS], e[SAMPLE_BUCKETS];
+};
+
+// Bucket width: the row's candidate range, (max - min finite) / T capped at SAMPLE_RANGE,
+// split in SAMPLE_BUCKETS, so near-flat rows spread over all buckets too. 0 (one bucket)
+// for a row without spread.
+__device__ __forceinline__ double sample_scale(float mx, float mn, double inv_t) {
+    double r = ((double)mx - (double)mn) * inv_t;
+    if (!(r > 1e-30)) return 0;
+    return SAMPLE_BUCKETS / (r < SAMPLE_RANGE ? r : SAMPLE_RANGE);
+}
+
+// A candidate's bucket: non-decreasing in -d, so in the key. d <= 0 and s finite.
+__device__ __forceinline__ unsigned sample_bucket(double d, double s) {
+    double v = -d * s;
+    return v < (double)(SAMPLE_BUCKETS - 1) ? (unsigned)v : SAMPLE_BUCKETS - 1;
+}
+
 struct sample_sh {
-    u64 hw[256];       // histogram: weight per digit
-    unsigned hc[256];  // histogram: candidates per digit
+    u64 hw[256];       // radix histogram: weight per digit
+    unsigned hc[256];  // radix histogram: candidates per digit
     u64 red[32];
     float redf[33];
     int redi[33];
     u64 prefix, below, key;  // radix descent state, fetched key
-    int single, m;
+    int single;
+    u64 before, found;  // the bucket search: weight below the bucket, the key found
+    unsigned bucket, bcnt;
+    int nm, rank;  // gathered members, the rank found among them
 };
 
-// The candidates of one configuration (sample_mass_kernel's compacted arrays, in no
-// particular order: every result below is an integer sum or a key comparison, which do
-// not depend on it): keys and masses in shared memory when they fit, else in global
-// memory; the entropy terms always in global memory (read once or twice per draw).
+// The tokens of one bucket: key, mass and entropy term, in no particular order.
+struct sample_members {
+    u64 key[SAMPLE_SORT_MAX], q[SAMPLE_SORT_MAX], e[SAMPLE_SORT_MAX];
+    short perm[SAMPLE_SORT_MAX];  // perm[r]: the member of rank r
+};
+
+// A bucket too large for shared memory, in global memory (sample_kernel's fallback).
 struct cand_src {
     const u64 *keys, *qs, *es;  // [m]
     int m;
 };
 
-__device__ __forceinline__ int cand_limit(const cand_src &s) { return s.m; }
-
-// Element i: whether it is a candidate, and its key and mass.
-__device__ __forceinline__ bool cand_get(const cand_src &s, int i, u64 &key, u64 &q) {
-    if (i >= s.m) return false;
-    key = s.keys[i], q = s.qs[i];
-    return true;
-}
-
-// Adds w to bucket b for the lanes with on set. Lanes sharing a bucket are summed
-// first (one shared atomic per bucket per warp): the top digits of nearby logits
-// coincide, and per-lane atomics on one address would serialise the whole row.
-// w < 2^45, so its 22-bit halves sum over 32 lanes without overflow.
-__device__ __forceinline__ void hist_add(sample_sh &sh, bool on, unsigned b, u64 w) {
+// The lanes with on set that share bucket b: their mask (0 for the others). Lanes
+// sharing a bucket are summed first and the group's lowest lane adds for all of them
+// (one shared atomic per bucket per warp): ties and nearby logits share buckets, and
+// per-lane atomics on one address would serialise.
+__device__ __forceinline__ unsigned bucket_group(bool on, unsigned b) {
     unsigned act = __ballot_sync(0xffffffffu, on);
-    if (!on) return;
-    unsigned grp = __match_any_sync(act, b);
+    return on ? __match_any_sync(act, b) : 0u;
+}
+__device__ __forceinline__ bool group_leader(unsigned grp) { return (int)(threadIdx.x & 31) == __ffs(grp) - 1; }
+// The group's sum of w < 2^45 (22-bit halves: no overflow over 32 lanes). Called by
+// every lane of grp.
+__device__ __forceinline__ u64 group_sum(unsigned grp, u64 w) {
     unsigned lo = __reduce_add_sync(grp, (unsigned)(w & 0x3fffffu));
     unsigned hi = __reduce_add_sync(grp, (unsigned)(w >> 22));
-    if ((int)(threadIdx.x & 31) == __ffs(grp) - 1) {
-        atomicAdd(&sh.hw[b], ((u64)hi << 22) + lo);
+    return ((u64)hi << 22) + lo;
+}
+
+// Adds w to digit b of the radix histogram for the lanes with on set.
+__device__ __forceinline__ void hist_add(sample_sh &sh, bool on, unsigned b, u64 w) {
+    unsigned grp = bucket_group(on, b);
+    if (!on) return;
+    u64 sum = group_sum(grp, w);
+    if (group_leader(grp)) {
+        atomicAdd(&sh.hw[b], sum);
         atomicAdd(&sh.hc[b], (unsigned)__popc(grp));
     }
 }
 
-// Warp 0: the first bucket where the cumulative weight reaches target; extends the
+// Inclusive prefix sum over the block in thread order; every thread gets its own.
+__device__ u64 block_scan(u64 v, u64 *red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u64 u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    if (lane == 31) red[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        u64 w = lane < nw ? red[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            u64 u = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += u;
+        }
+        red[lane] = w;
+    }
+    __syncthreads();
+    if (warp > 0) v += red[warp - 1];
+    __syncthreads();  // red is reused right after
+    return v;
+}
+
+// ---- radix descent over a large bucket (ties), from global memory -------------------
+// Warp 0: the first digit where the cumulative weight reaches target; extends the
 // prefix by it at digit position d.
 __device__ void pick_bucket(sample_sh &sh, int d, u64 target) {
     int lane = threadIdx.x;
@@ -89,20 +154,32 @@ __device__ void pick_bucket(sample_sh &sh, int d, u64 target) {
     sh.single = sh.hc[b] == 1;
 }
 
-// The smallest candidate key k <= cut at which the cumulative weight of candidates
-// (1 each, or their mass) reaches target. Every thread gets it.
-__device__ u64 radix_find(sample_sh &sh, const cand_src &s, u64 cut, bool by_mass, u64 target) {
-    int tid = threadIdx.x, lim = cand_limit(s), d = 56;
+// The smallest key at which the cumulative weight of the candidates (1 each, or their
+// mass) reaches target (1 <= target <= their total). Every thread gets it. The descent
+// starts at the highest digit where the keys differ: a bucket this large is ties, whose
+// keys differ only in the id's low bits.
+__device__ u64 radix_find(sample_sh &sh, const cand_src &s, bool by_mass, u64 target) {
+    int tid = threadIdx.x;
+    u64 first = s.keys[0], diff = 0;
     if (tid == 0) sh.prefix = 0, sh.below = 0, sh.single = 0;
+    __syncthreads();
+    for (int i = tid; i < s.m; i += blockDim.x) diff |= s.keys[i] ^ first;
+    if (diff) atomicOr(&sh.prefix, diff);
+    __syncthreads();
+    diff = sh.prefix;
+    if (diff == 0) return first;  // one candidate (every thread returns before sh changes)
+    int d = (63 - __clzll((long long)diff)) / 8 * 8;
+    __syncthreads();
+    if (tid == 0) sh.prefix = d == 56 ? 0 : first >> (d + 8) << (d + 8);
     for (;; d -= 8) {
         for (int b = tid; b < 256; b += blockDim.x) sh.hw[b] = 0, sh.hc[b] = 0;
         __syncthreads();
         u64 prefix = sh.prefix;
-        for (int base = 0; base < lim; base += blockDim.x) {
-            u64 key = 0, q = 0;
-            bool on = cand_get(s, base + tid, key, q) && key <= cut &&
-                      (d == 56 || (key >> (d + 8)) == (prefix >> (d + 8)));
-            hist_add(sh, on, (unsigned)(key >> d) & 255u, by_mass ? q : 1);
+        for (int base = 0; base < s.m; base += blockDim.x) {
+            int i = base + tid;
+            u64 key = i < s.m ? s.keys[i] : 0;
+            bool on = i < s.m && (d == 56 || (key >> (d + 8)) == (prefix >> (d + 8)));
+            hist_add(sh, on, (unsigned)(key >> d) & 255u, on && by_mass ? s.qs[i] : 1);
         }
         __syncthreads();
         if (tid < 32) pick_bucket(sh, d, target);
@@ -110,11 +187,9 @@ __device__ u64 radix_find(sample_sh &sh, const cand_src &s, u64 cut, bool by_mas
         if (sh.single || d == 0) break;
     }
     u64 prefix = sh.prefix;
-    if (d > 0) {  // one candidate left in the bucket: fetch its full key
-        for (int base = 0; base < lim; base += blockDim.x) {
-            u64 key = 0, q = 0;
-            if (cand_get(s, base + tid, key, q) && key <= cut && (key >> d) == (prefix >> d)) sh.key = key;
-        }
+    if (d > 0) {  // one candidate left in the digit: fetch its full key
+        for (int i = tid; i < s.m; i += blockDim.x)
+            if ((s.keys[i] >> d) == (prefix >> d)) sh.key = s.keys[i];
         __syncthreads();
         prefix = sh.key;
     }
@@ -122,20 +197,7 @@ __device__ u64 radix_find(sample_sh &sh, const cand_src &s, u64 cut, bool by_mas
     return prefix;
 }
 
-// Count, mass and entropy term of the candidates with key <= cut.
-__device__ void cand_sums(sample_sh &sh, const cand_src &s, u64 cut, u64 *cnt, u64 *Q, u64 *E) {
-    u64 c = 0, qs = 0, es = 0;
-    for (int i = threadIdx.x; i < s.m; i += blockDim.x) {
-        u64 key = 0, q = 0;
-        if (!cand_get(s, i, key, q) || key > cut) continue;
-        c++, qs += q, es += s.es[i];
-    }
-    *cnt = block_sum(c, sh.red);
-    *Q = block_sum(qs, sh.red);
-    *E = block_sum(es, sh.red);
-}
-
-// ---- the row's pass: argmax partials, then each token's key and masses once ----------
+// ---- launch 1: argmax and minimum partials ----------------------------------------
 // (v, i) pairs: the largest value, the first index on ties, NaN never wins; every
 // thread gets the winner's index (0 when every value is NaN, as block_argmax).
 __device__ int block_amax_pairs(const float *pv, const int *pi, int np, float *sv, int *si) {
@@ -145,119 +207,329 @@ __device__ int block_amax_pairs(const float *pv, const int *pi, int np, float *s
     return block_amax_finish(bv, bi, sv, si);
 }
 
-// Block b: the argmax of tokens [b * SAMPLE_CHUNK, ...) as a partial; block 0 also
-// clears the configurations' candidate counters for the mass pass that follows.
+// Block b < nb: the argmax and the smallest finite value of tokens [b * 1024, ...) as
+// partials. Every block clears a share of the histograms (n_words 32-bit words).
 __global__ void __launch_bounds__(SAMPLE_PREP_THREADS)
-    sample_argmax_kernel(const float *x, int n, float *part_v, int *part_i, unsigned *count, int n_cfg) {
+    sample_argmax_kernel(const float *__restrict__ x, int n, int nb, float *part_v, int *part_i, float *part_lo,
+                         unsigned *hist_words, size_t n_words) {
     __shared__ float sv[33];
+    __shared__ float sm[32];
     __shared__ int si[33];
-    int base = blockIdx.x * SAMPLE_CHUNK, len = n - base < SAMPLE_CHUNK ? n - base : SAMPLE_CHUNK;
-    int i = base + block_argmax(x + base, len, sv, si);
-    if (threadIdx.x == 0) part_v[blockIdx.x] = x[i], part_i[blockIdx.x] = i;
-    if (blockIdx.x == 0)
-        for (int c = threadIdx.x; c < n_cfg; c += blockDim.x) count[c] = 0;
+    int base = blockIdx.x * SAMPLE_MAX_CHUNK;
+    if ((int)blockIdx.x < nb) {  // uniform over the block
+        float v[SAMPLE_MAX_CHUNK / SAMPLE_PREP_THREADS], bv = -INFINITY, lo = INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int k = 0; k < SAMPLE_MAX_CHUNK / SAMPLE_PREP_THREADS; k++) {  // all loads in flight first
+            int i = base + k * SAMPLE_PREP_THREADS + (int)threadIdx.x;
+            v[k] = i < n ? x[i] : NAN;
+        }
+#pragma unroll
+        for (int k = 0; k < SAMPLE_MAX_CHUNK / SAMPLE_PREP_THREADS; k++) {
+            amax_merge(bv, bi, v[k], k * SAMPLE_PREP_THREADS + (int)threadIdx.x);
+            if (isfinite(v[k])) lo = fminf(lo, v[k]);
+        }
+        int am = base + block_amax_finish(bv, bi, sv, si);
+        lo = -block_max(-lo, sm);
+        if (threadIdx.x == 0) part_v[blockIdx.x] = x[am], part_i[blockIdx.x] = am, part_lo[blockIdx.x] = lo;
+    }
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t w = (size_t)blockIdx.x * blockDim.x + threadIdx.x; w < n_words; w += stride) hist_words[w] = 0;
 }
 
-// Block (b, c): configuration c's candidates among tokens [b * SAMPLE_CHUNK, ...), each
-// token's key, mass and entropy term computed once (one double exp), appended to c's
-// arrays at warp-aggregated slots. Greedy configurations and rows with no finite
-// maximum have none (the draw kernel takes the argmax).
+// ---- launch 2: masses, buckets and histograms --------------------------------------
+// The row's maximum (and its index) and smallest finite value from the partials; every
+// block of launches 2 and 3 reduces them the same way.
+__device__ float row_min(const float *part_lo, int nb, float *sm) {
+    float lo = INFINITY;
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) lo = fminf(lo, part_lo[i]);
+    return -block_max(-lo, sm);
+}
+
+// Block (b, c): configuration c's tokens [b * 2048, ...): each token's mass computed once,
+// its bucket stored (SAMPLE_NONE when not a candidate), the candidates' counts, masses
+// and entropy terms summed per bucket in shared memory, then added to c's histogram
+// (integer atomics: exact in any order). Greedy configurations and rows with no finite
+// maximum have none (sample_kernel takes the argmax).
 __global__ void __launch_bounds__(SAMPLE_PREP_THREADS)
-    sample_mass_kernel(const float *x, int n, const float *part_v, const int *part_i, int nb, const sample_cfg *cfgs,
-                       unsigned *count, u64 *keys, u64 *qs, u64 *es) {
+    sample_mass_kernel(const float *__restrict__ x, int n, const float *part_v, const int *part_i,
+                       const float *part_lo, int nb, const sample_cfg *cfgs, sample_hist *hists,
+                       unsigned short *buckets, size_t stride) {
+    enum { PER = SAMPLE_MASS_CHUNK / SAMPLE_PREP_THREADS };
+    __shared__ unsigned hc[SAMPLE_BUCKETS];
+    __shared__ u64 hq[SAMPLE_BUCKETS];
+    __shared__ u64 he[SAMPLE_BUCKETS];
     __shared__ float sv[33];
     __shared__ int si[33];
     const sample_cfg cfg = cfgs[blockIdx.y];
     float mx = x[block_amax_pairs(part_v, part_i, nb, sv, si)];
     if (!(cfg.temperature > 0) || !isfinite(mx)) return;
-    size_t off = (size_t)blockIdx.y * n;
-    double inv_t = 1.0 / (double)cfg.temperature;
-    int base = blockIdx.x * SAMPLE_CHUNK, end = base + SAMPLE_CHUNK < n ? base + SAMPLE_CHUNK : n;
-    int lane = threadIdx.x & 31;
-    for (int i0 = base; i0 < end; i0 += blockDim.x) {  // every lane of a warp takes part in the ballot
-        int i = i0 + threadIdx.x;
-        double d = 0, p = 0;
-        u64 q = 0;
-        if (i < end) {
-            d = sample_logp(x[i], mx, inv_t);
-            p = exp(d);
-            q = sample_q(p);
-        }
+    double inv_t = 1.0 / (double)cfg.temperature, s = sample_scale(mx, row_min(part_lo, nb, sv), inv_t);
+    for (int b = threadIdx.x; b < SAMPLE_BUCKETS; b += blockDim.x) hc[b] = 0, hq[b] = 0, he[b] = 0;
+    int base = blockIdx.x * SAMPLE_MASS_CHUNK;
+    float v[PER];
+#pragma unroll
+    for (int k = 0; k < PER; k++) {  // all loads in flight first
+        int i = base + k * SAMPLE_PREP_THREADS + (int)threadIdx.x;
+        v[k] = i < n ? x[i] : NAN;
+    }
+    __syncthreads();
+    unsigned short *bk = buckets + blockIdx.y * stride;
+#pragma unroll
+    for (int k = 0; k < PER; k++) {  // every lane of a warp takes part in hist_add
+        int i = base + k * SAMPLE_PREP_THREADS + (int)threadIdx.x;
+        double d = sample_logp(v[k], mx, inv_t), p = exp(d);
+        u64 q = sample_q(p);
         bool on = q != 0 && !(cfg.min_p > 0 && !(p >= (double)cfg.min_p) && d != 0);
-        unsigned bal = __ballot_sync(0xffffffffu, on);
-        unsigned slot = 0;
-        if (lane == 0 && bal) slot = atomicAdd(&count[blockIdx.y], (unsigned)__popc(bal));
-        slot = __shfl_sync(0xffffffffu, slot, 0) + __popc(bal & ((1u << lane) - 1));
+        unsigned b = on ? sample_bucket(d, s) : SAMPLE_NONE;
+        if (i < n) bk[i] = (unsigned short)b;
+        unsigned grp = bucket_group(on, b);
         if (on) {
-            keys[off + slot] = sample_key(x[i], i);
-            qs[off + slot] = q;
-            es[off + slot] = sample_e(p, d);
+            u64 sq = group_sum(grp, q), se = group_sum(grp, sample_e(p, d));
+            if (group_leader(grp)) {
+                atomicAdd(&hc[b], (unsigned)__popc(grp));
+                atomicAdd(&hq[b], sq);
+                atomicAdd(&he[b], se);
+            }
         }
     }
+    __syncthreads();
+    sample_hist *H = hists + blockIdx.y;
+    for (int b = threadIdx.x; b < SAMPLE_BUCKETS; b += blockDim.x)
+        if (hc[b]) {
+            atomicAdd(&H->cnt[b], hc[b]);
+            atomicAdd(&H->q[b], hq[b]);
+            atomicAdd(&H->e[b], he[b]);
+        }
 }
 
-// One block per configuration: the truncations and the draw over its candidates.
+// ---- launch 3: the searches, one block per configuration ---------------------------
+// What sample_kernel's searches share: the row, the configuration's arithmetic and its
+// arrays, and the key every kept candidate is at most (~0: no cut yet).
+struct search_ctx {
+    const float *x;
+    int n;
+    float mx;
+    double inv_t;
+    const unsigned short *bk;  // [n] buckets
+    u64 *keys, *qs, *es;       // [n] a large bucket's members (global scratch)
+    u64 cut;
+};
+
+// Thread t's two buckets of the histogram, 2t and 2t + 1: the kept candidates' counts,
+// masses and entropy terms (the cut's bucket holds only those up to the cut).
+struct hist2 {
+    unsigned c[2];
+    u64 q[2], e[2];
+};
+
+// The bucket where the cumulative weight (counts, or masses) reaches target: into sh.bucket,
+// with the weight of the buckets before it (sh.before) and its candidates (sh.bcnt).
+__device__ void find_bucket(sample_sh &sh, const hist2 &h, bool by_mass, u64 target) {
+    u64 w0 = by_mass ? h.q[0] : h.c[0], w1 = by_mass ? h.q[1] : h.c[1];
+    u64 incl = block_scan(w0 + w1, sh.red), excl = incl - w0 - w1;
+    if (excl < target && incl >= target) {  // exactly one thread: 1 <= target <= total
+        int second = excl + w0 < target;
+        sh.bucket = 2 * threadIdx.x + second;
+        sh.before = second ? excl + w0 : excl;
+        sh.bcnt = (unsigned)(second ? h.c[1] : h.c[0]);
+    }
+    __syncthreads();
+}
+
+// Member i of the bucket: its key, mass and entropy term (the mass pass's arithmetic).
+__device__ __forceinline__ void member_put(const search_ctx &c, int i, u64 key, u64 *k, u64 *q, u64 *e, int slot) {
+    double d = sample_logp(c.x[i], c.mx, c.inv_t), p = exp(d);
+    k[slot] = key;
+    q[slot] = sample_q(p);
+    e[slot] = sample_e(p, d);
+}
+
+// Gathers the candidates of bucket b with keys <= c.cut into m (shared) when to_shared,
+// else into c.keys/qs/es; their number into sh.nm. One pass over the 2-byte buckets,
+// 8 per 16-byte load, 4 loads in flight per thread.
+__device__ void gather(sample_sh &sh, sample_members &m, const search_ctx &c, unsigned b, bool to_shared) {
+    if (threadIdx.x == 0) sh.nm = 0;
+    __syncthreads();
+    const uint4 *v = (const uint4 *)c.bk;
+    int nv = (c.n + 7) / 8;
+    for (int j0 = 0; j0 < nv; j0 += 4 * SAMPLE_THREADS) {
+        uint4 w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            int j = j0 + k * SAMPLE_THREADS + (int)threadIdx.x;
+            w[k] = j < nv ? v[j] : make_uint4(~0u, ~0u, ~0u, ~0u);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            unsigned words[4] = { w[k].x, w[k].y, w[k].z, w[k].w };
+            int i0 = 8 * (j0 + k * SAMPLE_THREADS + (int)threadIdx.x);
+#pragma unroll
+            for (int h = 0; h < 8; h++) {
+                int i = i0 + h;
+                if ((words[h >> 1] >> (16 * (h & 1)) & 0xffffu) != b || i >= c.n) continue;
+                u64 key = sample_key(c.x[i], i);
+                if (key > c.cut) continue;
+                int slot = atomicAdd(&sh.nm, 1);
+                if (!to_shared) member_put(c, i, key, c.keys, c.qs, c.es, slot);
+                else if (slot < SAMPLE_SORT_MAX) member_put(c, i, key, m.key, m.q, m.e, slot);
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// Within a gathered bucket of at most SAMPLE_SORT_MAX members (in shared memory): the
+// smallest key whose cumulative weight reaches target, counting from `before`. Ranks
+// by counting (keys are distinct), a prefix sum in key order, then the crossing.
+// *kc, *kq, *ke (when kc is not NULL): count, mass and entropy of the members up to it.
+__device__ u64 rank_find(sample_sh &sh, sample_members &m, int nm, bool by_mass, u64 before, u64 target, u64 *kc,
+                         u64 *kq, u64 *ke) {
+    int t = threadIdx.x;
+    if (t < nm) {
+        u64 key = m.key[t];
+        int r = 0;
+        for (int j = 0; j < nm; j++) r += m.key[j] < key;
+        m.perm[r] = (short)t;
+    }
+    __syncthreads();
+    int me = t < nm ? m.perm[t] : 0;
+    u64 w = t < nm ? (by_mass ? m.q[me] : 1) : 0;
+    u64 incl = before + block_scan(w, sh.red);
+    if (t < nm && incl >= target && incl - w < target) sh.rank = t, sh.found = m.key[me];
+    __syncthreads();
+    int rank = sh.rank;
+    u64 found = sh.found;
+    if (kc) {
+        bool in = t < nm && t <= rank;
+        *kc = (u64)rank + 1;
+        *kq = block_sum(in ? m.q[me] : 0ull, sh.red);
+        *ke = block_sum(in ? m.e[me] : 0ull, sh.red);
+    }
+    return found;
+}
+
+// Count, mass and entropy term of a large bucket's members with key <= cut.
+__device__ void cand_sums(sample_sh &sh, const cand_src &s, u64 cut, u64 *cnt, u64 *Q, u64 *E) {
+    u64 n = 0, qs = 0, es = 0;
+    for (int i = threadIdx.x; i < s.m; i += blockDim.x)
+        if (s.keys[i] <= cut) n++, qs += s.qs[i], es += s.es[i];
+    *cnt = block_sum(n, sh.red);
+    *Q = block_sum(qs, sh.red);
+    *E = block_sum(es, sh.red);
+}
+
+// The smallest kept key where the cumulative weight reaches target (1 <= target <= the
+// kept total). With cut set, it becomes the new cut: the histogram keeps only what
+// lies up to it (the bucket it falls in is replaced by its members up to it).
+__device__ u64 hist_find(sample_sh &sh, sample_members &m, search_ctx &c, hist2 &h, bool by_mass, u64 target,
+                         bool cut) {
+    find_bucket(sh, h, by_mass, target);
+    unsigned b = sh.bucket, bcnt = sh.bcnt;
+    u64 before = sh.before, key, kc = 0, kq = 0, ke = 0;
+    bool small = bcnt <= SAMPLE_SORT_MAX;
+    gather(sh, m, c, b, small);
+    if (small) {
+        key = rank_find(sh, m, sh.nm, by_mass, before, target, cut ? &kc : NULL, &kq, &ke);
+    } else {
+        cand_src s = { c.keys, c.qs, c.es, sh.nm };
+        key = radix_find(sh, s, by_mass, target - before);
+        if (cut) cand_sums(sh, s, key, &kc, &kq, &ke);
+    }
+    if (cut) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            unsigned bj = 2 * threadIdx.x + j;
+            if (bj == b) h.c[j] = (unsigned)kc, h.q[j] = kq, h.e[j] = ke;
+            if (bj > b) h.c[j] = 0, h.q[j] = 0, h.e[j] = 0;
+        }
+        c.cut = key;
+    }
+    return key;
+}
+
+// One block per configuration: the truncations and the draw over its histogram.
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_kernel(sample_out *out, const float *x, const sample_cfg *cfgs, int cap, const float *part_v,
-                  const int *part_i, int nb, const unsigned *count, const u64 *keys, const u64 *qs, const u64 *es,
-                  int n) {
-    extern __shared__ u64 dyn[];  // keys[cap], masses[cap]
+    sample_kernel(sample_out *out, const float *__restrict__ x, int n, const sample_cfg *cfgs, const float *part_v,
+                  const int *part_i, int nb, const sample_hist *hists, const unsigned short *buckets, size_t stride,
+                  u64 *keys, u64 *qs, u64 *es) {
     __shared__ sample_sh sh;
+    __shared__ sample_members m;
     const sample_cfg cfg = cfgs[blockIdx.x];
     sample_out *o = out + blockIdx.x;
-    int am = block_amax_pairs(part_v, part_i, nb, sh.redf, sh.redi), m = (int)count[blockIdx.x];
-    if (!(cfg.temperature > 0) || !isfinite(x[am]) || m == 0) {  // greedy, or no finite logit
+    int am = block_amax_pairs(part_v, part_i, nb, sh.redf, sh.redi);
+    if (!(cfg.temperature > 0) || !isfinite(x[am])) {  // greedy, or no finite logit
         if (threadIdx.x == 0) *o = sample_out{ am, 1, x[am], 0.f, 0.0 };
         return;
     }
+    const sample_hist *H = hists + blockIdx.x;
+    hist2 h;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int b = 2 * threadIdx.x + j;
+        h.c[j] = H->cnt[b], h.q[j] = H->q[b], h.e[j] = H->e[b];
+    }
     size_t off = (size_t)blockIdx.x * n;
-    cand_src s = { keys + off, qs + off, es + off, m };
-    if (m <= cap) {  // the searches' passes then read shared memory
-        for (int i = threadIdx.x; i < m; i += blockDim.x) dyn[i] = s.keys[i], dyn[cap + i] = s.qs[i];
-        __syncthreads();
-        s.keys = dyn, s.qs = dyn + cap;
+    search_ctx c = { x, n, x[am], 1.0 / (double)cfg.temperature, buckets + blockIdx.x * stride,
+                     keys + off, qs + off, es + off, ~0ull };
+    u64 cnt = block_sum((u64)h.c[0] + h.c[1], sh.red);
+    if (cnt == 0) {  // no candidate (cannot happen for a finite maximum: it has q = 2^44)
+        if (threadIdx.x == 0) *o = sample_out{ am, 1, x[am], 0.f, 0.0 };
+        return;
     }
-    u64 cut = ~0ull, cnt, Q, E;
-    if (cfg.top_k > 0 && cfg.top_k < m) cut = radix_find(sh, s, cut, false, (u64)cfg.top_k);
+    if (cfg.top_k > 0 && (u64)cfg.top_k < cnt) hist_find(sh, m, c, h, false, (u64)cfg.top_k, true);
     if (cfg.top_p < 1) {
-        cand_sums(sh, s, cut, &cnt, &Q, &E);
-        cut = radix_find(sh, s, cut, true, sample_top_p_target(cfg.top_p, Q));
+        u64 Q = block_sum(h.q[0] + h.q[1], sh.red);
+        hist_find(sh, m, c, h, true, sample_top_p_target(cfg.top_p, Q), true);
     }
-    cand_sums(sh, s, cut, &cnt, &Q, &E);
-    u64 key = radix_find(sh, s, cut, true, sample_draw_target(cfg.u, Q));
+    cnt = block_sum((u64)h.c[0] + h.c[1], sh.red);
+    u64 Q = block_sum(h.q[0] + h.q[1], sh.red), E = block_sum(h.e[0] + h.e[1], sh.red);
+    u64 key = hist_find(sh, m, c, h, true, sample_draw_target(cfg.u, Q), false);
     if (threadIdx.x == 0) {
         int id = sample_key_id(key);
         *o = sample_out{ id, (int)cnt, x[id], 0.f, sample_entropy_bits(Q, E) };
     }
 }
 
-// Candidates sample_kernel keeps in shared memory: what the device's opt-in limit (read
-// at init) leaves after the kernel's own state, at most SAMPLE_CAP_MAX.
-static int sample_cap(const cuda_ctx *ctx) {
-    int cap = (ctx->smem_optin - (int)sizeof(sample_sh) - 1024) / (int)(2 * sizeof(u64));
-    if (cap > SAMPLE_CAP_MAX) cap = SAMPLE_CAP_MAX;
-    return cap < 0 ? 0 : cap;  // 0: every pass reads the global arrays
-}
+// ---- host side ---------------------------------------------------------------------
+// ctx->sample_buf, for n tokens and n_cfg configurations: the partials, then (256-byte
+// aligned) the histograms, each configuration's buckets (n rounded up to 8: 16-byte
+// rows) and each configuration's n keys, masses and entropy terms of a large bucket.
+struct sample_layout {
+    int nb;  // argmax partials
+    size_t stride;
+    float *part_v, *part_lo;
+    int *part_i;
+    sample_hist *hist;
+    unsigned short *bk;
+    u64 *keys, *qs, *es;
+    size_t bytes;
+};
 
-// Raises sample_kernel's dynamic shared memory limit once per context: no driver call on
-// the per-token path, and none inside a graph capture once cuda_reserve_sample ran.
-static int sample_attr(cuda_ctx *ctx) {
-    int smem = sample_cap(ctx) * 2 * (int)sizeof(u64);
-    if (ctx->sample_smem == smem) return 0;
-    CUDA_CHECK(ctx, cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    ctx->sample_smem = smem;
-    return 0;
-}
+static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-static size_t sample_bytes(int n, int n_cfg, int nb) {
-    return (size_t)nb * 8 + (size_t)n_cfg * 4 + 256 + (size_t)n_cfg * n * 24;
+static sample_layout sample_plan(char *base, int n, int n_cfg) {
+    sample_layout L;
+    L.nb = (n + SAMPLE_MAX_CHUNK - 1) / SAMPLE_MAX_CHUNK;
+    L.stride = ((size_t)n + 7) & ~(size_t)7;
+    size_t off_hist = align256((size_t)L.nb * 12), off_bk = off_hist + (size_t)n_cfg * sizeof(sample_hist);
+    size_t off_keys = align256(off_bk + (size_t)n_cfg * L.stride * 2), per = (size_t)n_cfg * n;
+    L.part_v = (float *)base;
+    L.part_lo = L.part_v + L.nb;
+    L.part_i = (int *)(L.part_lo + L.nb);
+    L.hist = (sample_hist *)(base + off_hist);
+    L.bk = (unsigned short *)(base + off_bk);
+    L.keys = (u64 *)(base + off_keys);
+    L.qs = L.keys + per;
+    L.es = L.qs + per;
+    L.bytes = off_keys + 3 * per * sizeof(u64);
+    return L;
 }
 
 // The sampler's device arrays for n tokens and n_cfg configurations, grown (never
-// shrunk) on the first call that needs more: argmax partials, counters, then per
-// configuration n keys, masses and entropy terms.
-static int sample_reserve(cuda_ctx *ctx, int n, int n_cfg, int nb) {
-    size_t need = sample_bytes(n, n_cfg, nb);
+// shrunk) on the first call that needs more.
+static int sample_reserve(cuda_ctx *ctx, int n, int n_cfg) {
+    size_t need = sample_plan(NULL, n, n_cfg).bytes;
     if (need <= ctx->sample_bytes) return 0;
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));  // queued draws may use the old arrays
     if (ctx->sample_buf) CUDA_CHECK(ctx, cudaFree(ctx->sample_buf));
@@ -271,7 +543,7 @@ static int sample_reserve(cuda_ctx *ctx, int n, int n_cfg, int nb) {
 extern "C" int cuda_reserve_sample(cuda_ctx *ctx, int n, int n_cfg) {
     CUDA_REQUIRE(ctx, n > 0 && n <= SAMPLE_MAX_VOCAB && n_cfg > 0 && n_cfg <= 65535,
                  "cuda_reserve_sample: bad shape n=%d n_cfg=%d", n, n_cfg);
-    return sample_attr(ctx) || sample_reserve(ctx, n, n_cfg, (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK) ? -1 : 0;
+    return sample_reserve(ctx, n, n_cfg);
 }
 
 extern "C" int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg,
@@ -279,23 +551,18 @@ extern "C" int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, 
     CUDA_REQUIRE(ctx, n > 0 && n <= SAMPLE_MAX_VOCAB && n_cfg >= 0 && n_cfg <= 65535,
                  "cuda_sample: bad shape n=%d n_cfg=%d", n, n_cfg);
     if (n_cfg == 0) return 0;
-    int nb = (n + SAMPLE_CHUNK - 1) / SAMPLE_CHUNK;
-    if (sample_reserve(ctx, n, n_cfg, nb)) return -1;
-    float *part_v = (float *)ctx->sample_buf;
-    int *part_i = (int *)(part_v + nb);
-    unsigned *count = (unsigned *)(part_i + nb);
-    u64 *keys = (u64 *)(((uintptr_t)(count + n_cfg) + 255) & ~(uintptr_t)255);
-    u64 *qs = keys + (size_t)n_cfg * n, *es = qs + (size_t)n_cfg * n;
-    int cap = sample_cap(ctx);
-    size_t smem = (size_t)cap * 2 * sizeof(u64);
-    if (sample_attr(ctx)) return -1;  // a no-op after cuda_reserve_sample
-    sample_argmax_kernel<<<nb, SAMPLE_PREP_THREADS, 0, ctx->stream>>>(logits, n, part_v, part_i, count, n_cfg);
+    if (sample_reserve(ctx, n, n_cfg)) return -1;
+    sample_layout L = sample_plan((char *)ctx->sample_buf, n, n_cfg);
+    int nb2 = (n + SAMPLE_MASS_CHUNK - 1) / SAMPLE_MASS_CHUNK, grid1 = L.nb > n_cfg ? L.nb : n_cfg;
+    size_t words = (size_t)n_cfg * sizeof(sample_hist) / 4;
+    sample_argmax_kernel<<<grid1, SAMPLE_PREP_THREADS, 0, ctx->stream>>>(logits, n, L.nb, L.part_v, L.part_i,
+                                                                          L.part_lo, (unsigned *)L.hist, words);
     CUDA_CHECK_LAUNCH(ctx, "sample_argmax_kernel");
-    sample_mass_kernel<<<dim3(nb, n_cfg), SAMPLE_PREP_THREADS, 0, ctx->stream>>>(logits, n, part_v, part_i, nb, cfg,
-                                                                                   count, keys, qs, es);
+    sample_mass_kernel<<<dim3(nb2, n_cfg), SAMPLE_PREP_THREADS, 0, ctx->stream>>>(
+        logits, n, L.part_v, L.part_i, L.part_lo, L.nb, cfg, L.hist, L.bk, L.stride);
     CUDA_CHECK_LAUNCH(ctx, "sample_mass_kernel");
-    sample_kernel<<<n_cfg, SAMPLE_THREADS, smem, ctx->stream>>>(out, logits, cfg, cap, part_v, part_i, nb, count, keys,
-                                                                qs, es, n);
+    sample_kernel<<<n_cfg, SAMPLE_THREADS, 0, ctx->stream>>>(out, logits, n, cfg, L.part_v, L.part_i, L.nb, L.hist,
+                                                             L.bk, L.stride, L.keys, L.qs, L.es);
     CUDA_CHECK_LAUNCH(ctx, "sample_kernel");
     return 0;
 }

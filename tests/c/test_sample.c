@@ -22,8 +22,8 @@ static double urand(void) {
     return (double)(prng >> 11) * 0x1.0p-53;
 }
 
-enum { ROW_FLAT, ROW_PEAKED, ROW_TIED, ROW_MASKED, ROW_KINDS };
-static const char *row_name[] = { "flat", "peaked", "tied", "masked" };
+enum { ROW_FLAT, ROW_PEAKED, ROW_TIED, ROW_MASKED, ROW_KINDS, ROW_CONST = ROW_KINDS, ROW_MODEL, DEV_ROW_KINDS };
+static const char *row_name[] = { "flat", "peaked", "tied", "masked", "constant", "model-like" };
 
 static void make_row(float *x, int n, int kind) {
     for (int i = 0; i < n; i++) {
@@ -31,7 +31,9 @@ static void make_row(float *x, int n, int kind) {
         if (kind == ROW_FLAT) x[i] = (float)v;
         else if (kind == ROW_PEAKED) x[i] = (float)(v * 20 + (i % 97 == 5 ? 25 : 0));
         else if (kind == ROW_TIED) x[i] = (float)(floor(v * 6) * 0.5);  // many exact ties
-        else x[i] = urand() < 0.3 ? -INFINITY : (float)(v * 8);
+        else if (kind == ROW_MASKED) x[i] = urand() < 0.3 ? -INFINITY : (float)(v * 8);
+        else if (kind == ROW_CONST) x[i] = 0.25f;
+        else x[i] = (float)(v * v * v * 12 + (i % 1009 == 3 ? 14 : 0));  // dense tail, a few heads
     }
 }
 
@@ -42,6 +44,16 @@ static const sampler_params cfgs[] = {
     { 0.666f, 27, 0.9f, 0.03f }, { 0, 0, 1, 0 }, { 1.0f, 1, 1, 0 }, { 1.2f, 0, 0.0f, 0 },
 };
 enum { N_CFG = sizeof cfgs / sizeof cfgs[0] };
+
+// The device runs these too: the edges of each truncation (min-p 1 keeps only the ties of
+// the top, top-k beyond the vocabulary, a top-k cut followed by a top-p cut in the same
+// bucket) and temperatures that squeeze every token into one bucket or spread them.
+static const sampler_params dev_extra[] = {
+    { 1.0f, 0, 1, 1.0f }, { 1.0f, 1000000, 1, 0 }, { 1.0f, 1, 0.5f, 0.5f }, { 1e-3f, 0, 0.9f, 0 },
+    { 100.0f, 0, 0.9f, 0 }, { 1.0f, 2000, 0.95f, 0 }, { 0.5f, 0, 1e-9f, 0 }, { 1.0f, 3, 0.99f, 0 },
+};
+enum { N_DEV_CFG = N_CFG + sizeof dev_extra / sizeof dev_extra[0] };
+static sampler_params dev_cfg(int i) { return i < N_CFG ? cfgs[i] : dev_extra[i - N_CFG]; }
 
 static sample_cfg to_cfg(sampler_params p, double u) { return (sample_cfg){ p.temperature, p.top_k, p.top_p, p.min_p, u }; }
 
@@ -147,14 +159,15 @@ static int dev_fail(cuda_ctx *C, const char *what) {
     return -1;
 }
 
-// All configurations x draws of one row in one launch, against the twin.
+// All configurations x draws of one row in one launch, against the twin. The sampler's
+// scratch (histograms, buckets) is poisoned first: every launch must clear what it sums.
 // draws: configurations per draw of the table (16 on a GPU, fewer on the emulated one)
 static int device_row(cuda_ctx *C, const float *x, int n, const char *label, int draws) {
     enum { DRAWS = 16 };
-    int nc = N_CFG * draws;
-    sample_cfg cfg[N_CFG * DRAWS];
-    sample_out want[N_CFG * DRAWS], got[N_CFG * DRAWS];
-    for (int i = 0; i < nc; i++) cfg[i] = to_cfg(cfgs[i % N_CFG], urand());
+    int nc = N_DEV_CFG * draws;
+    sample_cfg cfg[N_DEV_CFG * DRAWS];
+    sample_out want[N_DEV_CFG * DRAWS], got[N_DEV_CFG * DRAWS];
+    for (int i = 0; i < nc; i++) cfg[i] = to_cfg(dev_cfg(i % N_DEV_CFG), urand());
     cpu_sample(want, x, n, cfg, nc);
     float *dx;
     sample_cfg *dc;
@@ -166,6 +179,7 @@ static int device_row(cuda_ctx *C, const float *x, int n, const char *label, int
         return -1;
     }
     if (cuda_upload(C, dx, x, (size_t)n * 4) || cuda_upload(C, dc, cfg, (size_t)nc * sizeof *cfg) ||
+        cuda_reserve_sample(C, n, nc) || cuda_memset(C, C->sample_buf, 0xFF, C->sample_bytes) ||
         cuda_memset(C, dout, 0xFF, sizeof got) || cuda_sample(C, dout, dx, n, dc, nc) ||
         cuda_download(C, got, dout, sizeof got))
         return dev_fail(C, "cuda_sample run");
@@ -325,14 +339,15 @@ static void test_device(int bench) {
     // largest vocabularies and most draws give way to odd mid-size rows.
     char desc[256] = "";
     int emu = cuda_describe(&C, desc, sizeof desc) == 0 && strstr(desc, "emulated");
-    static const int sizes[] = { 7, 513, 50001, 151936 }, emu_sizes[] = { 7, 513, 20011 };
-    int n_sizes = emu ? 3 : 4;
+    static const int sizes[] = { 7, 513, 32000, 49152, 50001, 128256, 151936 }, emu_sizes[] = { 7, 513, 1025, 20011 };
+    int n_sizes = emu ? 4 : 7;
     for (int si = 0; si < n_sizes; si++) {
         int n = emu ? emu_sizes[si] : sizes[si];
         float *x = malloc((size_t)n * 4);
-        for (int kind = 0; kind < ROW_KINDS; kind++) {
+        for (int kind = 0; kind < DEV_ROW_KINDS; kind++) {
+            if (emu && kind == ROW_CONST && n > 1025) continue;  // n = 1025 has one bucket of 1025 ties already
             make_row(x, n, kind);
-            if (device_row(&C, x, n, row_name[kind], emu ? 3 : 16)) break;
+            if (device_row(&C, x, n, row_name[kind], emu ? 2 : 16)) break;
         }
         free(x);
     }

@@ -46,7 +46,7 @@ void cuda_forward_tp_leave(cuda_forward *f) { (void)f; }
 #include <time.h>
 #include <unistd.h>
 
-#include "model/forward_cuda_internal.h"
+#include "model/cuda/internal.h"
 
 static double now_s(void) {
     struct timespec t;

@@ -13,7 +13,7 @@ typedef int forward_cuda_upload_unused;  // nothing to build without CUDA
 #include <unistd.h>
 
 #include "host/util/progress.h"
-#include "model/forward_cuda_internal.h"
+#include "model/cuda/internal.h"
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 

@@ -63,7 +63,7 @@ int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_ou
 
 #else
 
-#include "model/forward_cuda_internal.h"
+#include "model/cuda/internal.h"
 
 int cuda_forward_open(cuda_forward **out, const model *m, forward_state *fw, int device,
                       const cuda_forward *share, verr *err) {

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "kernels/entropix_core.h"
-#include "model/forward_cuda_internal.h"
+#include "model/cuda/internal.h"
 
 void cuda_arm_free(cuda_forward *f) {
     dev_arm *a = &f->arm;

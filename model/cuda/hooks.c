@@ -19,7 +19,7 @@ typedef int forward_cuda_hooks_unused;  // nothing to build without CUDA
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/forward_cuda_internal.h"
+#include "model/cuda/internal.h"
 
 // The flag arrays, one block (skip, cvec_on, ablate, act_on, attn_on) and its scratch twin.
 static int alloc_flags(cuda_forward *f, verr *err) {

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/forward_cuda_internal.h"
+#include "model/cuda/internal.h"
 
 // One adapter on this device: its pairs as device wrefs (a.data NULL: not adapted).
 struct dev_adapter {

@@ -559,7 +559,7 @@ static int stories_dir(char *out, size_t n) {
     return rc == 0 && out[0] ? 0 : -1;
 }
 
-// Armed stock draws (model/forward_cuda_arm.c) on a lazy decode loop: every other step
+// Armed stock draws (model/cuda/arm.c) on a lazy decode loop: every other step
 // armed (temperature 1.0, then 0.7 with top-p 0.9), each armed draw taken without a
 // launch equals an ordinary draw of the same configuration on the same logits, bit for
 // bit; after the first two steps the alternation replays both graphs without capturing

@@ -17,7 +17,7 @@ the CPU. Checked against the CPU backend and the published texts:
   - non-finite logits on the device (NaN weights, an overflowing norm) are an error
     naming the position, as on the CPU, for the draw and for copied logits;
   - `bench --device cuda` counts what a decode step costs the host: the kernels it
-    launches (counted by hand from model/forward_cuda.c's enqueue_decode: embed and
+    launches (counted by hand from model/cuda/step.c's cuda_step_decode: embed and
     lm_head, then per layer qkv (attn_norm folded in), attention (RoPE and the KV store
     in its prologue, the split blocks combine themselves), wo (+ residual), gate|up
     (ffn_norm folded in, SwiGLU in its epilogue), down (+ residual) = 5 for every
@@ -201,7 +201,7 @@ def sampler_lines(d, *env):
 
 def test_sampler_syncs(d):
     """A token costs one host round trip under either sampler: the step's graph holds its
-    draws (model/forward_cuda_arm.c), entropix's decided on the device after the
+    draws (model/cuda/arm.c), entropix's decided on the device after the
     statistics. 16 tokens and the prompt's step: at most 17 waits (entropix without
     arming: 2.00). The armed graph is the plain step's plus the draws: the block's copy
     up, 3 sampler kernels, the configurations and draws copied back (+6 nodes, +3

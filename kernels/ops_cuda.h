@@ -32,6 +32,8 @@ typedef struct cuda_ctx {
     int n_sm;                     // multiprocessor count (sizes split-KV attention)
     int smem_optin;               // opt-in shared memory per block, bytes (read at init)
     int sample_smem;              // sample_kernel's raised dynamic shared limit (0: not yet)
+    int pdl;                      // decode kernels use programmatic dependent launch (sm_90+;
+                                  // VARENT_CUDA_PDL=0 turns it off)
     cudaStream_t stream;          // every op runs on this stream
     struct cublasContext *cublas; // cuBLAS handle bound to stream
     void *scratch;                // device scratch shared by ops (one stream: no overlap)

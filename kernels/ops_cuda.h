@@ -264,6 +264,57 @@ struct entropix_config_s;
 int cuda_entropix_arm(cuda_ctx *ctx, sample_cfg *cfg, int k, const float *logit_stats, const float *attn_stats,
                       const struct entropix_config_s *c, const double *u, const int *tokens);
 
+// ---- the persistent decode kernel (kernels/cuda/persist.cu, docs/cuda.md) -------------
+// One cooperative launch for a whole one-row decode step: the embedding, every layer
+// and the lm_head, its blocks co-resident and passing work along by dataflow counters
+// (release/acquire at GPU scope) instead of grid barriers. Each phase's rows and
+// attention splits are computed by the same device functions as the graph path's
+// kernels (kernels/cuda/matvec.cuh, attention_decode.cuh), so the logits are the same
+// bits whichever path runs. Its CPU twin is the CPU forward (model/forward.c).
+
+// One layer's device pointers (matrices of type cuda_persist_plan.wt, the rest f32).
+typedef struct {
+    const void *wqkv, *wo, *w_gu, *w_down;
+    const float *attn_norm, *ffn_norm;
+    const float *bqkv;              // NULL: no qkv bias
+    const float *q_norm, *k_norm;   // NULL unless Qwen3
+} cuda_persist_layer;
+
+typedef struct {
+    int n_layers, dim, n_heads, n_kv, head_dim, hidden, vocab;
+    float eps, scale;
+    int wt;                                  // WT_BF16 or WT_F16: every matrix
+    const void *embed, *lm_head;
+    const float *final_norm, *inv_freq;
+    const cuda_persist_layer *layers;        // device [n_layers]
+    const int *ids, *pos, *rows;             // device: the step's token, position, cache row (row 0)
+    const cuda_kv_layer *kv;                 // device: layer l's record at kv[l * kv_stride]
+    int kv_stride;
+    const cuda_kv_lens *lens;                // device: row 0's key counts
+    float *x, *qkv, *att, *hb, *logits;      // activations [dim], [q+2kv], [q_dim], [hidden], [vocab]
+    float *scores;                           // layer `cap`'s attention capture [n_heads, n_keys] (NULL: none)
+    int cap;
+    int max_ctx;                             // the attention's split count is the graph path's for it
+    unsigned long long *argmax;              // device: the greedy token, packed (NULL: none; cuda_persist_token)
+    sample_out *draw;                        // device: the greedy draw as cuda_sample writes it (NULL: none)
+    unsigned *ctr;                           // device [cuda_persist_counters], zero before the first launch
+    int grid;                                // blocks (0: as many as the device holds at once)
+} cuda_persist_plan;
+
+// Counters the plan needs (each launch leaves them at zero for the next).
+size_t cuda_persist_counters(const cuda_persist_plan *p);
+// The shape checks (-1 with ctx->err saying why the step falls back to the graph path)
+// and the grid: the co-resident block count, at most p->grid when set.
+int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int *grid);
+// Queues the step on ctx->stream (one launch; ctx->scratch holds the attention partials,
+// ctx->att_count the combine counters, as for cuda_attention_decode_rows).
+int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p);
+// The greedy token of a packed argmax (first index on ties, NaN never wins); -1 when
+// every logit was NaN.
+static inline int cuda_persist_token(unsigned long long key) {
+    return key ? (int)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : -1;
+}
+
 #ifdef __cplusplus
 }
 #endif

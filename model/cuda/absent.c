@@ -20,8 +20,9 @@ size_t cuda_forward_weight_bytes(const cuda_forward *f) { return (void)f, 0; }
 void cuda_forward_set_graphs(cuda_forward *f, int on) { (void)f, (void)on; }
 void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out) {
     (void)f;
-    *out = (cuda_step_counts){ 0, 0, 0, 0 };
+    *out = (cuda_step_counts){ 0, 0, 0, 0, 0, 0, 0, NULL };
 }
+void cuda_forward_set_decode_kernel(cuda_forward *f, int persistent, int grid) { (void)f, (void)persistent, (void)grid; }
 int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err) {
     (void)f, (void)fw, (void)kv, (void)ids, (void)T;
     return verr_set(err, NO_CUDA);

@@ -125,6 +125,18 @@ int cuda_arm_queue(cuda_core *f, dev_arm *a, verr *err) {
     return 0;
 }
 
+int cuda_arm_greedy(const dev_arm *a, int sharded) {
+    if (cuda_arm_kind(a, sharded, -1) != ARM_STOCK || a->k != 1) return 0;
+    return !(in_cfg(a->h_in, a->cap)->temperature > 0);  // cpu_sample's argmax condition
+}
+
+int cuda_arm_drawn(cuda_core *f, dev_arm *a, verr *err) {
+    memcpy(a->h_cfg, in_cfg(a->h_in, a->cap), sizeof *a->h_cfg);  // what the device drew with
+    CK(cudaMemcpyAsync(a->h_out, a->d_out, sizeof *a->h_out, cudaMemcpyDeviceToHost, f->ctx.stream));
+    a->ready = -1;  // the caller's wait makes it 1
+    return 0;
+}
+
 int cuda_arm_enqueue(cuda_core *f, dev_arm *a, int sharded, int cap, verr *err) {
     if (a->ready == -1 || !cuda_arm_kind(a, sharded, cap)) return 0;  // queued in the step's graph, or not armed
     return cuda_arm_prepare(f, a, err) || cuda_arm_queue(f, a, err) ? -1 : 0;

@@ -58,6 +58,11 @@ int cuda_arm_prepare(cuda_core *f, const dev_arm *a, verr *err);
 // (entropix), the draws and both copies back, read by the step's one wait (the caller's
 // fetch). Graph-capturable. Sets ready to -1; the caller's wait makes it 1.
 int cuda_arm_queue(cuda_core *f, dev_arm *a, verr *err);
+// The armed step is one greedy stock draw (temperature <= 0), which a step that computes
+// the argmax itself (the persistent decode kernel) answers: it writes the draw to
+// a->d_out[0], and cuda_arm_drawn queues its copy back (the caller's wait brings it).
+int cuda_arm_greedy(const dev_arm *a, int sharded);
+int cuda_arm_drawn(cuda_core *f, dev_arm *a, verr *err);
 // After the chunks of a step that did not queue them in its graph (a prompt, the
 // no-graph mode): the same, when armed.
 int cuda_arm_enqueue(cuda_core *f, dev_arm *a, int sharded, int cap, verr *err);

@@ -73,6 +73,7 @@ void cuda_forward_close(cuda_forward *d) {
     cuda_lora_free(&d->lora);
     cuda_lora_reg_free(d->own_lora);
     cuda_tp_free(&d->tp);
+    cuda_persist_free(d);
     cuda_weights_free(&d->own);
     cuda_core_free(f);
     free(d);
@@ -87,6 +88,14 @@ void cuda_forward_counts(const cuda_forward *d, cuda_step_counts *out) {
     *out = d->step;
     out->syncs = d->core.ctx.n_syncs;
     out->captures = d->n_captures;
+    out->persist_steps = d->persist.steps;
+    out->persist_fallbacks = d->persist.fallbacks;
+    out->fallback_why = d->persist.fallbacks ? d->persist.why : NULL;
+}
+
+void cuda_forward_set_decode_kernel(cuda_forward *d, int persistent, int grid) {
+    d->persist.on = persistent;
+    d->persist.grid = grid > 0 ? grid : 0;
 }
 
 // ---- the parts' public calls -------------------------------------------------------------------
@@ -182,7 +191,7 @@ static int graph_decode(cuda_forward *d, int B, int cap, int hk, int arm, verr *
     if (graph_stale(d, g, cap, hk, arm) && graph_capture(d, g, B, cap, hk, arm, err)) return -1;
     CK(cudaGraphLaunch(g->exec, f->ctx.stream));
     if (arm) d->arm.ready = -1;  // the draws come back with the step's wait
-    if (B == 1) d->step = (cuda_step_counts){ g->launches, g->nodes, 0, 0 };
+    if (B == 1) d->step = (cuda_step_counts){ g->launches, g->nodes, 0, 0, 0, 0, 0, NULL };
     return 0;
 }
 
@@ -214,10 +223,16 @@ static int run_chunk(cuda_forward *d, kv_view *kv, const int *ids, int T, int ca
     else cuda_core_fill_prefill(f, kv, ids, T);
     f->par_pending = 1;
     long l0 = f->ctx.n_launches;
-    int arm = T == 1 && last && d->use_graph ? cuda_arm_kind(&d->arm, d->tp.comm != NULL, cap) : 0;  // else after the step (cuda_arm_enqueue)
-    int rc = T > 1 ? cuda_step_prefill(d, T, cap, hk, err) : d->use_graph ? graph_decode(d, 1, cap, hk, arm, err)
-                                                                         : cuda_step_decode(d, 1, cap, hk, err);
-    if (rc == 0 && T == 1 && !d->use_graph) d->step = (cuda_step_counts){ f->ctx.n_launches - l0, 0, 0, 0 };
+    int drawn = 0, persistent = T == 1 ? cuda_persist_step(d, cap, hk, &drawn, err) : 0;
+    if (persistent < 0) return -1;
+    // an armed step's draws go in its graph, else after the step (cuda_arm_enqueue)
+    int arm = !persistent && T == 1 && last && d->use_graph ? cuda_arm_kind(&d->arm, d->tp.comm != NULL, cap) : 0;
+    int rc = persistent ? 0
+             : T > 1    ? cuda_step_prefill(d, T, cap, hk, err)
+             : d->use_graph ? graph_decode(d, 1, cap, hk, arm, err)
+                            : cuda_step_decode(d, 1, cap, hk, err);
+    if (rc == 0 && T == 1 && (persistent || !d->use_graph))
+        d->step = (cuda_step_counts){ f->ctx.n_launches - l0, 0, 0, 0, persistent, 0, 0, NULL };
     if (rc == 0 && T == 1 && cap >= 0 && d->tp.comm) rc = cuda_step_tp_stats(d, 1, err);
     if (rc || cuda_hooks_deliver(f, &d->hk, &d->tp, hk, T, pos0, f->last_keys, err)) return -1;
     advance(kv, T);
@@ -391,6 +406,7 @@ static int run_rows(cuda_forward *d, kv_view *views, const int *ids, int B, int 
     if (wait_params(d, err)) return -1;
     cuda_core_fill_decode(f, views, ids, B);
     f->par_pending = 1;
+    cuda_persist_skip(d, "a batch of rows");
     int rc = d->use_graph ? graph_decode(d, B, cap, 0, 0, err) : cuda_step_decode(d, B, cap, 0, err);
     if (rc == 0 && cap >= 0 && d->tp.comm) rc = cuda_step_tp_stats(d, B, err);
     if (rc || fetch(d, logits, B, cap, 0, err)) return -1;

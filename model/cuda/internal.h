@@ -29,6 +29,19 @@ typedef struct {
                                // armed step's three copies)
 } graph_slot;
 
+// The persistent decode kernel (model/cuda/persist.c, kernels/cuda/persist.cu): a one-row
+// decode step in one cooperative launch, when chosen and the step allows it; the graph
+// path otherwise (a fallback, counted with its reason).
+typedef struct {
+    int on;                    // --decode-kernel persistent
+    int grid;                  // blocks (0: as many as the device holds at once)
+    cuda_persist_layer *d_layers;  // device [n_layers] (NULL until the first persistent step)
+    unsigned *ctr;             // device dataflow counters
+    unsigned long long *argmax;    // device: the packed greedy token
+    long steps, fallbacks;     // one-row decode steps run persistent, and on the graph path instead
+    char why[160];             // the last fallback's reason
+} dev_persist;
+
 struct cuda_forward {
     cuda_core core;            // context, weights, buffers, step block
     dev_weights own;           // uploaded here (arena NULL when borrowed: core.w is the sharer's)
@@ -44,6 +57,7 @@ struct cuda_forward {
     dev_tp tp;                 // tensor parallelism (model/cuda/tp.c)
     dev_lora lora;             // LoRA adapters (model/cuda/lora.c)
     dev_arm arm;               // entropix decided and drawn on the device (model/cuda/arm.c)
+    dev_persist persist;       // the persistent decode kernel (model/cuda/persist.c)
 };
 
 // ---- the layers of a step (model/cuda/step.c) ----
@@ -58,5 +72,15 @@ int cuda_step_decode(cuda_forward *d, int B, int cap, int hk, verr *err);
 // into the capture first (where they go depends on each row's key count, which the host
 // knows and a captured graph cannot).
 int cuda_step_tp_stats(cuda_forward *d, int B, verr *err);
+
+// ---- the persistent decode kernel (model/cuda/persist.c) ----
+// Queues a one-row decode step (its block already filled) as the persistent kernel when
+// it is on and the step allows it: 1 when queued (with the capture layer's statistics,
+// and an armed greedy draw made inside it: *drawn = 1), 0 when the step must take the
+// graph path (persist.why says why), -1 on error. hk: the step's HK_* captures.
+int cuda_persist_step(cuda_forward *d, int cap, int hk, int *drawn, verr *err);
+// A step the kernel does not take (a batch): counted as a fallback when it is on.
+void cuda_persist_skip(cuda_forward *d, const char *why);
+void cuda_persist_free(cuda_forward *d);
 
 #endif

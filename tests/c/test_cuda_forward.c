@@ -27,6 +27,7 @@
 #include "host/runtime/session.h"
 #include "host/formats/st_write.h"
 #include "model/forward_cuda.h"
+#include "test_models.h"
 #ifdef VARENT_CUDA
 #include "kernels/ops_cuda.h"
 #endif
@@ -540,25 +541,6 @@ out:
     if (n_open >= 1) session_close(&cpu);
 }
 
-// stories260K converted to bf16 by the Python tests' helper (cached under TESTTMP), or
-// -1 when that is not possible here (no python, no varent binary).
-static int stories_dir(char *out, size_t n) {
-    const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
-    const char *root = getenv("ROOT") ? getenv("ROOT") : ".";
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && '%s' -c 'import os, sys; sys.path.insert(0, \"tests/py\"); import vtest; "
-             "os.makedirs(vtest.TESTTMP, exist_ok=True); print(vtest.stories_dir(\"bf16\"))' 2>/dev/null",
-             root, py);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    out[0] = 0;
-    if (!fgets(out, (int)n, p)) out[0] = 0;
-    int rc = pclose(p);
-    out[strcspn(out, "\n")] = 0;
-    return rc == 0 && out[0] ? 0 : -1;
-}
-
 // Armed stock draws (model/cuda/arm.c) on a lazy decode loop: every other step
 // armed (temperature 1.0, then 0.7 with top-p 0.9), each armed draw taken without a
 // launch equals an ordinary draw of the same configuration on the same logits, bit for
@@ -634,7 +616,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof SPECS / sizeof *SPECS; i++)
         for (int bf16 = 1; bf16 >= 0; bf16--) run_checkpoint(&SPECS[i], bf16, root);
     char sdir[4096];
-    if (stories_dir(sdir, sizeof sdir) == 0) {
+    if (stories_bf16_dir(sdir, sizeof sdir) == 0) {
         run_metrics(sdir, "stories260K bf16", "Once upon a time, there was a", 24, 4);
         run_armed(sdir);
     } else {

@@ -34,6 +34,8 @@ typedef struct cuda_ctx {
     int sample_smem;              // sample_kernel's raised dynamic shared limit (0: not yet)
     int pdl;                      // decode kernels use programmatic dependent launch (sm_90+;
                                   // VARENT_CUDA_PDL=0 turns it off)
+    int att_split_keys;           // decode attention: keys per live split (-1: one key tile;
+                                  // 0: every split of the capacity); VARENT_CUDA_ATT_SPLIT_KEYS
     cudaStream_t stream;          // every op runs on this stream
     struct cublasContext *cublas; // cuBLAS handle bound to stream
     void *scratch;                // device scratch shared by ops (one stream: no overlap)
@@ -139,12 +141,16 @@ int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in
 // [n_in]) folds the RMSNorm of each x row into it: out = W (x * rsqrt(mean(x^2) + eps)
 // * norm), computed as rsqrt(...) * ((W * norm) x), so the normalised activations are
 // never written. add: out += the product (the residual add; plain layout only). bias
-// (device f32 [n_out], NULL: none) is added to the product (Qwen2's qkv bias).
+// (device f32 [n_out], NULL: none) is added to the product (Qwen2's qkv bias). amax
+// (device, NULL: none; plain layout): row 0's argmax goes into it by an integer atomicMax
+// as the rows are stored (the greedy draw in the lm_head's epilogue; zero before the
+// launch, cuda_argmax_finish turns it into the draw and zeroes it again).
 typedef struct {
     const float *norm;
     float eps;
     int add;
     const float *bias;
+    unsigned long long *amax;
 } cuda_mv_fuse;
 int cuda_matvec_rows_fused(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out, int B, int s1,
                            int s2, const cuda_mv_fuse *fz);
@@ -202,6 +208,9 @@ int cuda_kv_store_rows(cuda_ctx *ctx, const cuda_kv_layer *d_layers, const float
 int cuda_rope_kv_store_rows(cuda_ctx *ctx, float *q, const float *k, const float *v, const int *pos,
                             const int *rows, const cuda_kv_layer *d_layers, int B, int n_heads, int n_kv,
                             int head_dim, const float *inv_freq, const float *q_norm, const float *k_norm, float eps);
+// The splits a decode step of n_keys keys uses when the attention's grid is sized for
+// max_keys (1: the split block writes the output, no partials and no combine).
+int cuda_attention_live_splits(const cuda_ctx *ctx, int n_keys, int max_keys, attn_shape s);
 // Decode attention (T == 1) as cuda_attention, with the KV segments and lengths read on
 // the device from d_layer / d_lens. The launch shape depends only on max_keys and s, so
 // one captured graph serves every length 1 <= d_lens->n_keys <= max_keys and any
@@ -248,6 +257,10 @@ int cuda_argmax(cuda_ctx *ctx, int *out, const float *logits, int rows, int n);
 // device arrays [n_cfg], so a caller uploads the configurations (uniforms included)
 // and downloads the results around it. Same tokens as cpu_sample.
 int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg, int n_cfg);
+// The greedy draw of a matvec's argmax epilogue (cuda_mv_fuse.amax over logits[n]): out
+// as cuda_sample writes a greedy draw (token, 1 kept, its logit; token 0 when every
+// logit was NaN), and *amax zeroed for the next step. One launch of one thread.
+int cuda_argmax_finish(cuda_ctx *ctx, sample_out *out, const float *logits, unsigned long long *amax);
 // Room for cuda_sample's candidate arrays (24 bytes per token and configuration): call at
 // setup, not per token, since growing them frees and allocates device memory, which
 // waits for the device (other streams' collectives included). A draw with more

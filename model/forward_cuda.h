@@ -103,6 +103,10 @@ int cuda_forward_arm_sample(cuda_forward *f, const sample_cfg *cfg, int n, verr 
 // Arming on (the default) or off: off, the arm calls do nothing and every draw launches
 // its own (VARENT_CUDA_ARM=0; the same tokens either way).
 void cuda_forward_set_arming(cuda_forward *f, int on);
+// An armed greedy draw in a step's graph: the lm_head's argmax epilogue and one finishing
+// launch (on, the default), or cuda_sample's launches (off: VARENT_CUDA_GREEDY_EPILOGUE=0;
+// the same tokens either way).
+void cuda_forward_set_greedy_epilogue(cuda_forward *f, int on);
 // Draw requests answered from armed steps, and requests after an armed step whose
 // configurations differed from the device's (they launched an ordinary draw).
 void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses);

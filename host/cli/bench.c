@@ -80,7 +80,9 @@ static int bench_mem_of(session *s, bench_mem *b, verr *err) {
 
 // One run: prefill prompt_len ids, then decode n tokens greedily, as `varent run --temp 0`
 // does: the argmax through session_sample (on the device on CUDA, where the logits then
-// stay: lazy_logits).
+// stay: lazy_logits), each forward armed to make that draw inside its step as generate()
+// arms it (session_arm_sample; VARENT_CUDA_ARM=0 refuses arming, for A/B: the draw then
+// launches after the step).
 // Host waits on the device stream so far (0 on the CPU).
 static long device_syncs(const session *s) {
     cuda_step_counts c;
@@ -113,7 +115,7 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
     sample_out next;
     s->fw.lazy_logits = 1;
     double t0 = gen_now();
-    int rc = session_forward(s, &kv, prompt, prompt_len, err);
+    int rc = session_arm_sample(s, &greedy, 1, err) || session_forward(s, &kv, prompt, prompt_len, err) ? -1 : 0;
     *prefill_s = gen_now() - t0;
     bench_tick(bp, prompt_len);
     t0 = gen_now();
@@ -122,7 +124,10 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
     size_t V = (size_t)s->m.cfg.vocab_size;
     for (int i = 0; rc == 0 && i < n; i++) {
         if (keep && i < n_keep) memcpy(keep + i * V, s->fw.logits, V * sizeof *keep);
-        rc = session_sample(s, &greedy, 1, &next, err) || session_forward(s, &kv, &next.token, 1, err) ? -1 : 0;
+        rc = session_sample(s, &greedy, 1, &next, err) || session_arm_sample(s, &greedy, 1, err) ||
+                     session_forward(s, &kv, &next.token, 1, err)
+                 ? -1
+                 : 0;
         if ((i & 31) == 31) bench_tick(bp, 32);
     }
     *decode_s = gen_now() - t0;

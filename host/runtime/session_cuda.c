@@ -50,6 +50,8 @@ int session_cuda_open(session *s, int device, const session *base, verr *err) {
     if (g && !strcmp(g, "0")) cuda_forward_set_graphs(s->cu, 0);
     const char *a = getenv("VARENT_CUDA_ARM");
     if (a && !strcmp(a, "0")) cuda_forward_set_arming(s->cu, 0);
+    const char *ge = getenv("VARENT_CUDA_GREEDY_EPILOGUE");
+    if (ge && !strcmp(ge, "0")) cuda_forward_set_greedy_epilogue(s->cu, 0);
     // The persistent kernel's grid: VARENT_CUDA_PERSIST_GRID blocks (0 or unset: as many as
     // the device holds; the emulated device's fibers want few).
     const char *pg = getenv("VARENT_CUDA_PERSIST_GRID");

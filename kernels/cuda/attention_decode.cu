@@ -19,13 +19,16 @@
 //   attn_decode_split_kernel (any even head_dim, larger groups): one thread per
 //       (head, key) dot, one per (head, pair of dims) for o, the rows read directly.
 // The segments and lengths come either from kernel arguments (cuda_attention) or from
-// device records (cuda_attention_decode_dev / _rows, graph replay); the split count is a
-// host value fixed by the longest length the caller supports.
+// device records (cuda_attention_decode_dev / _rows, graph replay). The grid's split
+// count is a host value fixed by the longest length the caller supports; each step uses
+// as many of them as its live length needs (live_splits: one key tile a split by
+// default, VARENT_CUDA_ATT_SPLIT_KEYS), read on the device, and one split writes the
+// output itself: no partials, no counter, no combine.
 #include "kernels/cuda/attention_decode.cuh"
 __global__ void attn_decode_split_kernel(float *part, float *last_scores, const float *q,
                                          cuda_kv_layer L, cuda_kv_lens N,
                                          const cuda_kv_layer *dL, const cuda_kv_lens *dN,
-                                         int n_heads, int n_kv, int hd, float scale, int S,
+                                         int kps, int n_heads, int n_kv, int hd, float scale, int S,
                                          size_t score_stride, unsigned *count, float *out, rope_fuse rf) {
     extern __shared__ float smem[];
     __shared__ unsigned last;
@@ -33,26 +36,33 @@ __global__ void attn_decode_split_kernel(float *part, float *last_scores, const 
     int b = blockIdx.z;
     if (dL) L = dL[b];
     if (dN) N = dN[b];
-    decode_split(part, last_scores, q, L, N, b, blockIdx.x, blockIdx.y, gridDim.x, n_heads, n_kv, hd, scale, S,
+    decode_split(part, last_scores, q, L, N, b, blockIdx.x, blockIdx.y, gridDim.x, kps, n_heads, n_kv, hd, scale, S,
                  score_stride, count, out, rf, pdl_waiter{true}, smem, &last);
 }
 
 // grid (n_heads, B), block ATT_THREADS. Splits with l == 0 (no keys) are skipped; split 0
-// always has keys, so M is finite.
+// always has keys, so M is finite. n_splits: the grid's; the row's live count comes from
+// its length (N, or dN[row]) as in the split blocks, and with one split that block has
+// written the output itself.
 // smem: w[n_splits] | inv[1].
-__global__ void attn_decode_combine_kernel(float *out, const float *part, int n_splits, int hd) {
+__global__ void attn_decode_combine_kernel(float *out, const float *part, int n_splits, int hd, cuda_kv_lens N,
+                                           const cuda_kv_lens *dN, int kps) {
     extern __shared__ float smem[];
     pdl_trigger();
+    int h = blockIdx.x, b = blockIdx.y, hb = b * gridDim.x + h;  // head h of row b
+    if (dN) N = dN[b];
+    int ns = live_splits(n_splits, N.n_keys, kps);
+    if (ns == 1) return;
     pdl_wait();
-    int h = blockIdx.x, hb = blockIdx.y * gridDim.x + h;  // head h of row blockIdx.y
-    combine_heads(out + (size_t)hb * hd, part + (size_t)hb * n_splits * (hd + 2), 1, n_splits, hd, smem,
-                  smem + n_splits);
+    const float *ph = part + ((size_t)b * gridDim.x * n_splits + (size_t)h * ns) * (hd + 2);
+    combine_heads(out + (size_t)hb * hd, ph, 1, ns, hd, smem, smem + ns);
 }
 
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, 4)
     attn_decode_flash_kernel(float *part, float *last_scores, const float *q, cuda_kv_layer L, cuda_kv_lens N,
-                             const cuda_kv_layer *dL, const cuda_kv_lens *dN, int n_heads, int n_kv, float scale,
+                             const cuda_kv_layer *dL, const cuda_kv_lens *dN, int kps, int n_heads, int n_kv,
+                             float scale,
                              size_t score_stride, unsigned *count, float *out, rope_fuse rf) {
     extern __shared__ float4 smem4[];
     __shared__ unsigned last;
@@ -60,7 +70,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 4)
     int b = blockIdx.z;
     if (dL) L = dL[b];
     if (dN) N = dN[b];
-    flash_split<HD>(part, last_scores, q, L, N, b, blockIdx.x, blockIdx.y, gridDim.x, n_heads, n_kv, scale,
+    flash_split<HD>(part, last_scores, q, L, N, b, blockIdx.x, blockIdx.y, gridDim.x, kps, n_heads, n_kv, scale,
                     score_stride, count, out, rf, pdl_waiter{true}, smem4, &last);
 }
 
@@ -101,26 +111,28 @@ static int decode_launch(cuda_ctx *ctx, float *out, const float *q, cuda_kv_laye
     // With counters for every (row, KV head) the split blocks combine themselves.
     unsigned *count = ctx->att_count && ctx->att_count_n >= B * s.n_kv_heads ? ctx->att_count : NULL;
     dim3 grid(ns, s.n_kv_heads, B), cgrid(s.n_heads, B);
+    int kps = split_keys(ctx, s);
     cudaError_t rc;
     if (flash_ok(s)) {
         size_t smem = flash_smem(s.n_heads / s.n_kv_heads, s.head_dim);
         if (s.head_dim == 64)
             rc = LAUNCH_PDL(ctx, attn_decode_flash_kernel<64>, grid, ATT_THREADS, smem, part, last_scores, q, L, N,
-                            dL, dN, s.n_heads, s.n_kv_heads, s.scale, score_stride, count, out, rf);
+                            dL, dN, kps, s.n_heads, s.n_kv_heads, s.scale, score_stride, count, out, rf);
         else
             rc = LAUNCH_PDL(ctx, attn_decode_flash_kernel<128>, grid, ATT_THREADS, smem, part, last_scores, q, L, N,
-                            dL, dN, s.n_heads, s.n_kv_heads, s.scale, score_stride, count, out, rf);
+                            dL, dN, kps, s.n_heads, s.n_kv_heads, s.scale, score_stride, count, out, rf);
         CUDA_CHECK_LAUNCH_RC(ctx, "attn_decode_flash_kernel", rc);
     } else {
         int S = decode_tile(s);
         rc = LAUNCH_PDL(ctx, attn_decode_split_kernel, grid, ATT_THREADS, decode_smem(s, S), part, last_scores, q, L,
-                        N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count, out, rf);
+                        N, dL, dN, kps, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count, out,
+                        rf);
         CUDA_CHECK_LAUNCH_RC(ctx, "attn_decode_split_kernel", rc);
     }
     if (count) return 0;
     size_t csmem = ((size_t)ns + 1) * sizeof(float);
     rc = LAUNCH_PDL(ctx, attn_decode_combine_kernel, cgrid, ATT_THREADS, csmem, out, (const float *)part, ns,
-                    s.head_dim);
+                    s.head_dim, N, dN, kps);
     CUDA_CHECK_LAUNCH_RC(ctx, "attn_decode_combine_kernel", rc);
     return 0;
 }
@@ -164,4 +176,7 @@ extern "C" int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float 
                                          const cuda_kv_layer *d_layer, const cuda_kv_lens *d_lens,
                                          int max_keys, attn_shape s, float *last_scores) {
     return cuda_attention_decode_rows(ctx, out, q, d_layer, d_lens, 1, max_keys, s, last_scores);
+}
+extern "C" int cuda_attention_live_splits(const cuda_ctx *ctx, int n_keys, int max_keys, attn_shape s) {
+    return live_splits(decode_splits(ctx->n_sm, max_keys, s), n_keys, split_keys(ctx, s));
 }

@@ -7,6 +7,21 @@
 #include "kernels/cuda/attention.cuh"
 
 // ---- decode -------------------------------------------------------------------------
+// Splits a step uses: the grid has n_splits of them (sized for the longest length the
+// caller supports, so a captured graph stays valid), a step of n_keys keys uses
+// ceil(n_keys / kps) of them, at least 1 and at most n_splits; every split block works
+// it out from the live length it reads on the device, and the partials are laid out by
+// it. kps 0: all n_splits (the sizing by capacity, for A/B). The others exit at once.
+__host__ __device__ __forceinline__ int live_splits(int n_splits, int n_keys, int kps) {
+    if (kps <= 0) return n_splits;
+    int ns = (n_keys + kps - 1) / kps;
+    return ns < 1 ? 1 : ns > n_splits ? n_splits : ns;
+}
+
+// A single split's output, o / l: the bits the combine gives for one split (its weight
+// expf(m - M) is 1 and its sum l, so it computes o * (1 / l)).
+__device__ __forceinline__ float single_split_out(float o, float l) { return __fmul_rn(o, 1.f / l); }
+
 // smem: q_s[G*hd] | o_s[G*hd] | sc[G*S] | m_s[G] | l_s[G] | c_s[G] | kn_s[hd] | vn_s[hd]
 // (the last two: the newest key and value with fused RoPE). Each thread owns fixed
 // o_s entries (same idx stride every tile), so o_s needs no barrier of its own.
@@ -192,12 +207,14 @@ static __device__ bool split_finish(float *part, float *out, const float *m_s, c
 // phase. smem: decode_smem's floats.
 template <typename Wait>
 __device__ bool decode_split(float *part, float *last_scores, const float *q, cuda_kv_layer L, cuda_kv_lens N, int b,
-                             int split, int kvh, int n_splits, int n_heads, int n_kv, int hd, float scale, int S,
-                             size_t score_stride, unsigned *count, float *out, const rope_fuse &rf, const Wait &wait,
-                             float *smem, unsigned *last_s) {
+                             int split, int kvh, int n_splits, int kps, int n_heads, int n_kv, int hd, float scale,
+                             int S, size_t score_stride, unsigned *count, float *out, const rope_fuse &rf,
+                             const Wait &wait, float *smem, unsigned *last_s) {
+    part += (size_t)b * n_heads * n_splits * (hd + 2);  // the row's partials: sized by the grid's splits
+    n_splits = live_splits(n_splits, N.n_keys, kps);
+    if (split >= n_splits) return false;  // a split the live length does not need
     wait();
     q += (size_t)b * n_heads * hd;
-    part += (size_t)b * n_heads * n_splits * (hd + 2);
     if (last_scores) last_scores += b * score_stride;
     int G = n_heads / n_kv, kv_dim = n_kv * hd, n_keys = N.n_keys, n_trunk = N.n_trunk;
     int per = (n_keys + n_splits - 1) / n_splits;  // keys per split
@@ -267,6 +284,12 @@ __device__ bool decode_split(float *part, float *last_scores, const float *q, cu
         __syncthreads();  // sc and c_s are rewritten by the next tile
     }
     // o_s entries are final for their owners; m_s, l_s were published before a barrier.
+    if (n_splits == 1) {  // the only split: the output itself, no partials
+        float *og = out + ((size_t)b * n_heads + (size_t)kvh * G) * hd;
+        for (int idx = threadIdx.x; idx < G * hd; idx += blockDim.x)
+            og[idx] = single_split_out(o_s[idx], l_s[idx / hd]);
+        return true;
+    }
     for (int idx = threadIdx.x; idx < G * half; idx += blockDim.x) {
         int g = idx / half, d = 2 * (idx - g * half);
         float *pp = part + ((size_t)(kvh * G + g) * n_splits + split) * (hd + 2);
@@ -357,14 +380,16 @@ __device__ __forceinline__ float row_sum4(const float (&v)[4], int c) {
 // tile's K and V loads go out before wait(). smem4: flash_smem's bytes.
 template <int HD, typename Wait>
 __device__ __forceinline__ bool flash_split(float *part, float *last_scores, const float *q, cuda_kv_layer L,
-                                            cuda_kv_lens N, int b, int split, int kvh, int n_splits, int n_heads,
-                                            int n_kv, float scale, size_t score_stride, unsigned *count, float *out,
-                                            const rope_fuse &rf, const Wait &wait, float4 *smem4,
+                                            cuda_kv_lens N, int b, int split, int kvh, int n_splits, int kps,
+                                            int n_heads, int n_kv, float scale, size_t score_stride, unsigned *count,
+                                            float *out, const rope_fuse &rf, const Wait &wait, float4 *smem4,
                                             unsigned *last_s) {
     constexpr int C = flash_geom<HD>::C, R = flash_geom<HD>::R, S = flash_geom<HD>::S, CH = flash_geom<HD>::CH;
     static_assert(CH == 4 && C >= 8, "row_sum4 takes four keys a thread over rows of at least 8 chunks");
+    part += (size_t)b * n_heads * n_splits * (HD + 2);  // the row's partials: sized by the grid's splits
+    n_splits = live_splits(n_splits, N.n_keys, kps);
+    if (split >= n_splits) return false;  // a split the live length does not need
     q += (size_t)b * n_heads * HD;
-    part += (size_t)b * n_heads * n_splits * (HD + 2);
     if (last_scores) last_scores += b * score_stride;
     int G = n_heads / n_kv, kv_dim = n_kv * HD, n_keys = N.n_keys, n_trunk = N.n_trunk;
     int per = (n_keys + n_splits - 1) / n_splits;  // keys per split
@@ -472,8 +497,12 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
         float o = 0.f;
 #pragma unroll
         for (int r = 0; r < R; r++) o = __fadd_rn(o, og[r * C * 4]);
-        part[((size_t)(kvh * G + g) * n_splits + split) * (HD + 2) + d] = o;
+        if (n_splits == 1)  // the only split: the output itself, no partials
+            out[((size_t)b * n_heads + (size_t)kvh * G + g) * HD + d] = single_split_out(o, l_s[g]);
+        else
+            part[((size_t)(kvh * G + g) * n_splits + split) * (HD + 2) + d] = o;
     }
+    if (n_splits == 1) return true;
     // o_s (G * ATT_THREADS * 8 floats >= G * n_splits: decode_splits) holds the combine's
     // weights once split_finish's barrier has passed.
     return split_finish(part, out, m_s, l_s, o_s, c_s, count, b, kvh, G, n_heads, n_kv, HD, split, n_splits, last_s);
@@ -500,6 +529,14 @@ static inline int decode_splits(int n_sm, int n_keys, attn_shape s) {
         if (S >= 32 && ns > S) ns = S;
     }
     return ns < 1 ? 1 : ns;
+}
+
+// Keys per split of a live length (live_splits): ctx->att_split_keys when set (0: the
+// capacity's splits), else one key tile of the kernel: the tiled kernel's S, the
+// generic kernel's 32 (decode_splits' own minimum per split).
+static inline int split_keys(const cuda_ctx *ctx, attn_shape s) {
+    if (ctx->att_split_keys >= 0) return ctx->att_split_keys;
+    return flash_ok(s) ? 4096 / s.head_dim : 32;
 }
 
 // Keys per tile S (a multiple of 32, at most 256) so the decode kernel's shared memory

@@ -106,6 +106,15 @@ static inline cudaError_t launch_pdl(const char *name, const cuda_ctx *ctx, void
         (ctx)->n_launches++;                                                           \
     } while (0)
 
+// A logit's key for an integer atomicMax argmax: the larger value first, then the smaller
+// index (cuda_sample's first index on ties; -0 counts as +0); 0, a cleared slot, is below
+// every key (the caller leaves NaN out). cuda_argmax_token turns it back into the index.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+    unsigned u = __float_as_uint(v == 0.f ? 0.f : v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (0xffffffffu - (unsigned)i);
+}
+
 static inline unsigned cdiv_u(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 static inline int is_aligned(const void *p, size_t n) { return ((uintptr_t)p % n) == 0; }
 

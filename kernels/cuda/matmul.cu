@@ -62,12 +62,13 @@ static cudaError_t mv_launch(cuda_ctx *ctx, int kind, const mv_rows &p, wref w, 
 
 static mv_rows mv_rows_of(float *out, const float *x, int r0, int nr, int B, int s1, int s2,
                           const cuda_mv_fuse *fz) {
-    mv_rows p = { out, x, r0, nr, B, s1, s2, NULL, 0.f, 0, NULL, 0 };
+    mv_rows p = { out, x, r0, nr, B, s1, s2, NULL, 0.f, 0, NULL, 0, NULL };
     if (fz) {
         p.nw = fz->norm;
         p.eps = fz->eps;
         p.add = fz->add;
         p.bias = fz->bias;
+        p.amax = r0 == 0 ? fz->amax : NULL;
     }
     return p;
 }
@@ -80,6 +81,8 @@ extern "C" int cuda_matvec_rows_fused(cuda_ctx *ctx, float *out, const float *x,
                  "cuda_matvec_rows: unsupported weight type %d", (int)w.type);
     CUDA_REQUIRE(ctx, !fz || !fz->add || (s1 == n_out && s2 == n_out),
                  "cuda_matvec_rows: the residual add needs the plain layout (s1 = s2 = n_out)");
+    CUDA_REQUIRE(ctx, !fz || !fz->amax || (s1 == n_out && s2 == n_out),
+                 "cuda_matvec_rows: the argmax epilogue needs the plain layout (s1 = s2 = n_out)");
     int kind = mv_kind(ctx, w.data, x, n_in, n_out, fz ? fz->norm : NULL);
     static_assert(CUDA_MATVEC_ROWS == 8, "mv_launch instantiates R = 1, 2, 4, 8");
     for (int r0 = 0; r0 < B; r0 += CUDA_MATVEC_ROWS) {
@@ -114,7 +117,7 @@ extern "C" int cuda_matvec_glu_rows(cuda_ctx *ctx, float *out, float *tmp, const
                  hid, B);
     CUDA_REQUIRE(ctx, w.type == WT_F32 || w.type == WT_F16 || w.type == WT_BF16,
                  "cuda_matvec_glu_rows: unsupported weight type %d", (int)w.type);
-    CUDA_REQUIRE(ctx, !fz || !fz->add, "cuda_matvec_glu_rows: no residual add into silu(gate) * up");
+    CUDA_REQUIRE(ctx, !fz || (!fz->add && !fz->amax), "cuda_matvec_glu_rows: no residual add or argmax epilogue");
     if (!mv_vectorizable(w.data, x, n_in, fz ? fz->norm : NULL)) {  // two launches, as before
         if (cuda_matvec_rows_fused(ctx, tmp, x, w, n_in, 2 * hid, B, hid, 2 * hid, fz)) return -1;
         return cuda_swiglu(ctx, out, tmp, tmp + (size_t)B * hid, (size_t)B * hid);

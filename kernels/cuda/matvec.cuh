@@ -28,6 +28,8 @@ __device__ __forceinline__ float dot8(const float f[8], float4 a, float4 b) {
 // coherent: x (and out, for the add) were written by other blocks of the running kernel
 // (the persistent decode kernel): read through L2 (ld.global.cg), never the non-coherent
 // read-only path (__ldg), which may hold a line from before the write.
+// amax (NULL: none; row 0 of the batch only): every stored value's argmax_key goes into
+// *amax by atomicMax (the greedy draw in the lm_head's epilogue, cuda_argmax_finish).
 struct mv_rows {
     float *out;
     const float *x;
@@ -37,6 +39,7 @@ struct mv_rows {
     int add;
     const float *bias;
     int coherent;
+    unsigned long long *amax;
 };
 
 __device__ __forceinline__ float4 mv_ldx(const mv_rows &p, const float4 *a) { return p.coherent ? __ldcg(a) : __ldg(a); }
@@ -87,7 +90,12 @@ __device__ __forceinline__ void mv_store(const mv_rows &p, int r, int o, int n_o
     if (o < p.s1) d = p.out + (size_t)b * p.s1 + o;
     else if (o < p.s2) d = p.out + (size_t)p.B * p.s1 + (size_t)b * (p.s2 - p.s1) + (o - p.s1);
     else d = p.out + (size_t)p.B * p.s2 + (size_t)b * (n_out - p.s2) + (o - p.s2);
-    *d = p.add ? __fadd_rn(p.coherent ? __ldcg(d) : *d, v) : v;
+    float s = p.add ? __fadd_rn(p.coherent ? __ldcg(d) : *d, v) : v;
+    *d = s;
+    if (p.amax && b == 0 && s == s) {  // NaN never wins
+        unsigned long long k = argmax_key(s, o);
+        if (k > __ldcg(p.amax)) atomicMax(p.amax, k);  // keys only grow: most rows skip the atomic
+    }
 }
 
 // The raw 16-byte loads of weight chunk i (two for f32) and their widening to fp32, apart,

@@ -32,7 +32,8 @@ static_assert(PK_THREADS == ATT_THREADS && PK_THREADS == 32 * MV_WARPS, "one blo
 struct pk_args {
     cuda_persist_plan p;
     int k_qkv, k_o, k_gu, k_down, k_lm;  // MV_SCALAR, MV_VEC or MV_VEC4 (mv_kind: the graph path's choice)
-    int n_splits, tile;            // the attention's splits, and the generic split kernel's tile
+    int n_splits, tile;            // the attention's splits (the grid's), and the generic split kernel's tile
+    int kps;                       // keys per live split (split_keys)
     float *part;                   // attention partials (ctx->scratch)
     unsigned *count;               // the attention's combine counters (ctx->att_count)
 };
@@ -166,16 +167,17 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
     cuda_kv_layer kvl = p.kv[(size_t)l * p.kv_stride];
     cuda_kv_lens N = p.lens[0];
     float *scores = l == p.cap ? p.scores : NULL;
-    for (int u = blockIdx.x; u < p.n_kv * a.n_splits; u += gridDim.x) {
-        int kvh = u / a.n_splits, split = u - kvh * a.n_splits;
+    int ns = live_splits(a.n_splits, N.n_keys, a.kps);  // the units the live length needs
+    for (int u = blockIdx.x; u < p.n_kv * ns; u += gridDim.x) {
+        int kvh = u / ns, split = u - kvh * ns;
         block_waiter wait = { pk_ctr(p, l, kvh), (unsigned)((G + 2) * hd) };
         bool combined;
         if constexpr (HD != 0) {
-            combined = flash_split<HD>(a.part, scores, p.qkv, kvl, N, 0, split, kvh, a.n_splits, p.n_heads, p.n_kv,
-                                       p.scale, 0, a.count, p.att, rf, wait, smem4, last_s);
+            combined = flash_split<HD>(a.part, scores, p.qkv, kvl, N, 0, split, kvh, a.n_splits, a.kps, p.n_heads,
+                                       p.n_kv, p.scale, 0, a.count, p.att, rf, wait, smem4, last_s);
         } else {
-            combined = decode_split(a.part, scores, p.qkv, kvl, N, 0, split, kvh, a.n_splits, p.n_heads, p.n_kv, hd,
-                                    p.scale, a.tile, 0, a.count, p.att, rf, wait, (float *)smem4, last_s);
+            combined = decode_split(a.part, scores, p.qkv, kvl, N, 0, split, kvh, a.n_splits, a.kps, p.n_heads,
+                                    p.n_kv, hd, p.scale, a.tile, 0, a.count, p.att, rf, wait, (float *)smem4, last_s);
         }
         __syncthreads();  // the combine's stores, and the shared memory free for the next unit
         if (combined && threadIdx.x == 0) {
@@ -183,14 +185,6 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
             red_release_gpu(pk_layer(p, l, PK_ATT), (unsigned)G);
         }
     }
-}
-
-// Orders a logit for atomicMax: larger value first, then the smaller index; 0 never wins
-// against a number (NaN is left out by the caller).
-__device__ inline unsigned long long pk_key(float v, int i) {
-    unsigned u = __float_as_uint(v);
-    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((unsigned long long)u << 32) | (0xffffffffu - (unsigned)i);
 }
 
 // lm_head rows; lane 0 of each warp keeps its best row and adds it to the packed argmax.
@@ -211,7 +205,7 @@ __device__ void pk_lm_head(const pk_args &a) {
         if (lane == 0 && p.argmax)
             for (int r = row0; r < row0 + per && r < p.vocab; r++) {
                 float v = p.logits[r];  // this lane's own store
-                if (v == v) best = max(best, pk_key(v, r));
+                if (v == v) best = max(best, argmax_key(v, r));
             }
     }
     if (lane == 0 && p.argmax && best) atomicMax(p.argmax, best);
@@ -336,6 +330,7 @@ extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p)
     a.k_down = p->hidden % 8 ? MV_SCALAR : mv_kind_rows(ctx, p->dim);
     a.k_lm = p->dim % 8 ? MV_SCALAR : mv_kind_rows(ctx, p->vocab);
     a.n_splits = decode_splits(ctx->n_sm, p->max_ctx, s);
+    a.kps = split_keys(ctx, s);
     a.tile = flash_ok(s) ? 0 : decode_tile(s);
     a.part = (float *)ctx->scratch;
     a.count = ctx->att_count;

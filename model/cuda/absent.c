@@ -54,6 +54,7 @@ int cuda_forward_arm_sample(cuda_forward *f, const sample_cfg *cfg, int n, verr 
     return verr_set(err, NO_CUDA);
 }
 void cuda_forward_set_arming(cuda_forward *f, int on) { (void)f, (void)on; }
+void cuda_forward_set_greedy_epilogue(cuda_forward *f, int on) { (void)f, (void)on; }
 void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses) {
     (void)f;
     *hits = *misses = 0;

@@ -22,7 +22,8 @@
 #include "model/cuda/arm.h"
 
 void cuda_arm_free(dev_arm *a) {
-    cuda_free(a->d_in), cuda_free(a->d_cfg), cuda_free(a->d_out);
+    cuda_free(a->d_in), cuda_free(a->d_cfg), cuda_free(a->d_out), cuda_free(a->d_amax);
+    a->d_amax = NULL;
     if (a->h_in) cudaFreeHost(a->h_in);
     if (a->h_cfg) cudaFreeHost(a->h_cfg);
     if (a->h_out) cudaFreeHost(a->h_out);
@@ -130,11 +131,32 @@ int cuda_arm_greedy(const dev_arm *a, int sharded) {
     return !(in_cfg(a->h_in, a->cap)->temperature > 0);  // cpu_sample's argmax condition
 }
 
-int cuda_arm_drawn(cuda_core *f, dev_arm *a, verr *err) {
+void cuda_arm_greedy_cfg(dev_arm *a) {
     memcpy(a->h_cfg, in_cfg(a->h_in, a->cap), sizeof *a->h_cfg);  // what the device drew with
+}
+
+int cuda_arm_drawn(cuda_core *f, dev_arm *a, verr *err) {
+    cuda_arm_greedy_cfg(a);
     CK(cudaMemcpyAsync(a->h_out, a->d_out, sizeof *a->h_out, cudaMemcpyDeviceToHost, f->ctx.stream));
     a->ready = -1;  // the caller's wait makes it 1
     return 0;
+}
+
+int cuda_arm_graph_kind(const dev_arm *a, int sharded, int cap) {
+    int kind = cuda_arm_kind(a, sharded, cap);
+    return kind == ARM_STOCK && !a->greedy_off && cuda_arm_greedy(a, sharded) ? ARM_GREEDY : kind;
+}
+
+int cuda_arm_greedy_prepare(dev_arm *a, verr *err) {
+    if (a->d_amax) return 0;
+    if (cuda_malloc((void **)&a->d_amax, sizeof *a->d_amax, "greedy argmax", err)) return -1;
+    CK(cudaMemset(a->d_amax, 0, sizeof *a->d_amax));  // then every step's finish zeroes it
+    return 0;
+}
+
+int cuda_arm_greedy_queue(cuda_core *f, dev_arm *a, verr *err) {
+    OP(cuda_argmax_finish(&f->ctx, a->d_out, f->logits, a->d_amax));
+    return cuda_arm_drawn(f, a, err);
 }
 
 int cuda_arm_enqueue(cuda_core *f, dev_arm *a, int sharded, int cap, verr *err) {

@@ -11,6 +11,7 @@
 
 #define ARM_ENTROPIX 1
 #define ARM_STOCK 2
+#define ARM_GREEDY 3  // a graph slot's kind: one greedy stock draw, made by the lm_head's argmax epilogue
 
 // The per-step values of an armed step, one block copied host to device by the step
 // itself (a memcpy node of its graph, which reads the pinned block's content at every
@@ -32,6 +33,8 @@ typedef struct {
     sample_out *d_out, *h_out;   // [cap] its draws
     int cap;
     int off;                     // VARENT_CUDA_ARM=0: arming is refused (every draw is ordinary)
+    int greedy_off;              // VARENT_CUDA_GREEDY_EPILOGUE=0: greedy draws take cuda_sample in the graph
+    unsigned long long *d_amax;  // the lm_head epilogue's packed argmax (zero between steps)
     long hits, misses;           // draw requests answered from armed draws, and ones that differed
 } dev_arm;
 
@@ -63,6 +66,16 @@ int cuda_arm_queue(cuda_core *f, dev_arm *a, verr *err);
 // a->d_out[0], and cuda_arm_drawn queues its copy back (the caller's wait brings it).
 int cuda_arm_greedy(const dev_arm *a, int sharded);
 int cuda_arm_drawn(cuda_core *f, dev_arm *a, verr *err);
+// The graph path's kind for a step: cuda_arm_kind's, or ARM_GREEDY for one greedy stock
+// draw (unless greedy_off): its lm_head then takes the argmax epilogue into d_amax
+// (cuda_arm_greedy_prepare allocates it, before a capture) and cuda_arm_greedy_queue
+// turns it into the draw and queues its copy back (one launch and one copy in the
+// graph where cuda_arm_queue has three launches and three copies). After each replay,
+// cuda_arm_greedy_cfg records the configuration drawn with, as cuda_arm_drawn does.
+int cuda_arm_graph_kind(const dev_arm *a, int sharded, int cap);
+int cuda_arm_greedy_prepare(dev_arm *a, verr *err);
+int cuda_arm_greedy_queue(cuda_core *f, dev_arm *a, verr *err);
+void cuda_arm_greedy_cfg(dev_arm *a);
 // After the chunks of a step that did not queue them in its graph (a prompt, the
 // no-graph mode): the same, when armed.
 int cuda_arm_enqueue(cuda_core *f, dev_arm *a, int sharded, int cap, verr *err);

@@ -67,6 +67,7 @@ void cuda_forward_close(cuda_forward *d) {
     for (int b = 0; b <= CUDA_ROWS; b++)
         if (d->graphs[b].exec) cudaGraphExecDestroy(d->graphs[b].exec);
     if (d->armed_graph.exec) cudaGraphExecDestroy(d->armed_graph.exec);
+    if (d->greedy_graph.exec) cudaGraphExecDestroy(d->greedy_graph.exec);
     cuda_sampler_free(&d->smp);
     cuda_arm_free(&d->arm);
     cuda_hooks_free(&d->hk);
@@ -117,6 +118,7 @@ int cuda_forward_arm_sample(cuda_forward *d, const sample_cfg *cfg, int n, verr 
 }
 
 void cuda_forward_set_arming(cuda_forward *d, int on) { cuda_arm_set(&d->arm, on); }
+void cuda_forward_set_greedy_epilogue(cuda_forward *d, int on) { d->arm.greedy_off = !on; }
 
 void cuda_forward_arm_counts(const cuda_forward *d, long *hits, long *misses) {
     *hits = d->arm.hits, *misses = d->arm.misses;
@@ -152,11 +154,15 @@ static int graph_capture(cuda_forward *d, graph_slot *g, int B, int cap, int hk,
     cuda_core *f = &d->core;
     if (g->exec) CK(cudaGraphExecDestroy(g->exec));
     g->exec = NULL;
-    if (arm && cuda_arm_prepare(f, &d->arm, err)) return -1;  // may grow the sampler's arrays: not while capturing
+    // may grow the sampler's arrays, or allocate the argmax: not while capturing
+    if (arm == ARM_GREEDY ? cuda_arm_greedy_prepare(&d->arm, err) : arm && cuda_arm_prepare(f, &d->arm, err))
+        return -1;
     CK(cudaStreamBeginCapture(f->ctx.stream, cudaStreamCaptureModeThreadLocal));
     long l0 = f->ctx.n_launches;
+    d->greedy_amax = arm == ARM_GREEDY ? d->arm.d_amax : NULL;  // the lm_head's argmax epilogue
     int rc = cuda_step_decode(d, B, cap, hk, err);
-    if (rc == 0 && arm) rc = cuda_arm_queue(f, &d->arm, err);
+    d->greedy_amax = NULL;
+    if (rc == 0 && arm) rc = arm == ARM_GREEDY ? cuda_arm_greedy_queue(f, &d->arm, err) : cuda_arm_queue(f, &d->arm, err);
     g->launches = f->ctx.n_launches - l0;
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(f->ctx.stream, &graph);
@@ -187,9 +193,10 @@ static int graph_capture(cuda_forward *d, graph_slot *g, int B, int cap, int hk,
 // and without draws both replay).
 static int graph_decode(cuda_forward *d, int B, int cap, int hk, int arm, verr *err) {
     cuda_core *f = &d->core;
-    graph_slot *g = arm ? &d->armed_graph : &d->graphs[B];
+    graph_slot *g = arm == ARM_GREEDY ? &d->greedy_graph : arm ? &d->armed_graph : &d->graphs[B];
     if (graph_stale(d, g, cap, hk, arm) && graph_capture(d, g, B, cap, hk, arm, err)) return -1;
     CK(cudaGraphLaunch(g->exec, f->ctx.stream));
+    if (arm == ARM_GREEDY) cuda_arm_greedy_cfg(&d->arm);  // the host's record of what the replay draws with
     if (arm) d->arm.ready = -1;  // the draws come back with the step's wait
     if (B == 1) d->step = (cuda_step_counts){ g->launches, g->nodes, 0, 0, 0, 0, 0, NULL };
     return 0;
@@ -226,7 +233,7 @@ static int run_chunk(cuda_forward *d, kv_view *kv, const int *ids, int T, int ca
     int drawn = 0, persistent = T == 1 ? cuda_persist_step(d, cap, hk, &drawn, err) : 0;
     if (persistent < 0) return -1;
     // an armed step's draws go in its graph, else after the step (cuda_arm_enqueue)
-    int arm = !persistent && T == 1 && last && d->use_graph ? cuda_arm_kind(&d->arm, d->tp.comm != NULL, cap) : 0;
+    int arm = !persistent && T == 1 && last && d->use_graph ? cuda_arm_graph_kind(&d->arm, d->tp.comm != NULL, cap) : 0;
     int rc = persistent ? 0
              : T > 1    ? cuda_step_prefill(d, T, cap, hk, err)
              : d->use_graph ? graph_decode(d, 1, cap, hk, arm, err)

@@ -49,6 +49,7 @@ struct cuda_forward {
     graph_slot graphs[CUDA_ROWS + 1];  // [B]: the decode step of B rows
     graph_slot armed_graph;    // the one-row step with its draws (dev_arm), kept apart from
                                // graphs[1] so steps that alternate replay both
+    graph_slot greedy_graph;   // the one-row step with an ARM_GREEDY draw (the lm_head's argmax)
     long n_captures;           // graphs instantiated so far
     int use_graph;
     cuda_step_counts step;     // the last one-row decode step's launches and graph nodes
@@ -58,6 +59,8 @@ struct cuda_forward {
     dev_lora lora;             // LoRA adapters (model/cuda/lora.c)
     dev_arm arm;               // entropix decided and drawn on the device (model/cuda/arm.c)
     dev_persist persist;       // the persistent decode kernel (model/cuda/persist.c)
+    unsigned long long *greedy_amax;  // set while an ARM_GREEDY step is captured: its lm_head's
+                                      // argmax epilogue (arm.h), read by cuda_step_decode
 };
 
 // ---- the layers of a step (model/cuda/step.c) ----

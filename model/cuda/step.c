@@ -163,13 +163,13 @@ static int decode_project(cuda_forward *d, int hk, int l, int p, const float *in
     if (d->tp.comm && !wanted) {  // rank 0 adds its partial product to the residual stream,
         // the others replace theirs with their partial product: the all-reduce of x is then
         // x + sum_r W_r in_r (+ cv), with no extra launch for the add
-        const cuda_mv_fuse store = { NULL, 0.f, d->tp.rank == 0, d->tp.rank == 0 ? cv : NULL };
+        const cuda_mv_fuse store = { NULL, 0.f, d->tp.rank == 0, d->tp.rank == 0 ? cv : NULL, NULL };
         OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &store));
         if (lo && cuda_lora_apply(f, &d->lora, l, lp, f->x, in, B, 1, err)) return -1;
         return cuda_tp_sum(f, &d->tp, f->x, (size_t)B * dim, err);
     }
     if (!wanted) {
-        const cuda_mv_fuse residual = { NULL, 0.f, 1, cv };
+        const cuda_mv_fuse residual = { NULL, 0.f, 1, cv, NULL };
         OP(cuda_matvec_rows_fused(x, f->x, in, W, n_in, dim, B, dim, dim, &residual));
         return lo ? cuda_lora_apply(f, &d->lora, l, lp, f->x, in, B, 1, err) : 0;
     }
@@ -231,8 +231,8 @@ static int decode_layer(cuda_forward *d, int l, int B, int cap, int hk, step_par
     attn_shape sh = { nh, nkv, hd, 1.0f / sqrtf((float)hd) };
     if (cuda_hooks_point(f, &d->hk, hk, l, HOOK_RESID_PRE, f->x, B, err)) return -1;
     if (cuda_hooks_skip(&d->hk, l)) return skip_layer(d, hk, l, B, err);  // nothing else launches
-    const cuda_mv_fuse attn_norm = { (const float *)L->attn_norm.data, eps, 0, (const float *)L->bqkv.data };
-    const cuda_mv_fuse ffn_norm = { (const float *)L->ffn_norm.data, eps, 0, NULL };
+    const cuda_mv_fuse attn_norm = { (const float *)L->attn_norm.data, eps, 0, (const float *)L->bqkv.data, NULL };
+    const cuda_mv_fuse ffn_norm = { (const float *)L->ffn_norm.data, eps, 0, NULL, NULL };
     // One matvec over Wqkv, planar output: q [B, q_dim], k [B, kv_dim], v [B, kv_dim].
     float *q = f->qkv, *k = q + (size_t)B * q_dim, *v = k + (size_t)B * kv_dim;
     OP(cuda_matvec_rows_fused(x, q, f->x, L->wqkv, dim, qkv_dim, B, q_dim, q_dim + kv_dim, &attn_norm));
@@ -267,10 +267,12 @@ int cuda_step_decode(cuda_forward *d, int B, int cap, int hk, verr *err) {
     OP(cuda_embed(x, f->x, w->embed, dp.ids, B, c->dim));
     for (int l = 0; l < c->n_layers; l++)
         if (decode_layer(d, l, B, cap, hk, dp, err)) return -1;
-    const cuda_mv_fuse final_norm = { (const float *)w->final_norm.data, c->norm_eps, 0, NULL };
+    const cuda_mv_fuse final_norm = { (const float *)w->final_norm.data, c->norm_eps, 0, NULL, NULL };
     if (!d->tp.comm) {
+        cuda_mv_fuse head = final_norm;
+        head.amax = B == 1 ? d->greedy_amax : NULL;  // an ARM_GREEDY step's draw (forward.c)
         OP(cuda_matvec_rows_fused(x, f->logits, f->x, w->lm_head, c->dim, c->vocab_size, B, c->vocab_size,
-                                  c->vocab_size, &final_norm));
+                                  c->vocab_size, &head));
     } else {  // this rank's vocabulary rows of every row, then every rank's
         int nv = f->m->tp.n_vocab;
         OP(cuda_matvec_rows_fused(x, d->tp.part_logits, f->x, w->lm_head, c->dim, nv, B, nv, nv, &final_norm));

@@ -45,7 +45,9 @@ constexpr size_t STATIC_SMEM_MAX = 48 << 10;
 constexpr unsigned char POISON = 0xff;  // NaN as float and double, -1 as integers
 constexpr int IDLE_PASSES = 3;           // rounds without progress before a deadlock is declared
 constexpr int GREEDY_PASSES = 1 << 16;   // passes one co-resident block may run before the next
-constexpr long EARLY_THREADS = 16384;    // threads of a PDL launch that start before the kernel ahead
+constexpr long EARLY_THREADS = 2048;     // threads of a PDL launch that start before the kernel ahead
+// (16 blocks of 128: each thread is a fiber with a guarded stack, two memory mappings;
+// at 16384 a busy test ran out of the process's 65530 mappings, vm.max_map_count)
 constexpr long SPIN_PASSES = 1L << 22;   // an ordinary launch's block spinning this long never ends
 
 // T_YIELD: yielded at an acquire load or __nanosleep (runs again at the next pass);

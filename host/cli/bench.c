@@ -273,6 +273,8 @@ static const cli_opt bench_session_opts[] = {
     { "--device", "DEV", "performance", "cpu", "cpu or cuda[:N]", 0 },
     { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
+    { "--decode-kernel", "graph|persistent", "performance", "graph", "CUDA: decode steps as a graph of kernels, or "
+      "as one persistent kernel a token (the A/B of docs/cuda.md)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const bench_tables[] = { bench_session_opts, cli_opts_kv, cli_opts_tp, bench_opts, cli_opts_steer, NULL };
@@ -306,6 +308,7 @@ int cmd_bench(int argc, char **argv) {
     so.max_batch = (int)args_int_range(&a, "-b", 0, 1, INT_MAX);
     so.kv_bf16 = cli_kv_bf16(&a);
     so.weights_mmap = args_flag(&a, "--mmap");
+    so.decode_persistent = cli_decode_persistent(&a);
     cli_steer_opts(&a, &so.steer);  // what an intervention costs a step (tests/py/test_interp_cuda.py)
     cli_ranks_session(&a, &so);      // mpirun -np N varent bench: N ranks, --tp N
     int n = (int)args_int_range(&a, "-n", 256, 1, 1 << 24), plen = (int)args_int_range(&a, "--prompt-len", 512, 1, 1 << 24);

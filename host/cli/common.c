@@ -130,6 +130,13 @@ int cli_kv_bf16(args *a) {
     return !strcmp(kv, "bf16");
 }
 
+int cli_decode_persistent(args *a) {
+    const char *dk = args_str(a, "--decode-kernel", "graph");
+    if (strcmp(dk, "graph") != 0 && strcmp(dk, "persistent") != 0)
+        args_bad(a, "--decode-kernel %s: graph or persistent", dk);
+    return !strcmp(dk, "persistent");
+}
+
 void cli_session_opts(args *a, session_opts *o) {
     o->model_dir = args_str(a, "-m", NULL);
     o->progress = &model_progress;
@@ -139,10 +146,7 @@ void cli_session_opts(args *a, session_opts *o) {
     o->max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
     o->kv_bf16 = cli_kv_bf16(a);
     o->weights_mmap = args_flag(a, "--mmap");
-    const char *dk = args_str(a, "--decode-kernel", "graph");
-    if (strcmp(dk, "graph") != 0 && strcmp(dk, "persistent") != 0)
-        args_bad(a, "--decode-kernel %s: graph or persistent", dk);
-    o->decode_persistent = !strcmp(dk, "persistent");
+    o->decode_persistent = cli_decode_persistent(a);
     cli_steer_opts(a, &o->steer);
     cli_ranks_session(a, o);
 }

@@ -65,7 +65,7 @@ endif
 # host/ by role (docs/architecture.md); every .c of these folders is in the library
 # except the CLI's main.
 HOST_DIRS := util formats report runtime decode agents serve eval cli
-LIB_SRC  := $(wildcard kernels/cpu/*.c model/*.c tokenizer/*.c) \
+LIB_SRC  := $(wildcard kernels/cpu/*.c model/*.c model/cuda/*.c tokenizer/*.c) \
             $(filter-out host/cli/main.c,$(foreach d,$(HOST_DIRS),$(wildcard host/$(d)/*.c)))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/gen/web_index.o
 TEST_SRC := $(wildcard tests/c/test_*.c)

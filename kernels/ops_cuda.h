@@ -31,6 +31,10 @@ typedef struct cuda_ctx {
     int device;                   // CUDA device index
     int n_sm;                     // multiprocessor count (sizes split-KV attention)
     int smem_optin;               // opt-in shared memory per block, bytes (read at init)
+    int pdl;                      // decode kernels use programmatic dependent launch (sm_90+;
+                                  // VARENT_CUDA_PDL=0 turns it off)
+    int att_split_keys;           // decode attention: keys per live split (-1: one key tile;
+                                  // 0: every split of the capacity); VARENT_CUDA_ATT_SPLIT_KEYS
     cudaStream_t stream;          // every op runs on this stream
     struct cublasContext *cublas; // cuBLAS handle bound to stream
     void *scratch;                // device scratch shared by ops (one stream: no overlap)
@@ -156,12 +160,16 @@ int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in
 // [n_in]) folds the RMSNorm of each x row into it: out = W (x * rsqrt(mean(x^2) + eps)
 // * norm), computed as rsqrt(...) * ((W * norm) x), so the normalised activations are
 // never written. add: out += the product (the residual add; plain layout only). bias
-// (device f32 [n_out], NULL: none) is added to the product (Qwen2's qkv bias).
+// (device f32 [n_out], NULL: none) is added to the product (Qwen2's qkv bias). amax
+// (device, NULL: none; plain layout): row 0's argmax goes into it by an integer atomicMax
+// as the rows are stored (the greedy draw in the lm_head's epilogue; zero before the
+// launch, cuda_argmax_finish turns it into the draw and zeroes it again).
 typedef struct {
     const float *norm;
     float eps;
     int add;
     const float *bias;
+    unsigned long long *amax;
 } cuda_mv_fuse;
 int cuda_matvec_rows_fused(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out, int B, int s1,
                            int s2, const cuda_mv_fuse *fz);
@@ -219,6 +227,9 @@ int cuda_kv_store_rows(cuda_ctx *ctx, const cuda_kv_layer *d_layers, const float
 int cuda_rope_kv_store_rows(cuda_ctx *ctx, float *q, const float *k, const float *v, const int *pos,
                             const int *rows, const cuda_kv_layer *d_layers, int B, int n_heads, int n_kv,
                             int head_dim, const float *inv_freq, const float *q_norm, const float *k_norm, float eps);
+// The splits a decode step of n_keys keys uses when the attention's grid is sized for
+// max_keys (1: the split block writes the output, no partials and no combine).
+int cuda_attention_live_splits(const cuda_ctx *ctx, int n_keys, int max_keys, attn_shape s);
 // Decode attention (T == 1) as cuda_attention, with the KV segments and lengths read on
 // the device from d_layer / d_lens. The launch shape depends only on max_keys and s, so
 // one captured graph serves every length 1 <= d_lens->n_keys <= max_keys and any
@@ -265,6 +276,10 @@ int cuda_argmax(cuda_ctx *ctx, int *out, const float *logits, int rows, int n);
 // device arrays [n_cfg], so a caller uploads the configurations (uniforms included)
 // and downloads the results around it. Same tokens as cpu_sample.
 int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg, int n_cfg);
+// The greedy draw of a matvec's argmax epilogue (cuda_mv_fuse.amax over logits[n]): out
+// as cuda_sample writes a greedy draw (token, 1 kept, its logit; token 0 when every
+// logit was NaN), and *amax zeroed for the next step. One launch of one thread.
+int cuda_argmax_finish(cuda_ctx *ctx, sample_out *out, const float *logits, unsigned long long *amax);
 // Room for cuda_sample's arrays (26 bytes per token and 40 KiB per configuration): call at
 // setup, not per token, since growing them frees and allocates device memory, which
 // waits for the device (other streams' collectives included). A draw with more
@@ -280,6 +295,57 @@ int cuda_reserve_sample(cuda_ctx *ctx, int n, int n_cfg);
 struct entropix_config_s;
 int cuda_entropix_arm(cuda_ctx *ctx, sample_cfg *cfg, int k, const float *logit_stats, const float *attn_stats,
                       const struct entropix_config_s *c, const double *u, const int *tokens);
+
+// ---- the persistent decode kernel (kernels/cuda/persist.cu, docs/cuda.md) -------------
+// One cooperative launch for a whole one-row decode step: the embedding, every layer
+// and the lm_head, its blocks co-resident and passing work along by dataflow counters
+// (release/acquire at GPU scope) instead of grid barriers. Each phase's rows and
+// attention splits are computed by the same device functions as the graph path's
+// kernels (kernels/cuda/matvec.cuh, attention_decode.cuh), so the logits are the same
+// bits whichever path runs. Its CPU twin is the CPU forward (model/forward.c).
+
+// One layer's device pointers (matrices of type cuda_persist_plan.wt, the rest f32).
+typedef struct {
+    const void *wqkv, *wo, *w_gu, *w_down;
+    const float *attn_norm, *ffn_norm;
+    const float *bqkv;              // NULL: no qkv bias
+    const float *q_norm, *k_norm;   // NULL unless Qwen3
+} cuda_persist_layer;
+
+typedef struct {
+    int n_layers, dim, n_heads, n_kv, head_dim, hidden, vocab;
+    float eps, scale;
+    int wt;                                  // WT_BF16 or WT_F16: every matrix
+    const void *embed, *lm_head;
+    const float *final_norm, *inv_freq;
+    const cuda_persist_layer *layers;        // device [n_layers]
+    const int *ids, *pos, *rows;             // device: the step's token, position, cache row (row 0)
+    const cuda_kv_layer *kv;                 // device: layer l's record at kv[l * kv_stride]
+    int kv_stride;
+    const cuda_kv_lens *lens;                // device: row 0's key counts
+    float *x, *qkv, *att, *hb, *logits;      // activations [dim], [q+2kv], [q_dim], [hidden], [vocab]
+    float *scores;                           // layer `cap`'s attention capture [n_heads, n_keys] (NULL: none)
+    int cap;
+    int max_ctx;                             // the attention's split count is the graph path's for it
+    unsigned long long *argmax;              // device: the greedy token, packed (NULL: none; cuda_persist_token)
+    sample_out *draw;                        // device: the greedy draw as cuda_sample writes it (NULL: none)
+    unsigned *ctr;                           // device [cuda_persist_counters], zero before the first launch
+    int grid;                                // blocks (0: as many as the device holds at once)
+} cuda_persist_plan;
+
+// Counters the plan needs (each launch leaves them at zero for the next).
+size_t cuda_persist_counters(const cuda_persist_plan *p);
+// The shape checks (-1 with ctx->err saying why the step falls back to the graph path)
+// and the grid: the co-resident block count, at most p->grid when set.
+int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int *grid);
+// Queues the step on ctx->stream (one launch; ctx->scratch holds the attention partials,
+// ctx->att_count the combine counters, as for cuda_attention_decode_rows).
+int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p);
+// The greedy token of a packed argmax (first index on ties, NaN never wins); -1 when
+// every logit was NaN.
+static inline int cuda_persist_token(unsigned long long key) {
+    return key ? (int)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : -1;
+}
 
 #ifdef __cplusplus
 }

@@ -40,8 +40,17 @@ typedef struct {
     long graph_nodes;  // nodes of its CUDA graph (0: launched one by one)
     long syncs;        // host waits on the stream so far (diff two readings)
     long captures;     // CUDA graphs captured and instantiated so far (diff two readings)
+    int persistent;    // the last one-row decode step ran the persistent kernel
+    long persist_steps, persist_fallbacks;  // so far: steps it ran, and steps that took the
+                                            // graph path while it was chosen (diff readings)
+    const char *fallback_why;  // the last fallback's reason (NULL: none; valid until close)
 } cuda_step_counts;
 void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out);
+// The decode kernel of one-row steps (--decode-kernel): the graph path (0, the default)
+// or the persistent kernel (1: one cooperative launch a step, kernels/cuda/persist.cu;
+// steps it does not support yet take the graph path, counted in cuda_step_counts).
+// grid: the persistent kernel's blocks (0: as many as the device holds at once).
+void cuda_forward_set_decode_kernel(cuda_forward *f, int persistent, int grid);
 // As forward(): appends T tokens to the sequence in kv (device caches of this forward's
 // device) and leaves the last token's logits in fw->logits. When fw->attn_layer is a
 // layer: fw->attn_keys, the device statistics in fw->logit_stats / fw->attn_stats with
@@ -94,6 +103,10 @@ int cuda_forward_arm_sample(cuda_forward *f, const sample_cfg *cfg, int n, verr 
 // Arming on (the default) or off: off, the arm calls do nothing and every draw launches
 // its own (VARENT_CUDA_ARM=0; the same tokens either way).
 void cuda_forward_set_arming(cuda_forward *f, int on);
+// An armed greedy draw in a step's graph: the lm_head's argmax epilogue and one finishing
+// launch (on, the default), or cuda_sample's launches (off: VARENT_CUDA_GREEDY_EPILOGUE=0;
+// the same tokens either way).
+void cuda_forward_set_greedy_epilogue(cuda_forward *f, int on);
 // Draw requests answered from armed steps, and requests after an armed step whose
 // configurations differed from the device's (they launched an ordinary draw).
 void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses);

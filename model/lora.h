@@ -28,7 +28,7 @@ typedef struct {
     lora_pair *whole;   // the same, uncut (== w without TP): a device cuts its own share
     int n_pairs;        // adapted projections
     st_file file;
-    long id;            // unique per load: tells a device's uploaded copies apart (model/forward_cuda_lora.c)
+    long id;            // unique per load: tells a device's uploaded copies apart (model/cuda/lora.c)
     void *tp_owned;     // a tensor-parallel rank's column slices of A (o_proj, down_proj)
 } lora_adapter;
 

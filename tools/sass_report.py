@@ -125,6 +125,17 @@ def loads_in_flight(insns, start, end, base):
     return n
 
 
+def every_in_flight(insns):
+    """[(all, fewest)] of every loop with a 128-bit global load, in code order: a kernel's
+    best loop can hide a shallow one (a short row's tail, a second phase)."""
+    out = []
+    for s, e in loops(insns):
+        bases = {load_base(ops) for _, op, ops in insns[s:e + 1] if is_wide_load(op)} - {None}
+        if bases:
+            out.append((loads_in_flight(insns, s, e, None), min(loads_in_flight(insns, s, e, b) for b in bases)))
+    return out
+
+
 def max_in_flight(insns):
     """(all, fewest) for the kernel's best loop: the 128-bit global loads in flight
     counting every address register, and for the register (stream) with the fewest.
@@ -191,7 +202,7 @@ def eval_block(expr, consts, text):
 def launch_blocks(src_dir):
     """{kernel base name: threads per block} from the launch sites in src_dir/*.cu; None
     where the block size is computed at run time."""
-    consts, sites = {}, []
+    consts, sites, bounds = {}, [], []
     for path in sorted(glob.glob(os.path.join(src_dir, "*.cu")) + glob.glob(os.path.join(src_dir, "*.cuh"))):
         text = open(path, encoding="utf-8").read()
         for name, value in re.findall(r"#define\s+(\w+)\s+\(?(\d+)\)?(?:\s|$)", text, re.M):
@@ -200,10 +211,24 @@ def launch_blocks(src_dir):
             consts.setdefault(name, int(value))
         for m in re.finditer(r"(\w+)(?:<[^<>]*>)?<<<(.*?)>>>", text, re.S):
             sites.append((m.group(1), split_args(m.group(2)), text))
+        # LAUNCH_PDL(ctx, kernel, grid, block, smem, args...) (common.cuh)
+        for m in re.finditer(r"\bLAUNCH_PDL\s*\(", text):
+            close = closing(text, m.end() - 1, "(", ")")
+            args = split_args(text[m.end():close]) if close > 0 else []
+            if len(args) >= 4:
+                kname = re.match(r"\(?\s*(\w+)", args[1])
+                if kname:
+                    sites.append((kname.group(1), [args[2], args[3]], text))
+        # a kernel without a <<<>>> site (cudaLaunchKernelEx): its __launch_bounds__' block size
+        for m in re.finditer(r"__launch_bounds__\s*\(\s*(\w+)[^)]*\)\s*(\w+)\s*\(", text):
+            bounds.append((m.group(2), m.group(1), text))
     out = {}
     for name, args, text in sites:
         if len(args) >= 2:
             out.setdefault(name, eval_block(args[1], consts, text))
+    for name, value, text in bounds:
+        if out.get(name) is None:
+            out[name] = eval_block(value, consts, text)
     return out
 
 
@@ -292,7 +317,7 @@ def report(cuobjdump, objs, src_dir):
             rows.append(dict(obj=os.path.basename(obj), kernel=pretty[name], base=base, regs=u.get("REG"),
                              local=u.get("LOCAL", 0), stack=u.get("STACK", 0), spills=spill_insns(funcs[name]),
                              trig=base in trig, smem=u.get("SHARED"), threads=threads, occ=occ, limit=why,
-                             in_flight=max_in_flight(funcs[name])))
+                             in_flight=max_in_flight(funcs[name]), loops=every_in_flight(funcs[name])))
     return rows
 
 
@@ -307,6 +332,11 @@ def print_rows(rows):
         fl = "-" if r["in_flight"] is None else "%d / %d" % r["in_flight"]
         name = r["kernel"] if len(r["kernel"]) <= 44 else r["kernel"][:41] + "..."
         print(f"{name:<44} {r['regs'] or 0:>4} {spill:>5} {r['smem'] or 0:>6} {r['threads'] or '?':>5} {occ:>14} {fl:>30}")
+    print("\nevery loop with a 128-bit global load, in code order (all / fewest in flight):")
+    for r in rows:
+        if r.get("loops"):
+            name = r["kernel"] if len(r["kernel"]) <= 44 else r["kernel"][:41] + "..."
+            print(f"{name:<44} " + ", ".join("%d/%d" % l for l in r["loops"]))
 
 
 def is_trig_stack(r):

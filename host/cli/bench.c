@@ -84,7 +84,9 @@ static int bench_mem_of(session *s, bench_mem *b, verr *err) {
 
 // One run: prefill prompt_len ids, then decode n tokens greedily, as `varent run --temp 0`
 // does: the argmax through session_sample (on the device on CUDA, where the logits then
-// stay: lazy_logits).
+// stay: lazy_logits), each forward armed to make that draw inside its step as generate()
+// arms it (session_arm_sample; VARENT_CUDA_ARM=0 refuses arming, for A/B: the draw then
+// launches after the step).
 // Host waits on the device stream so far (0 on the CPU).
 static long device_syncs(const session *s) {
     cuda_step_counts c;
@@ -117,7 +119,7 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
     sample_out next;
     s->fw.lazy_logits = 1;
     double t0 = gen_now();
-    int rc = session_forward(s, &kv, prompt, prompt_len, err);
+    int rc = session_arm_sample(s, &greedy, 1, err) || session_forward(s, &kv, prompt, prompt_len, err) ? -1 : 0;
     *prefill_s = gen_now() - t0;
     bench_tick(bp, prompt_len);
     t0 = gen_now();
@@ -126,7 +128,10 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
     size_t V = (size_t)s->m.cfg.vocab_size;
     for (int i = 0; rc == 0 && i < n; i++) {
         if (keep && i < n_keep) memcpy(keep + i * V, s->fw.logits, V * sizeof *keep);
-        rc = session_sample(s, &greedy, 1, &next, err) || session_forward(s, &kv, &next.token, 1, err) ? -1 : 0;
+        rc = session_sample(s, &greedy, 1, &next, err) || session_arm_sample(s, &greedy, 1, err) ||
+                     session_forward(s, &kv, &next.token, 1, err)
+                 ? -1
+                 : 0;
         if ((i & 31) == 31) bench_tick(bp, 32);
     }
     *decode_s = gen_now() - t0;
@@ -277,6 +282,8 @@ static const cli_opt bench_session_opts[] = {
     { "--device", "DEV", "performance", "cpu", "cpu or cuda[:N]", 0 },
     { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
+    { "--decode-kernel", "graph|persistent", "performance", "graph", "CUDA: decode steps as a graph of kernels, or "
+      "as one persistent kernel a token (the A/B of docs/cuda.md)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const bench_tables[] = { bench_session_opts, cli_opts_llama, cli_opts_kv, cli_opts_tp, bench_opts, cli_opts_steer, NULL };
@@ -348,6 +355,7 @@ int cmd_bench(int argc, char **argv) {
     so.max_batch = (int)args_int_range(&a, "-b", 0, 1, INT_MAX);
     so.kv_bf16 = cli_kv_bf16(&a);
     so.weights_mmap = args_bool(&a, "--mmap", "--no-mmap", 0);
+    so.decode_persistent = cli_decode_persistent(&a);
     cli_steer_opts(&a, &so.steer);  // what an intervention costs a step (tests/py/test_interp_cuda.py)
     cli_ranks_session(&a, &so);      // mpirun -np N varent bench: N ranks, --tp N
     int n = (int)args_int_range(&a, "-n", 256, 1, 1 << 24), plen = (int)args_int_range(&a, "--prompt-len", 512, 1, 1 << 24);

@@ -28,6 +28,8 @@ const cli_opt cli_opts_session[] = {
     { "--device", "DEV", "performance", "cpu", "cpu or cuda[:N]", 0 },
     { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
+    { "--decode-kernel", "graph|persistent", "performance", "graph", "CUDA: decode steps as a graph of kernels, or as "
+      "one persistent kernel a token (docs/cuda.md; steps it does not support take the graph path)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
@@ -174,6 +176,13 @@ int cli_kv_bf16(args *a) {
     return !strcmp(kv, "bf16");
 }
 
+int cli_decode_persistent(args *a) {
+    const char *dk = args_str(a, "--decode-kernel", "graph");
+    if (strcmp(dk, "graph") != 0 && strcmp(dk, "persistent") != 0)
+        args_bad(a, "--decode-kernel %s: graph or persistent", dk);
+    return !strcmp(dk, "persistent");
+}
+
 void cli_session_opts(args *a, session_opts *o) {
     o->model_dir = args_str(a, "-m", NULL);
     o->progress = &model_progress;
@@ -183,6 +192,7 @@ void cli_session_opts(args *a, session_opts *o) {
     o->max_batch = (int)args_int_range(a, "-b", 0, 1, INT_MAX);
     o->kv_bf16 = cli_kv_bf16(a);
     o->weights_mmap = args_bool(a, "--mmap", "--no-mmap", 0);
+    o->decode_persistent = cli_decode_persistent(a);
     cli_steer_opts(a, &o->steer);
     cli_ranks_session(a, o);
 }

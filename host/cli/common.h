@@ -14,6 +14,9 @@ extern const cli_opt cli_opts_session[];
 // tables of their own).
 extern const cli_opt cli_opts_kv[];
 int cli_kv_bf16(args *a);
+// --decode-kernel graph|persistent (read by cli_session_opts; this for bench's own table):
+// 1 for persistent; another value is a usage error.
+int cli_decode_persistent(args *a);
 // --tp, --tp-timeout, --devices: tensor parallelism under mpirun or over the GPUs of one
 // process (host/cli/ranks.h), read by cli_session_opts.
 extern const cli_opt cli_opts_tp[];

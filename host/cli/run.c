@@ -454,9 +454,15 @@ static void run_stats(const session *s, const gen_stats *st, uint64_t seed) {
             st->n_prompt, st->n_prompt / (st->prefill_s > 0 ? st->prefill_s : 1e-9), st->n_gen,
             st->n_gen > 1 ? (st->n_gen - 1) / st->decode_s : 0.0, (unsigned long long)seed);
     if (!s->cu) return;
-    long hits, misses;  // draws made inside the steps (model/forward_cuda_arm.c), and ones drawn again
+    long hits, misses;  // draws made inside the steps (model/cuda/arm.c), and ones drawn again
     cuda_forward_arm_counts(s->cu, &hits, &misses);
     fprintf(stderr, "device draws: %ld armed, %ld drawn again after a mismatch\n", hits, misses);
+    cuda_step_counts c;
+    cuda_forward_counts(s->cu, &c);
+    if (s->decode_persistent)  // steps the persistent kernel does not support take the graph path
+        fprintf(stderr, "decode kernel: persistent, %ld steps; %ld on the graph path instead%s%s%s\n",
+                c.persist_steps, c.persist_fallbacks, c.fallback_why ? " (last: " : "",
+                c.fallback_why ? c.fallback_why : "", c.fallback_why ? ")" : "");
 }
 
 // --display-prompt: the prompt as given (or its ids decoded), before the text.

@@ -97,6 +97,7 @@ int session_open(session *s, const session_opts *o, verr *err) {
                         o->ctx, max_pos);
     }
     if (o->threads > 0) cpu_set_threads(o->threads);
+    s->decode_persistent = o->decode_persistent;
     int batch = o->max_batch > 0 ? o->max_batch : 256;
     err->msg[0] = 0;
     failed = open_steer(s, &o->steer, err) || (cuda_dev < 0 && !o->weights_mmap && model_place(&s->m, err)) ||

@@ -50,6 +50,14 @@ int session_cuda_open(session *s, int device, const session *base, verr *err) {
     if (g && !strcmp(g, "0")) cuda_forward_set_graphs(s->cu, 0);
     const char *a = getenv("VARENT_CUDA_ARM");
     if (a && !strcmp(a, "0")) cuda_forward_set_arming(s->cu, 0);
+    const char *ge = getenv("VARENT_CUDA_GREEDY_EPILOGUE");
+    if (ge && !strcmp(ge, "0")) cuda_forward_set_greedy_epilogue(s->cu, 0);
+    // The persistent kernel's grid: VARENT_CUDA_PERSIST_GRID blocks (0 or unset: as many as
+    // the device holds; the emulated device's fibers want few).
+    const char *pg = getenv("VARENT_CUDA_PERSIST_GRID");
+    int persistent = base ? base->decode_persistent : s->decode_persistent;
+    cuda_forward_set_decode_kernel(s->cu, persistent, pg ? atoi(pg) : 0);
+    s->decode_persistent = persistent;
     const model_config *c = &s->m.cfg;
     if (kv_cache_init_cuda(&s->kv, cuda_forward_ctx(s->cu), c->n_layers, s->ctx, model_kv_dim(&s->m), err)) return -1;
     // a second context on a tensor-parallel shard: in the base's group, on its communicator
@@ -81,7 +89,7 @@ int session_cuda_bench_info(session *s, char *buf, size_t n, double *copy_gbs, s
 
 void session_cuda_counts(const session *s, cuda_step_counts *out) {
     if (!s->cu) {
-        *out = (cuda_step_counts){ 0, 0, 0, 0 };
+        *out = (cuda_step_counts){ 0 };
         return;
     }
     cuda_forward_counts(s->cu, out);

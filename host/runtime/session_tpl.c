@@ -161,7 +161,7 @@ int session_tpl_open(session *s, const session_opts *o, verr *err) {
 }
 
 // LoRA: every open rank's forward takes the same uses; each device cuts its own share
-// of the adapters (model/forward_cuda_lora.c).
+// of the adapters (model/cuda/lora.c).
 static void lora_job(void *ud, int r) {
     struct session_tpl *t = ud;
     tpl_rank *R = &t->r[r];

@@ -19,524 +19,59 @@
 //   attn_decode_split_kernel (any even head_dim, larger groups): one thread per
 //       (head, key) dot, one per (head, pair of dims) for o, the rows read directly.
 // The segments and lengths come either from kernel arguments (cuda_attention) or from
-// device records (cuda_attention_decode_dev / _rows, graph replay); the split count is a
-// host value fixed by the longest length the caller supports.
-#include "kernels/cuda/attention.cuh"
-
-// ---- decode -------------------------------------------------------------------------
-// smem: q_s[G*hd] | o_s[G*hd] | sc[G*S] | m_s[G] | l_s[G] | c_s[G] | kn_s[hd] | vn_s[hd]
-// (the last two: the newest key and value with fused RoPE). Each thread owns fixed
-// o_s entries (same idx stride every tile), so o_s needs no barrier of its own.
-// L/N are used as given unless dL/dN (device records) are set. grid z = batch row b:
-// its records dL[b], dN[b], query q[b], partials and scores (score_stride floats apart).
-// out[g][hd] = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits of nh
-// consecutive heads (ph0: the first head's n_splits partials; out: its output row).
-// Splits with l_s == 0 (no keys) get weight 0; split 0 always has keys, so M is finite.
-// Warp g works out head g's weights w[g][s] (one expf per split, all lanes at once) and
-// 1/L into shared memory; then every thread takes outputs of all nh heads. Done split by
-// split in one thread, this was a serial chain of 3 * n_splits L2 reads per head, slower
-// than the split kernel itself on an H200 (docs/benchmarks.md, 2026-11-26).
-// w: nh * n_splits floats and inv: nh floats of shared memory. Called by a whole block.
-// ldcg: partials of other blocks are read from L2, never a stale L1 line.
-__device__ void combine_heads(float *out, const float *ph0, int nh, int n_splits, int hd, float *w, float *inv) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    size_t hstride = (size_t)n_splits * (hd + 2);
-    for (int g = warp; g < nh; g += nw) {
-        const float *ph = ph0 + g * hstride;
-        float M = -INFINITY;
-        for (int s = lane; s < n_splits; s += 32) {
-            const float *ps = ph + (size_t)s * (hd + 2);
-            if (__ldcg(ps + hd + 1) > 0.f) M = fmaxf(M, __ldcg(ps + hd));
-        }
-        M = warp_max(M);
-        float L = 0.f;
-        for (int s = lane; s < n_splits; s += 32) {
-            const float *ps = ph + (size_t)s * (hd + 2);
-            float l = __ldcg(ps + hd + 1);
-            float ws = l > 0.f ? expf(__ldcg(ps + hd) - M) : 0.f;
-            w[g * n_splits + s] = ws;
-            L = fmaf(l, ws, L);
-        }
-        L = warp_sum(L);
-        if (lane == 0) inv[g] = 1.f / L;
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < nh * hd; idx += blockDim.x) {
-        int g = idx / hd, d = idx - g * hd;
-        const float *po = ph0 + g * hstride + d, *wg = w + g * n_splits;
-        float o = 0.f;
-#pragma unroll 4
-        for (int s = 0; s < n_splits; s++) o = fmaf(__ldcg(po + (size_t)s * (hd + 2)), wg[s], o);
-        out[(size_t)g * hd + d] = __fmul_rn(o, inv[g]);
-    }
-}
-
-// The step's RoPE and KV store, fused into the decode attention (on: set): q is the raw
-// query [B, n_heads*hd] and k, v the raw new key and value [B, kv_dim] of each row, at
-// position pos[b], stored at cache row rows[b] of its record's k_dst / v_dst. The math is
-// rope_kv_store_kernel's (rope_head_pair): the same bits.
-struct rope_fuse {
-    int on;
-    const float *k, *v;
-    const int *pos, *rows;
-    const float *inv_freq, *q_norm, *k_norm;
-    float eps;
-};
-
-// Prologue of a split block with fused RoPE: warp w rotates query heads w, w + nw, ...
-// of the group into q_s; the block that owns the newest key (own) also rotates its KV
-// head's new key, stores it and the value in the cache as bf16, and keeps both (as the
-// floats of those bf16 values) in kn_s / vn_s, which its tile loop reads for that key:
-// the cache row it has just written is not read back through the read-only path.
-// kn_s / vn_s (floats, the generic kernel) or kn_h / vn_h (the bf16 bits, the tiled
-// kernel) may be NULL.
-__device__ void rope_fuse_prologue(const rope_fuse &rf, const float *qg, float *q_s, float *kn_s, float *vn_s,
-                                   uint16_t *kn_h, uint16_t *vn_h,
-                                   const cuda_kv_layer &L, int b, int kvh, int G, int n_kv, int hd, bool own) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, half = hd / 2;
-    int pos = rf.pos[b];
-    for (int g = warp; g < G + (own ? 1 : 0); g += nw) {
-        bool is_k = g == G;
-        const float *src = is_k ? rf.k + (size_t)b * n_kv * hd + (size_t)kvh * hd : qg + (size_t)g * hd;
-        const float *nwt = is_k ? rf.k_norm : rf.q_norm;
-        float inv = nwt ? head_inv_rms(src, hd, rf.eps) : 1.f;
-        size_t dst = (size_t)rf.rows[b] * n_kv * hd + (size_t)kvh * hd;
-        for (int j = lane; j < half; j += 32) {
-            float y0, y1;
-            rope_head_pair(src, j, half, inv, nwt, pos, rf.inv_freq, y0, y1);
-            if (!is_k) {
-                q_s[g * hd + j] = y0;
-                q_s[g * hd + j + half] = y1;
-                continue;
-            }
-            uint16_t k0 = f32_to_bf16_bits(y0), k1 = f32_to_bf16_bits(y1);
-            ((uint16_t *)L.k_dst)[dst + j] = k0;
-            ((uint16_t *)L.k_dst)[dst + j + half] = k1;
-            if (kn_s) {
-                kn_s[j] = bf16_bits_to_f32(k0);
-                kn_s[j + half] = bf16_bits_to_f32(k1);
-            }
-            if (kn_h) {
-                kn_h[j] = k0;
-                kn_h[j + half] = k1;
-            }
-        }
-        if (!is_k) continue;
-        const float *vs = rf.v + (size_t)b * n_kv * hd + (size_t)kvh * hd;
-        for (int j = lane; j < hd; j += 32) {
-            uint16_t h = f32_to_bf16_bits(vs[j]);
-            ((uint16_t *)L.v_dst)[dst + j] = h;
-            if (vn_s) vn_s[j] = bf16_bits_to_f32(h);
-            if (vn_h) vn_h[j] = h;
-        }
-    }
-}
-
-// q (shared fp32) . the newest key kept in shared memory by the prologue, in dot_q_k's
-// order: the same bits as reading it from the cache.
-__device__ __forceinline__ float dot_q_kn(const float *q, const float *kn, int hd) {
-    float s = 0.f;
-    for (int d = 0; d < hd; d++) s = fmaf(q[d], kn[d], s);
-    return s;
-}
-
-// Step 2 of a tile, per head (one warp each): the new running max over the tile's n
-// scores sc[g * S + jj], p = exp(s - m) in place, l; c_s[g] = the rescale of the old
-// sums. Ends with a barrier.
-__device__ __forceinline__ void softmax_tile(float *sc, int S, int n, int G, float *m_s, float *l_s, float *c_s) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int g = warp; g < G; g += nw) {
-        float *sg = sc + g * S;
-        float m_old = m_s[g], l_old = l_s[g];  // read by every lane before lane 0 writes
-        float tm = -INFINITY;
-        for (int jj = lane; jj < n; jj += 32) tm = fmaxf(tm, sg[jj]);
-        tm = warp_max(tm);
-        float m_new = fmaxf(m_old, tm);
-        float corr = expf(m_old - m_new);  // 0 on the first tile (m_old = -inf)
-        float l = 0.f;
-        for (int jj = lane; jj < n; jj += 32) {
-            float p = expf(sg[jj] - m_new);
-            sg[jj] = p;
-            l += p;
-        }
-        l = warp_sum(l);
-        __syncwarp();  // orders the lanes' reads of m_s/l_s before the write
-        if (lane == 0) {
-            m_s[g] = m_new;
-            l_s[g] = l_old * corr + l;
-            c_s[g] = corr;
-        }
-    }
-    __syncthreads();
-}
-
-// The end of a split block, after its o partials are written: m and l of each head to
-// part, then with counters (count set) the count of the (row, KV head) group, and the
-// block that completes it combines the group (w: G * n_splits floats of shared memory
-// that are free now, inv: G floats) and resets its counter for the next step.
-__device__ void split_finish(float *part, float *out, const float *m_s, const float *l_s, float *w, float *inv,
-                             unsigned *count, int b, int kvh, int G, int n_heads, int n_kv, int hd, int split,
-                             int n_splits) {
-    for (int g = threadIdx.x; g < G; g += blockDim.x) {
-        float *pp = part + ((size_t)(kvh * G + g) * n_splits + split) * (hd + 2);
-        pp[hd] = m_s[g];
-        pp[hd + 1] = l_s[g];
-    }
-    if (!count) return;
-    __shared__ unsigned last;
-    __threadfence();  // this block's partials are visible device-wide before it counts
-    __syncthreads();  // also: every thread is done reading m_s, l_s and w's old contents
-    if (threadIdx.x == 0) last = atomicAdd(&count[(size_t)b * n_kv + kvh], 1u) == (unsigned)n_splits - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();  // the other blocks' partials, counted before ours, are visible
-    combine_heads(out + ((size_t)b * n_heads + kvh * G) * hd, part + (size_t)kvh * G * n_splits * (hd + 2), G,
-                  n_splits, hd, w, inv);
-    if (threadIdx.x == 0) count[(size_t)b * n_kv + kvh] = 0;
-}
-
-// count (NULL: the combine kernel follows) holds one counter per (row, KV head): each
-// split block adds 1 after writing its partials (and a fence); the block that brings it
-// to n_splits combines the group's G heads into out and sets it back to 0 for the next
-// step (a captured graph replays the same counters).
-// The generic kernel: any even head_dim and GQA group that fits (the tiled kernel below
-// takes head_dim 64 and 128 with groups of up to 10 heads).
+// device records (cuda_attention_decode_dev / _rows, graph replay). The grid's split
+// count is a host value fixed by the longest length the caller supports; each step uses
+// as many of them as its live length needs (live_splits: one key tile a split by
+// default, VARENT_CUDA_ATT_SPLIT_KEYS), read on the device, and one split writes the
+// output itself: no partials, no counter, no combine.
+#include "kernels/cuda/attention_decode.cuh"
 __global__ void attn_decode_split_kernel(float *part, float *last_scores, const float *q,
                                          cuda_kv_layer L, cuda_kv_lens N,
                                          const cuda_kv_layer *dL, const cuda_kv_lens *dN,
-                                         int n_heads, int n_kv, int hd, float scale, int S,
+                                         int kps, int n_heads, int n_kv, int hd, float scale, int S,
                                          size_t score_stride, unsigned *count, float *out, rope_fuse rf) {
     extern __shared__ float smem[];
+    __shared__ unsigned last;
+    pdl_trigger();
     int b = blockIdx.z;
     if (dL) L = dL[b];
     if (dN) N = dN[b];
-    int split = blockIdx.x, kvh = blockIdx.y, n_splits = gridDim.x;
-    q += (size_t)b * n_heads * hd;
-    part += (size_t)b * n_heads * n_splits * (hd + 2);
-    if (last_scores) last_scores += b * score_stride;
-    int G = n_heads / n_kv, kv_dim = n_kv * hd, n_keys = N.n_keys, n_trunk = N.n_trunk;
-    int per = (n_keys + n_splits - 1) / n_splits;  // keys per split
-    int j0 = split * per, j1 = min(n_keys, j0 + per);
-    const uint16_t *kt = (const uint16_t *)L.k_trunk, *vt = (const uint16_t *)L.v_trunk;
-    const uint16_t *kl = (const uint16_t *)L.k_tail, *vl = (const uint16_t *)L.v_tail;
-    float *q_s = smem, *o_s = q_s + G * hd, *sc = o_s + G * hd;
-    float *m_s = sc + G * S, *l_s = m_s + G, *c_s = l_s + G, *kn_s = c_s + G, *vn_s = kn_s + hd;
-    const float *qg = q + (size_t)kvh * G * hd;  // heads kvh*G .. kvh*G+G-1 are contiguous
-    // With fused RoPE the split holding the newest key (j = n_keys - 1) rotates and stores it.
-    int newest = rf.on ? n_keys - 1 : -1;
-    bool own = rf.on && j0 <= newest && newest < j1;
-    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
-        if (!rf.on) q_s[i] = qg[i];
-        o_s[i] = 0.f;
-    }
-    if (rf.on) rope_fuse_prologue(rf, qg, q_s, kn_s, vn_s, NULL, NULL, L, b, kvh, G, n_kv, hd, own);
-    for (int g = threadIdx.x; g < G; g += blockDim.x) {
-        m_s[g] = -INFINITY;
-        l_s[g] = 0.f;
-    }
-    __syncthreads();
-
-    int half = hd / 2;
-    for (int jt = j0; jt < j1; jt += S) {
-        int n = min(S, j1 - jt);
-        // 1. scores s = q_h . k_j * scale for (g, jj) pairs; a warp walks consecutive keys.
-        for (int idx = threadIdx.x; idx < G * n; idx += blockDim.x) {
-            int g = idx / n, jj = idx - g * n, j = jt + jj;
-            float s;
-            if (j == newest) {
-                s = dot_q_kn(q_s + g * hd, kn_s, hd) * scale;
-            } else {
-                const uint16_t *kr = kv_row(kt, kl, n_trunk, j, kv_dim) + (size_t)kvh * hd;
-                s = dot_q_k(q_s + g * hd, kr, hd) * scale;
-            }
-            sc[g * S + jj] = s;
-            if (last_scores) last_scores[(size_t)(kvh * G + g) * n_keys + j] = s;
-        }
-        __syncthreads();
-        softmax_tile(sc, S, n, G, m_s, l_s, c_s);
-        // 3. o[g][d] = o * corr + sum_jj p[g][jj] * v[j][d]; one thread per (g, pair of d).
-        for (int idx = threadIdx.x; idx < G * half; idx += blockDim.x) {
-            int g = idx / half, d = 2 * (idx - g * half);
-            const float *pg = sc + g * S;
-            float corr = c_s[g];
-            float o0 = o_s[g * hd + d] * corr, o1 = o_s[g * hd + d + 1] * corr;
-#pragma unroll 8
-            for (int jj = 0; jj < n; jj++) {
-                float v0, v1;
-                if (jt + jj == newest) {
-                    v0 = vn_s[d];
-                    v1 = vn_s[d + 1];
-                } else {
-                    const uint16_t *vr = kv_row(vt, vl, n_trunk, jt + jj, kv_dim) + (size_t)kvh * hd;
-                    uint32_t u = *(const uint32_t *)(vr + d);  // d and hd even: 4-byte aligned
-                    v0 = __uint_as_float(u << 16);
-                    v1 = __uint_as_float(u & 0xffff0000u);
-                }
-                float p = pg[jj];
-                o0 = fmaf(p, v0, o0);
-                o1 = fmaf(p, v1, o1);
-            }
-            o_s[g * hd + d] = o0;
-            o_s[g * hd + d + 1] = o1;
-        }
-        __syncthreads();  // sc and c_s are rewritten by the next tile
-    }
-    // o_s entries are final for their owners; m_s, l_s were published before a barrier.
-    for (int idx = threadIdx.x; idx < G * half; idx += blockDim.x) {
-        int g = idx / half, d = 2 * (idx - g * half);
-        float *pp = part + ((size_t)(kvh * G + g) * n_splits + split) * (hd + 2);
-        pp[d] = o_s[g * hd + d];
-        pp[d + 1] = o_s[g * hd + d + 1];
-    }
-    split_finish(part, out, m_s, l_s, sc, m_s, count, b, kvh, G, n_heads, n_kv, hd, split, n_splits);
+    decode_split(part, last_scores, q, L, N, b, blockIdx.x, blockIdx.y, gridDim.x, kps, n_heads, n_kv, hd, scale, S,
+                 score_stride, count, out, rf, pdl_waiter{true}, smem, &last);
 }
 
 // grid (n_heads, B), block ATT_THREADS. Splits with l == 0 (no keys) are skipped; split 0
-// always has keys, so M is finite.
+// always has keys, so M is finite. n_splits: the grid's; the row's live count comes from
+// its length (N, or dN[row]) as in the split blocks, and with one split that block has
+// written the output itself.
 // smem: w[n_splits] | inv[1].
-__global__ void attn_decode_combine_kernel(float *out, const float *part, int n_splits, int hd) {
+__global__ void attn_decode_combine_kernel(float *out, const float *part, int n_splits, int hd, cuda_kv_lens N,
+                                           const cuda_kv_lens *dN, int kps) {
     extern __shared__ float smem[];
-    int h = blockIdx.x, hb = blockIdx.y * gridDim.x + h;  // head h of row blockIdx.y
-    combine_heads(out + (size_t)hb * hd, part + (size_t)hb * n_splits * (hd + 2), 1, n_splits, hd, smem,
-                  smem + n_splits);
+    pdl_trigger();
+    int h = blockIdx.x, b = blockIdx.y, hb = b * gridDim.x + h;  // head h of row b
+    if (dN) N = dN[b];
+    int ns = live_splits(n_splits, N.n_keys, kps);
+    if (ns == 1) return;
+    pdl_wait();
+    const float *ph = part + ((size_t)b * gridDim.x * n_splits + (size_t)h * ns) * (hd + 2);
+    combine_heads(out + (size_t)hb * hd, ph, 1, ns, hd, smem, smem + ns);
 }
 
-// ---- the tiled kernel (head_dim 64 and 128) ---------------------------------------------
-// A K or V row of one head is C 16-byte chunks; the block's ATT_THREADS threads cover R
-// rows at once (thread t: chunk t % C of row t / C of each pass); a tile is S keys, CH
-// rows per thread. A tile of K and V is 16 KiB whatever HD: per block, that many bytes
-// are in flight while the previous tile is used.
-template <int HD>
-struct flash_geom {
-    static constexpr int C = HD / 8, R = ATT_THREADS / C, S = 4096 / HD, CH = S / R;
-};
-#define FLASH_MAX_G 10  // G * 4 KiB of o accumulators must leave room in ATT_SMEM_MAX
-
-// Shared floats: q_s[G*HD] | o_s[G][2][ATT_THREADS][4] | kn_h, vn_h (HD bf16 each) | sc[G*S] |
-// m_s[G] | l_s[G] | c_s[G]; every part starts 16-byte aligned.
-static size_t flash_smem(int G, int hd) {
-    return ((size_t)G * hd + (size_t)G * ATT_THREADS * 8 + hd + (size_t)G * (4096 / hd) + 3 * (size_t)G) *
-           sizeof(float);
-}
-
-static bool flash_ok(attn_shape s) {
-    int G = s.n_heads / s.n_kv_heads;
-    return (s.head_dim == 64 || s.head_dim == 128) && G <= FLASH_MAX_G &&
-           flash_smem(G, s.head_dim) <= ATT_SMEM_MAX;
-}
-
-// This thread's chunks of the tile at jt: chunk c of rows jt + rg + R * k (k < CH) of K
-// and V, 16-byte read-only loads, zeros past j1 (not loaded).
-template <int HD>
-__device__ __forceinline__ void flash_load(uint4 (&kr)[flash_geom<HD>::CH], uint4 (&vr)[flash_geom<HD>::CH],
-                                           const cuda_kv_layer &L, int n_trunk, int kv_dim, int kvh, int jt,
-                                           int j1, int rg, int c) {
-    constexpr int R = flash_geom<HD>::R, CH = flash_geom<HD>::CH;
-#pragma unroll
-    for (int k = 0; k < CH; k++) {
-        int j = jt + rg + R * k;
-        if (j < j1) {
-            bool tr = j < n_trunk;
-            size_t off = (size_t)(tr ? j : j - n_trunk) * kv_dim + (size_t)kvh * HD;
-            const uint16_t *kb = (const uint16_t *)(tr ? L.k_trunk : L.k_tail) + off;
-            const uint16_t *vb = (const uint16_t *)(tr ? L.v_trunk : L.v_tail) + off;
-            kr[k] = __ldg((const uint4 *)kb + c);
-            vr[k] = __ldg((const uint4 *)vb + c);
-        } else {
-            kr[k] = make_uint4(0u, 0u, 0u, 0u);
-            vr[k] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
-}
-
-// The four partial sums v[0..3] (keys 0..3 of this thread) summed over the C threads of
-// a row (lanes differing in their low log2(C) bits, c = this thread's index among them)
-// by a reduce-scatter: the first level trades two values for two (lanes with bit C/2 set
-// keep keys 2, 3), the second one for one (bit C/4: key 1 or 3), then a butterfly over
-// the rest. 5 shuffles at C = 16 (4 at 8) where four butterflies take 16 (12); the
-// thread ends with the full sum of key 2 * [c & C/2] + [c & C/4], every thread of a
-// key with the same bits.
-template <int C>
-__device__ __forceinline__ float row_sum4(const float (&v)[4], int c) {
-    bool hi = (c & (C / 2)) != 0, hi2 = (c & (C / 4)) != 0;
-    float s0 = hi ? v[0] : v[2], s1 = hi ? v[1] : v[3];
-    float w0 = __fadd_rn(hi ? v[2] : v[0], __shfl_xor_sync(0xffffffffu, s0, C / 2));
-    float w1 = __fadd_rn(hi ? v[3] : v[1], __shfl_xor_sync(0xffffffffu, s1, C / 2));
-    float x = __fadd_rn(hi2 ? w1 : w0, __shfl_xor_sync(0xffffffffu, hi2 ? w0 : w1, C / 4));
-#pragma unroll
-    for (int o = C / 8; o > 0; o >>= 1) x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, o));
-    return x;
-}
-
-// grid (n_splits, n_kv, B), block ATT_THREADS; arguments as attn_decode_split_kernel's.
-// Per tile: (1) scores: thread (rg, c) takes, per head g, the product of its 8 dims of
-// q_g and of each of its CH = 4 keys, summed over the row's C threads by row_sum4 (a
-// shuffle reduce-scatter), after which one thread per key stores it in sc and the
-// capture; (2) softmax_tile; (3) o: thread (rg, c) adds p * v of its rows to its own 8
-// accumulators per head in o_s (no other thread touches them until the end; two float4
-// planes, so a warp's 16-byte accesses are consecutive: no bank conflicts). At the end
-// the R row groups' accumulators are summed in row-group order into the partials.
-// The newest key with fused RoPE comes from kn_h / vn_h (the bf16 bits the prologue
-// stored), not from the cache row it has just written: the same bits as reading it back.
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, 4)
     attn_decode_flash_kernel(float *part, float *last_scores, const float *q, cuda_kv_layer L, cuda_kv_lens N,
-                             const cuda_kv_layer *dL, const cuda_kv_lens *dN, int n_heads, int n_kv, float scale,
+                             const cuda_kv_layer *dL, const cuda_kv_lens *dN, int kps, int n_heads, int n_kv,
+                             float scale,
                              size_t score_stride, unsigned *count, float *out, rope_fuse rf) {
-    constexpr int C = flash_geom<HD>::C, R = flash_geom<HD>::R, S = flash_geom<HD>::S, CH = flash_geom<HD>::CH;
-    static_assert(CH == 4 && C >= 8, "row_sum4 takes four keys a thread over rows of at least 8 chunks");
     extern __shared__ float4 smem4[];
+    __shared__ unsigned last;
+    pdl_trigger();
     int b = blockIdx.z;
     if (dL) L = dL[b];
     if (dN) N = dN[b];
-    int split = blockIdx.x, kvh = blockIdx.y, n_splits = gridDim.x;
-    q += (size_t)b * n_heads * HD;
-    part += (size_t)b * n_heads * n_splits * (HD + 2);
-    if (last_scores) last_scores += b * score_stride;
-    int G = n_heads / n_kv, kv_dim = n_kv * HD, n_keys = N.n_keys, n_trunk = N.n_trunk;
-    int per = (n_keys + n_splits - 1) / n_splits;  // keys per split
-    int j0 = split * per, j1 = min(n_keys, j0 + per);
-    float *q_s = (float *)smem4, *o_s = q_s + G * HD;
-    uint16_t *kn_h = (uint16_t *)(o_s + G * ATT_THREADS * 8), *vn_h = kn_h + HD;
-    float *sc = (float *)(vn_h + HD), *m_s = sc + G * S, *l_s = m_s + G, *c_s = l_s + G;
-    const float *qg = q + (size_t)kvh * G * HD;  // heads kvh*G .. kvh*G+G-1 are contiguous
-    int newest = rf.on ? n_keys - 1 : -1;
-    bool own = rf.on && j0 <= newest && newest < j1;
-    int t = threadIdx.x, c = t % C, rg = t / C;
-
-    uint4 kr[CH], vr[CH];  // the next tile, in flight
-    flash_load<HD>(kr, vr, L, n_trunk, kv_dim, kvh, j0, j1, rg, c);
-    if (!rf.on)
-        for (int i = t; i < G * HD; i += ATT_THREADS) q_s[i] = qg[i];
-    for (int g = 0; g < 2 * G; g++) ((float4 *)o_s)[g * ATT_THREADS + t] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (rf.on) rope_fuse_prologue(rf, qg, q_s, NULL, NULL, kn_h, vn_h, L, b, kvh, G, n_kv, HD, own);
-    for (int g = t; g < G; g += ATT_THREADS) {
-        m_s[g] = -INFINITY;
-        l_s[g] = 0.f;
-    }
-    __syncthreads();
-
-    for (int jt = j0; jt < j1; jt += S) {
-        int n = min(S, j1 - jt);
-        uint4 ck[CH], cv[CH];
-#pragma unroll
-        for (int k = 0; k < CH; k++) {
-            ck[k] = kr[k];
-            cv[k] = vr[k];
-        }
-        if (jt + S < j1) flash_load<HD>(kr, vr, L, n_trunk, kv_dim, kvh, jt + S, j1, rg, c);
-        if (own) {
-#pragma unroll
-            for (int k = 0; k < CH; k++)
-                if (jt + rg + R * k == newest) {
-                    ck[k] = ((const uint4 *)kn_h)[c];
-                    cv[k] = ((const uint4 *)vn_h)[c];
-                }
-        }
-        // 1. scores (the key chunks widened once for all G heads)
-        float kf[CH][8];
-#pragma unroll
-        for (int k = 0; k < CH; k++) unpack8<WT_BF16>(ck[k], kf[k]);
-        // Key of this thread's sum after row_sum4; the row's threads with c % (C / 4) == 0
-        // hold distinct keys and store them.
-        int kmine = ((c & (C / 2)) ? 2 : 0) + ((c & (C / 4)) ? 1 : 0), jmine = rg + R * kmine;
-        bool store = (c & (C / 4 - 1)) == 0 && jmine < n;
-        for (int g = 0; g < G; g++) {
-            const float4 *qc = (const float4 *)(q_s + g * HD) + 2 * c;
-            float4 qa = qc[0], qb = qc[1];
-            float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-            float part4[CH];
-#pragma unroll
-            for (int k = 0; k < CH; k++) {
-                float s = 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; e++) s = fmaf(qv[e], kf[k][e], s);
-                part4[k] = s;
-            }
-            float s = row_sum4<C>(part4, c);
-            if (store) {
-                s = __fmul_rn(s, scale);
-                sc[g * S + jmine] = s;
-                if (last_scores) last_scores[(size_t)(kvh * G + g) * n_keys + jt + jmine] = s;
-            }
-        }
-        __syncthreads();
-        // 2. running max, p in place, l
-        softmax_tile(sc, S, n, G, m_s, l_s, c_s);
-        // 3. o = o * corr + sum p v over this thread's rows (v widened once for all G heads,
-        // in the registers the widened keys held)
-        float vf[CH][8];
-#pragma unroll
-        for (int k = 0; k < CH; k++) unpack8<WT_BF16>(cv[k], vf[k]);
-        for (int g = 0; g < G; g++) {
-            float corr = c_s[g];
-            float4 *op = (float4 *)o_s + 2 * g * ATT_THREADS + t;  // dims 0-3, then 4-7 a plane below
-            float4 oa = op[0], ob = op[ATT_THREADS];
-            float a[8] = {__fmul_rn(oa.x, corr), __fmul_rn(oa.y, corr), __fmul_rn(oa.z, corr),
-                          __fmul_rn(oa.w, corr), __fmul_rn(ob.x, corr), __fmul_rn(ob.y, corr),
-                          __fmul_rn(ob.z, corr), __fmul_rn(ob.w, corr)};
-#pragma unroll
-            for (int k = 0; k < CH; k++) {
-                int jj = rg + R * k;
-                float p = jj < n ? sc[g * S + jj] : 0.f;
-#pragma unroll
-                for (int e = 0; e < 8; e++) a[e] = fmaf(p, vf[k][e], a[e]);
-            }
-            op[0] = make_float4(a[0], a[1], a[2], a[3]);
-            op[ATT_THREADS] = make_float4(a[4], a[5], a[6], a[7]);
-        }
-        __syncthreads();  // sc and c_s are rewritten by the next tile
-    }
-    // o (g, d) = the R row groups' accumulators of chunk d / 8, in row-group order.
-    for (int idx = t; idx < G * HD; idx += ATT_THREADS) {
-        int g = idx / HD, d = idx - g * HD;
-        const float *og = o_s + ((2 * g + ((d >> 2) & 1)) * ATT_THREADS + (d >> 3)) * 4 + (d & 3);
-        float o = 0.f;
-#pragma unroll
-        for (int r = 0; r < R; r++) o = __fadd_rn(o, og[r * C * 4]);
-        part[((size_t)(kvh * G + g) * n_splits + split) * (HD + 2) + d] = o;
-    }
-    // o_s (G * ATT_THREADS * 8 floats >= G * n_splits: decode_splits) holds the combine's
-    // weights once split_finish's barrier has passed.
-    split_finish(part, out, m_s, l_s, o_s, c_s, count, b, kvh, G, n_heads, n_kv, HD, split, n_splits);
-}
-
-static int decode_tile(attn_shape s);
-
-// Split count for n_keys keys. The tiled kernel: about four blocks per SM (its
-// __launch_bounds__ residency), at least one tile of S keys per split, at most
-// ATT_THREADS * 8 splits (the combining block keeps G * n_splits weights in o_s). The
-// generic kernel: about two blocks per SM, at least 32 keys per split, and at most its
-// tile size S (it keeps them in its G * S score tile).
-static int decode_splits(int n_sm, int n_keys, attn_shape s) {
-    int sms = n_sm > 0 ? n_sm : 1, ns;
-    if (flash_ok(s)) {
-        int S = 4096 / s.head_dim;
-        int target = (4 * sms + s.n_kv_heads - 1) / s.n_kv_heads, by_len = (n_keys + S - 1) / S;
-        ns = target < by_len ? target : by_len;
-        if (ns > ATT_THREADS * 8) ns = ATT_THREADS * 8;
-    } else {
-        int target = (2 * sms + s.n_kv_heads - 1) / s.n_kv_heads, by_len = (n_keys + 31) / 32;
-        ns = target < by_len ? target : by_len;
-        int S = decode_tile(s);
-        if (S >= 32 && ns > S) ns = S;
-    }
-    return ns < 1 ? 1 : ns;
-}
-
-// Keys per tile S (a multiple of 32, at most 256) so the decode kernel's shared memory
-// fits in ATT_SMEM_MAX; 0 if not even 32 fit.
-static int decode_tile(attn_shape s) {
-    int G = s.n_heads / s.n_kv_heads;
-    long fixed = 2L * G * s.head_dim + 3L * G + 2L * s.head_dim;  // q_s, o_s, m_s, l_s, c_s, kn_s, vn_s
-    long room = (long)(ATT_SMEM_MAX / sizeof(float)) - fixed;
-    long S = room > 0 ? room / G / 32 * 32 : 0;
-    return S > 256 ? 256 : (int)S;
-}
-
-static size_t decode_smem(attn_shape s, int S) {
-    int G = s.n_heads / s.n_kv_heads;
-    return ((size_t)2 * G * s.head_dim + (size_t)G * S + 3 * (size_t)G + 2 * (size_t)s.head_dim) * sizeof(float);
+    flash_split<HD>(part, last_scores, q, L, N, b, blockIdx.x, blockIdx.y, gridDim.x, kps, n_heads, n_kv, scale,
+                    score_stride, count, out, rf, pdl_waiter{true}, smem4, &last);
 }
 
 extern "C" size_t cuda_attention_rows_scratch_bytes(const cuda_ctx *ctx, int max_keys, attn_shape s, int B) {
@@ -576,26 +111,29 @@ static int decode_launch(cuda_ctx *ctx, float *out, const float *q, cuda_kv_laye
     // With counters for every (row, KV head) the split blocks combine themselves.
     unsigned *count = ctx->att_count && ctx->att_count_n >= B * s.n_kv_heads ? ctx->att_count : NULL;
     dim3 grid(ns, s.n_kv_heads, B), cgrid(s.n_heads, B);
+    int kps = split_keys(ctx, s);
+    cudaError_t rc;
     if (flash_ok(s)) {
         size_t smem = flash_smem(s.n_heads / s.n_kv_heads, s.head_dim);
         if (s.head_dim == 64)
-            attn_decode_flash_kernel<64><<<grid, ATT_THREADS, smem, ctx->stream>>>(
-                part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.scale, score_stride, count, out, rf);
+            rc = LAUNCH_PDL(ctx, attn_decode_flash_kernel<64>, grid, ATT_THREADS, smem, part, last_scores, q, L, N,
+                            dL, dN, kps, s.n_heads, s.n_kv_heads, s.scale, score_stride, count, out, rf);
         else
-            attn_decode_flash_kernel<128><<<grid, ATT_THREADS, smem, ctx->stream>>>(
-                part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.scale, score_stride, count, out, rf);
-        CUDA_CHECK_LAUNCH(ctx, "attn_decode_flash_kernel");
+            rc = LAUNCH_PDL(ctx, attn_decode_flash_kernel<128>, grid, ATT_THREADS, smem, part, last_scores, q, L, N,
+                            dL, dN, kps, s.n_heads, s.n_kv_heads, s.scale, score_stride, count, out, rf);
+        CUDA_CHECK_LAUNCH_RC(ctx, "attn_decode_flash_kernel", rc);
     } else {
         int S = decode_tile(s);
-        attn_decode_split_kernel<<<grid, ATT_THREADS, decode_smem(s, S), ctx->stream>>>(
-            part, last_scores, q, L, N, dL, dN, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count,
-            out, rf);
-        CUDA_CHECK_LAUNCH(ctx, "attn_decode_split_kernel");
+        rc = LAUNCH_PDL(ctx, attn_decode_split_kernel, grid, ATT_THREADS, decode_smem(s, S), part, last_scores, q, L,
+                        N, dL, dN, kps, s.n_heads, s.n_kv_heads, s.head_dim, s.scale, S, score_stride, count, out,
+                        rf);
+        CUDA_CHECK_LAUNCH_RC(ctx, "attn_decode_split_kernel", rc);
     }
     if (count) return 0;
     size_t csmem = ((size_t)ns + 1) * sizeof(float);
-    attn_decode_combine_kernel<<<cgrid, ATT_THREADS, csmem, ctx->stream>>>(out, part, ns, s.head_dim);
-    CUDA_CHECK_LAUNCH(ctx, "attn_decode_combine_kernel");
+    rc = LAUNCH_PDL(ctx, attn_decode_combine_kernel, cgrid, ATT_THREADS, csmem, out, (const float *)part, ns,
+                    s.head_dim, N, dN, kps);
+    CUDA_CHECK_LAUNCH_RC(ctx, "attn_decode_combine_kernel", rc);
     return 0;
 }
 
@@ -638,4 +176,7 @@ extern "C" int cuda_attention_decode_dev(cuda_ctx *ctx, float *out, const float 
                                          const cuda_kv_layer *d_layer, const cuda_kv_lens *d_lens,
                                          int max_keys, attn_shape s, float *last_scores) {
     return cuda_attention_decode_rows(ctx, out, q, d_layer, d_lens, 1, max_keys, s, last_scores);
+}
+extern "C" int cuda_attention_live_splits(const cuda_ctx *ctx, int n_keys, int max_keys, attn_shape s) {
+    return live_splits(decode_splits(ctx->n_sm, max_keys, s), n_keys, split_keys(ctx, s));
 }

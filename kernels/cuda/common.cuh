@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include <math.h>
+#include <utility>
 #include "kernels/ops_cuda.h"
 
 // Record a failed CUDA runtime call in ctx->err and return -1 from the caller.
@@ -43,6 +44,76 @@
     do {                                                                               \
         if (!(cond)) return verr_set(&(ctx)->err, __VA_ARGS__);                        \
     } while (0)
+
+// ---- programmatic dependent launch (sm_90) ---------------------------------------------
+// A decode kernel launched with launch_pdl may start while the kernel before it on the
+// stream still runs: it loads what that kernel does not write (weights, norm weights,
+// old KV rows, the step block, which a copy before the first kernel filled) first, then
+// waits at pdl_wait() for it to complete (its writes visible), then reads activations.
+// pdl_trigger() lets the kernel after it be scheduled (it still waits at its pdl_wait
+// for this one to complete). Both do nothing where there is no PDL (sm_80 PTX; a launch
+// without the attribute).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(VARENT_EMU_DEVICE) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+    cudaGridDependencySynchronize();
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(VARENT_EMU_DEVICE) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+// What a kernel body waits for before it reads activations, called by every thread of
+// its warp (or block) after the loads that may go first: the kernel ahead (pdl_waiter,
+// when launched with PDL), or nothing.
+struct pdl_waiter {
+    bool on;
+    __device__ __forceinline__ void operator()() const {
+        if (on) pdl_wait();
+    }
+};
+
+// Launches k on ctx->stream, with programmatic dependent launch when ctx->pdl. name: the
+// kernel's, for the emulated device's reports (LAUNCH_PDL passes it).
+template <typename... P, typename... A>
+static inline cudaError_t launch_pdl(const char *name, const cuda_ctx *ctx, void (*k)(P...), dim3 grid, dim3 block,
+                                     size_t smem, A &&...a) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    // (positional: the emulated device's threadIdx-style macros take the member names)
+    cudaLaunchConfig_t cfg = { grid, block, smem, ctx->stream, attr, ctx->pdl ? 1u : 0u };
+#ifdef VARENT_EMU_DEVICE
+    return emu_launch_ex(name, &cfg, k, std::forward<A>(a)...);
+#else
+    (void)name;
+    return cudaLaunchKernelEx(&cfg, k, std::forward<A>(a)...);
+#endif
+}
+// LAUNCH_PDL(ctx, (kernel<T>), grid, block, smem, args...): the kernel in parentheses
+// when it has template arguments.
+#define LAUNCH_PDL(ctx, kernel, grid, block, smem, ...) launch_pdl(#kernel, ctx, kernel, grid, block, smem, __VA_ARGS__)
+
+// After a launch_pdl: its error (or the runtime's last), by kernel name.
+#define CUDA_CHECK_LAUNCH_RC(ctx, name, rc)                                            \
+    do {                                                                               \
+        cudaError_t r_ = (rc), l_ = cudaGetLastError();                                \
+        if (r_ == cudaSuccess) r_ = l_;                                                \
+        if (r_ != cudaSuccess)                                                         \
+            return verr_set(&(ctx)->err, "launch of %s failed: %s (%s:%d)", name,      \
+                            cudaGetErrorString(r_), __FILE__, __LINE__);               \
+        (ctx)->n_launches++;                                                           \
+    } while (0)
+
+// A logit's key for an integer atomicMax argmax: the larger value first, then the smaller
+// index (cuda_sample's first index on ties; -0 counts as +0); 0, a cleared slot, is below
+// every key (the caller leaves NaN out). cuda_argmax_token turns it back into the index.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+    unsigned u = __float_as_uint(v == 0.f ? 0.f : v);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((unsigned long long)u << 32) | (0xffffffffu - (unsigned)i);
+}
 
 static inline unsigned cdiv_u(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
 static inline int is_aligned(const void *p, size_t n) { return ((uintptr_t)p % n) == 0; }
@@ -97,7 +168,7 @@ __device__ __forceinline__ void rope_rotate(float x0, float x1, float s, float c
 // with inv (head_inv_rms) and the weights nw when nw is set (Qwen3's q/k norm).
 __device__ __forceinline__ void rope_head_pair(const float *src, int j, int half, float inv, const float *nw,
                                                int pos, const float *inv_freq, float &y0, float &y1) {
-    float x0 = src[j], x1 = src[j + half];
+    float x0 = __ldcg(src + j), x1 = __ldcg(src + j + half);  // L2: src may be the running kernel's output
     if (nw) {
         x0 = __fmul_rn(__fmul_rn(x0, inv), nw[j]);
         x1 = __fmul_rn(__fmul_rn(x1, inv), nw[j + half]);
@@ -156,7 +227,10 @@ __device__ __forceinline__ T warp_sum(T v) {
 // lane gets it.
 __device__ __forceinline__ float head_inv_rms(const float *src, int hd, float eps) {
     float ss = 0.f;
-    for (int j = threadIdx.x & 31; j < hd; j += 32) ss = fmaf(src[j], src[j], ss);
+    for (int j = threadIdx.x & 31; j < hd; j += 32) {
+        float v = __ldcg(src + j);
+        ss = fmaf(v, v, ss);
+    }
     return rsqrtf(warp_sum(ss) / (float)hd + eps);
 }
 __device__ __forceinline__ float warp_max(float v) {

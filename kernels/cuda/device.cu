@@ -1,5 +1,6 @@
 // device.cu: device discovery, context (stream + cuBLAS handle), allocation with
 // readable out-of-memory messages, scratch, copies.
+#include <stdlib.h>
 #include <string.h>
 #include <cublas_v2.h>
 #include "kernels/cuda/common.cuh"
@@ -41,6 +42,12 @@ extern "C" int cuda_init(cuda_ctx *ctx, int device, verr *err) {
     INIT_CHECK(cudaDeviceGetAttribute(&ctx->n_sm, cudaDevAttrMultiProcessorCount, device));
     INIT_CHECK(cudaDeviceGetAttribute(&ctx->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     INIT_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    int major = 0;
+    INIT_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    const char *pdl = getenv("VARENT_CUDA_PDL");
+    ctx->pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));  // programmatic dependent launch: sm_90
+    const char *ask = getenv("VARENT_CUDA_ATT_SPLIT_KEYS");
+    ctx->att_split_keys = ask && *ask ? atoi(ask) : -1;
 #undef INIT_CHECK
     cublasHandle_t h = NULL;
     cublasStatus_t s = cublasCreate(&h);

@@ -546,6 +546,22 @@ extern "C" int cuda_reserve_sample(cuda_ctx *ctx, int n, int n_cfg) {
     return sample_reserve(ctx, n, n_cfg);
 }
 
+__global__ void argmax_finish_kernel(sample_out *out, const float *logits, unsigned long long *amax) {
+    pdl_trigger();
+    pdl_wait();
+    unsigned long long key = *amax;
+    int tok = key ? (int)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : 0;
+    *out = sample_out{ tok, 1, logits[tok], 0.f, 0.0 };
+    *amax = 0ull;
+}
+
+extern "C" int cuda_argmax_finish(cuda_ctx *ctx, sample_out *out, const float *logits, unsigned long long *amax) {
+    CUDA_REQUIRE(ctx, out && logits && amax, "cuda_argmax_finish: NULL buffer");
+    cudaError_t rc = LAUNCH_PDL(ctx, argmax_finish_kernel, dim3(1), dim3(1), 0, out, logits, amax);
+    CUDA_CHECK_LAUNCH_RC(ctx, "argmax_finish_kernel", rc);
+    return 0;
+}
+
 extern "C" int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg,
                            int n_cfg) {
     CUDA_REQUIRE(ctx, n > 0 && n <= SAMPLE_MAX_VOCAB && n_cfg >= 0 && n_cfg <= 65535,

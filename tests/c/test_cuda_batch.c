@@ -197,7 +197,7 @@ static void fused_rows_case(wtype t, int n_in, int n_out, int norm, int add, int
     void *dw = dup_up(raw, nw * wtype_size(t));
     float *dx = dup_up(x, nx * 4), *dg = dup_up(g, (size_t)n_in * 4), *dout = dalloc(ny * 4);
     wref w = {dw, t};
-    cuda_mv_fuse fz = {norm ? dg : NULL, 1e-5f, add, bias ? dbv : NULL};
+    cuda_mv_fuse fz = {norm ? dg : NULL, 1e-5f, add, bias ? dbv : NULL, NULL};
     if (norm) cpu_rmsnorm(xn, x, (wref){g, WT_F32}, MV_MAX_B, n_in, 1e-5f);
     else memcpy(xn, x, nx * 4);
     cpu_matmul(ref, xn, (wref){raw, t}, MV_MAX_B, n_in, n_out);
@@ -236,7 +236,7 @@ static void test_fused_rows(void) {
                     fused_rows_case(TYPES[k], shapes[si][0], shapes[si][1], modes[m][0], modes[m][1], modes[m][2]);
     float *d = dalloc(64 * 4);
     wref w = {d, WT_F32};
-    cuda_mv_fuse add = {NULL, 0.f, 1, NULL};
+    cuda_mv_fuse add = {NULL, 0.f, 1, NULL, NULL};
     CHECK(cuda_matvec_rows_fused(&C, d, d, w, 8, 4, 1, 2, 4, &add) != 0 && strstr(C.err.msg, "plain layout"),
           "cuda_matvec_rows_fused refuses a residual add into a split layout", "%s", C.err.msg);
     cuda_free(d);
@@ -255,7 +255,7 @@ static void glu_rows_case(wtype t, int n_in, int hid, int exact, int norm) {
     float *dx = dup_up(x, nx * 4), *dout = dalloc(ny * 4), *dtmp = dalloc(2 * ny * 4);
     wref w = {dw, t};
     float *gn = fvec((size_t)n_in, 1.f), *xn = malloc(nx * 4), *dnw = dup_up(gn, (size_t)n_in * 4);
-    cuda_mv_fuse fz = {dnw, 1e-5f, 0, NULL}, *pf = norm ? &fz : NULL;  // the folded RMSNorm, or none
+    cuda_mv_fuse fz = {dnw, 1e-5f, 0, NULL, NULL}, *pf = norm ? &fz : NULL;  // the folded RMSNorm, or none
     if (norm) cpu_rmsnorm(xn, x, (wref){gn, WT_F32}, MV_MAX_B, n_in, 1e-5f);
     else memcpy(xn, x, nx * 4);
     cpu_matmul(gu, xn, (wref){raw, t}, MV_MAX_B, n_in, 2 * hid);
@@ -301,7 +301,7 @@ static void test_glu_rows(void) {
         }
     float *d = dalloc(64 * 4);
     wref w = {d, WT_F32};
-    cuda_mv_fuse add = {NULL, 0.f, 1, NULL};
+    cuda_mv_fuse add = {NULL, 0.f, 1, NULL, NULL};
     CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 0, 1, NULL) != 0 && strstr(C.err.msg, "cuda_matvec_glu_rows"),
           "cuda_matvec_glu_rows refuses hid=0", "%s", C.err.msg);
     CHECK(cuda_matvec_glu_rows(&C, d, d, d, w, 8, 4, 0, NULL) != 0 && strstr(C.err.msg, "cuda_matvec_glu_rows"),

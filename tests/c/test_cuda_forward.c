@@ -27,6 +27,7 @@
 #include "host/runtime/session.h"
 #include "host/formats/st_write.h"
 #include "model/forward_cuda.h"
+#include "test_models.h"
 #ifdef VARENT_CUDA
 #include "kernels/ops_cuda.h"
 #endif
@@ -540,26 +541,7 @@ out:
     if (n_open >= 1) session_close(&cpu);
 }
 
-// stories260K converted to bf16 by the Python tests' helper (cached under TESTTMP), or
-// -1 when that is not possible here (no python, no varent binary).
-static int stories_dir(char *out, size_t n) {
-    const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
-    const char *root = getenv("ROOT") ? getenv("ROOT") : ".";
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && '%s' -c 'import os, sys; sys.path.insert(0, \"tests/py\"); import vtest; "
-             "os.makedirs(vtest.TESTTMP, exist_ok=True); print(vtest.stories_dir(\"bf16\"))' 2>/dev/null",
-             root, py);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    out[0] = 0;
-    if (!fgets(out, (int)n, p)) out[0] = 0;
-    int rc = pclose(p);
-    out[strcspn(out, "\n")] = 0;
-    return rc == 0 && out[0] ? 0 : -1;
-}
-
-// Armed stock draws (model/forward_cuda_arm.c) on a lazy decode loop: every other step
+// Armed stock draws (model/cuda/arm.c) on a lazy decode loop: every other step
 // armed (temperature 1.0, then 0.7 with top-p 0.9), each armed draw taken without a
 // launch equals an ordinary draw of the same configuration on the same logits, bit for
 // bit; after the first two steps the alternation replays both graphs without capturing
@@ -605,6 +587,48 @@ static void run_armed(const char *dir) {
     session_close(&g);
 }
 
+// Armed greedy draws (the lm_head's argmax epilogue, ARM_GREEDY in model/cuda/arm.h)
+// among armed stochastic ones and unarmed greedy steps: each armed greedy draw equals an
+// ordinary cuda_sample draw on the same logits, bit for bit (token, logit, kept, entropy),
+// over 24 steps whose graphs alternate; the greedy graph has one launch more than the
+// unarmed step (the finish) where cuda_sample's draws add three.
+static void run_armed_greedy(const char *dir) {
+    session g;
+    session_opts og = { .model_dir = dir, .device = "cuda" };
+    verr err = { { 0 } };
+    if (session_open(&g, &og, &err)) {
+        CHECK(0, "cuda_armed_greedy: session open", "%s", err.msg);
+        return;
+    }
+    g.fw.lazy_logits = 1;
+    kv_view kv = kv_view_of(&g.kv);
+    int prompt[5] = { 1, 403, 407, 261, 378 }, tok = 0, bad = 0, rc = session_forward(&g, &kv, prompt, 5, &err);
+    long h0, m0, h1, m1, launches[3] = { 0, 0, 0 };
+    cuda_forward_arm_counts(g.cu, &h0, &m0);
+    sample_out out[2];
+    for (int j = 0; rc == 0 && j < 24; j++) {
+        int kind = j % 3;  // 0: armed greedy, 1: armed temperature 1, 2: greedy, not armed
+        double u = j * 0.6180339887;
+        sample_cfg cfg = { kind == 1 ? 1.0f : 0.f, 0, 1.0f, 0, kind == 1 ? u - (int)u : 0 };
+        if ((kind < 2 && session_arm_sample(&g, &cfg, 1, &err)) || session_forward(&g, &kv, &tok, 1, &err) ||
+            session_sample(&g, &cfg, 1, &out[0], &err) || session_sample(&g, &cfg, 1, &out[1], &err))
+            rc = -1;
+        cuda_step_counts c;
+        cuda_forward_counts(g.cu, &c);
+        launches[kind] = c.launches;
+        bad += rc == 0 && memcmp(&out[0], &out[1], sizeof out[0]) != 0;
+        tok = out[0].token;
+    }
+    cuda_forward_arm_counts(g.cu, &h1, &m1);
+    CHECK(rc == 0 && bad == 0 && h1 - h0 == 16 && m1 == m0, "cuda_armed_greedy: armed greedy draws == ordinary draws",
+          "rc %d (%s), %d of 24 differ, %ld armed hits (want 16), %ld misses", rc, rc ? err.msg : "", bad, h1 - h0,
+          m1 - m0);
+    CHECK(launches[0] == launches[2] + 1 && launches[1] == launches[2] + 3,
+          "cuda_armed_greedy: the epilogue's step has one launch more, cuda_sample's three",
+          "greedy armed %ld, stochastic armed %ld, unarmed %ld", launches[0], launches[1], launches[2]);
+    session_close(&g);
+}
+
 // A KV cache too large for any GPU: the message has the bytes and suggests --ctx.
 static void test_oom_message(void) {
     cuda_ctx ctx;
@@ -634,9 +658,10 @@ int main(void) {
     for (size_t i = 0; i < sizeof SPECS / sizeof *SPECS; i++)
         for (int bf16 = 1; bf16 >= 0; bf16--) run_checkpoint(&SPECS[i], bf16, root);
     char sdir[4096];
-    if (stories_dir(sdir, sizeof sdir) == 0) {
+    if (stories_bf16_dir(sdir, sizeof sdir) == 0) {
         run_metrics(sdir, "stories260K bf16", "Once upon a time, there was a", 24, 4);
         run_armed(sdir);
+        run_armed_greedy(sdir);
     } else {
         SKIP("cuda_metrics stories260K", "could not convert tests/data/stories260K (python3 and varent needed)");
     }

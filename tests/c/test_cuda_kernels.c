@@ -295,17 +295,38 @@ static void attn_case(int hd, int nkv, int G, int nk, int n_tail, int T, float q
         cuda_kv_lens *dN = dup_up(&N, sizeof N);
         int max_keys = 3 * nk + 100;  // most splits see few or no keys
         OK(cuda_reserve_scratch(&C, cuda_attention_scratch_bytes(&C, max_keys, s)));
-        OK(cuda_memset(&C, dout, 0xFF, nq * 4));
-        OK(cuda_memset(&C, dsc, 0xFF, (size_t)nh * nk * 4));
-        OK(cuda_memset(&C, d4, 0xFF, 16));
-        OK(cuda_attention_decode_dev(&C, dout, dq, dL, dN, max_keys, s, dsc));
-        OK(cuda_attn_stats(&C, d4, dsc, nh, max_keys, dN));
-        float *got2 = fdown(dout, nq), *gsc2 = fdown(dsc, (size_t)nh * nk);
-        OK(cuda_download(&C, g4, d4, 16));
-        cmp(NAME("cuda_attention_decode_dev out %s", tag), got2, ref, (long)nq, 2e-5f, 1e-3f);
-        cmp(NAME("cuda_attention_decode_dev scores %s", tag), gsc2, rsc, (long)nh * nk, 1e-5f, 1e-4f);
-        close1(NAME("cuda_attention_decode_dev entropy %s", tag), g4[0], r4[0], 1e-3, 1e-3);
-        free(got2); free(gsc2); cuda_free(dL); cuda_free(dN);
+        // Keys per live split: one tile (the default), the capacity's splits (0), one key
+        // a split (1), and one split over every key (its tiles in one block).
+        int kpss[] = {-1, 0, 1, 1 << 20}, saved = C.att_split_keys;
+        for (int ki = 0; ki < (nk <= 5000 ? 4 : 1); ki++) {
+            C.att_split_keys = kpss[ki];
+            int ns = cuda_attention_live_splits(&C, nk, max_keys, s);
+            OK(cuda_memset(&C, dout, 0xFF, nq * 4));
+            OK(cuda_memset(&C, dsc, 0xFF, (size_t)nh * nk * 4));
+            OK(cuda_memset(&C, d4, 0xFF, 16));
+            OK(cuda_memset(&C, C.scratch, 0xFF, C.scratch_bytes));
+            OK(cuda_attention_decode_dev(&C, dout, dq, dL, dN, max_keys, s, dsc));
+            // the partials are laid out by the live count: nothing past them is written,
+            // and nothing at all with one split
+            size_t used = ns > 1 ? (size_t)nh * ns * (hd + 2) * 4 : 0, untouched = 1;
+            unsigned char *scr = malloc(C.scratch_bytes);
+            OK(cuda_download(&C, scr, C.scratch, C.scratch_bytes));
+            for (size_t i = used; i < C.scratch_bytes && untouched; i++) untouched = scr[i] == 0xFF;
+            free(scr);
+            char ktag[160];
+            snprintf(ktag, sizeof ktag, "%s split-keys=%d splits=%d", tag, kpss[ki], ns);
+            CHECK(untouched, NAME("cuda_attention_decode_dev writes only its live partials %s", ktag),
+                  "scratch past %zu bytes written", used);
+            OK(cuda_attn_stats(&C, d4, dsc, nh, max_keys, dN));
+            float *got2 = fdown(dout, nq), *gsc2 = fdown(dsc, (size_t)nh * nk);
+            OK(cuda_download(&C, g4, d4, 16));
+            cmp(NAME("cuda_attention_decode_dev out %s", ktag), got2, ref, (long)nq, 2e-5f, 1e-3f);
+            cmp(NAME("cuda_attention_decode_dev scores %s", ktag), gsc2, rsc, (long)nh * nk, 1e-5f, 1e-4f);
+            close1(NAME("cuda_attention_decode_dev entropy %s", ktag), g4[0], r4[0], 1e-3, 1e-3);
+            free(got2); free(gsc2);
+        }
+        C.att_split_keys = saved;
+        cuda_free(dL); cuda_free(dN);
     }
     free(ws); free(got); free(gsc);
     free(kf); free(vf); free(q); free(kb); free(vb); free(ref); free(rsc);
@@ -313,7 +334,35 @@ static void attn_case(int hd, int nkv, int G, int nk, int n_tail, int T, float q
     cuda_free(dout); cuda_free(dsc); cuda_free(d4);
 }
 
+// The live split count (cuda_attention_live_splits), pinned: one key tile a split by
+// default (64 keys at head_dim 64, 32 at 128, 32 for the generic kernel), 1 for a
+// short context, at most the grid's splits; 0 keys a split: every split of the grid.
+static void test_live_splits(void) {
+    attn_shape l1b = {32, 8, 64, 0.125f}, h128 = {16, 8, 128, 0.09f}, gen = {22, 2, 64, 0.125f};
+    int saved = C.att_split_keys;
+    C.att_split_keys = -1;
+    int grid = cuda_attention_live_splits(&C, 4096, 4096, l1b);  // as many as the grid holds
+    struct { attn_shape s; int n, max, want; } cases[] = {
+        {l1b, 1, 4096, 1}, {l1b, 64, 4096, 1}, {l1b, 65, 4096, 2}, {l1b, 512, 4096, 8},
+        {l1b, 512, 512, 8}, {l1b, 4096, 4096, grid}, {h128, 33, 4096, 2}, {gen, 32, 4096, 1},
+        {gen, 100, 4096, 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int got = cuda_attention_live_splits(&C, cases[i].n, cases[i].max, cases[i].s);
+        CHECK(got == cases[i].want, NAME("live splits hd=%d G=%d keys=%d of %d", cases[i].s.head_dim,
+              cases[i].s.n_heads / cases[i].s.n_kv_heads, cases[i].n, cases[i].max), "%d, want %d", got,
+              cases[i].want);
+    }
+    CHECK(grid > 8 && grid <= 4096 / 64, "live splits: the grid caps them", "%d", grid);
+    C.att_split_keys = 0;
+    int all = cuda_attention_live_splits(&C, 1, 4096, l1b);
+    CHECK(all == grid, "live splits: VARENT_CUDA_ATT_SPLIT_KEYS=0 takes every split of the grid", "%d of %d", all,
+          grid);
+    C.att_split_keys = saved;
+}
+
 static void test_attention(void) {
+    test_live_splits();
     attn_shape huge = {64, 1, 512, 0.04f}, odd = {4, 2, 30, 0.2f}, bad_g = {6, 4, 64, 0.125f};
     CHECK(cuda_attention_validate(&C, huge) != 0 && strstr(C.err.msg, "shared memory"),
           "cuda_attention_validate rejects a group too large for shared memory", "%s", C.err.msg);
@@ -482,6 +531,70 @@ static void test_probe(void) {
           "%d SMs, L2 %d, memory %zu, driver %d", f.n_sm, f.l2_bytes, f.mem_bytes, f.driver);
 }
 
+// ---- the lm_head's argmax epilogue (cuda_mv_fuse.amax, cuda_argmax_finish) ----------------------
+// The greedy draw made while the logits are stored, against the argmax of the stored
+// logits on the host (first index on ties, NaN never wins, token 0 when all are NaN):
+// rows 7 and 9 tie at the maximum, row 3 is NaN, -0 and +0 tie in a second case; the
+// logits are the bits of the same matvec without the epilogue; the finish leaves the
+// argmax zero for the next step (a second step with other logits draws right).
+static void argmax_case(int n_in, int n_out, int all_nan, int zeros) {
+    size_t nw = (size_t)n_out * n_in;
+    float *x = fvec(n_in, 1.f);
+    uint16_t *w = malloc(nw * 2);
+    for (size_t i = 0; i < nw; i++) w[i] = f32_to_bf16(0.05f * (float)((i * 2654435761u) % 2001) / 1000.f - 0.05f);
+    for (int j = 0; j < n_in; j++) x[j] = all_nan && j == 1 ? NAN : 1.f;
+    for (int j = 0; j < n_in; j++) {
+        w[(size_t)7 * n_in + j] = w[(size_t)9 * n_in + j] = f32_to_bf16(1.f);  // the tied maximum
+        w[(size_t)3 * n_in + j] = j == 0 ? 0x7FC0 : f32_to_bf16(1.f);          // NaN (else a third tie)
+    }
+    if (zeros) {  // every row 0 (rows 2 and 4 -0: w * 1 = -0 sums to -0), so rows 0.. tie
+        for (size_t i = 0; i < nw; i++) w[i] = (i / n_in == 2 || i / n_in == 4) ? 0x8000 : 0;
+        for (int j = 0; j < n_in; j++) w[(size_t)3 * n_in + j] = j == 0 ? 0x7FC0 : 0;
+    }
+    float *dx = dup_up(x, (size_t)n_in * 4), *dl = dalloc((size_t)n_out * 4), *dl2 = dalloc((size_t)n_out * 4);
+    void *dw = dup_up(w, nw * 2);
+    unsigned long long *da = dalloc(8), zero = 0, left = 1;
+    OK(cuda_upload(&C, da, &zero, 8));
+    sample_out *dout = dalloc(sizeof(sample_out)), got;
+    cuda_mv_fuse fz = {NULL, 0.f, 0, NULL, da};
+    OK(cuda_memset(&C, dl, 0xFF, (size_t)n_out * 4));
+    OK(cuda_matvec_rows_fused(&C, dl, dx, (wref){dw, WT_BF16}, n_in, n_out, 1, n_out, n_out, &fz));
+    OK(cuda_memset(&C, dout, 0xFF, sizeof got));
+    OK(cuda_argmax_finish(&C, dout, dl, da));
+    OK(cuda_matvec_rows_fused(&C, dl2, dx, (wref){dw, WT_BF16}, n_in, n_out, 1, n_out, n_out, NULL));
+    float *lg = fdown(dl, n_out), *lg2 = fdown(dl2, n_out);
+    OK(cuda_download(&C, &got, dout, sizeof got));
+    OK(cuda_download(&C, &left, da, 8));
+    int want = 0;
+    for (int i = 1; i < n_out; i++)
+        if (lg[i] == lg[i] && (lg[want] != lg[want] || lg[i] > lg[want])) want = i;
+    char tag[96];
+    snprintf(tag, sizeof tag, "n_in=%d n_out=%d%s%s", n_in, n_out, all_nan ? " all NaN" : "", zeros ? " +-0" : "");
+    CHECK(got.token == want && got.n_kept == 1 && !memcmp(&got.logit, &lg[want], 4) && got.entropy == 0,
+          NAME("argmax epilogue draw %s", tag), "token %d (logit %g, kept %d), want %d (%g)", got.token, got.logit,
+          got.n_kept, want, lg[want]);
+    CHECK(!memcmp(lg, lg2, (size_t)n_out * 4), NAME("argmax epilogue leaves the logits' bits %s", tag), "differ");
+    CHECK(left == 0, NAME("argmax finish zeroes the argmax %s", tag), "%llu", left);
+    if (!all_nan && !zeros) {  // a second step: row 9 alone on top now
+        w[(size_t)7 * n_in] = f32_to_bf16(0.5f);
+        OK(cuda_upload(&C, dw, w, nw * 2));
+        OK(cuda_matvec_rows_fused(&C, dl, dx, (wref){dw, WT_BF16}, n_in, n_out, 1, n_out, n_out, &fz));
+        OK(cuda_argmax_finish(&C, dout, dl, da));
+        OK(cuda_download(&C, &got, dout, sizeof got));
+        CHECK(got.token == 9, NAME("argmax epilogue second step %s", tag), "token %d", got.token);
+    }
+    free(x); free(w); free(lg); free(lg2);
+    cuda_free(dx); cuda_free(dl); cuda_free(dl2); cuda_free(dw); cuda_free(da); cuda_free(dout);
+}
+
+static void test_argmax_epilogue(void) {
+    argmax_case(64, 1000, 0, 0);    // the vector kernels
+    argmax_case(64, 32003, 0, 0);   // many rows a warp (four-row kernel where it applies)
+    argmax_case(36, 517, 0, 0);     // n_in % 8: the scalar kernel
+    argmax_case(64, 1000, 1, 0);    // every logit NaN: token 0
+    argmax_case(64, 300, 0, 1);     // -0 and +0 tie: the first index
+}
+
 // ---- bench -------------------------------------------------------------------------------------
 static void bench(void) {
     struct { const char *name; int n_in, n_out; } sh[] = {
@@ -628,6 +741,7 @@ int main(int argc, char **argv) {
     test_attn_stats();
     test_vocab();
     test_probe();
+    test_argmax_epilogue();
     cuda_destroy(&C);
     CHECK_DONE();
 }

@@ -4,6 +4,7 @@
 #define VARENT_TEST_MODELS_H
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static inline const char *env_or(const char *name, const char *dflt) {
     const char *v = getenv(name);
@@ -20,4 +21,24 @@ static inline int gen_random_model(const char *workdir, const char *preset, cons
              env_or("PYTHON", "python3"), preset, dir, seed, dtype);
     return system(cmd) == 0 ? 0 : -1;
 }
+
+// stories260K converted to bf16 by the Python tests' helper (cached under TESTTMP), or
+// -1 when that is not possible here (no python, no varent binary).
+static inline int stories_bf16_dir(char *out, size_t n) {
+    const char *py = getenv("PYTHON") ? getenv("PYTHON") : "python3";
+    const char *root = getenv("ROOT") ? getenv("ROOT") : ".";
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && '%s' -c 'import os, sys; sys.path.insert(0, \"tests/py\"); import vtest; "
+             "os.makedirs(vtest.TESTTMP, exist_ok=True); print(vtest.stories_dir(\"bf16\"))' 2>/dev/null",
+             root, py);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    out[0] = 0;
+    if (!fgets(out, (int)n, p)) out[0] = 0;
+    int rc = pclose(p);
+    out[strcspn(out, "\n")] = 0;
+    return rc == 0 && out[0] ? 0 : -1;
+}
+
 #endif

@@ -15,6 +15,8 @@ namespace emu {
 
 enum schedule_kind { SCHED_FORWARD, SCHED_REVERSE, SCHED_RANDOM };
 
+constexpr int SM_COUNT = 132;  // an H100 SXM's
+
 // VARENT_EMU_SCHEDULE=forward|reverse|random[:SEED], VARENT_EMU_DEVICES=N (default 2),
 // VARENT_EMU_THREADS=N (OS threads running blocks; default: the cores, at most 4).
 struct config {
@@ -34,11 +36,26 @@ struct launch_rec {
     std::shared_ptr<void> closure;
     const closure_ops *ops;
     int device;
+    bool cooperative = false;  // cudaLaunchAttributeCooperative: its blocks run co-resident
+    bool pdl = false;          // cudaLaunchAttributeProgrammaticStreamSerialization
+    long first = 0;            // the blocks before it ran already (started early)
 };
 
-// Runs every block of L now, on the worker threads; returns when all are done. A
-// synchronisation or warp error ends the process with a message naming the kernel.
+// Runs every block of L now, on the worker threads (a cooperative launch: all of its
+// blocks co-resident on this thread); returns when all are done. A synchronisation,
+// warp or deadlock error ends the process with a message naming the kernel.
 void exec_launch(const launch_rec &L);
+// Programmatic dependent launch (L launched with the attribute right after another
+// kernel): the first blocks of L run now, before the kernel ahead of it, each up to its
+// cudaGridDependencySynchronize (a read of that kernel's output before it sees the old
+// values; one that never synchronises runs to its end). exec_finish runs the rest once
+// that kernel is done. At most EARLY_THREADS threads start early (fibers cost memory).
+struct early_start;
+early_start *exec_start_early(const launch_rec &L);
+void exec_finish(const launch_rec &L, early_start *e);
+// Blocks of L that may be resident at once on one SM (threads, shared memory), as an
+// H100 counts them: a cooperative launch may have at most this times the SM count.
+int exec_max_blocks_per_sm(const launch_rec &L);
 // The kernel this OS thread is running ("" when none): for the memcheck report.
 const char *exec_running_kernel(void);
 // The dynamic shared memory limit set with cudaFuncSetAttribute (0: default 48 KiB).
@@ -55,7 +72,9 @@ struct op {
     uint32_t corr = 0, stream = 0, graph = 0;
     uint64_t node = 0;
     int device = 0;
+    std::shared_ptr<const launch_rec> kernel;  // a kernel launch's record (PDL pairs consecutive ones)
 };
+
 // Enqueues o on s (the current device's legacy stream when s is NULL), or records it
 // when s is capturing. Error: bad stream.
 cudaError_t stream_enqueue(cudaStream_t s, op o);

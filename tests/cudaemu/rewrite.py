@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Turns a .cu file into host C++ for the emulated device (docs/cuda.md).
 
-Only two mechanical rewrites; every kernel body is compiled as written:
+Only mechanical rewrites; every kernel body is compiled as written:
   kernel<<<grid, block[, smem[, stream]]>>>(args)
       -> emu_launch("kernel", kernel, dim3(grid), dim3(block), smem, stream, args)
+  cudaLaunchKernelEx(config, kernel, args) -> emu_launch_ex("kernel", config, kernel, args)
   __shared__ T name[dims];      -> EMU_SHARED(T, name, [dims]);
   extern __shared__ T name[];   -> T *name = reinterpret_cast<T *>(emu::shared_dynamic());
 Line numbers are kept (a #line names the .cu file), so compiler messages, assertion
@@ -103,6 +104,27 @@ def rewrite_launches(text):
         pos = q
 
 
+LAUNCH_EX = re.compile(r"\bcudaLaunchKernelEx\s*\(")
+
+
+def rewrite_launch_ex(text):
+    """cudaLaunchKernelEx(config, kernel, args) -> emu_launch_ex("kernel", config, kernel, args)."""
+    out, pos = [], 0
+    for m in LAUNCH_EX.finditer(text):
+        if m.start() < pos:
+            continue
+        p = m.end() - 1
+        q = matching(text, p, "(", ")")
+        args = split_top(text[p + 1:q - 1])
+        if len(args) < 2:
+            raise SystemExit(f"rewrite.py: cudaLaunchKernelEx at offset {m.start()} has no kernel argument")
+        name = " ".join(args[1].split())
+        out.append(text[pos:m.start()] + f'emu_launch_ex("{name}", ')
+        pos = p + 1
+    out.append(text[pos:])
+    return "".join(out)
+
+
 SHARED_DYN = re.compile(r"extern\s+__shared__\s+([^;\[]*?)\s*\b(\w+)\s*\[\s*\]\s*;")
 SHARED = re.compile(r"__shared__\s+([^;]*?)\s*\b(\w+)\s*((?:\[[^\]]*\]\s*)*);")
 
@@ -116,7 +138,7 @@ def rewrite_shared(text):
 def main():
     src, dst = sys.argv[1], sys.argv[2]
     text = open(src, encoding="utf-8").read()
-    body = rewrite_shared(rewrite_launches(text))
+    body = rewrite_shared(rewrite_launch_ex(rewrite_launches(text)))
     if body.count("\n") != text.count("\n"):
         raise SystemExit(f"rewrite.py: {src}: the line count changed ({text.count(chr(10))} -> {body.count(chr(10))})")
     with open(dst, "w", encoding="utf-8") as f:

@@ -153,21 +153,34 @@ static void stream_unref(emu_stream *s) {
     if (--s->refs == 0) delete s;
 }
 
+// Runs a stream's queued ops in order: a kernel launched with programmatic dependent
+// launch right after another kernel starts early (exec_start_early) and finishes after it.
+void run_ops(std::deque<op> &queue) {
+    early_start *early = nullptr;  // blocks of the kernel at the front, started before the one ahead
+    while (!queue.empty()) {
+        op o = std::move(queue.front());
+        queue.pop_front();
+        uint64_t t0 = trace_on() ? trace_now() : 0;  // the trace's records (cupti.cpp)
+        if (!o.kernel) {
+            o.run();
+        } else {
+            early_start *mine = early;
+            early = nullptr;
+            const op *next = queue.empty() ? nullptr : &queue.front();
+            if (next && next->kernel && next->kernel->pdl && !next->kernel->cooperative && !o.kernel->cooperative)
+                early = exec_start_early(*next->kernel);
+            if (mine) exec_finish(*o.kernel, mine);
+            else o.run();
+        }
+        if (trace_on()) trace_op(o, t0, trace_now());
+    }
+}
+
 void flush(emu_stream *s) {
     std::lock_guard<std::recursive_mutex> g(s->flush_m);
     if (s->queue.empty()) return;
     device_enter(s->device);
-    while (!s->queue.empty()) {
-        op o = std::move(s->queue.front());
-        s->queue.pop_front();
-        if (!trace_on()) {
-            o.run();
-            continue;
-        }
-        uint64_t t0 = trace_now();
-        o.run();
-        trace_op(o, t0, trace_now());
-    }
+    run_ops(s->queue);
     device_leave(s->device);
 }
 
@@ -337,8 +350,33 @@ cudaError_t launch(const char *name, const void *func, dim3 grid, dim3 block, si
     int limit = func_max_dynamic_smem(func);
     if (smem > (size_t)(limit > 49152 ? limit : 49152)) return ret(cudaErrorInvalidValue);
     install_segv();
-    launch_rec L{name, func, grid, block, smem, holder, ops, resolve(s)->device};
-    return stream_enqueue(s, op{std::string("kernel ") + name, 1, [L] { exec_launch(L); }});
+    auto L = std::make_shared<const launch_rec>(launch_rec{name, func, grid, block, smem, holder, ops, resolve(s)->device});
+    op o{std::string("kernel ") + name, 1, [L] { exec_launch(*L); }};
+    o.kernel = L;  // PDL pairs consecutive kernels (run_ops)
+    return stream_enqueue(s, std::move(o));
+}
+
+cudaError_t launch_ex(const char *name, const void *func, const launch_attrs &a, void *closure,
+                      const closure_ops *ops) {
+    std::shared_ptr<void> holder(closure, ops->destroy);
+    unsigned long long threads = (unsigned long long)a.block.x * a.block.y * a.block.z;
+    if (!a.grid.x || !a.grid.y || !a.grid.z || !threads || threads > 1024 || a.block.x > 1024 || a.block.y > 1024 ||
+        a.block.z > 64 || a.grid.x > 2147483647u || a.grid.y > 65535 || a.grid.z > 65535)
+        return ret(cudaErrorInvalidConfiguration);
+    int limit = func_max_dynamic_smem(func);
+    if (a.smem > (size_t)(limit > 49152 ? limit : 49152)) return ret(cudaErrorInvalidValue);
+    install_segv();
+    launch_rec rec{name, func, a.grid, a.block, a.smem, holder, ops, resolve(a.stream)->device};
+    rec.cooperative = a.cooperative, rec.pdl = a.pdl;
+    if (rec.cooperative) {  // every block must fit on the device at once
+        long n = (long)a.grid.x * a.grid.y * a.grid.z;
+        int per_sm = exec_max_blocks_per_sm(rec);
+        if (per_sm < 1 || n > (long)per_sm * SM_COUNT) return ret(cudaErrorCooperativeLaunchTooLarge);
+    }
+    auto L = std::make_shared<const launch_rec>(rec);
+    op o{std::string("kernel ") + name, 1, [L] { exec_launch(*L); }};
+    o.kernel = L;  // PDL pairs consecutive kernels (run_ops)
+    return stream_enqueue(a.stream, std::move(o));
 }
 
 }  // namespace emu
@@ -360,6 +398,7 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorCooperativeLaunchTooLarge: return "cudaErrorCooperativeLaunchTooLarge";
     default: return "cudaErrorUnknown";
     }
 }
@@ -377,6 +416,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorCooperativeLaunchTooLarge: return "too many blocks in cooperative launch";
     default: return "unknown error";
     }
 }
@@ -418,7 +458,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
     p->maxGridSize[0] = 2147483647;
     p->maxGridSize[1] = 65535;
     p->maxGridSize[2] = 65535;
-    p->multiProcessorCount = 132;
+    p->multiProcessorCount = SM_COUNT;
     p->major = 9;
     p->minor = 0;
     p->l2CacheSize = 50 << 20;
@@ -434,6 +474,8 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d) {
     case cudaDevAttrMaxSharedMemoryPerBlock: *v = (int)p.sharedMemPerBlock; break;
     case cudaDevAttrWarpSize: *v = 32; break;
     case cudaDevAttrMultiProcessorCount: *v = p.multiProcessorCount; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = p.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = p.minor; break;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)p.sharedMemPerBlockOptin; break;
     case cudaDevAttrL2CacheSize: *v = p.l2CacheSize; break;
     case cudaDevAttrGlobalMemoryBusWidth: *v = p.memoryBusWidth; break;
@@ -451,6 +493,13 @@ cudaError_t cudaDriverGetVersion(int *version) {
 }
 cudaError_t cudaRuntimeGetVersion(int *version) {
     *version = 13000;
+    return cudaSuccess;
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *func, int block_size, size_t smem) {
+    if (!n || block_size < 1 || block_size > 1024) return ret(cudaErrorInvalidValue);
+    launch_rec L{"", func, dim3(1), dim3((unsigned)block_size), smem, nullptr, nullptr, current_device};
+    *n = exec_max_blocks_per_sm(L);
     return cudaSuccess;
 }
 

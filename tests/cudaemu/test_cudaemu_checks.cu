@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "kernels/cuda/sync.cuh"
+
 static int failures;
 
 static void check(bool ok, const char *name, const char *why) {
@@ -64,6 +66,35 @@ __global__ void read_unwritten_shared(float *out) {
 }
 __global__ void fill(float *out, float v) { out[threadIdx.x] = v; }
 
+// Co-resident blocks in two phases, as the persistent decode kernel's dataflow: block b
+// works through barrier-separated steps, writes its slot and releases the counter;
+// phase 2 waits until all G blocks have released, then sums every slot (G(G+1)/2).
+// The planted bugs: 1 no wait; 2 a wrong target (G - 1); 3 the slots read before the
+// wait; 4 a target no block reaches (G + 1): a deadlock.
+enum { PH_RIGHT, PH_NO_WAIT, PH_WRONG_TARGET, PH_READ_EARLY, PH_DEADLOCK };
+__global__ void phases(float *slot, float *out, unsigned *ctr, int mode) {
+    __shared__ float part[64];
+    int G = (int)gridDim.x, b = (int)blockIdx.x;
+    float v = (float)(b + 1);
+    for (int k = 0; k < 4; k++) {  // phase 1's work
+        part[threadIdx.x] = v;
+        __syncthreads();
+        v = part[(threadIdx.x + 1) % blockDim.x];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) slot[b] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) red_release_gpu(ctr, 1);
+    float early = 0.f;
+    for (int i = 0; mode == PH_READ_EARLY && i < G; i++) early += slot[i];
+    unsigned target = mode == PH_WRONG_TARGET ? G - 1 : mode == PH_DEADLOCK ? G + 1 : G;
+    if (threadIdx.x == 0 && mode != PH_NO_WAIT) wait_counter_gpu(ctr, target);
+    __syncthreads();
+    float sum = early;
+    for (int i = 0; mode != PH_READ_EARLY && i < G; i++) sum += slot[i];
+    if (threadIdx.x == 0) out[b] = sum;
+}
+
 // ---- scenarios (run in the child) ----------------------------------------------------------
 static float *dev_floats(int n, float base) {
     float *h = (float *)malloc(n * sizeof(float)), *d;
@@ -74,8 +105,81 @@ static float *dev_floats(int n, float base) {
     return d;
 }
 
+// Programmatic dependent launch: the consumer, launched with the attribute right after
+// the producer, may start before the producer ends; only after
+// cudaGridDependencySynchronize does it see the producer's writes. Planted: the read
+// before the synchronisation (the emulator runs that part before the producer).
+__global__ void pdl_produce(float *x, float v) { x[threadIdx.x] = v; }
+__global__ void pdl_consume(float *out, const float *x, int early) {
+    float a = 0.f;
+    if (early) a = x[threadIdx.x];
+    cudaGridDependencySynchronize();
+    if (!early) a = x[threadIdx.x];
+    out[threadIdx.x] = a;
+}
+
+// 0: the consumer saw the producer's values, 3: it did not; in a stream or a graph.
+static int run_pdl(int early, int graph) {
+    float *x = NULL, *out = NULL, h[32];
+    cudaMalloc((void **)&x, sizeof h);
+    cudaMalloc((void **)&out, sizeof h);
+    cudaMemset(x, 0, sizeof h);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    if (graph) cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    pdl_produce<<<1, 32, 0, s>>>(x, 7.f);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {dim3(1), dim3(32), 0, s, attr, 1};
+    cudaLaunchKernelEx(&lc, pdl_consume, out, (const float *)x, early);
+    if (graph) {
+        cudaStreamEndCapture(s, &g);
+        cudaGraphInstantiate(&ge, g, 0);
+        cudaGraphLaunch(ge, s);
+    }
+    cudaStreamSynchronize(s);
+    cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 32; i++)
+        if (h[i] != 7.f) return 3;
+    return 0;
+}
+
+// phases() on G co-resident blocks (cooperative: 1, else an ordinary launch): 0 when
+// every block's sum is right, 3 when one is not.
+static int run_phases(int mode, int G, int cooperative) {
+    float *slot, *out, h[64];
+    unsigned *ctr;
+    cudaMalloc((void **)&slot, G * sizeof(float));  // NaN-poisoned: a slot read before its write is NaN
+    cudaMalloc((void **)&out, G * sizeof(float));
+    cudaMalloc((void **)&ctr, sizeof(unsigned));
+    cudaMemset(ctr, 0, sizeof(unsigned));
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = cooperative;
+    cudaLaunchConfig_t lc = {dim3(G), dim3(64), 0, 0, attr, 1};
+    cudaError_t e = cudaLaunchKernelEx(&lc, phases, slot, out, ctr, mode);
+    if (e != cudaSuccess) return e == cudaErrorCooperativeLaunchTooLarge ? 4 : 5;
+    cudaMemcpy(h, out, G * sizeof(float), cudaMemcpyDeviceToHost);
+    for (int b = 0; b < G; b++)
+        if (h[b] != (float)(G * (G + 1) / 2)) return 3;
+    return 0;
+}
+
 // exit status: 0 = the bug went unnoticed, 3 = noticed by this scenario's own check
 static int scenario(const char *name) {
+    if (!strcmp(name, "pdl_right")) return run_pdl(0, 0) | run_pdl(0, 1);
+    if (!strcmp(name, "pdl_read_early")) return run_pdl(1, 0);
+    if (!strcmp(name, "pdl_read_early_graph")) return run_pdl(1, 1);
+    if (!strcmp(name, "coop_right")) return run_phases(PH_RIGHT, 8, 1);
+    if (!strcmp(name, "coop_no_wait")) return run_phases(PH_NO_WAIT, 8, 1);
+    if (!strcmp(name, "coop_wrong_target")) return run_phases(PH_WRONG_TARGET, 8, 1);
+    if (!strcmp(name, "coop_read_early")) return run_phases(PH_READ_EARLY, 8, 1);
+    if (!strcmp(name, "coop_deadlock")) return run_phases(PH_DEADLOCK, 8, 1);
+    if (!strcmp(name, "wait_not_coresident")) return run_phases(PH_RIGHT, 8, 0);
+    if (!strcmp(name, "coop_too_large")) return run_phases(PH_RIGHT, 132 * 32 + 1, 1) == 4 ? 3 : 0;
     float *out;
     cudaMalloc((void **)&out, 256 * sizeof(float));
     if (!strcmp(name, "reduce") || !strcmp(name, "reduce_ok")) {
@@ -216,5 +320,28 @@ int main(int argc, char **argv) {
     expect(self, "graph_replay", "forward", NULL);
     expect(self, "gemm_lda", "forward", NULL);
     expect(self, "launch_2048", "forward", NULL);
+    // co-resident blocks (a cooperative launch): the right dataflow passes under both
+    // schedules; a missing wait, a wrong target and a read before the wait each give a
+    // wrong sum under both (the blocks run greedily, so one runs ahead of the others'
+    // writes); a target nobody reaches is a deadlock reported with every block's place
+    check(run_child(self, "coop_right", "forward", err, sizeof err) == 0 &&
+              run_child(self, "coop_right", "random:1", err, sizeof err) == 0,
+          "cudaemu_cooperative_dataflow_is_right", err);
+    const char *bugs[] = {"coop_no_wait", "coop_wrong_target", "coop_read_early"};
+    for (const char *b : bugs) {
+        expect(self, b, "forward", NULL);
+        expect(self, b, "random:1", NULL);
+    }
+    expect(self, "coop_deadlock", "forward", "deadlock: cooperative launch of kernel phases (8 co-resident blocks");
+    expect(self, "coop_deadlock", "random:1",
+           "block (7,0,0): thread 0 waits at tests/cudaemu/test_cudaemu_checks.cu");
+    expect(self, "wait_not_coresident", "forward", "coresidency: kernel phases");
+    expect(self, "coop_too_large", "forward", NULL);
+    // programmatic dependent launch: reading the producer's output before
+    // cudaGridDependencySynchronize sees the old values, in a stream and in a graph
+    check(run_child(self, "pdl_right", "forward", err, sizeof err) == 0, "cudaemu_pdl_after_sync_is_right", err);
+    expect(self, "pdl_read_early", "forward", NULL);
+    expect(self, "pdl_read_early", "random:1", NULL);
+    expect(self, "pdl_read_early_graph", "forward", NULL);
     return failures ? 1 : 0;
 }

@@ -17,7 +17,7 @@ the CPU. Checked against the CPU backend and the published texts:
   - non-finite logits on the device (NaN weights, an overflowing norm) are an error
     naming the position, as on the CPU, for the draw and for copied logits;
   - `bench --device cuda` counts what a decode step costs the host: the kernels it
-    launches (counted by hand from model/forward_cuda.c's enqueue_decode: embed and
+    launches (counted by hand from model/cuda/step.c's cuda_step_decode: embed and
     lm_head, then per layer qkv (attn_norm folded in), attention (RoPE and the KV store
     in its prologue, the split blocks combine themselves), wo (+ residual), gate|up
     (ffn_norm folded in, SwiGLU in its epilogue), down (+ residual) = 5 for every
@@ -25,7 +25,9 @@ the CPU. Checked against the CPU backend and the published texts:
     Qwen3's q/k norms run in the attention's RoPE), the graph's
     nodes (those launches and the step block's
     copy) and the host waits per token: one, the draw's (a step that brings nothing
-    back does not wait).
+    back does not wait). The greedy draw is armed into the step (the lm_head's argmax
+    epilogue and a finishing launch, its copy back); VARENT_CUDA_GREEDY_EPILOGUE=0
+    puts cuda_sample's three launches there instead, VARENT_CUDA_ARM=0 none.
 """
 import json
 import os
@@ -176,7 +178,15 @@ def test_step_counts(tmp):
         if launches is None:
             check(False, name, line)
             continue
-        check(launches == want and nodes == launches + 1 and syncs == 1.0, name,
+        # bench arms each greedy step as `varent run` does: the lm_head's argmax epilogue
+        # and one finishing launch; its graph has the step block's copy and the draw's copy back
+        check(launches == want + 1 and nodes == launches + 2 and syncs == 1.0, name,
+              f"{line!r}: want {want + 1} launches, {want + 3} graph nodes, 1.00 host syncs per token")
+        launches, nodes, syncs, line = step_line(d, ("VARENT_CUDA_GREEDY_EPILOGUE", "0"))
+        check(launches == want + 3 and nodes == want + 7 and syncs == 1.0, f"{name}_cuda_sample_draw",
+              f"{line!r}: want {want + 3} launches, {want + 7} graph nodes (cuda_sample's draw in the graph)")
+        launches, nodes, syncs, line = step_line(d, ("VARENT_CUDA_ARM", "0"))
+        check(launches == want and nodes == launches + 1 and syncs == 1.0, f"{name}_unarmed",
               f"{line!r}: want {want} launches, {want + 1} graph nodes, 1.00 host syncs per token")
         launches, nodes, syncs, line = step_line(d, ("VARENT_CUDA_GRAPHS", "0"))
         check(launches == want and nodes == 0 and syncs == 1.0, f"{name}_no_graph",
@@ -203,13 +213,13 @@ def sampler_lines(d, *env):
 
 def test_sampler_syncs(d):
     """A token costs one host round trip under either sampler: the step's graph holds its
-    draws (model/forward_cuda_arm.c), entropix's decided on the device after the
+    draws (model/cuda/arm.c), entropix's decided on the device after the
     statistics. 16 tokens and the prompt's step: at most 17 waits (entropix without
     arming: 2.00). The armed graph is the plain step's plus the draws: the block's copy
     up, 3 sampler kernels, the configurations and draws copied back (+6 nodes, +3
     launches), and entropix's decision kernel (+7, +4); it is captured once per run, not
     per token."""
-    plain, plain_nodes, _, _ = step_line(d)
+    plain, plain_nodes, _, _ = step_line(d, ("VARENT_CUDA_ARM", "0"))  # the greedy step, its draw not armed
     got, why = sampler_lines(d)
     off, why2 = sampler_lines(d, ("VARENT_CUDA_ARM", "0"))
     for name in ("standard", "entropix"):

@@ -77,6 +77,11 @@ def test_in_flight():
     both = sr.parse_sass(sass("both", BOTH))["both"]
     check(sr.max_in_flight(both) == (8, 4), "sass_in_flight_both_streams", f"{sr.max_in_flight(both)}")
     check(sr.max_in_flight(f["serial"]) == (2, 1), "sass_in_flight_serial", f"{sr.max_in_flight(f['serial'])}")
+    # every loop, not only the best: a kernel with the deep loop and the serial one
+    second = [i.replace("BRA 0x10", "BRA 0xb0") for i in SERIAL]  # its head at index 11 after UNROLLED[:-1]
+    two = sr.parse_sass(sass("two", UNROLLED[:-1] + second))["two"]
+    check(sr.every_in_flight(two) == [(5, 1), (2, 1)] and sr.max_in_flight(two) == (5, 1),
+          "sass_every_loop_reported", f"{sr.every_in_flight(two)}")
     check(sr.max_in_flight(f["straight"]) is None, "sass_no_loop_no_count", f"{sr.max_in_flight(f['straight'])}")
     check(sr.loads_in_flight(f["store_use"], 0, 3, None) == 1, "sass_store_reads_all_operands",
           f"{sr.loads_in_flight(f['store_use'], 0, 3, None)}")

@@ -7,6 +7,9 @@
 
 #include <stddef.h>
 
+// Code built against the emulated device can tell (kernels/cuda/sync.cuh, model/cuda/persist.c).
+#define VARENT_EMU_DEVICE 1
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -30,6 +33,7 @@ typedef enum cudaError {
     cudaErrorStreamCaptureWrongThread = 908,
     cudaErrorLaunchFailure = 719,
     cudaErrorAssert = 710,
+    cudaErrorCooperativeLaunchTooLarge = 720,
     cudaErrorUnknown = 999
 } cudaError_t;
 
@@ -56,6 +60,8 @@ enum cudaDeviceAttr {
     cudaDevAttrMemoryClockRate = 36,
     cudaDevAttrGlobalMemoryBusWidth = 37,
     cudaDevAttrL2CacheSize = 38,
+    cudaDevAttrComputeCapabilityMajor = 75,
+    cudaDevAttrComputeCapabilityMinor = 76,
     cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
@@ -132,6 +138,9 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
+// Blocks of func of block_size threads and smem bytes of dynamic shared memory one SM
+// holds at once (threads, shared memory and the 32-block limit; registers are not known).
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *func, int block_size, size_t smem);
 
 #ifdef __cplusplus
 }

@@ -81,6 +81,24 @@ struct closure_ops {
 };
 cudaError_t launch(const char *name, const void *func, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    void *closure, const closure_ops *ops);
+// A launch with attributes (cudaLaunchKernelEx).
+struct launch_attrs {
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+    bool cooperative, pdl;
+};
+cudaError_t launch_ex(const char *name, const void *func, const launch_attrs &a, void *closure,
+                      const closure_ops *ops);
+
+// Co-resident blocks (tests/cudaemu/exec.cpp): the running fiber yields to the others at
+// an acquire load (p: what it read, for the deadlock detector) or __nanosleep (p NULL),
+// waits until *p >= target, or waits at cudaGridDependencySynchronize for the grid
+// before it. progress: events that can let a waiting fiber go on (atomics, fences, ...).
+void spin_yield(const void *p, uint64_t value, const char *file, int line);
+void wait_geq(const unsigned *p, unsigned target, const char *file, int line);
+void grid_dep_sync(const char *file, int line);
+extern thread_local unsigned long progress;
 
 template <typename... P>
 struct closure {
@@ -118,6 +136,65 @@ static inline cudaError_t emu_launch(const char *name, void (*k)(P...), dim3 gri
     auto *c = new emu::closure<P...>{k, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...)};
     return emu::launch(name, (const void *)k, grid, block, smem, s, c, &ops);
 }
+
+// ---- launches with attributes (cooperative, programmatic dependent launch) ----------------
+enum cudaLaunchAttributeID {
+    cudaLaunchAttributeIgnore = 0,
+    cudaLaunchAttributeCooperative = 2,
+    cudaLaunchAttributeProgrammaticStreamSerialization = 6,
+    cudaLaunchAttributePriority = 8
+};
+union cudaLaunchAttributeValue {
+    char pad[64];
+    int cooperative;
+    int programmaticStreamSerializationAllowed;
+    int priority;
+};
+struct cudaLaunchAttribute {
+    enum cudaLaunchAttributeID id;
+    char pad[8 - sizeof(enum cudaLaunchAttributeID)];
+    union cudaLaunchAttributeValue val;
+};
+typedef struct cudaLaunchConfig_st {
+    dim3 gridDim;
+    dim3 blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    cudaLaunchAttribute *attrs;
+    unsigned int numAttrs;
+} cudaLaunchConfig_t;
+
+// cudaLaunchKernelEx(&config, kernel, args...), rewritten by tests/cudaemu/rewrite.py to
+// carry the kernel's name.
+template <typename... P, typename... A>
+static inline cudaError_t emu_launch_ex(const char *name, const cudaLaunchConfig_t *config, void (*k)(P...),
+                                        A &&...a) {
+    static const emu::closure_ops ops = {emu::closure<P...>::run, emu::closure<P...>::copy,
+                                         emu::closure<P...>::destroy};
+    emu::launch_attrs at = {config->gridDim, config->blockDim, config->dynamicSmemBytes, config->stream, false, false};
+    for (unsigned i = 0; i < config->numAttrs; i++) {
+        if (config->attrs[i].id == cudaLaunchAttributeCooperative) at.cooperative = config->attrs[i].val.cooperative;
+        if (config->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization)
+            at.pdl = config->attrs[i].val.programmaticStreamSerializationAllowed;
+    }
+    auto *c = new emu::closure<P...>{k, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...)};
+    return emu::launch_ex(name, (const void *)k, at, c, &ops);
+}
+template <typename... P, typename... A>
+static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config, void (*k)(P...), A &&...a) {
+    return emu_launch_ex("(cudaLaunchKernelEx)", config, k, std::forward<A>(a)...);
+}
+template <typename... P>
+static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void (*k)(P...), int block_size,
+                                                                        size_t smem) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, (const void *)k, block_size, smem);
+}
+
+// Programmatic dependent launch: the dependent grid waits here for the one before it.
+#define cudaGridDependencySynchronize() emu::grid_dep_sync(__FILE__, __LINE__)
+static inline void cudaTriggerProgrammaticLaunchCompletion(void) {}
+// A pause in a spin loop: the other co-resident blocks run meanwhile.
+#define __nanosleep(ns) emu::spin_yield(nullptr, (ns), __FILE__, __LINE__)
 
 // CUDA's C++ overload: a kernel by its function.
 template <typename... P>
@@ -222,22 +299,25 @@ static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c);
 // ---- atomics: shared memory is touched by one OS thread (the block's fibers take
 // turns), global memory by several; __atomic serves both ----------------------------------
 #define EMU_ATOMIC_INT(T)                                                                              \
-    static inline T atomicAdd(T *p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }       \
-    static inline T atomicSub(T *p, T v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); }       \
-    static inline T atomicOr(T *p, T v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }         \
-    static inline T atomicAnd(T *p, T v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }       \
-    static inline T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }     \
+    static inline T atomicAdd(T *p, T v) { return emu::progress++, __atomic_fetch_add(p, v, __ATOMIC_RELAXED); } \
+    static inline T atomicSub(T *p, T v) { return emu::progress++, __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); } \
+    static inline T atomicOr(T *p, T v) { return emu::progress++, __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }   \
+    static inline T atomicAnd(T *p, T v) { return emu::progress++, __atomic_fetch_and(p, v, __ATOMIC_RELAXED); } \
+    static inline T atomicExch(T *p, T v) { return emu::progress++, __atomic_exchange_n(p, v, __ATOMIC_RELAXED); } \
     static inline T atomicCAS(T *p, T cmp, T v) {                                                      \
+        emu::progress++;                                                                               \
         __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);           \
         return cmp;                                                                                    \
     }                                                                                                  \
     static inline T atomicMax(T *p, T v) {                                                             \
+        emu::progress++;                                                                               \
         T old = __atomic_load_n(p, __ATOMIC_RELAXED);                                                  \
         while (old < v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) \
             ;                                                                                          \
         return old;                                                                                    \
     }                                                                                                  \
     static inline T atomicMin(T *p, T v) {                                                             \
+        emu::progress++;                                                                               \
         T old = __atomic_load_n(p, __ATOMIC_RELAXED);                                                  \
         while (old > v && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) \
             ;                                                                                          \
@@ -250,6 +330,7 @@ EMU_ATOMIC_INT(unsigned long long)
 
 template <typename F>
 static inline F emu_atomic_add_float(F *p, F v) {
+    emu::progress++;
     F old, want;
     __atomic_load(p, &old, __ATOMIC_RELAXED);
     do {
@@ -260,7 +341,10 @@ static inline F emu_atomic_add_float(F *p, F v) {
 static inline float atomicAdd(float *p, float v) { return emu_atomic_add_float(p, v); }
 static inline double atomicAdd(double *p, double v) { return emu_atomic_add_float(p, v); }
 
-static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline void __threadfence(void) {
+    emu::progress++;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
 static inline void __threadfence_block(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 #include "cuda_fp16.h"

@@ -1,6 +1,5 @@
-// forward_cuda_upload.c: the device memory of a CUDA forward (model/forward_cuda.h):
-// the weights, uploaded once from the mmapped checkpoint into one arena in the GPU's
-// formats, and the activation buffers, step block and scratch sized for its shapes.
+// upload.c: see upload.h. The weights of a device forward, uploaded once from the
+// mmapped checkpoint into one arena in the GPU's formats.
 #include "model/forward_cuda.h"
 
 #ifndef VARENT_CUDA
@@ -13,27 +12,9 @@ typedef int forward_cuda_upload_unused;  // nothing to build without CUDA
 #include <unistd.h>
 
 #include "host/util/progress.h"
-#include "model/forward_cuda_internal.h"
+#include "model/cuda/upload.h"
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
-
-// Step block layout: lens [rows], layers [n_layers][rows], ids, pos, rows [max_T].
-static size_t par_lens(int rows) { return ((size_t)rows * sizeof(cuda_kv_lens) + 15) & ~(size_t)15; }
-
-step_params cuda_forward_params(void *base, int n_layers, int max_T, int rows) {
-    char *p = base;
-    step_params s;
-    s.lens = (cuda_kv_lens *)p;
-    s.layers = (cuda_kv_layer *)(p + par_lens(rows));
-    s.ids = (int *)(p + par_lens(rows) + (size_t)n_layers * rows * sizeof(cuda_kv_layer));
-    s.pos = s.ids + max_T;
-    s.rows = s.pos + max_T;
-    return s;
-}
-
-static size_t par_size(int n_layers, int max_T, int rows) {
-    return par_lens(rows) + (size_t)n_layers * rows * sizeof(cuda_kv_layer) + 3 * (size_t)max_T * sizeof(int);
-}
 
 // ---- weight upload -----------------------------------------------------------------------
 // Two passes over the same layout code: the first (base == NULL) only sums the sizes,
@@ -168,12 +149,10 @@ static int up_model(uploader *u, const model *m, dev_weights *w) {
     return 0;
 }
 
-int cuda_forward_upload(cuda_forward *f, verr *err) {
-    const model *m = f->m;
-    dev_weights *w = &f->own;
+int cuda_weights_upload(cuda_ctx *ctx, const model *m, dev_weights *w, verr *err) {
     w->layers = calloc((size_t)m->cfg.n_layers, sizeof *w->layers);
     if (!w->layers) return verr_set(err, "out of memory");
-    uploader u = { &f->ctx, NULL, 0, NULL, 0, NULL, 0, err };
+    uploader u = { ctx, NULL, 0, NULL, 0, NULL, 0, err };
     if (up_model(&u, m, w)) return -1;
     w->bytes = u.off;
     void *arena = NULL;
@@ -181,13 +160,13 @@ int cuda_forward_upload(cuda_forward *f, verr *err) {
         char msg[sizeof err->msg];
         snprintf(msg, sizeof msg, "%s", err->msg);
         return verr_set(err, "the weights of %s (%.1f MiB in the GPU's formats) do not fit on CUDA device %d: %s",
-                        m->dir, w->bytes / 1048576.0, f->ctx.device, msg);
+                        m->dir, w->bytes / 1048576.0, ctx->device, msg);
     }
     w->arena = arena;
     // A bar on a terminal for big models; tests and logs stay quiet.
     progress pg;
     int quiet = !isatty(STDERR_FILENO) || w->bytes < ((size_t)256 << 20);
-    u = (uploader){ &f->ctx, arena, 0, NULL, (size_t)16 << 20, &pg, 0, err };
+    u = (uploader){ ctx, arena, 0, NULL, (size_t)16 << 20, &pg, 0, err };
     CK(cudaHostAlloc(&u.stage, u.stage_bytes, cudaHostAllocDefault));
     progress_start(&pg, "upload MiB", (long)(w->bytes >> 20), quiet);
     int rc = up_model(&u, m, w);
@@ -200,71 +179,10 @@ int cuda_forward_upload(cuda_forward *f, verr *err) {
     return rc;
 }
 
-// ---- activations ---------------------------------------------------------------------------
-int cuda_forward_alloc(cuda_forward *f, verr *err) {
-    const model_config *c = &f->m->cfg;
-    const tp_shard *t = &f->m->tp;  // the weights' shapes are the shard's; logits and captures the whole model's
-    size_t T = (size_t)f->max_T, R = (size_t)f->rows, q_dim = (size_t)t->n_heads * c->head_dim;
-    size_t qkv_dim = q_dim + 2 * (size_t)t->n_kv_heads * c->head_dim;
-    // x (decode) and y (prefill) are also the all-reduce's buffers: padded for the
-    // reduce-scatter's equal shares
-    size_t sizes[10] = { T * c->dim + cuda_tp_pad(f), T * c->dim, T * c->dim + cuda_tp_pad(f), T * qkv_dim, T * q_dim,
-                         T * 2 * t->n_ffn, R * c->vocab_size, R * c->n_heads * f->max_ctx, 8 * R, 0 };
-    f->par_bytes = par_size(c->n_layers, f->max_T, f->rows);
-    size_t off[10], total = 0;
-    for (int i = 0; i < 10; i++) {
-        off[i] = total;
-        total = align256(total + (i < 9 ? sizes[i] * sizeof(float) : f->par_bytes));
-    }
-    if (cuda_malloc(&f->act, total, "activations", err)) {
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        return verr_set(err, "%s (the buffers grow with --batch and --ctx)", msg);
-    }
-    char *a = f->act;
-    f->x = (float *)(a + off[0]), f->xb = (float *)(a + off[1]), f->y = (float *)(a + off[2]);
-    f->qkv = (float *)(a + off[3]), f->att = (float *)(a + off[4]), f->hb = (float *)(a + off[5]);
-    f->logits = (float *)(a + off[6]), f->scores = (float *)(a + off[7]), f->stats = (float *)(a + off[8]);
-    f->d_par = a + off[9];
-    CK(cudaHostAlloc(&f->h_par, f->par_bytes, cudaHostAllocDefault));
-    memset(f->h_par, 0, f->par_bytes);
-    void *hs = NULL;
-    CK(cudaHostAlloc(&hs, 8 * R * sizeof(float), cudaHostAllocDefault));
-    f->h_stats = hs;
-
-    // Scratch: bf16 activations of a prefill GEMM, or the decode attention's partials
-    // (of every row of a batch).
-    size_t max_in = (size_t)c->dim;
-    if (q_dim > max_in) max_in = q_dim;
-    if ((size_t)t->n_ffn > max_in) max_in = (size_t)t->n_ffn;
-    attn_shape sh = { t->n_heads, t->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
-    size_t mm = cuda_matmul_scratch_bytes(f->max_T, (int)max_in);
-    size_t at = cuda_attention_rows_scratch_bytes(&f->ctx, f->max_ctx, sh, f->rows);
-    if (cuda_reserve_scratch(&f->ctx, mm > at ? mm : at)) return verr_set(err, "%s", f->ctx.err.msg);
-    if (cuda_reserve_attention(&f->ctx, f->rows * t->n_kv_heads)) return verr_set(err, "%s", f->ctx.err.msg);
-    // The sampler's arrays for the agents' usual spread and entropix's draws (more grow
-    // them at the first such draw).
-    if (cuda_reserve_sample(&f->ctx, c->vocab_size, CUDA_SAMPLE_RESERVE)) return verr_set(err, "%s", f->ctx.err.msg);
-    return 0;
-}
-
-// Page-locked result buffers take the place of fw's malloc'd ones (put back on close),
-// so the per-token copies are direct DMA. (cudaHostRegister on fw's own buffers could
-// fail on a page shared with another allocation.) Optional: without them the copies go
-// through pageable memory.
-void cuda_forward_pin_host(cuda_forward *f) {
-    const model_config *c = &f->m->cfg;
-    forward_state *fw = f->fw;
-    void *pl = NULL, *ps = NULL;
-    if (cudaHostAlloc(&pl, (size_t)c->vocab_size * sizeof(float), cudaHostAllocDefault) != cudaSuccess ||
-        cudaHostAlloc(&ps, (size_t)c->n_heads * fw->ctx * sizeof(float), cudaHostAllocDefault) != cudaSuccess) {
-        if (pl) cudaFreeHost(pl);
-        cudaGetLastError();
-        return;
-    }
-    f->fw_logits = fw->logits, f->fw_scores = fw->attn_scores;
-    f->pin_logits = fw->logits = pl;
-    f->pin_scores = fw->attn_scores = ps;
+void cuda_weights_free(dev_weights *w) {
+    cuda_free(w->arena);
+    free(w->layers);
+    memset(w, 0, sizeof *w);
 }
 
 #endif

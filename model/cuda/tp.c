@@ -1,5 +1,4 @@
-// forward_cuda_tp.c: tensor parallelism on the CUDA backend (forward_cuda.h,
-// docs/distributed.md). Each rank's forward holds its shard (model/shard.c) on its
+// tp.c: tensor parallelism on the CUDA backend (tp.h, docs/distributed.md). Each rank's forward holds its shard (model/shard.c) on its
 // own GPU and meets the others in NCCL collectives queued on its stream, so they are
 // stream-ordered with the kernels and captured in the decode graph with them:
 //   - after o_proj and after down_proj: the partial sums all-reduced, as a
@@ -20,23 +19,7 @@
 #include "model/forward_cuda.h"
 
 #ifndef VARENT_CUDA
-
-int cuda_forward_tp_id(unsigned char id[CUDA_TP_ID_BYTES], verr *err) {
-    (void)id;
-    return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
-}
-int cuda_forward_tp_join(cuda_forward *f, const unsigned char id[CUDA_TP_ID_BYTES], double timeout_s, verr *err) {
-    (void)f, (void)id, (void)timeout_s;
-    return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
-}
-
-int cuda_forward_tp_share(cuda_forward *f, cuda_forward *lead, verr *err) {
-    (void)f, (void)lead;
-    return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
-}
-
-void cuda_forward_tp_leave(cuda_forward *f) { (void)f; }
-
+typedef int cuda_tp_unused;  // nothing to build without CUDA
 #else
 
 #include <nccl.h>
@@ -46,7 +29,7 @@ void cuda_forward_tp_leave(cuda_forward *f) { (void)f; }
 #include <time.h>
 #include <unistd.h>
 
-#include "model/forward_cuda_internal.h"
+#include "model/cuda/tp.h"
 
 static double now_s(void) {
     struct timespec t;
@@ -69,29 +52,28 @@ static ncclResult_t settle(ncclComm_t c, ncclResult_t r, double timeout_s) {
 }
 
 // A failed NCCL call: name it, with file and line, and NCCL's own last message.
-#define NK(f, call)                                                                                     \
+#define NK(t, call)                                                                                     \
     do {                                                                                                \
-        ncclResult_t r_ = settle(cuda_tp_group(f)->comm, (call), (f)->tp.timeout_s);                    \
+        ncclResult_t r_ = settle(cuda_tp_group(t)->comm, (call), (t)->timeout_s);                    \
         if (r_ != ncclSuccess)                                                                          \
             return verr_set(err, "%s failed: %s (%s) (%s:%d)", #call,                                   \
                             r_ == ncclInProgress ? "did not complete within --tp-timeout"              \
                                                  : ncclGetErrorString(r_),                              \
-                            ncclGetLastError(cuda_tp_group(f)->comm), __FILE__, __LINE__);               \
+                            ncclGetLastError(cuda_tp_group(t)->comm), __FILE__, __LINE__);               \
     } while (0)
 
-int cuda_forward_tp_id(unsigned char id[CUDA_TP_ID_BYTES], verr *err) {
+int cuda_tp_id(unsigned char id[128], verr *err) {
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
     if (r != ncclSuccess)
         return verr_set(err, "ncclGetUniqueId failed: %s (%s:%d)", ncclGetErrorString(r), __FILE__, __LINE__);
-    _Static_assert(sizeof u == CUDA_TP_ID_BYTES, "NCCL's unique id is 128 bytes");
+    _Static_assert(sizeof u == 128, "NCCL's unique id is 128 bytes");
     memcpy(id, &u, sizeof u);
     return 0;
 }
 
 // Every rank's share, for the gathers' pitched copies.
-static int plan_all(cuda_forward *f, verr *err) {
-    dev_tp *t = &f->tp;
+static int plan_all(cuda_core *f, dev_tp *t, verr *err) {
     int n = f->m->tp.size;
     t->head0 = malloc(4 * sizeof(int) * (size_t)n);
     if (!t->head0) return verr_set(err, "out of memory");
@@ -104,9 +86,8 @@ static int plan_all(cuda_forward *f, verr *err) {
     return 0;
 }
 
-static int alloc_buffers(cuda_forward *f, verr *err) {
+static int alloc_buffers(cuda_core *f, dev_tp *t, verr *err) {
     const tp_shard *s = &f->m->tp;
-    dev_tp *t = &f->tp;
     size_t R = (size_t)f->rows, logits = R * s->max_vocab, scores = R * s->max_heads * f->max_ctx;
     size_t per = logits > scores ? logits : scores;
     if (cuda_malloc((void **)&t->part_logits, sizeof(float) * logits, "tensor-parallel logits slice", err) ||
@@ -116,12 +97,12 @@ static int alloc_buffers(cuda_forward *f, verr *err) {
     return 0;
 }
 
-int cuda_forward_tp_join(cuda_forward *f, const unsigned char id[CUDA_TP_ID_BYTES], double timeout_s, verr *err) {
+int cuda_tp_join(cuda_core *f, dev_tp *t, const unsigned char id[128], double timeout_s, verr *err) {
     const tp_shard *s = &f->m->tp;
     if (s->size < 2) return verr_set(err, "cuda_forward_tp_join: the model is not a tensor-parallel shard");
-    if (f->tp.comm) return verr_set(err, "cuda_forward_tp_join: already in a group");
+    if (t->comm) return verr_set(err, "cuda_forward_tp_join: already in a group");
     OP(cuda_activate(&f->ctx));
-    if (plan_all(f, err) || alloc_buffers(f, err)) return -1;
+    if (plan_all(f, t, err) || alloc_buffers(f, t, err)) return -1;
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
     // Non-blocking: the join can time out (a rank that never starts), and so can every call.
@@ -138,56 +119,55 @@ int cuda_forward_tp_join(cuda_forward *f, const unsigned char id[CUDA_TP_ID_BYTE
                                             : ncclGetErrorString(r),
                         __FILE__, __LINE__);
     }
-    f->tp.comm = c, f->tp.rank = s->rank, f->tp.size = s->size, f->tp.timeout_s = timeout_s;
+    t->comm = c, t->rank = s->rank, t->size = s->size, t->timeout_s = timeout_s;
     return 0;
 }
 
-int cuda_forward_tp_share(cuda_forward *f, cuda_forward *lead, verr *err) {
+int cuda_tp_share(cuda_core *f, dev_tp *t, const dev_tp *lead, const dev_weights *lead_w, verr *err) {
     const tp_shard *s = &f->m->tp;
     dev_tp *g = cuda_tp_group(lead);
     if (!g->comm || g->broken)
         return verr_set(err, "cuda_forward_tp_share: %s", g->broken ? g->why : "the lead forward is not in a group");
-    if (f->tp.comm) return verr_set(err, "cuda_forward_tp_share: already in a group");
-    if (f->w != lead->w || s->rank != g->rank || s->size != g->size)
+    if (t->comm) return verr_set(err, "cuda_forward_tp_share: already in a group");
+    if (f->w != lead_w || s->rank != g->rank || s->size != g->size)
         return verr_set(err, "cuda_forward_tp_share: the forward does not share the lead's weights (rank %d of %d)",
                         g->rank, g->size);
     OP(cuda_activate(&f->ctx));
-    if (plan_all(f, err) || alloc_buffers(f, err)) return -1;
-    f->tp.comm = g->comm, f->tp.lead = g, f->tp.rank = g->rank, f->tp.size = g->size, f->tp.timeout_s = g->timeout_s;
+    if (plan_all(f, t, err) || alloc_buffers(f, t, err)) return -1;
+    t->comm = g->comm, t->lead = g, t->rank = g->rank, t->size = g->size, t->timeout_s = g->timeout_s;
     return 0;
 }
 
-int cuda_tp_sum(cuda_forward *f, float *y, size_t n, verr *err) {
-    size_t size = (size_t)f->tp.size, per = (n + size - 1) / size;  // y holds size * per floats (cuda_tp_pad)
-    float *mine = y + (size_t)f->tp.rank * per;
-    ncclComm_t c = cuda_tp_group(f)->comm;
-    NK(f, ncclReduceScatter(y, mine, per, ncclFloat32, ncclSum, c, f->ctx.stream));
-    NK(f, ncclAllGather(mine, y, per, ncclFloat32, c, f->ctx.stream));
+int cuda_tp_sum(cuda_core *f, dev_tp *t, float *y, size_t n, verr *err) {
+    size_t size = (size_t)t->size, per = (n + size - 1) / size;  // y holds size * per floats (cuda_tp_pad)
+    float *mine = y + (size_t)t->rank * per;
+    ncclComm_t c = cuda_tp_group(t)->comm;
+    NK(t, ncclReduceScatter(y, mine, per, ncclFloat32, ncclSum, c, f->ctx.stream));
+    NK(t, ncclAllGather(mine, y, per, ncclFloat32, c, f->ctx.stream));
     return 0;
 }
 
 // Rank r's block of the gather holds count(r) values per row, rows packed; row b of the
 // result takes them at first(r) in a row of `width`.
-static int place(cuda_forward *f, float *out, size_t width, size_t block, const int *first, const int *count,
+static int place(cuda_core *f, const dev_tp *t, float *out, size_t width, size_t block, const int *first, const int *count,
                  size_t unit, int B, verr *err) {
-    for (int r = 0; r < f->tp.size; r++) {
+    for (int r = 0; r < t->size; r++) {
         size_t n = (size_t)count[r] * unit * sizeof(float);
-        CK(cudaMemcpy2DAsync(out + (size_t)first[r] * unit, width * sizeof(float), f->tp.gather + (size_t)r * block, n,
+        CK(cudaMemcpy2DAsync(out + (size_t)first[r] * unit, width * sizeof(float), t->gather + (size_t)r * block, n,
                              n, (size_t)B, cudaMemcpyDeviceToDevice, f->ctx.stream));
     }
     return 0;
 }
 
-int cuda_tp_logits(cuda_forward *f, int B, verr *err) {
+int cuda_tp_logits(cuda_core *f, dev_tp *t, int B, verr *err) {
     size_t block = (size_t)B * f->m->tp.max_vocab;
-    NK(f, ncclAllGather(f->tp.part_logits, f->tp.gather, block, ncclFloat32, cuda_tp_group(f)->comm, f->ctx.stream));
-    return place(f, f->logits, (size_t)f->m->cfg.vocab_size, block, f->tp.vocab0, f->tp.n_vocab, 1, B, err);
+    NK(t, ncclAllGather(t->part_logits, t->gather, block, ncclFloat32, cuda_tp_group(t)->comm, f->ctx.stream));
+    return place(f, t, f->logits, (size_t)f->m->cfg.vocab_size, block, t->vocab0, t->n_vocab, 1, B, err);
 }
 
-int cuda_tp_scores(cuda_forward *f, int B, const cuda_kv_lens *lens, verr *err) {
-    const dev_tp *t = &f->tp;
+int cuda_tp_scores(cuda_core *f, dev_tp *t, int B, const cuda_kv_lens *lens, verr *err) {
     size_t mc = (size_t)f->max_ctx, H = (size_t)f->m->cfg.n_heads, block = (size_t)B * f->m->tp.max_heads * mc;
-    NK(f, ncclAllGather(t->part_scores, t->gather, block, ncclFloat32, cuda_tp_group(f)->comm, f->ctx.stream));
+    NK(t, ncclAllGather(t->part_scores, t->gather, block, ncclFloat32, cuda_tp_group(t)->comm, f->ctx.stream));
     for (int b = 0; b < B; b++) {  // row b: [n_heads, n_keys] packed, rank r's heads from head0(r) on
         size_t keys = (size_t)lens[b].n_keys;
         for (int r = 0; r < t->size; r++)
@@ -198,10 +178,9 @@ int cuda_tp_scores(cuda_forward *f, int B, const cuda_kv_lens *lens, verr *err) 
     return 0;
 }
 
-int cuda_tp_gather_heads(cuda_forward *f, float *scores, int keys, verr *err) {
-    const dev_tp *t = &f->tp;
+int cuda_tp_gather_heads(cuda_core *f, dev_tp *t, float *scores, int keys, verr *err) {
     size_t block = (size_t)f->m->tp.max_heads * keys;  // within the buffer: max_heads <= n_heads
-    NK(f, ncclAllGather(scores, t->gather, block, ncclFloat32, cuda_tp_group(f)->comm, f->ctx.stream));
+    NK(t, ncclAllGather(scores, t->gather, block, ncclFloat32, cuda_tp_group(t)->comm, f->ctx.stream));
     for (int r = 0; r < t->size; r++)
         CK(cudaMemcpyAsync(scores + (size_t)t->head0[r] * keys, t->gather + (size_t)r * block,
                            sizeof(float) * t->n_heads[r] * keys, cudaMemcpyDeviceToDevice, f->ctx.stream));
@@ -211,18 +190,18 @@ int cuda_tp_gather_heads(cuda_forward *f, float *scores, int keys, verr *err) {
 // The group is broken: abort the communicator (which ends any collective still waiting
 // on a peer) and refuse every later call with the reason.
 // (A borrower breaks its lead's group: the other contexts' steps fail too.)
-static int broken(cuda_forward *f, verr *err, const char *why) {
-    dev_tp *t = cuda_tp_group(f);
+static int broken(cuda_core *f, dev_tp *self, verr *err, const char *why) {
+    dev_tp *t = cuda_tp_group(self);
     snprintf(t->why, sizeof t->why, "tensor parallelism (rank %d of %d, CUDA device %d): %s", t->rank, t->size,
              f->ctx.device, why);
     if (t->comm) ncclCommAbort(t->comm);
     t->comm = NULL, t->broken = 1;
-    if (f->tp.lead) f->tp.comm = NULL, f->tp.broken = 1, memcpy(f->tp.why, t->why, sizeof t->why);
+    if (self->lead) self->comm = NULL, self->broken = 1, memcpy(self->why, t->why, sizeof t->why);
     return verr_set(err, "%s", t->why);
 }
 
-int cuda_tp_wait(cuda_forward *f, verr *err) {
-    dev_tp *t = cuda_tp_group(f);
+int cuda_tp_wait(cuda_core *f, dev_tp *self, verr *err) {
+    dev_tp *t = cuda_tp_group(self);
     if (t->broken) return verr_set(err, "%s", t->why);
     if (!t->comm) {
         CK(cudaStreamSynchronize(f->ctx.stream));
@@ -236,30 +215,29 @@ int cuda_tp_wait(cuda_forward *f, verr *err) {
         if (q != ncclSuccess) {
             snprintf(why, sizeof why, "ncclCommGetAsyncError failed: %s (%s:%d)", ncclGetErrorString(q), __FILE__,
                      __LINE__);
-            return broken(f, err, why);
+            return broken(f, self, err, why);
         }
         if (a != ncclSuccess) {
             snprintf(why, sizeof why, "a collective failed: %s (%s)", ncclGetErrorString(a), ncclGetLastError(t->comm));
-            return broken(f, err, why);
+            return broken(f, self, err, why);
         }
         if (e == cudaSuccess) return 0;
         if (e != cudaErrorNotReady) {
             snprintf(why, sizeof why, "the stream failed: %s (%s:%d)", cudaGetErrorString(e), __FILE__, __LINE__);
-            return broken(f, err, why);
+            return broken(f, self, err, why);
         }
         if (t->timeout_s > 0 && now_s() - t0 > t->timeout_s) {
             snprintf(why, sizeof why, "the step waited more than %.0f s for the other ranks (one died or hangs; "
                      "--tp-timeout sets the limit)", t->timeout_s);
-            return broken(f, err, why);
+            return broken(f, self, err, why);
         }
         if (spin < 1000) sched_yield();
         else usleep(50);
     }
 }
 
-void cuda_forward_tp_leave(cuda_forward *f) {
-    if (!f || !f->tp.comm) return;
-    dev_tp *t = &f->tp;
+void cuda_tp_leave(cuda_core *f, dev_tp *t) {
+    if (!t->comm) return;
     cuda_activate(&f->ctx);
     cudaStreamSynchronize(f->ctx.stream);  // teardown: errors are not acted on
     if (!t->lead) ncclCommDestroy(t->comm);  // a borrower's is its lead's
@@ -267,8 +245,7 @@ void cuda_forward_tp_leave(cuda_forward *f) {
     snprintf(t->why, sizeof t->why, "tensor parallelism: rank %d has left its group", t->rank);
 }
 
-void cuda_tp_free(cuda_forward *f) {
-    dev_tp *t = &f->tp;
+void cuda_tp_free(dev_tp *t) {
     if (t->comm && !t->lead) ncclCommDestroy(t->comm);
     cuda_free(t->part_logits);
     cuda_free(t->part_scores);

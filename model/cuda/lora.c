@@ -1,4 +1,4 @@
-// forward_cuda_lora.c: LoRA adapters on the device (model/lora.h), applied unmerged as
+// lora.c: LoRA adapters on the device (model/lora.h), applied unmerged as
 // on the CPU: y += scale * scaling * B (A x) after the projection's product, for each
 // adapter in use. Each adapter's pairs are uploaded once per device, in their stored
 // type (they are r * (n_in + n_out) values a projection, under 1% of its weight at the
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/forward_cuda_internal.h"
+#include "model/cuda/lora.h"
 
 // One adapter on this device: its pairs as device wrefs (a.data NULL: not adapted).
 struct dev_adapter {
@@ -40,10 +40,10 @@ static void local_dims(const model *m, lora_proj p, int *n_in, int *n_out) {
     *n_in = w[in_of[p]], *n_out = w[out_of[p]];
 }
 
-int cuda_lora_reg_new(cuda_forward *f, verr *err) {
+int cuda_lora_reg_new(struct dev_lora_reg **out, verr *err) {
     struct dev_lora_reg *g = calloc(1, sizeof *g);
     if (!g || pthread_mutex_init(&g->mu, NULL)) return free(g), verr_set(err, "out of memory");
-    f->own.lora = g;
+    *out = g;
     return 0;
 }
 
@@ -64,7 +64,7 @@ void cuda_lora_reg_free(struct dev_lora_reg *g) {
 // Pair p of layer l cut to this forward's share, from the uncut pair wh (any TP rank's
 // adapter: the device cuts its own share, so one process's ranks share one load). A of
 // o/down: the share's columns, gathered into cols [r, count]; B of the others: its rows.
-static void cut_pair(const cuda_forward *f, const lora_adapter *a, lora_proj p, const lora_pair *wh, void *cols,
+static void cut_pair(const cuda_core *f, const lora_adapter *a, lora_proj p, const lora_pair *wh, void *cols,
                      wref *A, wref *B) {
     const model_config *c = &f->m->cfg;
     int n_in, n_out;
@@ -84,7 +84,7 @@ static void cut_pair(const cuda_forward *f, const lora_adapter *a, lora_proj p, 
 
 // Copies a's pairs, cut to this forward's share, to the device: one arena, each tensor
 // 256-byte aligned (the matvec's 16-byte loads need it).
-static struct dev_adapter *upload(cuda_forward *f, const lora_adapter *a, verr *err) {
+static struct dev_adapter *upload(cuda_core *f, const lora_adapter *a, verr *err) {
     struct dev_adapter *d = calloc(1, sizeof *d);
     void *cols = NULL;
     if (!d || !(d->w = calloc((size_t)a->n_layers * LORA_N_PROJ, sizeof *d->w)) ||
@@ -133,8 +133,7 @@ fail:
 }
 
 // a's copy on this device: the registry's, or uploaded now.
-static const struct dev_adapter *find(cuda_forward *f, const lora_adapter *a, verr *err) {
-    struct dev_lora_reg *g = f->w->lora;
+static const struct dev_adapter *find(cuda_core *f, struct dev_lora_reg *g, const lora_adapter *a, verr *err) {
     pthread_mutex_lock(&g->mu);
     struct dev_adapter *d = g->head;
     while (d && d->id != a->id) d = d->next;
@@ -144,8 +143,7 @@ static const struct dev_adapter *find(cuda_forward *f, const lora_adapter *a, ve
 }
 
 // Scratch for `rank` on every row of a chunk: tmp [max_T, rank], dy [max_T, widest].
-static int fit_scratch(cuda_forward *f, int rank, verr *err) {
-    dev_lora *L = &f->lora;
+static int fit_scratch(cuda_core *f, dev_lora *L, int rank, verr *err) {
     if (rank <= L->rank) return 0;
     int widest = 0;
     for (int p = 0; p < LORA_N_PROJ; p++) {
@@ -164,8 +162,7 @@ static int fit_scratch(cuda_forward *f, int rank, verr *err) {
     return 0;
 }
 
-int cuda_forward_set_lora(cuda_forward *f, const lora_use *u, int n, verr *err) {
-    dev_lora *L = &f->lora;
+int cuda_lora_set(cuda_core *f, dev_lora *L, const lora_use *u, int n, verr *err) {
     const model_config *c = &f->m->cfg;
     if (cuda_activate(&f->ctx)) return verr_set(err, "%s", f->ctx.err.msg);
     if (!L->on && !(L->on = calloc((size_t)c->n_layers * LORA_N_PROJ, 1))) return verr_set(err, "out of memory");
@@ -174,12 +171,12 @@ int cuda_forward_set_lora(cuda_forward *f, const lora_use *u, int n, verr *err) 
     int k = 0, rank = 0;
     for (int i = 0; i < n; i++) {
         if (u[i].scale == 0) continue;  // as lora_apply: the base model's launches, bit for bit
-        const struct dev_adapter *d = find(f, u[i].a, err);
+        const struct dev_adapter *d = find(f, L->reg, u[i].a, err);
         if (!d) return free(use), -1;
         use[k++] = (dev_lora_use){ d, (float)(u[i].scale * u[i].a->scaling) };
         if (d->r > rank) rank = d->r;
     }
-    if (fit_scratch(f, rank, err)) return free(use), -1;
+    if (fit_scratch(f, L, rank, err)) return free(use), -1;
     int same = k == L->n && (k == 0 || !memcmp(use, L->use, sizeof *use * (size_t)k));
     free(L->use);
     L->use = use, L->n = k;
@@ -190,8 +187,8 @@ int cuda_forward_set_lora(cuda_forward *f, const lora_use *u, int n, verr *err) 
     return 0;
 }
 
-int cuda_lora_apply(cuda_forward *f, int l, lora_proj p, float *y, const float *x, int T, int decode, verr *err) {
-    dev_lora *L = &f->lora;
+int cuda_lora_apply(cuda_core *f, const dev_lora *L, int l, lora_proj p, float *y, const float *x, int T, int decode,
+                    verr *err) {
     cuda_ctx *ctx = &f->ctx;
     int n_in, n_out;
     local_dims(f->m, p, &n_in, &n_out);
@@ -211,19 +208,12 @@ int cuda_lora_apply(cuda_forward *f, int l, lora_proj p, float *y, const float *
     return 0;
 }
 
-void cuda_lora_free(cuda_forward *f) {
-    cuda_free(f->lora.tmp), cuda_free(f->lora.dy);
-    free(f->lora.use), free(f->lora.on);
-    memset(&f->lora, 0, sizeof f->lora);
-    if (f->own.lora) cuda_lora_reg_free(f->own.lora);
-    f->own.lora = NULL;
+void cuda_lora_free(dev_lora *L) {
+    cuda_free(L->tmp), cuda_free(L->dy);
+    free(L->use), free(L->on);
+    memset(L, 0, sizeof *L);
 }
 
 #else
-
-int cuda_forward_set_lora(cuda_forward *f, const lora_use *u, int n, verr *err) {
-    (void)f, (void)u, (void)n;
-    return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
-}
-
+typedef int cuda_lora_unused;  // nothing to build without CUDA
 #endif

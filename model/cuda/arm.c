@@ -1,16 +1,16 @@
-// forward_cuda_arm.c: steps that draw on the device right after their logits. The
+// arm.c: steps that draw on the device right after their logits. The
 // decode loop arms a step before its forward: for entropix the profile, the sequence's
 // last token and the next uniforms of its stream, peeked (right after the statistics the
 // device runs entropix_decide's twin, kernels/entropix_core.h, then the draws); for the
 // standard sampler the draw's configuration, its peeked uniform included. A one-token
-// step queues the draws inside its CUDA graph (model/forward_cuda.c, graph_decode), the
+// step queues the draws inside its CUDA graph (model/cuda/forward.c, graph_decode), the
 // per-step values in one pinned block its memcpy node reads at each replay, and the
 // step's one wait brings them back with the statistics. The host then decides for its
 // records as always, and its draw request is answered from the armed draws when its
 // parameters and uniforms are the device's to the bit (cuda_arm_take): one graph launch
 // and one host round trip per token. Anything else (a clarifier, a LEHV branch, a mismatch) falls
 // back to an ordinary draw, so arming never changes a token. The draw requests
-// themselves (cuda_forward_sample) are answered here too.
+// themselves (cuda_sample_draw) are answered here too.
 #include "model/forward_cuda.h"
 
 #ifdef VARENT_CUDA
@@ -19,12 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/entropix_core.h"
-#include "model/forward_cuda_internal.h"
+#include "model/cuda/arm.h"
 
-void cuda_arm_free(cuda_forward *f) {
-    dev_arm *a = &f->arm;
-    cuda_free(a->d_in), cuda_free(a->d_cfg), cuda_free(a->d_out);
+void cuda_arm_free(dev_arm *a) {
+    cuda_free(a->d_in), cuda_free(a->d_cfg), cuda_free(a->d_out), cuda_free(a->d_amax);
+    a->d_amax = NULL;
     if (a->h_in) cudaFreeHost(a->h_in);
     if (a->h_cfg) cudaFreeHost(a->h_cfg);
     if (a->h_out) cudaFreeHost(a->h_out);
@@ -43,9 +42,8 @@ static sample_cfg *in_cfg(void *base, int cap) { return (sample_cfg *)((char *)b
 
 // Room for k draws, on the device and pinned on the host. The buffers move: a graph
 // that captured the old ones is captured again (gen).
-static int arm_buffers(cuda_forward *f, int k, verr *err) {
-    cuda_arm_free(f);
-    dev_arm *a = &f->arm;
+static int arm_buffers(dev_arm *a, int k, verr *err) {
+    cuda_arm_free(a);
     a->gen++;
     size_t in = arm_in_cfg(k) + sizeof(sample_cfg) * (size_t)k;
     if (cuda_malloc(&a->d_in, in, "armed step block", err) ||
@@ -63,23 +61,22 @@ static int arm_buffers(cuda_forward *f, int k, verr *err) {
 // Before the pinned block is rewritten: the copy of it a previous step queued has run
 // (normally the previous draw's wait covered it; a step nothing waited for is waited
 // for here).
-static int arm_begin(cuda_forward *f, int k, verr *err) {
+static int arm_begin(cuda_core *f, dev_arm *a, dev_tp *t, int k, verr *err) {
     OP(cuda_activate(&f->ctx));
     if (f->par_pending) {
         f->ctx.n_syncs++;
-        if (cuda_tp_wait(f, err)) return -1;
+        if (cuda_tp_wait(f, t, err)) return -1;
         f->par_pending = 0;
     }
-    return k > f->arm.cap ? arm_buffers(f, k, err) : 0;
+    return k > a->cap ? arm_buffers(a, k, err) : 0;
 }
 
-int cuda_forward_arm_entropix(cuda_forward *f, const entropix_config *c, const double *u, int k, int prev_token,
-                              int clarifier, verr *err) {
+int cuda_arm_entropix(cuda_core *f, dev_arm *a, dev_tp *t, const entropix_config *c, const double *u, int k,
+                      int prev_token, int clarifier, verr *err) {
     if (k < ex_n_samples(c) || k > ENTROPIX_MAX_SAMPLES)
         return verr_set(err, "cuda_forward_arm_entropix: %d draws for a profile of %d", k, ex_n_samples(c));
-    if (f->arm.off) return 0;
-    if (arm_begin(f, k, err)) return -1;
-    dev_arm *a = &f->arm;
+    if (a->off) return 0;
+    if (arm_begin(f, a, t, k, err)) return -1;
     arm_head *h = in_head(a->h_in);
     h->c = *c, h->tokens[0] = prev_token, h->tokens[1] = clarifier;
     memcpy(in_u(a->h_in), u, sizeof *u * (size_t)k);
@@ -87,34 +84,31 @@ int cuda_forward_arm_entropix(cuda_forward *f, const entropix_config *c, const d
     return 0;
 }
 
-int cuda_forward_arm_sample(cuda_forward *f, const sample_cfg *cfg, int n, verr *err) {
+int cuda_arm_stock(cuda_core *f, dev_arm *a, dev_tp *t, const sample_cfg *cfg, int n, verr *err) {
     if (n < 1 || n > 65535) return verr_set(err, "cuda_forward_arm_sample: %d draws (1..65535)", n);
-    if (f->arm.off) return 0;
-    if (arm_begin(f, n, err)) return -1;
-    dev_arm *a = &f->arm;
+    if (a->off) return 0;
+    if (arm_begin(f, a, t, n, err)) return -1;
     memcpy(in_cfg(a->h_in, a->cap), cfg, sizeof *cfg * (size_t)n);
     a->armed = ARM_STOCK, a->ready = 0, a->k = n;
     return 0;
 }
 
-void cuda_forward_set_arming(cuda_forward *f, int on) {
-    f->arm.off = !on;
-    if (!on) f->arm.armed = 0;
+void cuda_arm_set(dev_arm *a, int on) {
+    a->off = !on;
+    if (!on) a->armed = 0;
 }
 
-int cuda_arm_kind(const cuda_forward *f, int cap) {
-    const dev_arm *a = &f->arm;
-    if (!a->armed || f->tp.comm) return 0;  // a shard's step: an ordinary draw follows
+int cuda_arm_kind(const dev_arm *a, int sharded, int cap) {
+    if (!a->armed || sharded) return 0;  // a shard's step: an ordinary draw follows
     return a->armed == ARM_ENTROPIX && cap < 0 ? 0 : a->armed;  // entropix decides from the statistics
 }
 
-int cuda_arm_prepare(cuda_forward *f, verr *err) {
-    OP(cuda_reserve_sample(&f->ctx, f->m->cfg.vocab_size, f->arm.k));
+int cuda_arm_prepare(cuda_core *f, const dev_arm *a, verr *err) {
+    OP(cuda_reserve_sample(&f->ctx, f->m->cfg.vocab_size, a->k));
     return 0;
 }
 
-int cuda_arm_queue(cuda_forward *f, verr *err) {
-    dev_arm *a = &f->arm;
+int cuda_arm_queue(cuda_core *f, dev_arm *a, verr *err) {
     cudaStream_t st = f->ctx.stream;
     size_t k = (size_t)a->k;
     sample_cfg *cfg = in_cfg(a->d_in, a->cap);  // a stock step's, or the decision's
@@ -132,14 +126,45 @@ int cuda_arm_queue(cuda_forward *f, verr *err) {
     return 0;
 }
 
-int cuda_arm_enqueue(cuda_forward *f, int cap, verr *err) {
-    dev_arm *a = &f->arm;
-    if (a->ready == -1 || !cuda_arm_kind(f, cap)) return 0;  // queued in the step's graph, or not armed
-    return cuda_arm_prepare(f, err) || cuda_arm_queue(f, err) ? -1 : 0;
+int cuda_arm_greedy(const dev_arm *a, int sharded) {
+    if (cuda_arm_kind(a, sharded, -1) != ARM_STOCK || a->k != 1) return 0;
+    return !(in_cfg(a->h_in, a->cap)->temperature > 0);  // cpu_sample's argmax condition
 }
 
-int cuda_arm_take(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out) {
-    dev_arm *a = &f->arm;
+void cuda_arm_greedy_cfg(dev_arm *a) {
+    memcpy(a->h_cfg, in_cfg(a->h_in, a->cap), sizeof *a->h_cfg);  // what the device drew with
+}
+
+int cuda_arm_drawn(cuda_core *f, dev_arm *a, verr *err) {
+    cuda_arm_greedy_cfg(a);
+    CK(cudaMemcpyAsync(a->h_out, a->d_out, sizeof *a->h_out, cudaMemcpyDeviceToHost, f->ctx.stream));
+    a->ready = -1;  // the caller's wait makes it 1
+    return 0;
+}
+
+int cuda_arm_graph_kind(const dev_arm *a, int sharded, int cap) {
+    int kind = cuda_arm_kind(a, sharded, cap);
+    return kind == ARM_STOCK && !a->greedy_off && cuda_arm_greedy(a, sharded) ? ARM_GREEDY : kind;
+}
+
+int cuda_arm_greedy_prepare(dev_arm *a, verr *err) {
+    if (a->d_amax) return 0;
+    if (cuda_malloc((void **)&a->d_amax, sizeof *a->d_amax, "greedy argmax", err)) return -1;
+    CK(cudaMemset(a->d_amax, 0, sizeof *a->d_amax));  // then every step's finish zeroes it
+    return 0;
+}
+
+int cuda_arm_greedy_queue(cuda_core *f, dev_arm *a, verr *err) {
+    OP(cuda_argmax_finish(&f->ctx, a->d_out, f->logits, a->d_amax));
+    return cuda_arm_drawn(f, a, err);
+}
+
+int cuda_arm_enqueue(cuda_core *f, dev_arm *a, int sharded, int cap, verr *err) {
+    if (a->ready == -1 || !cuda_arm_kind(a, sharded, cap)) return 0;  // queued in the step's graph, or not armed
+    return cuda_arm_prepare(f, a, err) || cuda_arm_queue(f, a, err) ? -1 : 0;
+}
+
+static int arm_take(dev_arm *a, const sample_cfg *cfg, int n, sample_out *out) {
     if (a->ready != 1) return 0;
     a->ready = 0;  // one step, one take
     if (n > a->k || memcmp(cfg, a->h_cfg, sizeof *cfg * (size_t)n) != 0) {
@@ -154,69 +179,52 @@ int cuda_arm_take(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out
 // ---- sampling on the device ----------------------------------------------------------------
 // A NaN or +inf maximum (every logit NaN, or an overflow) is drawn as its argmax: refuse
 // it as the CPU forward does.
-static int check_draws(const cuda_forward *f, const sample_out *out, int n, verr *err) {
+static int check_draws(const cuda_core *f, const sample_out *out, int n, verr *err) {
     for (int i = 0; i < n; i++)
-        if (!isfinite(out[i].logit)) return cuda_nonfinite_err(f, f->last_keys - 1, out[i].token, out[i].logit, err);
+        if (!isfinite(out[i].logit)) return cuda_core_nonfinite(f, f->last_keys - 1, out[i].token, out[i].logit, err);
     return 0;
 }
 
 // Room for n configurations and results, on the device and pinned on the host.
-static int sample_buffers(cuda_forward *f, int n, verr *err) {
-    cuda_free(f->d_cfg), cuda_free(f->d_out);
-    if (f->h_cfg) cudaFreeHost(f->h_cfg);
-    if (f->h_out) cudaFreeHost(f->h_out);
-    f->d_cfg = NULL, f->d_out = NULL, f->h_cfg = NULL, f->h_out = NULL, f->smp_cap = 0;
-    if (cuda_malloc((void **)&f->d_cfg, sizeof *f->d_cfg * (size_t)n, "sampling configurations", err) ||
-        cuda_malloc((void **)&f->d_out, sizeof *f->d_out * (size_t)n, "sampling results", err))
+void cuda_sampler_free(dev_sampler *s) {
+    cuda_free(s->d_cfg), cuda_free(s->d_out);
+    if (s->h_cfg) cudaFreeHost(s->h_cfg);
+    if (s->h_out) cudaFreeHost(s->h_out);
+    s->d_cfg = NULL, s->d_out = NULL, s->h_cfg = NULL, s->h_out = NULL, s->cap = 0;
+}
+
+static int sample_buffers(dev_sampler *s, int n, verr *err) {
+    cuda_sampler_free(s);
+    if (cuda_malloc((void **)&s->d_cfg, sizeof *s->d_cfg * (size_t)n, "sampling configurations", err) ||
+        cuda_malloc((void **)&s->d_out, sizeof *s->d_out * (size_t)n, "sampling results", err))
         return -1;
-    CK(cudaHostAlloc((void **)&f->h_cfg, sizeof *f->h_cfg * (size_t)n, cudaHostAllocDefault));
-    CK(cudaHostAlloc((void **)&f->h_out, sizeof *f->h_out * (size_t)n, cudaHostAllocDefault));
-    f->smp_cap = n;
+    CK(cudaHostAlloc((void **)&s->h_cfg, sizeof *s->h_cfg * (size_t)n, cudaHostAllocDefault));
+    CK(cudaHostAlloc((void **)&s->h_out, sizeof *s->h_out * (size_t)n, cudaHostAllocDefault));
+    s->cap = n;
     return 0;
 }
 
-int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err) {
+int cuda_sample_draw(cuda_core *f, dev_sampler *s, dev_arm *a, dev_tp *t, const sample_cfg *cfg, int n,
+                     sample_out *out, verr *err) {
     if (n <= 0) return 0;
     OP(cuda_activate(&f->ctx));
-    if (n > f->smp_cap && sample_buffers(f, n, err)) return -1;
+    if (n > s->cap && sample_buffers(s, n, err)) return -1;
     if (!f->logits_valid) return verr_set(err, "no logits to sample: the last forward pass failed");
-    if (cuda_arm_take(f, cfg, n, out)) return check_draws(f, out, n, err);
+    if (arm_take(a, cfg, n, out)) return check_draws(f, out, n, err);
     const float *row = f->logits + (size_t)f->sample_row * f->m->cfg.vocab_size;
     // Pinned staging: both copies are queued with the launch and one wait covers all three.
     cudaStream_t st = f->ctx.stream;
-    memcpy(f->h_cfg, cfg, sizeof *cfg * (size_t)n);
-    CK(cudaMemcpyAsync(f->d_cfg, f->h_cfg, sizeof *cfg * (size_t)n, cudaMemcpyHostToDevice, st));
-    OP(cuda_sample(&f->ctx, f->d_out, row, f->m->cfg.vocab_size, f->d_cfg, n));
-    CK(cudaMemcpyAsync(f->h_out, f->d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, st));
+    memcpy(s->h_cfg, cfg, sizeof *cfg * (size_t)n);
+    CK(cudaMemcpyAsync(s->d_cfg, s->h_cfg, sizeof *cfg * (size_t)n, cudaMemcpyHostToDevice, st));
+    OP(cuda_sample(&f->ctx, s->d_out, row, f->m->cfg.vocab_size, s->d_cfg, n));
+    CK(cudaMemcpyAsync(s->h_out, s->d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, st));
     f->ctx.n_syncs++;
-    if (cuda_tp_wait(f, err)) return -1;
+    if (cuda_tp_wait(f, t, err)) return -1;
     f->par_pending = 0;  // the wait covered the step block's copy too
-    memcpy(out, f->h_out, sizeof *out * (size_t)n);
+    memcpy(out, s->h_out, sizeof *out * (size_t)n);
     return check_draws(f, out, n, err);
 }
 
-void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses) {
-    *hits = f->arm.hits, *misses = f->arm.misses;
-}
-
 #else
-
-int cuda_forward_arm_entropix(cuda_forward *f, const struct entropix_config_s *c, const double *u, int k,
-                              int prev_token, int clarifier, verr *err) {
-    (void)f, (void)c, (void)u, (void)k, (void)prev_token, (void)clarifier;
-    return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
-}
-
-int cuda_forward_arm_sample(cuda_forward *f, const sample_cfg *cfg, int n, verr *err) {
-    (void)f, (void)cfg, (void)n;
-    return verr_set(err, "this varent was built without CUDA (rebuild with nvcc on PATH)");
-}
-
-void cuda_forward_set_arming(cuda_forward *f, int on) { (void)f, (void)on; }
-
-void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses) {
-    (void)f;
-    *hits = *misses = 0;
-}
-
+typedef int cuda_arm_unused;  // nothing to build without CUDA
 #endif

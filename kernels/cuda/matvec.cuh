@@ -1,0 +1,355 @@
+// matvec.cuh: the decode matvec's device code (matmul.cu's kernels and the persistent
+// decode kernel, persist.cu, run the same functions, so a row has the same bits in
+// both): one output row per warp (mv_vec_row), four rows (mv_vec4_rows), the gate|up
+// pair with SwiGLU (mv_glu_pair), the scalar fallback (mv_scalar_row), and the rule that
+// picks the kernel of a matrix (mv_kind).
+#ifndef VARENT_CUDA_MATVEC_CUH
+#define VARENT_CUDA_MATVEC_CUH
+
+#include "kernels/cuda/common.cuh"
+
+#define MV_WARPS 4  // warps per block
+
+__device__ __forceinline__ float dot8(const float f[8], float4 a, float4 b) {
+    float s = f[0] * a.x;
+    s = fmaf(f[1], a.y, s); s = fmaf(f[2], a.z, s); s = fmaf(f[3], a.w, s);
+    s = fmaf(f[4], b.x, s); s = fmaf(f[5], b.y, s); s = fmaf(f[6], b.z, s);
+    s = fmaf(f[7], b.w, s);
+    return s;
+}
+
+// Rows of one launch (batched decode): x points at row r0 of the batch, nr <= R rows are
+// valid (rows past nr re-read row nr-1, which is valid memory, and are not written). Row
+// r's output o goes to the planar-by-segment layout of ops_cuda.h (B rows in all).
+// Fusions (cuda_mv_fuse): nw (f32 [n_in], NULL: none) folds each x row's RMSNorm into
+// the product, as W (x * inv_rms * nw) = inv_rms * (W * nw) x: the weights are scaled
+// by nw as they are widened and the sum by the row's inv_rms at the end; bias (f32
+// [n_out]) is added to each result; add makes the store out += v (the residual add).
+// coherent: x (and out, for the add) were written by other blocks of the running kernel
+// (the persistent decode kernel): read through L2 (ld.global.cg), never the non-coherent
+// read-only path (__ldg), which may hold a line from before the write.
+// amax (NULL: none; row 0 of the batch only): every stored value's argmax_key goes into
+// *amax by atomicMax (the greedy draw in the lm_head's epilogue, cuda_argmax_finish).
+struct mv_rows {
+    float *out;
+    const float *x;
+    int r0, nr, B, s1, s2;
+    const float *nw;
+    float eps;
+    int add;
+    const float *bias;
+    int coherent;
+    unsigned long long *amax;
+};
+
+__device__ __forceinline__ float4 mv_ldx(const mv_rows &p, const float4 *a) { return p.coherent ? __ldcg(a) : __ldg(a); }
+
+__device__ __forceinline__ const float *mv_x(const mv_rows &p, int r, int n_in) {
+    return p.x + (size_t)min(r, p.nr - 1) * n_in;
+}
+
+// ss + the squares of one 8-element x chunk: the kernels sum each x row's squares from
+// the chunks they load for the dot products anyway, instead of a second pass over x
+// after the dots (a chain of L2 reads at the end of every warp).
+__device__ __forceinline__ float mv_sq8(float ss, float4 a, float4 b) {
+    ss = fmaf(a.x, a.x, ss); ss = fmaf(a.y, a.y, ss); ss = fmaf(a.z, a.z, ss); ss = fmaf(a.w, a.w, ss);
+    ss = fmaf(b.x, b.x, ss); ss = fmaf(b.y, b.y, ss); ss = fmaf(b.z, b.z, ss); ss = fmaf(b.w, b.w, ss);
+    return ss;
+}
+
+// 1 / rms of a row from each lane's partial sum of squares; 1 without a folded norm.
+__device__ __forceinline__ float mv_inv_from_ss(const mv_rows &p, float ss, int n_in) {
+    if (!p.nw) return 1.f;
+    return rsqrtf(warp_sum(ss) / (float)n_in + p.eps);
+}
+
+// f[0..8) *= the norm's weights g of chunk i (vector kernels; nw 16-byte aligned).
+__device__ __forceinline__ void mv_norm8(const mv_rows &p, size_t i, float g[8]) {
+    const float4 *n4 = (const float4 *)p.nw + 2 * i;
+    float4 a = __ldg(n4), b = __ldg(n4 + 1);
+    g[0] = a.x; g[1] = a.y; g[2] = a.z; g[3] = a.w;
+    g[4] = b.x; g[5] = b.y; g[6] = b.z; g[7] = b.w;
+}
+
+__device__ __forceinline__ void mv_scale8(const mv_rows &p, size_t i, float f[8]) {
+    if (!p.nw) return;
+    float g[8];
+    mv_norm8(p, i, g);
+#pragma unroll
+    for (int e = 0; e < 8; e++) f[e] *= g[e];
+}
+
+__device__ __forceinline__ void mv_store(const mv_rows &p, int r, int o, int n_out, float v) {
+    if (r >= p.nr) return;
+    // Explicit roundings: nvcc would contract the caller's sum * inv_rms with this add into
+    // an FMA in some template instances and not others, and batched rows would no longer
+    // equal B == 1 bit for bit (seen on an H200; the emulated device cannot see it).
+    if (p.bias) v = __fadd_rn(v, p.bias[o]);
+    int b = p.r0 + r;
+    float *d;
+    if (o < p.s1) d = p.out + (size_t)b * p.s1 + o;
+    else if (o < p.s2) d = p.out + (size_t)p.B * p.s1 + (size_t)b * (p.s2 - p.s1) + (o - p.s1);
+    else d = p.out + (size_t)p.B * p.s2 + (size_t)b * (n_out - p.s2) + (o - p.s2);
+    float s = p.add ? __fadd_rn(p.coherent ? __ldcg(d) : *d, v) : v;
+    *d = s;
+    if (p.amax && b == 0 && s == s) {  // NaN never wins
+        unsigned long long k = argmax_key(s, o);
+        if (k > __ldcg(p.amax)) atomicMax(p.amax, k);  // keys only grow: most rows skip the atomic
+    }
+}
+
+// The raw 16-byte loads of weight chunk i (two for f32) and their widening to fp32, apart,
+// so that a loop can issue several chunks' loads before any arithmetic on them.
+template <int WT>
+__device__ __forceinline__ void ld_w8(const void *w, size_t i, uint4 raw[2]) {
+    if (WT == WT_F32) {
+        const uint4 *q = (const uint4 *)w + 2 * i;
+        raw[0] = __ldg(q);
+        raw[1] = __ldg(q + 1);
+    } else {
+        raw[0] = __ldg((const uint4 *)w + i);
+    }
+}
+
+template <int WT>
+__device__ __forceinline__ void widen_w8(const uint4 raw[2], float f[8]) {
+    if (WT == WT_F32) {
+        f[0] = __uint_as_float(raw[0].x); f[1] = __uint_as_float(raw[0].y);
+        f[2] = __uint_as_float(raw[0].z); f[3] = __uint_as_float(raw[0].w);
+        f[4] = __uint_as_float(raw[1].x); f[5] = __uint_as_float(raw[1].y);
+        f[6] = __uint_as_float(raw[1].z); f[7] = __uint_as_float(raw[1].w);
+    } else {
+        unpack8<WT>(raw[0], f);
+    }
+}
+
+// Chunks in flight per lane in the one-row-per-warp kernel: one or two 16-byte loads per
+// lane left the weight stream latency-bound on rows of 2K-8K elements.
+#define MV_INFLIGHT 4
+
+// acc += w chunk i (raw, widened and norm-scaled here) . x chunk i of each row; ss[r]
+// gathers row r's squares when a norm is folded.
+template <int WT, int R>
+__device__ __forceinline__ void mv_chunk(const mv_rows &p, const uint4 raw[2], const float4 *const x4[R], int i,
+                                         float acc[R], float ss[R]) {
+    float f[8];
+    widen_w8<WT>(raw, f);
+    mv_scale8(p, i, f);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float4 xa = mv_ldx(p, x4[r] + 2 * i), xb = mv_ldx(p, x4[r] + 2 * i + 1);
+        acc[r] += dot8(f, xa, xb);
+        if (p.nw) ss[r] = mv_sq8(ss[r], xa, xb);
+    }
+}
+
+// Vector path: n_in % 8 == 0, w and x 16-byte aligned. R rows share each weight load;
+// every row's sums are in the order of the R == 1 kernel, so results do not depend on R.
+// Each lane loads MV_INFLIGHT chunks (i, i+32, ...) before it uses any; chunks alternate
+// between two accumulators. A lane's last 1-3 chunks are loaded together too, so a short
+// row (n_in < 32 * 8 * MV_INFLIGHT, all of SmolLM2's) has every chunk in flight before
+// any arithmetic. The first loads go out before wait() (the kernel ahead, in a PDL
+// launch; the producing phase, in the persistent kernel), the activations are read
+// after it. One output row of a warp (lane 0 stores).
+template <int WT, int R, typename Wait>
+__device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int n_in, int n_out, int row,
+                                           const Wait &wait) {
+    int lane = threadIdx.x & 31;
+    int nv = n_in / 8;         // 8-element chunks per row
+    size_t rbase = (size_t)row * nv;
+    const float4 *x4[R];
+    float acc[2][R], ss[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        x4[r] = (const float4 *)mv_x(p, r, n_in);
+        acc[0][r] = 0.f;
+        acc[1][r] = 0.f;
+        ss[r] = 0.f;
+    }
+    int i = lane;
+    uint4 raw[MV_INFLIGHT][2];
+    bool full = i + 32 * (MV_INFLIGHT - 1) < nv;
+    if (full) {
+#pragma unroll
+        for (int c = 0; c < MV_INFLIGHT; c++) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
+    } else {  // the lane's 0-3 chunks, all in flight
+#pragma unroll
+        for (int c = 0; c < MV_INFLIGHT - 1; c++)
+            if (i + 32 * c < nv) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
+    }
+    wait();
+    while (full) {
+#pragma unroll
+        for (int c = 0; c < MV_INFLIGHT; c++) mv_chunk<WT, R>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
+        i += 32 * MV_INFLIGHT;
+        full = i + 32 * (MV_INFLIGHT - 1) < nv;
+        if (full) {
+#pragma unroll
+            for (int c = 0; c < MV_INFLIGHT; c++) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < MV_INFLIGHT - 1; c++)
+                if (i + 32 * c < nv) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < MV_INFLIGHT - 1; c++)  // the last 0-3 chunks of the lane
+        if (i + 32 * c < nv) mv_chunk<WT, R>(p, raw[c], x4, i + 32 * c, acc[0], ss);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float acc_r = __fmul_rn(warp_sum(acc[0][r] + acc[1][r]), mv_inv_from_ss(p, ss[r], n_in));
+        if (lane == 0) mv_store(p, r, row, n_out, acc_r);
+    }
+}
+
+// acc[q][r] = weight row rb[q] (offset in 8-element chunks) . x row r, for four weight
+// rows at once: each lane's x chunk is loaded once for four weight chunks, and four
+// 16-byte weight loads are in flight. The order of the sums is fixed (one accumulator
+// per row and x row, lane chunks in order), so results do not depend on R. ss[r]: the
+// lane's sum of squares of x row r when a norm is folded.
+template <int WT, int R, typename Wait>
+__device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const size_t rb[4], int n_in,
+                                         float acc[4][R], float ss[R], const Wait &wait) {
+    int lane = threadIdx.x & 31, nv = n_in / 8;
+    const float4 *x4[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        x4[r] = (const float4 *)mv_x(p, r, n_in);
+        ss[r] = 0.f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[q][r] = 0.f;
+    }
+    uint4 raw[4][2];
+    if (lane < nv) {  // the first chunks go out before the wait
+#pragma unroll
+        for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + lane, raw[q]);
+    }
+    wait();
+    for (int i = lane; i < nv; i += 32) {
+        float f[4][8];
+        if (i != lane) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + i, raw[q]);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++) widen_w8<WT>(raw[q], f[q]);
+        if (p.nw) {  // the four rows share chunk i's norm weights: one load
+            float g[8];
+            mv_norm8(p, i, g);
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) f[q][e] *= g[e];
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float4 xa = mv_ldx(p, x4[r] + 2 * i), xb = mv_ldx(p, x4[r] + 2 * i + 1);
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[q][r] += dot8(f[q], xa, xb);
+            if (p.nw) ss[r] = mv_sq8(ss[r], xa, xb);
+        }
+    }
+}
+
+// Four weight rows per warp for tall matrices (gate/up, lm_head): rows row0..row0+3 of a
+// warp. Weight rows past n_out read row n_out-1 (valid memory) and are not written.
+template <int WT, int R, typename Wait>
+__device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, int n_in, int n_out, int row0,
+                                             const Wait &wait) {
+    int lane = threadIdx.x & 31;
+    size_t rb[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) rb[q] = (size_t)min(row0 + q, n_out - 1) * (n_in / 8);
+    float acc[4][R], ss[R], inv[R];
+    mv4_dots<WT, R>(p, w, rb, n_in, acc, ss, wait);
+#pragma unroll
+    for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss(p, ss[r], n_in);
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float a = __fmul_rn(warp_sum(acc[q][r]), inv[r]);
+            if (lane == 0 && row0 + q < n_out) mv_store(p, r, row0 + q, n_out, a);
+        }
+}
+
+// SwiGLU fused into the gate|up matvec. w is [2*hid, n_in]: gate rows, then up rows.
+// A warp takes outputs j0, j0+1 and their four weight rows {j, j+1, hid+j, hid+j+1}
+// and writes silu(gate) * up, [B, hid]. The dots are mv4_dots' and the product
+// swiglu_kernel's: the same bits as the four-rows-per-warp matvec and swiglu_kernel
+// in two launches. Rows past hid read row hid-1 and are not written.
+template <int WT, int R, typename Wait>
+__device__ __forceinline__ void mv_glu_pair(const mv_rows &p, const void *w, int n_in, int hid, int j0,
+                                            const Wait &wait) {
+    int lane = threadIdx.x & 31;
+    size_t rb[4];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        rb[q] = (size_t)min(j0 + q, hid - 1) * (n_in / 8);
+        rb[2 + q] = (size_t)(hid + min(j0 + q, hid - 1)) * (n_in / 8);
+    }
+    float acc[4][R], ss[R], inv[R];
+    mv4_dots<WT, R>(p, w, rb, n_in, acc, ss, wait);
+#pragma unroll
+    for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss(p, ss[r], n_in);
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float g = __fmul_rn(warp_sum(acc[q][r]), inv[r]);
+            float u = __fmul_rn(warp_sum(acc[2 + q][r]), inv[r]);
+            if (lane == 0 && j0 + q < hid) mv_store(p, r, j0 + q, hid, silu_mul(g, u));
+        }
+}
+
+// Generic path: any n_in / alignment, one element per lane per step.
+template <int R, typename Wait>
+__device__ __forceinline__ void mv_scalar_row(const mv_rows &p, const void *w, int wt, int n_in, int n_out, int row,
+                                              const Wait &wait) {
+    int lane = threadIdx.x & 31;
+    size_t rbase = (size_t)row * n_in;
+    const float *xr[R];
+    float acc[R], ss[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        xr[r] = mv_x(p, r, n_in);
+        acc[r] = 0.f;
+        ss[r] = 0.f;
+    }
+    wait();
+    for (int i = lane; i < n_in; i += 32) {
+        float wv = load_w(w, wt, rbase + i);
+        if (p.nw) wv *= p.nw[i];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float xv = p.coherent ? __ldcg(xr[r] + i) : xr[r][i];
+            acc[r] = fmaf(wv, xv, acc[r]);
+            if (p.nw) ss[r] = fmaf(xv, xv, ss[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float a = __fmul_rn(warp_sum(acc[r]), mv_inv_from_ss(p, ss[r], n_in));
+        if (lane == 0) mv_store(p, r, row, n_out, a);
+    }
+}
+
+// Which kernel a matrix gets depends only on its shape, the same for every B.
+enum { MV_SCALAR, MV_VEC, MV_VEC4 };
+
+// The vector kernels need n_in % 8 == 0 and 16-byte aligned w, x (rows start n_in floats
+// apart, so every row keeps x's alignment) and folded norm weights.
+static inline bool mv_vectorizable(const void *w, const float *x, int n_in, const float *norm) {
+    return n_in % 8 == 0 && is_aligned(w, 16) && is_aligned(x, 16) && (!norm || is_aligned(norm, 16));
+}
+
+// The kernel of an n_out x n_in matrix: four weight rows per warp only when that still
+// leaves >= 2 blocks per SM.
+static inline int mv_kind_rows(const cuda_ctx *ctx, int n_out) {
+    return (long)n_out >= 4L * MV_WARPS * 2 * (ctx->n_sm > 0 ? ctx->n_sm : 1) ? MV_VEC4 : MV_VEC;
+}
+static inline int mv_kind(const cuda_ctx *ctx, const void *w, const float *x, int n_in, int n_out, const float *norm) {
+    return mv_vectorizable(w, x, n_in, norm) ? mv_kind_rows(ctx, n_out) : MV_SCALAR;
+}
+
+#endif

@@ -1,0 +1,350 @@
+// persist.cu: the persistent decode kernel (ops_cuda.h, docs/cuda.md "The persistent
+// decode kernel"). One cooperative launch runs a one-row decode step: every block is
+// resident for the whole step and takes its share of each phase's work units in turn,
+//   embed                     x = embed[id]                        units of 256 elements
+//   per layer l:
+//     qkv                     q|k|v = Wqkv rmsnorm(x) (+ bias)     rows (1 or 4 a warp)
+//     attention               RoPE, KV store, splits, combine      (KV head, split) a block
+//     o                       x += Wo att                          rows
+//     gate|up                 h = silu(gate) * up, ffn norm folded 2 outputs a warp
+//     down                    x += Wdown h                         rows
+//   lm_head                   logits = W rmsnorm(x), argmax        rows
+// A phase's units wait only for the units they read, through dataflow counters (a
+// release add after a unit's stores, an acquire wait before a unit's loads) instead of
+// grid barriers: a qkv row counts toward its KV group, and an attention split of that
+// group waits for the group's rows only; o waits for every head's combine, gate|up for
+// all of x, down for all of h, the next layer's qkv for all of x again. Each unit is
+// computed by the graph path's own device functions (matvec.cuh, attention_decode.cuh),
+// so the logits are the graph path's bits. While a warp waits for its first unit's
+// inputs, that unit's first weight chunks are already in flight (the matvec's loads
+// before wait()), and an attention split's first K/V tile (old cache rows). The last
+// block to finish turns the packed argmax into the greedy draw and sets every counter
+// back to zero for the next launch. Only what other blocks of the launch wrote is read
+// through L2 (ld.global.cg), never the non-coherent path.
+#include "kernels/cuda/attention_decode.cuh"
+#include "kernels/cuda/matvec.cuh"
+#include "kernels/cuda/sync.cuh"
+
+#define PK_THREADS 128  // ATT_THREADS == 32 * MV_WARPS: a block is an attention split or 4 matvec warps
+static_assert(PK_THREADS == ATT_THREADS && PK_THREADS == 32 * MV_WARPS, "one block shape for every phase");
+
+// What the host works out for the kernel beside the plan.
+struct pk_args {
+    cuda_persist_plan p;
+    int k_qkv, k_o, k_gu, k_down, k_lm;  // MV_SCALAR, MV_VEC or MV_VEC4 (mv_kind: the graph path's choice)
+    int n_splits, tile;            // the attention's splits (the grid's), and the generic split kernel's tile
+    int kps;                       // keys per live split (split_keys)
+    float *part;                   // attention partials (ctx->scratch)
+    unsigned *count;               // the attention's combine counters (ctx->att_count)
+};
+
+// Counters: per layer [qkv of each KV group | heads combined | o rows | h outputs | down
+// rows], then embedded elements, then finished blocks.
+__host__ __device__ inline int pk_per_layer(const cuda_persist_plan &p) { return p.n_kv + 4; }
+__device__ inline unsigned *pk_ctr(const cuda_persist_plan &p, int l, int slot) {
+    return p.ctr + (size_t)l * pk_per_layer(p) + slot;
+}
+enum { PK_ATT = 0, PK_O = 1, PK_GLU = 2, PK_DOWN = 3 };  // after the n_kv group counters
+__device__ inline unsigned *pk_layer(const cuda_persist_plan &p, int l, int what) {
+    return pk_ctr(p, l, p.n_kv + what);
+}
+__device__ inline unsigned *pk_embed(const cuda_persist_plan &p) { return pk_ctr(p, p.n_layers, 0); }
+__device__ inline unsigned *pk_done(const cuda_persist_plan &p) { return pk_ctr(p, p.n_layers, 1); }
+
+// The counter and target of x as layer l's input: the embedding, or layer l-1's down rows.
+__device__ inline const unsigned *pk_x_ready(const cuda_persist_plan &p, int l) {
+    return l == 0 ? pk_embed(p) : pk_layer(p, l - 1, PK_DOWN);
+}
+
+// A warp's wait before its first unit: lane 0 waits (acquire), the warp follows.
+struct warp_waiter {
+    const unsigned *ctr;
+    unsigned target;
+    bool *first;  // true until the warp's first unit has waited
+    __device__ __forceinline__ void operator()() const {
+        if (!*first) return;
+        *first = false;
+        if ((threadIdx.x & 31) == 0) wait_counter_gpu(ctr, target);
+        __syncwarp();
+    }
+};
+
+// A block's wait: thread 0 waits (acquire), the block follows.
+struct block_waiter {
+    const unsigned *ctr;
+    unsigned target;
+    __device__ __forceinline__ void operator()() const {
+        if (threadIdx.x == 0) wait_counter_gpu(ctr, target);
+        __syncthreads();
+    }
+};
+
+// The KV group a row of Wqkv feeds (rows: q of every head, then k, then v).
+__device__ inline int pk_group(const cuda_persist_plan &p, int row) {
+    int q_dim = p.n_heads * p.head_dim, kv_dim = p.n_kv * p.head_dim;
+    if (row < q_dim) return row / p.head_dim / (p.n_heads / p.n_kv);
+    row -= q_dim;
+    return (row < kv_dim ? row : row - kv_dim) / p.head_dim;
+}
+
+// Rows [0, n_out) of one matrix over every warp of the grid: unit u is row u (MV_VEC,
+// MV_SCALAR) or rows 4u..4u+3 (MV_VEC4), the graph path's kernel's work of one warp. The warp waits
+// for *ready >= target before its first unit (once its first weights are in flight);
+// after each unit lane 0, which stored the rows, releases them: to rel, or (groups) to
+// the qkv counter of the rows' KV group.
+template <int WT>
+__device__ void pk_matvec(const cuda_persist_plan &p, int kind, const mv_rows &m, const void *w, int n_in,
+                          int n_out, const unsigned *ready, unsigned target, unsigned *rel, bool groups) {
+    int lane = threadIdx.x & 31, per = kind == MV_VEC4 ? 4 : 1;
+    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    int units = (n_out + per - 1) / per;
+    bool first = true;
+    warp_waiter wait = { ready, target, &first };
+    for (int u = gw; u < units; u += nw) {
+        int row0 = u * per;
+        if (kind == MV_VEC4) mv_vec4_rows<WT, 1>(m, w, n_in, n_out, row0, wait);
+        else if (kind == MV_VEC) mv_vec_row<WT, 1>(m, w, n_in, n_out, row0, wait);
+        else mv_scalar_row<1>(m, w, WT, n_in, n_out, row0, wait);
+        if (lane == 0) red_release_gpu(groups ? rel + pk_group(p, row0) : rel, (unsigned)min(per, n_out - row0));
+    }
+}
+
+// gate|up with SwiGLU: two outputs a warp (the graph path's glu kernel's unit). A
+// matrix the vector kernels cannot take (dim % 8 != 0) goes as the graph path's two
+// launches do: gate row j and up row j by the scalar kernel into the planar
+// [gate | up] halves of hb, then silu(gate) * up into hb[j], one output a warp.
+template <int WT>
+__device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const unsigned *ready, unsigned *rel) {
+    const cuda_persist_plan &p = a.p;
+    int lane = threadIdx.x & 31, hid = p.hidden;
+    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    bool first = true;
+    warp_waiter wait = { ready, (unsigned)p.dim, &first };
+    if (a.k_gu != MV_SCALAR) {
+        for (int u = gw; u < (hid + 1) / 2; u += nw) {
+            mv_glu_pair<WT, 1>(m, w, p.dim, hid, 2 * u, wait);
+            if (lane == 0) red_release_gpu(rel, (unsigned)min(2, hid - 2 * u));
+        }
+        return;
+    }
+    mv_rows gu = m;
+    gu.s1 = hid, gu.s2 = 2 * hid;  // planar: gate [hid], then up [hid]
+    for (int j = gw; j < hid; j += nw) {
+        mv_scalar_row<1>(gu, w, WT, p.dim, 2 * hid, j, wait);
+        mv_scalar_row<1>(gu, w, WT, p.dim, 2 * hid, hid + j, wait);
+        if (lane == 0) {  // this lane's own two stores
+            p.hb[j] = silu_mul(p.hb[j], p.hb[hid + j]);
+            red_release_gpu(rel, 1u);
+        }
+    }
+}
+
+// x = the embedding row of the step's token, 256 elements a warp (cuda_embed's values).
+__device__ void pk_embed_phase(const cuda_persist_plan &p) {
+    int lane = threadIdx.x & 31, gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    size_t row = (size_t)p.ids[0] * p.dim;
+    for (int u = gw; u * 256 < p.dim; u += nw) {
+        int n = 0;
+        for (int e = u * 256 + lane; e < p.dim && e < (u + 1) * 256; e += 32, n++)
+            p.x[e] = load_w(p.embed, p.wt, row + e);
+        n = warp_sum(n);
+        __syncwarp();  // every lane's stores before lane 0's release
+        if (lane == 0) {
+            __threadfence();
+            red_release_gpu(pk_embed(p), (unsigned)n);
+        }
+    }
+}
+
+// Layer l's attention: (KV head, split) units a block, each waiting for its group's qkv
+// rows; the block that completes a group's combine releases its G heads.
+template <int HD>
+__device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *last_s) {
+    const cuda_persist_plan &p = a.p;
+    const cuda_persist_layer &L = p.layers[l];
+    int G = p.n_heads / p.n_kv, hd = p.head_dim, q_dim = p.n_heads * hd, kv_dim = p.n_kv * hd;
+    rope_fuse rf = { 1, p.qkv + q_dim, p.qkv + q_dim + kv_dim, p.pos, p.rows, p.inv_freq, L.q_norm, L.k_norm, p.eps };
+    cuda_kv_layer kvl = p.kv[(size_t)l * p.kv_stride];
+    cuda_kv_lens N = p.lens[0];
+    float *scores = l == p.cap ? p.scores : NULL;
+    int ns = live_splits(a.n_splits, N.n_keys, a.kps);  // the units the live length needs
+    for (int u = blockIdx.x; u < p.n_kv * ns; u += gridDim.x) {
+        int kvh = u / ns, split = u - kvh * ns;
+        block_waiter wait = { pk_ctr(p, l, kvh), (unsigned)((G + 2) * hd) };
+        bool combined;
+        if constexpr (HD != 0) {
+            combined = flash_split<HD>(a.part, scores, p.qkv, kvl, N, 0, split, kvh, a.n_splits, a.kps, p.n_heads,
+                                       p.n_kv, p.scale, 0, a.count, p.att, rf, wait, smem4, last_s);
+        } else {
+            combined = decode_split(a.part, scores, p.qkv, kvl, N, 0, split, kvh, a.n_splits, a.kps, p.n_heads,
+                                    p.n_kv, hd, p.scale, a.tile, 0, a.count, p.att, rf, wait, (float *)smem4, last_s);
+        }
+        __syncthreads();  // the combine's stores, and the shared memory free for the next unit
+        if (combined && threadIdx.x == 0) {
+            __threadfence();
+            red_release_gpu(pk_layer(p, l, PK_ATT), (unsigned)G);
+        }
+    }
+}
+
+// lm_head rows; lane 0 of each warp keeps its best row and adds it to the packed argmax.
+template <int WT>
+__device__ void pk_lm_head(const pk_args &a) {
+    const cuda_persist_plan &p = a.p;
+    mv_rows m = { p.logits, p.x, 0, 1, 1, p.vocab, p.vocab, p.final_norm, p.eps, 0, NULL, 1 };
+    int lane = threadIdx.x & 31, per = a.k_lm == MV_VEC4 ? 4 : 1;
+    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    bool first = true;
+    warp_waiter wait = { pk_x_ready(p, p.n_layers), (unsigned)p.dim, &first };
+    unsigned long long best = 0;
+    for (int u = gw; u * per < p.vocab; u += nw) {
+        int row0 = u * per;
+        if (a.k_lm == MV_VEC4) mv_vec4_rows<WT, 1>(m, p.lm_head, p.dim, p.vocab, row0, wait);
+        else if (a.k_lm == MV_VEC) mv_vec_row<WT, 1>(m, p.lm_head, p.dim, p.vocab, row0, wait);
+        else mv_scalar_row<1>(m, p.lm_head, WT, p.dim, p.vocab, row0, wait);
+        if (lane == 0 && p.argmax)
+            for (int r = row0; r < row0 + per && r < p.vocab; r++) {
+                float v = p.logits[r];  // this lane's own store
+                if (v == v) best = max(best, argmax_key(v, r));
+            }
+    }
+    if (lane == 0 && p.argmax && best) atomicMax(p.argmax, best);
+}
+
+// The last block to finish: the greedy draw (as cuda_sample writes it) and every counter
+// back to zero for the next launch.
+__device__ void pk_finish(const cuda_persist_plan &p) {
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    __threadfence();
+    if (atomicAdd(pk_done(p), 1u) != gridDim.x - 1) return;
+    __threadfence();  // every block's argmax and logits, added before its count, are visible
+    if (p.draw && p.argmax) {
+        unsigned long long key = atomicAdd(p.argmax, 0ull);
+        int tok = key ? (int)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : 0;
+        sample_out o;
+        o.token = tok;
+        o.n_kept = 1;
+        o.logit = __ldcg(p.logits + tok);
+        o.pad_ = 0.f;
+        o.entropy = 0.0;
+        *p.draw = o;
+    }
+    size_t n = (size_t)p.n_layers * pk_per_layer(p) + 2;
+    for (size_t i = 0; i < n; i++) p.ctr[i] = 0;
+}
+
+// grid: every block co-resident (cooperative launch), block PK_THREADS.
+template <int WT, int HD>
+__global__ void __launch_bounds__(PK_THREADS, 4) persist_decode_kernel(pk_args a) {
+    extern __shared__ float4 pk_smem[];
+    __shared__ unsigned last;
+    const cuda_persist_plan &p = a.p;
+    int hd = p.head_dim, q_dim = p.n_heads * hd, qkv_dim = q_dim + 2 * p.n_kv * hd;
+    // The previous launch's argmax is cleared before this block's first release, which
+    // every later phase waits for (block 0, warp 0 always has the first embed unit).
+    if (blockIdx.x == 0 && threadIdx.x == 0 && p.argmax) *p.argmax = 0ull;
+    pk_embed_phase(p);
+    for (int l = 0; l < p.n_layers; l++) {
+        const cuda_persist_layer &L = p.layers[l];
+        const unsigned *x_ready = pk_x_ready(p, l);
+        mv_rows qkv = { p.qkv, p.x, 0, 1, 1, q_dim, q_dim + p.n_kv * hd, L.attn_norm, p.eps, 0, L.bqkv, 1 };
+        pk_matvec<WT>(p, a.k_qkv, qkv, L.wqkv, p.dim, qkv_dim, x_ready, (unsigned)p.dim, pk_ctr(p, l, 0), true);
+        pk_attention<HD>(a, l, pk_smem, &last);
+        mv_rows o = { p.x, p.att, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
+        pk_matvec<WT>(p, a.k_o, o, L.wo, q_dim, p.dim, pk_layer(p, l, PK_ATT), (unsigned)p.n_heads,
+                      pk_layer(p, l, PK_O), false);
+        mv_rows gu = { p.hb, p.x, 0, 1, 1, p.hidden, p.hidden, L.ffn_norm, p.eps, 0, NULL, 1 };
+        pk_glu<WT>(a, gu, L.w_gu, pk_layer(p, l, PK_O), pk_layer(p, l, PK_GLU));
+        mv_rows down = { p.x, p.hb, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
+        pk_matvec<WT>(p, a.k_down, down, L.w_down, p.hidden, p.dim, pk_layer(p, l, PK_GLU), (unsigned)p.hidden,
+                      pk_layer(p, l, PK_DOWN), false);
+    }
+    pk_lm_head<WT>(a);
+    pk_finish(p);
+}
+
+// ---- host -----------------------------------------------------------------------------
+extern "C" size_t cuda_persist_counters(const cuda_persist_plan *p) {
+    return (size_t)p->n_layers * pk_per_layer(*p) + 2;
+}
+
+typedef void (*pk_kernel)(pk_args);
+
+// The instance for the weight type and head_dim (0: the generic attention split), and
+// its name (the emulated device's reports).
+static pk_kernel pk_pick(const cuda_persist_plan *p, attn_shape s, const char **name) {
+    int hd = flash_ok(s) ? s.head_dim : 0;
+    static const char *names[6] = { "persist_decode_kernel<WT_BF16, 64>", "persist_decode_kernel<WT_BF16, 128>",
+                                    "persist_decode_kernel<WT_BF16, 0>", "persist_decode_kernel<WT_F16, 64>",
+                                    "persist_decode_kernel<WT_F16, 128>", "persist_decode_kernel<WT_F16, 0>" };
+    static const pk_kernel ks[6] = { persist_decode_kernel<WT_BF16, 64>, persist_decode_kernel<WT_BF16, 128>,
+                                     persist_decode_kernel<WT_BF16, 0>, persist_decode_kernel<WT_F16, 64>,
+                                     persist_decode_kernel<WT_F16, 128>, persist_decode_kernel<WT_F16, 0> };
+    int i = (p->wt == WT_BF16 ? 0 : 3) + (hd == 64 ? 0 : hd == 128 ? 1 : 2);
+    *name = names[i];
+    return ks[i];
+}
+
+static attn_shape pk_shape(const cuda_persist_plan *p) { return { p->n_heads, p->n_kv, p->head_dim, p->scale }; }
+
+static size_t pk_smem_bytes(attn_shape s) {
+    return flash_ok(s) ? flash_smem(s.n_heads / s.n_kv_heads, s.head_dim) : decode_smem(s, decode_tile(s));
+}
+
+extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int *grid) {
+    attn_shape s = pk_shape(p);
+    int q_dim = p->n_heads * p->head_dim;
+    CUDA_REQUIRE(ctx, p->wt == WT_BF16 || p->wt == WT_F16, "the weights are not all bf16 or all f16");
+    // four qkv rows a warp must not straddle two KV groups (their counters)
+    CUDA_REQUIRE(ctx, p->head_dim % 4 == 0 || mv_kind_rows(ctx, q_dim + 2 * p->n_kv * p->head_dim) != MV_VEC4,
+                 "head_dim %d is not a multiple of 4", p->head_dim);
+    if (cuda_attention_validate(ctx, s)) return -1;
+    int ns = decode_splits(ctx->n_sm, p->max_ctx, s);
+    size_t part = (size_t)p->n_heads * ns * (p->head_dim + 2) * sizeof(float);
+    CUDA_REQUIRE(ctx, ctx->scratch && ctx->scratch_bytes >= part, "scratch too small for the attention partials");
+    CUDA_REQUIRE(ctx, ctx->att_count && ctx->att_count_n >= p->n_kv, "no attention combine counters");
+    const char *name;
+    pk_kernel k = pk_pick(p, s, &name);
+    int per_sm = 0;
+    CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, PK_THREADS, pk_smem_bytes(s)));
+    CUDA_REQUIRE(ctx, per_sm >= 1, "the kernel does not fit an SM (%zu bytes of shared memory)", pk_smem_bytes(s));
+    int g = per_sm * (ctx->n_sm > 0 ? ctx->n_sm : 1);
+    if (p->grid > 0 && p->grid < g) g = p->grid;
+    *grid = g;
+    return 0;
+}
+
+extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p) {
+    int grid = 0;
+    if (cuda_persist_check(ctx, p, &grid)) return -1;
+    attn_shape s = pk_shape(p);
+    pk_args a;
+    a.p = *p;
+    int q_dim = p->n_heads * p->head_dim, qkv_dim = q_dim + 2 * p->n_kv * p->head_dim;
+    // the graph path's kernel of each matrix (weights and buffers are 256-byte aligned,
+    // so n_in % 8 decides what mv_kind checks)
+    a.k_qkv = p->dim % 8 ? MV_SCALAR : mv_kind_rows(ctx, qkv_dim);
+    a.k_o = q_dim % 8 ? MV_SCALAR : mv_kind_rows(ctx, p->dim);
+    a.k_gu = p->dim % 8 ? MV_SCALAR : MV_VEC;
+    a.k_down = p->hidden % 8 ? MV_SCALAR : mv_kind_rows(ctx, p->dim);
+    a.k_lm = p->dim % 8 ? MV_SCALAR : mv_kind_rows(ctx, p->vocab);
+    a.n_splits = decode_splits(ctx->n_sm, p->max_ctx, s);
+    a.kps = split_keys(ctx, s);
+    a.tile = flash_ok(s) ? 0 : decode_tile(s);
+    a.part = (float *)ctx->scratch;
+    a.count = ctx->att_count;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cudaLaunchConfig_t cfg = { dim3(grid), dim3(PK_THREADS), pk_smem_bytes(s), ctx->stream, attr, 1 };
+    const char *name;
+    pk_kernel k = pk_pick(p, s, &name);
+#ifdef VARENT_EMU_DEVICE
+    cudaError_t rc = emu_launch_ex(name, &cfg, k, a);
+#else
+    cudaError_t rc = cudaLaunchKernelEx(&cfg, k, a);
+#endif
+    CUDA_CHECK_LAUNCH_RC(ctx, name, rc);
+    return 0;
+}

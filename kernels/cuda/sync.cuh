@@ -1,0 +1,49 @@
+// sync.cuh: counters between the blocks of one grid, with release/acquire semantics at
+// GPU scope (the persistent decode kernel's dataflow, docs/cuda.md), and programmatic
+// dependent launch. On a GPU these are PTX; on the emulated device (VARENT_EMU_DEVICE,
+// tests/cudaemu/) each acquire is a point where the running block yields to the other
+// co-resident blocks, and a wait parks it until the counter arrives, so a missing
+// release or a wrong target shows as a reported deadlock (docs/cuda.md "The emulated
+// device"). Counters only grow (by epochs), and comparisons are wrap-safe.
+#ifndef VARENT_CUDA_SYNC_CUH
+#define VARENT_CUDA_SYNC_CUH
+
+// a reached b on a counter that grows: wrap-safe.
+__device__ __forceinline__ bool ctr_reached(unsigned a, unsigned b) { return (int)(a - b) >= 0; }
+
+#ifdef VARENT_EMU_DEVICE
+
+static inline unsigned emu_ld_acquire(const unsigned *p, const char *file, int line) {
+    unsigned v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    emu::spin_yield(p, v, file, line);
+    return v;
+}
+// *p, read with acquire semantics (the writes released before it are visible after).
+#define ld_acquire_gpu(p) emu_ld_acquire((p), __FILE__, __LINE__)
+// Waits until *p reaches target (acquire): parked, and resumed once it has.
+#define wait_counter_gpu(p, target) emu::wait_geq((p), (target), __FILE__, __LINE__)
+// *p += v, releasing this thread's earlier writes (pair it with __syncthreads so the
+// block's writes are the thread's).
+static inline void red_release_gpu(unsigned *p, unsigned v) {
+    emu::progress++;
+    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+}
+
+#else
+
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void wait_counter_gpu(const unsigned *p, unsigned target) {
+    while (!ctr_reached(ld_acquire_gpu(p), target)) {
+    }
+}
+__device__ __forceinline__ void red_release_gpu(unsigned *p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+#endif
+
+#endif

@@ -1,0 +1,89 @@
+// internal.h: the whole device forward (model/forward_cuda.h): the core and the parts
+// built on it, composed; shared by step.c (the layers of a step) and forward.c (the
+// public calls, graphs and waits). By convention `d` names the cuda_forward and `f` its
+// core (f = &d->core), as in the files below it. Only for builds with VARENT_CUDA.
+#ifndef VARENT_CUDA_INTERNAL_H
+#define VARENT_CUDA_INTERNAL_H
+
+#include "model/cuda/arm.h"
+#include "model/cuda/core.h"
+#include "model/cuda/hooks.h"
+#include "model/cuda/lora.h"
+#include "model/cuda/tp.h"
+#include "model/forward_cuda.h"
+
+// A captured decode step of B rows, per capture layer and scratch buffer.
+typedef struct {
+    cudaGraphExec_t exec;
+    int cap;                   // capture layer it was captured with (-1: none)
+    void *scratch;             // ctx.scratch it was captured with
+    long hook_gen;             // dev_hooks.gen it was captured with
+    int hook_cap;              // the HK_* captures it holds
+    long lora_gen;             // dev_lora.gen it was captured with
+    int arm;                   // ARM_* kind of the draws captured after the step (0: none)
+    int arm_k;                 // and their number
+    long arm_gen;              // dev_arm.gen it was captured with (the armed buffers)
+    void *sample_buf;          // ctx.sample_buf it was captured with (the sampler's arrays)
+    long launches;             // kernels and cuBLAS calls captured into it
+    long nodes;                // its nodes (the launches plus the step block's copy, and an
+                               // armed step's three copies)
+} graph_slot;
+
+// The persistent decode kernel (model/cuda/persist.c, kernels/cuda/persist.cu): a one-row
+// decode step in one cooperative launch, when chosen and the step allows it; the graph
+// path otherwise (a fallback, counted with its reason).
+typedef struct {
+    int on;                    // --decode-kernel persistent
+    int grid;                  // blocks (0: as many as the device holds at once)
+    cuda_persist_layer *d_layers;  // device [n_layers] (NULL until the first persistent step)
+    unsigned *ctr;             // device dataflow counters
+    unsigned long long *argmax;    // device: the packed greedy token
+    long steps, fallbacks;     // one-row decode steps run persistent, and on the graph path instead
+    char why[160];             // the last fallback's reason
+} dev_persist;
+
+struct cuda_forward {
+    cuda_core core;            // context, weights, buffers, step block
+    dev_weights own;           // uploaded here (arena NULL when borrowed: core.w is the sharer's)
+    struct dev_lora_reg *own_lora;  // the LoRA registry of own (NULL when borrowed)
+    graph_slot graphs[CUDA_ROWS + 1];  // [B]: the decode step of B rows
+    graph_slot armed_graph;    // the one-row step with its draws (dev_arm), kept apart from
+                               // graphs[1] so steps that alternate replay both
+    graph_slot greedy_graph;   // the one-row step with an ARM_GREEDY draw (the lm_head's argmax)
+    long n_captures;           // graphs instantiated so far
+    int use_graph;
+    cuda_step_counts step;     // the last one-row decode step's launches and graph nodes
+    dev_sampler smp;           // ordinary draw requests (model/cuda/arm.c)
+    dev_hooks hk;              // forward hooks (model/cuda/hooks.c)
+    dev_tp tp;                 // tensor parallelism (model/cuda/tp.c)
+    dev_lora lora;             // LoRA adapters (model/cuda/lora.c)
+    dev_arm arm;               // entropix decided and drawn on the device (model/cuda/arm.c)
+    dev_persist persist;       // the persistent decode kernel (model/cuda/persist.c)
+    unsigned long long *greedy_amax;  // set while an ARM_GREEDY step is captured: its lm_head's
+                                      // argmax epilogue (arm.h), read by cuda_step_decode
+};
+
+// ---- the layers of a step (model/cuda/step.c) ----
+// Queues a prefill chunk of T > 1 tokens (cuBLAS GEMMs, the prefill attention), starting
+// with the step block's upload. hk: the HK_* captures of the hooks.
+int cuda_step_prefill(cuda_forward *d, int T, int cap, int hk, verr *err);
+// Queues a decode step of B rows (1 <= B <= rows), one token each, every row with its
+// own KV records. Reads per-step values only on the device, so it can be captured.
+// hk: the HK_* captures of the hooks (single-sequence steps only).
+int cuda_step_decode(cuda_forward *d, int B, int cap, int hk, verr *err);
+// Tensor parallelism: the statistics after the step (graph), every rank's heads gathered
+// into the capture first (where they go depends on each row's key count, which the host
+// knows and a captured graph cannot).
+int cuda_step_tp_stats(cuda_forward *d, int B, verr *err);
+
+// ---- the persistent decode kernel (model/cuda/persist.c) ----
+// Queues a one-row decode step (its block already filled) as the persistent kernel when
+// it is on and the step allows it: 1 when queued (with the capture layer's statistics,
+// and an armed greedy draw made inside it: *drawn = 1), 0 when the step must take the
+// graph path (persist.why says why), -1 on error. hk: the step's HK_* captures.
+int cuda_persist_step(cuda_forward *d, int cap, int hk, int *drawn, verr *err);
+// A step the kernel does not take (a batch): counted as a fallback when it is on.
+void cuda_persist_skip(cuda_forward *d, const char *why);
+void cuda_persist_free(cuda_forward *d);
+
+#endif

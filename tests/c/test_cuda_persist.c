@@ -1,0 +1,276 @@
+// test_cuda_persist.c: the persistent decode kernel (kernels/cuda/persist.cu, the
+// device forward's model/cuda/persist.c) against the graph path and the CPU forward,
+// its twin. Per model (the tiny presets of tools/gen_random_checkpoint.py, bf16, which
+// between them take every kernel the persistent one runs: the generic and the tiled
+// attention split, head_dim 16 to 128, the vector and the scalar matvec, the SwiGLU pair
+// and its scalar form, biases, q/k norms, tied and untied heads; and stories260K):
+//   - a prompt, then 64 greedy steps, each drawn on the device from an armed draw: the
+//     persistent session's tokens equal the graph session's and its logits are the same
+//     bits at every step; both within the bf16 cache's tolerance of the CPU forward fed
+//     the same tokens;
+//   - each plain greedy step is one launch (the kernel: its argmax is the armed draw)
+//     and takes no extra host wait;
+//   - the grid changes half-way (and is 1 block for one model): the bits do not move;
+//   - with a capture layer the device statistics equal the graph path's;
+//   - a step with forward hooks takes the graph path, counted with its reason, and a
+//     batch likewise.
+// On the emulated device the blocks run co-resident as fibers (docs/cuda.md), so a
+// missing or early counter wait shows as wrong bits here or as a reported deadlock.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "check.h"
+#include "host/runtime/session.h"
+#include "model/forward_cuda.h"
+#include "test_models.h"
+#ifdef VARENT_CUDA
+#include "kernels/ops_cuda.h"
+#endif
+
+static char nm[256];
+#define NAME(...) (snprintf(nm, sizeof nm, __VA_ARGS__), nm)
+
+#ifndef VARENT_CUDA
+int main(void) {
+    SKIP("cuda_persist", "built without CUDA");
+    CHECK_DONE();
+}
+#else
+
+#define STEPS 64
+
+typedef struct {
+    session cpu, g, p;  // the CPU reference, the graph path, the persistent kernel (g's weights)
+    kv_view kc, kg, kp;
+    int open;           // sessions opened (for the close)
+} trio;
+
+static void trio_close(trio *t) {
+    if (t->open >= 3) session_close(&t->p);
+    if (t->open >= 2) session_close(&t->g);
+    if (t->open >= 1) session_close(&t->cpu);
+}
+
+static int trio_open(trio *t, const char *dir, int grid, verr *err) {
+    memset(t, 0, sizeof *t);
+    session_opts oc = { .model_dir = dir, .device = "cpu", .ctx = 128 }, og = oc;
+    og.device = "cuda";
+    if (session_open(&t->cpu, &oc, err)) return -1;
+    t->open = 1;
+    if (session_open(&t->g, &og, err)) return -1;
+    t->open = 2;
+    if (session_open_shared(&t->p, &t->g, 0, err)) return -1;
+    t->open = 3;
+    cuda_forward_set_decode_kernel(t->p.cu, 1, grid);
+    t->kc = kv_view_of(&t->cpu.kv), t->kg = kv_view_of(&t->g.kv), t->kp = kv_view_of(&t->p.kv);
+    return 0;
+}
+
+// max |a - b| / max |b| over n logits.
+static double rel_err(const float *a, const float *b, int n) {
+    double d = 0, r = 0;
+    for (int i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - b[i]);
+        if (!(e <= d)) d = e;  // NaN sticks
+        if (fabs((double)b[i]) > r) r = fabs((double)b[i]);
+    }
+    return r > 0 ? d / r : d;
+}
+
+// One greedy step of a CUDA session: the draw armed, the forward, the draw taken.
+static int greedy_step(session *s, kv_view *kv, int tok, int *next, verr *err) {
+    sample_cfg cfg = { 0.f, 0, 1.f, 0.f, 0.0 };
+    sample_out o;
+    if (session_arm_sample(s, &cfg, 1, err) || session_forward(s, kv, &tok, 1, err) ||
+        session_sample(s, &cfg, 1, &o, err))
+        return -1;
+    *next = o.token;
+    return 0;
+}
+
+typedef struct {
+    int steps, bad_tok, bad_bits, one_launch, extra_syncs, bad_stats;
+    int first_bad;  // the first step whose launches or waits were off (-1: none)
+    double worst_cpu;
+} tally;
+
+// Step j of the run: the three sessions fed token tok; the next token in *next.
+static int step(trio *t, int j, int tok, int *next, tally *y, verr *err) {
+    int V = t->g.m.cfg.vocab_size, ng = 0, np = 0, cap = j >= 10 && j < 14 ? t->g.m.cfg.n_layers - 1 : -1;
+    t->g.fw.attn_layer = t->p.fw.attn_layer = cap;
+    cuda_step_counts c0, c1;
+    cuda_forward_counts(t->p.cu, &c0);
+    if (greedy_step(&t->g, &t->kg, tok, &ng, err) || greedy_step(&t->p, &t->kp, tok, &np, err) ||
+        session_forward(&t->cpu, &t->kc, &tok, 1, err))
+        return -1;
+    cuda_forward_counts(t->p.cu, &c1);
+    y->steps++;
+    y->bad_tok += ng != np;
+    y->bad_bits += memcmp(t->g.fw.logits, t->p.fw.logits, sizeof(float) * (size_t)V) != 0;
+    int one = c1.persistent && (cap >= 0 || c1.launches == 1), syncs = c1.syncs - c0.syncs != 1;
+    y->one_launch += one;
+    y->extra_syncs += syncs;  // the step's one wait (the draw came back with it)
+    if ((!one || syncs) && y->first_bad < 0) y->first_bad = j;
+    if (cap >= 0)
+        y->bad_stats += memcmp(t->g.fw.logit_stats, t->p.fw.logit_stats, sizeof t->g.fw.logit_stats) != 0 ||
+                        memcmp(t->g.fw.attn_stats, t->p.fw.attn_stats, sizeof t->g.fw.attn_stats) != 0 ||
+                        t->g.fw.attn_keys != t->p.fw.attn_keys;
+    double e = rel_err(t->p.fw.logits, t->cpu.fw.logits, V);
+    if (!(e <= y->worst_cpu)) y->worst_cpu = e;
+    *next = ng;
+    return 0;
+}
+
+// A forward hook (an activation capture) on the persistent session: that step takes the
+// graph path, counted with its reason, and its logits are the graph session's.
+static void on_act(void *ud, int layer, int point, const float *x, int T, int pos0) {
+    (void)layer, (void)point, (void)x, (void)T, (void)pos0;
+    ++*(int *)ud;
+}
+
+static void check_fallbacks(trio *t, const char *name, int tok) {
+    verr err = { { 0 } };
+    int L = t->g.m.cfg.n_layers, calls = 0, V = t->g.m.cfg.vocab_size;
+    unsigned char *layers = calloc((size_t)L, 1);
+    layers[0] = 1;
+    forward_hooks h;
+    memset(&h, 0, sizeof h);
+    h.act_layers = layers, h.points = 1u << HOOK_RESID_PRE, h.on_act = on_act, h.ud = &calls;
+    cuda_step_counts c0, c1;
+    cuda_forward_counts(t->p.cu, &c0);
+    t->p.fw.hooks = &h;
+    int rc = session_forward(&t->g, &t->kg, &tok, 1, &err) || session_forward(&t->p, &t->kp, &tok, 1, &err);
+    t->p.fw.hooks = NULL;
+    cuda_forward_counts(t->p.cu, &c1);
+    CHECK(rc == 0 && calls == 1 && c1.persist_fallbacks == c0.persist_fallbacks + 1 && !c1.persistent &&
+              c1.fallback_why && strstr(c1.fallback_why, "forward hooks") &&
+              !memcmp(t->g.fw.logits, t->p.fw.logits, sizeof(float) * (size_t)V),
+          NAME("cuda_persist %s: a step with hooks takes the graph path, counted", name),
+          "rc %d (%s), %d hook calls, fallbacks %ld -> %ld, why '%s'", rc, err.msg, calls, c0.persist_fallbacks,
+          c1.persist_fallbacks, c1.fallback_why ? c1.fallback_why : "");
+    free(layers);
+    // a batch of rows: the graph path, counted
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    cuda_forward_counts(t->p.cu, &c0);
+    rc = cuda_forward_batch(t->p.cu, &t->p.fw, &t->kp, &tok, 1, logits, NULL, &err);
+    cuda_forward_counts(t->p.cu, &c1);
+    CHECK(rc == 0 && c1.persist_fallbacks == c0.persist_fallbacks + 1 && c1.fallback_why &&
+              strstr(c1.fallback_why, "batch"),
+          NAME("cuda_persist %s: a batch takes the graph path, counted", name), "rc %d (%s), why '%s'", rc, err.msg,
+          c1.fallback_why ? c1.fallback_why : "");
+    free(logits);
+}
+
+static void run_model(const char *dir, const char *name, int grid0, int grid1, const int *prompt, int n_prompt) {
+    trio t;
+    verr err = { { 0 } };
+    if (trio_open(&t, dir, grid0, &err)) {
+        CHECK(0, NAME("cuda_persist %s: open", name), "%s", err.msg);
+        trio_close(&t);
+        return;
+    }
+    // the prompt but its last token, which the first step feeds
+    int rc = session_forward(&t.cpu, &t.kc, prompt, n_prompt - 1, &err) ||
+             session_forward(&t.g, &t.kg, prompt, n_prompt - 1, &err) ||
+             session_forward(&t.p, &t.kp, prompt, n_prompt - 1, &err);
+    tally y = { 0 };
+    y.first_bad = -1;
+    int tok = prompt[n_prompt - 1];
+    for (int j = 0; rc == 0 && j < STEPS; j++) {
+        if (j == STEPS / 2) cuda_forward_set_decode_kernel(t.p.cu, 1, grid1);
+        rc = step(&t, j, tok, &tok, &y, &err);
+    }
+    CHECK(rc == 0 && y.steps == STEPS && y.bad_tok == 0 && y.bad_bits == 0,
+          NAME("cuda_persist %s: %d greedy steps, the graph path's tokens and logits bit for bit (grid %d, then %d)",
+               name, STEPS, grid0, grid1),
+          "rc %d (%s), %d steps, %d tokens and %d logit rows differ", rc, err.msg, y.steps, y.bad_tok, y.bad_bits);
+    CHECK(rc == 0 && y.worst_cpu <= 3e-2, NAME("cuda_persist %s: logits within 3e-2 of the CPU forward", name),
+          "worst max|diff|/max|ref| %g", y.worst_cpu);
+    CHECK(rc == 0 && y.one_launch == STEPS && y.extra_syncs == 0,
+          NAME("cuda_persist %s: every step persistent, plain greedy in one launch and one wait", name),
+          "%d of %d steps, %d with more than one wait (first at step %d)", y.one_launch, STEPS, y.extra_syncs,
+          y.first_bad);
+    CHECK(rc == 0 && y.bad_stats == 0, NAME("cuda_persist %s: capture-layer statistics == the graph path's", name),
+          "%d steps differ", y.bad_stats);
+    if (rc == 0) check_fallbacks(&t, name, tok);
+    trio_close(&t);
+}
+
+// --stress STEPS DIR [GRID]: the GPU window's stress test (tools/persist-stress.sh): the
+// persistent kernel against the graph path on the model in DIR over STEPS greedy steps
+// (a context of STEPS + 64), the logits bit for bit at every step (no CPU reference:
+// too slow at this length). One PASS or FAIL line.
+static int stress(int steps, const char *dir, int grid) {
+    verr err = { { 0 } };
+    session g, p;
+    session_opts o = { .model_dir = dir, .device = "cuda", .ctx = steps + 64 };
+    if (session_open(&g, &o, &err)) {
+        printf("FAIL persist_stress: open %s: %s\n", dir, err.msg);
+        return 1;
+    }
+    if (session_open_shared(&p, &g, 0, &err)) {
+        printf("FAIL persist_stress: open a second context: %s\n", err.msg);
+        session_close(&g);
+        return 1;
+    }
+    cuda_forward_set_decode_kernel(p.cu, 1, grid);
+    kv_view kg = kv_view_of(&g.kv), kp = kv_view_of(&p.kv);
+    int V = g.m.cfg.vocab_size, prompt[4] = { 1, 2, 3, 4 }, tok = 5, bad = 0, first_bad = -1, tok_bad = 0, j = 0;
+    int rc = session_forward(&g, &kg, prompt, 4, &err) || session_forward(&p, &kp, prompt, 4, &err);
+    cuda_step_counts c;
+    for (; rc == 0 && j < steps; j++) {
+        int ng = 0, np = 0;
+        rc = greedy_step(&g, &kg, tok, &ng, &err) || greedy_step(&p, &kp, tok, &np, &err);
+        int diff = rc == 0 && memcmp(g.fw.logits, p.fw.logits, sizeof(float) * (size_t)V) != 0;
+        if (diff && first_bad < 0) first_bad = j;
+        bad += diff, tok_bad += ng != np;
+        tok = ng;
+    }
+    cuda_forward_counts(p.cu, &c);
+    int ok = rc == 0 && bad == 0 && tok_bad == 0 && c.persist_steps >= steps;
+    printf("%s persist_stress: %s, %d of %d greedy steps, logits differing from the graph path at %d steps (first "
+           "%d), tokens at %d; %ld persistent steps, %ld fallbacks%s%s\n", ok ? "PASS" : "FAIL", dir, j, steps, bad,
+           first_bad, tok_bad, c.persist_steps, c.persist_fallbacks, rc ? ": " : "", rc ? err.msg : "");
+    session_close(&p);
+    session_close(&g);
+    return ok ? 0 : 1;
+}
+
+// argv[1]: only the models whose name contains it; or --stress (above).
+int main(int argc, char **argv) {
+    if (argc >= 4 && !strcmp(argv[1], "--stress"))
+        return stress(atoi(argv[2]), argv[3], argc > 4 ? atoi(argv[4]) : 0);
+    const char *only = argc > 1 ? argv[1] : "";
+    if (cuda_device_count() == 0) {
+        SKIP("cuda_persist", "no CUDA device");
+        CHECK_DONE();
+    }
+    char work[512], dir[600];
+    snprintf(work, sizeof work, "%s/cuda_persist", env_or("TESTTMP", "tests/tmp"));
+    mkdir(work, 0755);
+    static const struct {
+        const char *preset;
+        int grid0, grid1;
+    } models[] = {
+        { "llama3-tiny", 5, 1 }, { "llama-mha-untied", 3, 8 }, { "qwen2-tiny", 7, 2 },
+        { "qwen3-tiny", 4, 9 },  { "llama-hd64-tiny", 6, 3 },  { "qwen3-hd128-tiny", 2, 5 },
+    };
+    int prompt[6] = { 1, 403, 407, 261, 378, 22 };
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        if (!strstr(models[i].preset, only)) continue;
+        if (gen_random_model(work, models[i].preset, "bf16", 13, dir, sizeof dir)) {
+            CHECK(0, NAME("cuda_persist %s: checkpoint", models[i].preset), "tools/gen_random_checkpoint.py failed");
+            continue;
+        }
+        run_model(dir, models[i].preset, models[i].grid0, models[i].grid1, prompt, 6);
+    }
+    if (!strstr("stories260K", only)) CHECK_DONE();
+    if (stories_bf16_dir(dir, sizeof dir) == 0) run_model(dir, "stories260K", 4, 11, prompt, 6);
+    else SKIP("cuda_persist stories260K", "could not convert tests/data/stories260K (python3 and varent needed)");
+    CHECK_DONE();
+}
+#endif

@@ -229,7 +229,7 @@ $(EMU_BUILD)/gen/tests/cudaemu/%.cu.cpp: tests/cudaemu/%.cu tests/cudaemu/rewrit
 $(EMU_BUILD)/tests/test_cudaemu_%: $(EMU_BUILD)/gen/tests/cudaemu/test_cudaemu_%.cu.cpp \
                                         $(EMU_RT_SRC:%.cpp=$(EMU_BUILD)/%.o)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -o $@ $^ -lpthread
+	$(CXX) $(EMU_CXXFLAGS) -o $@ $(filter %.cpp %.o,$^) -lpthread
 
 # The generated C++ is kept (make would delete it as an intermediate): messages and
 # debuggers point into it through its #line directives.

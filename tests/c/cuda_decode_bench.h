@@ -114,8 +114,8 @@ static void db_op(db_model *m, int op, int l) {
     const db_shape *s = &m->s;
     db_layer *L = &m->L[l];
     int q = s->n_heads * s->head_dim, kv = s->n_kv * s->head_dim, D = s->dim;
-    cuda_mv_fuse attn_norm = { L->attn_norm, 1e-5f, 0, NULL }, ffn_norm = { L->ffn_norm, 1e-5f, 0, NULL };
-    cuda_mv_fuse add = { NULL, 0, 1, NULL }, fin = { m->final_norm, 1e-5f, 0, NULL };
+    cuda_mv_fuse attn_norm = { L->attn_norm, 1e-5f, 0, NULL, NULL }, ffn_norm = { L->ffn_norm, 1e-5f, 0, NULL, NULL };
+    cuda_mv_fuse add = { NULL, 0, 1, NULL, NULL }, fin = { m->final_norm, 1e-5f, 0, NULL, NULL };
     attn_shape sh = { s->n_heads, s->n_kv, s->head_dim, 1.f / sqrtf((float)s->head_dim) };
     float *k = m->qkv + q, *v = k + kv;
     cuda_rope_kv rk = { k, v, m->d_pos, m->d_rows, m->inv_freq, NULL, NULL, 1e-5f };

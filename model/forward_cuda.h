@@ -60,6 +60,9 @@ int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int 
 // Copies the logits of the last step into fw->logits when that step left them on the
 // device (fw->lazy_logits); nothing otherwise.
 int cuda_forward_logits(cuda_forward *f, forward_state *fw, verr *err);
+// Waits until the device has run every step queued so far (a lazy step that nothing
+// waited for: one host sync, counted; nothing when none is left). Kernel faults surface here.
+int cuda_forward_wait(cuda_forward *f, verr *err);
 // B sequences decode one token each in one pass, the device twin of forward_batch: row
 // b appends ids[b] to views[b] (each row writing its own cache: a tail, or its own
 // trunk); logits [B, vocab] (host) receives every row's. The matvecs read each weight

@@ -82,11 +82,6 @@ static int bench_mem_of(session *s, bench_mem *b, verr *err) {
     return 0;
 }
 
-// One run: prefill prompt_len ids, then decode n tokens greedily, as `varent run --temp 0`
-// does: the argmax through session_sample (on the device on CUDA, where the logits then
-// stay: lazy_logits), each forward armed to make that draw inside its step as generate()
-// arms it (session_arm_sample; VARENT_CUDA_ARM=0 refuses arming, for A/B: the draw then
-// launches after the step).
 // Host waits on the device stream so far (0 on the CPU).
 static long device_syncs(const session *s) {
     cuda_step_counts c;
@@ -106,24 +101,54 @@ static void bench_tick(bench_progress *bp, long tokens) {
     progress_update(&bp->pg, bp->done, NULL);
 }
 
-// keep: when not NULL, the logits of the first n_keep decode steps (CPU), for the
-// host sampler's cost on real rows.
 // Seconds this rank spent in collectives so far (tensor parallelism; 0 otherwise).
 static double comm_s(const session *s) { return s->fw.comm ? s->fw.comm->sum_s + s->fw.comm->gather_s : 0; }
 
-static int bench_once(session *s, const int *prompt, int prompt_len, int n, double *prefill_s, double *decode_s,
-                      double *decode_comm_s, long *syncs, bench_progress *bp, float *keep, int n_keep, verr *err) {
+// One run's figures.
+typedef struct {
+    double prefill_s, decode_s, decode_comm_s;
+    long prefill_syncs, decode_syncs;  // host waits on the device stream (0 on the CPU)
+} bench_run;
+
+// The prefill's clock stops once the device has run it and drawn the first token, as
+// generate() arms that draw (session_cuda_wait; the armed draw's wait covers it already),
+// so the figure is the device's time and the decode clock starts on an idle device.
+// wait 0 (VARENT_BENCH_PREFILL_WAIT=0) times it as the bench did before the persist merge
+// (ffa2994, the 2026-11-28 windows' baseline), for an A/B against such builds: not armed
+// and not waited for, so the figure is the device's run of every chunk but the last
+// (each chunk waits for the one before) plus the host's queueing of the last one, and
+// the first decode step waits for the rest.
+static int bench_prefill(session *s, kv_view *kv, const int *prompt, int prompt_len, int wait, bench_run *r,
+                         verr *err) {
+    sample_cfg greedy = { 0 };
+    long s0 = device_syncs(s);
+    double t0 = gen_now();
+    int rc = (wait && session_arm_sample(s, &greedy, 1, err)) || session_forward(s, kv, prompt, prompt_len, err) ||
+                     (wait && session_cuda_wait(s, err))
+                 ? -1
+                 : 0;
+    r->prefill_s = gen_now() - t0;
+    r->prefill_syncs = device_syncs(s) - s0;
+    return rc;
+}
+
+// One run: prefill prompt_len ids, then decode n tokens greedily, as `varent run --temp 0`
+// does: the argmax through session_sample (on the device on CUDA, where the logits then
+// stay: lazy_logits), each forward armed to make that draw inside its step as generate()
+// arms it (session_arm_sample; VARENT_CUDA_ARM=0 refuses arming, for A/B: the draw then
+// launches after the step).
+// keep: when not NULL, the logits of the first n_keep decode steps (CPU), for the
+// host sampler's cost on real rows.
+static int bench_once(session *s, const int *prompt, int prompt_len, int n, int wait, bench_run *r,
+                      bench_progress *bp, float *keep, int n_keep, verr *err) {
     s->kv.len = 0;
     kv_view kv = kv_view_of(&s->kv);
     sample_cfg greedy = { 0 };
     sample_out next;
     s->fw.lazy_logits = 1;
-    double t0 = gen_now();
-    int rc = session_arm_sample(s, &greedy, 1, err) || session_forward(s, &kv, prompt, prompt_len, err) ? -1 : 0;
-    *prefill_s = gen_now() - t0;
+    int rc = bench_prefill(s, &kv, prompt, prompt_len, wait, r, err);
     bench_tick(bp, prompt_len);
-    t0 = gen_now();
-    double c0 = comm_s(s);
+    double t0 = gen_now(), c0 = comm_s(s);
     long s0 = device_syncs(s);
     size_t V = (size_t)s->m.cfg.vocab_size;
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -134,10 +159,10 @@ static int bench_once(session *s, const int *prompt, int prompt_len, int n, doub
                  : 0;
         if ((i & 31) == 31) bench_tick(bp, 32);
     }
-    *decode_s = gen_now() - t0;
-    *decode_comm_s = comm_s(s) - c0;
+    r->decode_s = gen_now() - t0;
+    r->decode_comm_s = comm_s(s) - c0;
     bench_tick(bp, n & 31);
-    *syncs = device_syncs(s) - s0;
+    r->decode_syncs = device_syncs(s) - s0;
     s->fw.lazy_logits = 0;
     return rc;
 }
@@ -386,7 +411,6 @@ int cmd_bench(int argc, char **argv) {
     int rc = prompt && pf && dc && cm ? 0 : verr_set(&err, "out of memory");
     uint64_t x = 12345;
     for (int i = 0; rc == 0 && i < plen; i++) x = x * 6364136223846793005ull + 1, prompt[i] = (int)((x >> 33) % (uint64_t)s.m.cfg.vocab_size);
-    long syncs = 0;
     int n_keep = !s.cu && strcmp(samplers, "none") != 0 ? (n < 32 ? n : 32) : 0;
     float *keep = n_keep ? malloc(sizeof(float) * (size_t)n_keep * (size_t)s.m.cfg.vocab_size) : NULL;
     if (n_keep && !keep) rc = verr_set(&err, "out of memory");
@@ -395,9 +419,13 @@ int cmd_bench(int argc, char **argv) {
     for (const char *c = samplers; n_samplers && *c; c++) n_samplers += *c == ',';
     bench_progress bp = { .done = 0 };
     progress_start(&bp.pg, "bench", (long)runs * (1 + n_samplers) * (plen + n), 0);
-    for (int r = 0; rc == 0 && r < runs; r++)
-        rc = bench_once(&s, prompt, plen, n, &pf[r], &dc[r], &cm[r], &syncs, &bp, r == runs - 1 ? keep : NULL, n_keep,
-                        &err);
+    const char *pw = getenv("VARENT_BENCH_PREFILL_WAIT");  // 0: the prefill timed as before (bench_prefill)
+    int wait = !(pw && !strcmp(pw, "0"));
+    bench_run br = { 0 };
+    for (int r = 0; rc == 0 && r < runs; r++) {
+        rc = bench_once(&s, prompt, plen, n, wait, &br, &bp, r == runs - 1 ? keep : NULL, n_keep, &err);
+        pf[r] = br.prefill_s, dc[r] = br.decode_s, cm[r] = br.decode_comm_s;
+    }
     bench_mem mem;
     if (rc == 0) rc = bench_mem_of(&s, &mem, &err);
     if (rc == 0) {
@@ -412,11 +440,14 @@ int cmd_bench(int argc, char **argv) {
         printf("device      %s\n", mem.device);
         printf("context     %d positions (%s)\n", so.ctx, ctx ? "--ctx" : "--prompt-len + -n + 1");
         if (!s.cu) print_weights(&s.m);
-        printf("prefill     %d tokens: %.1f tok/s (median of %d)\n", plen, plen / p, runs);
+        printf("prefill     %d tokens: %.1f tok/s (median of %d", plen, plen / p, runs);
+        if (!s.cu) printf(")\n");
+        else if (wait) printf("; to the device's finish, %ld host syncs)\n", br.prefill_syncs);
+        else printf("; the device not waited for: VARENT_BENCH_PREFILL_WAIT=0)\n");
         printf("decode      %d tokens: %.1f tok/s, %.3f ms/token (median of %d)\n", n, tps, 1e3 / tps, runs);
         printf("bandwidth   %.1f GB/s achieved; %s %.1f GB/s (read+write); ratio %.2f\n", gbs, mem.copy, copy,
                copy > 0 ? gbs / copy : 0);
-        if (s.cu) print_step_counts(&s, syncs, n);
+        if (s.cu) print_step_counts(&s, br.decode_syncs, n);
         if (s.fw.comm) print_tp(&s, median(cm, runs) / n, d / n);
         entropix_config ex;
         if (keep && entropix_profile(profile, &ex, &err) == 0) bench_host_sampler(&s, keep, n_keep, 1e3 * d / n, &ex);

@@ -95,6 +95,8 @@ void session_cuda_counts(const session *s, cuda_step_counts *out) {
     cuda_forward_counts(s->cu, out);
 }
 
+int session_cuda_wait(session *s, verr *err) { return s->cu ? cuda_forward_wait(s->cu, err) : 0; }
+
 int session_cuda_sample(session *s, const sample_cfg *cfg, int n, sample_out *out, verr *err) {
     if (!s->cu) return verr_set(err, "not a CUDA session");
     return cuda_forward_sample(s->cu, cfg, n, out, err);

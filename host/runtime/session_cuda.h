@@ -29,5 +29,8 @@ int session_cuda_bench_info(session *s, char *buf, size_t n, double *copy_gbs, s
 // The last one-row decode step's kernel launches and graph nodes, and the host waits
 // on the stream so far. Zeros on a CPU session.
 void session_cuda_counts(const session *s, cuda_step_counts *out);
+// Waits until the device has run every step queued so far (session_forward may return
+// with its step still queued: lazy logits). Nothing on a CPU session.
+int session_cuda_wait(session *s, verr *err);
 
 #endif

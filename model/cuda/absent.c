@@ -36,6 +36,10 @@ int cuda_forward_logits(cuda_forward *f, forward_state *fw, verr *err) {
     (void)f, (void)fw;
     return verr_set(err, NO_CUDA);
 }
+int cuda_forward_wait(cuda_forward *f, verr *err) {
+    (void)f;
+    return verr_set(err, NO_CUDA);
+}
 int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err) {
     (void)f, (void)cfg, (void)n, (void)out;
     return verr_set(err, NO_CUDA);

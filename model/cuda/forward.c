@@ -383,6 +383,12 @@ int cuda_forward_logits(cuda_forward *d, forward_state *fw, verr *err) {
     return 0;
 }
 
+int cuda_forward_wait(cuda_forward *d, verr *err) {
+    cuda_core *f = &d->core;
+    OP(cuda_activate(&f->ctx));
+    return wait_params(d, err);
+}
+
 // ---- several sequences -----------------------------------------------------------------------
 
 // Every row's id, room and cache, and no two rows writing to one cache (forward_batch's rules).

@@ -28,6 +28,12 @@ the CPU. Checked against the CPU backend and the published texts:
     back does not wait). The greedy draw is armed into the step (the lm_head's argmax
     epilogue and a finishing launch, its copy back); VARENT_CUDA_GREEDY_EPILOGUE=0
     puts cuda_sample's three launches there instead, VARENT_CUDA_ARM=0 none.
+  - `bench --device cuda` stops its prefill clock when the device has run the prefill:
+    12 prompt tokens in chunks of 4 cost 3 host waits (each chunk waits for the one
+    before, the last for the whole), armed or not (VARENT_CUDA_ARM=0), with or without
+    graphs. A prefill left queued is timed as the host's queueing of its last chunk:
+    the H200 window of 2026-11-28 compared such a figure (its baseline's) with a waited
+    one and read a 0.57x "regression".
 """
 import json
 import os
@@ -192,6 +198,28 @@ def test_step_counts(tmp):
         check(launches == want and nodes == 0 and syncs == 1.0, f"{name}_no_graph",
               f"{line!r}: want {want} launches, 0 graph nodes")
     test_sampler_syncs(os.path.join(tmp, "llama3-tiny"))
+    test_prefill_waits(os.path.join(tmp, "llama3-tiny"))
+
+
+PREFILL_LINE = re.compile(r"prefill\s+(\d+) tokens: [\d.]+ tok/s \(median of \d+(?:; to the device's finish, "
+                          r"(\d+) host syncs|(; the device not waited for))")
+
+
+def test_prefill_waits(d):
+    import subprocess
+    args = ["bench", "-m", d, "--device", "cuda", "-b", 4, "--prompt-len", 12, "-n", 2, "--runs", 1, "--sampler",
+            "none"]
+    for env in ((), (("VARENT_CUDA_ARM", "0"),), (("VARENT_CUDA_GRAPHS", "0"),), (("VARENT_BENCH_PREFILL_WAIT", "0"),)):
+        e = dict(os.environ)
+        e.update(env)
+        r = subprocess.run([EMU, *map(str, args)], capture_output=True, text=True, timeout=300, env=e)
+        m = next(filter(None, map(PREFILL_LINE.match, r.stdout.splitlines())), None)
+        name = "emu_bench_prefill_" + ("_".join(f"{k}_{v}" for k, v in env).lower() or "waited")
+        why = f"{env}: " + (m.group(0) if m else (r.stdout + r.stderr).strip()[-300:])
+        if env and env[0][0] == "VARENT_BENCH_PREFILL_WAIT":
+            check(r.returncode == 0 and m is not None and m.group(3) is not None, name, why)
+        else:
+            check(r.returncode == 0 and m is not None and m.group(2) == "3", name, f"want 3 host syncs; {why}")
 
 
 SAMPLER_LINE = re.compile(r"sampler\s+(\S+)\s.*, ([\d.]+) host syncs per token, decode step (\d+) kernel launches, "

@@ -214,6 +214,22 @@ stage_guard() {
 # decode tok/s of one bench output
 decode_tps() { field decode 4 "$1"; }
 
+# A bench before the persist merge (ffa2994: the 2026-11-28 windows' baseline) stops its
+# prefill clock without waiting for the device: its figure leaves out the device's run
+# of the last chunk, which its first decode step then waits for. Against such a baseline
+# the current build's waited prefill is no A/B: it is timed again the baseline's way
+# (VARENT_BENCH_PREFILL_WAIT=0), and that ratio is the prefill's A/B.
+ab_prefill_alike() {  # MODEL DIR BASELINE_PREFILL
+    local m=$1 d=$2 b0=$3 o=$WORK/ab-$1-current-unwaited.txt
+    grep -q "^prefill .*to the device's finish" "$WORK/ab-$m-current-1.txt" || return 0
+    ! grep -q "^prefill .*to the device's finish" "$WORK/ab-$m-base-1.txt" || return 0
+    (
+        export VARENT_BENCH_PREFILL_WAIT=0
+        bench "$o" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs "${AB_RUNS:-1}" --sampler none
+    )
+    note "$m: the baseline's prefill is not waited for (the device's last chunk left out), the current's is: not an A/B; the current timed the baseline's way (VARENT_BENCH_PREFILL_WAIT=0): prefill $(field prefill 4 "$o") tok/s, baseline $b0 tok/s: $(ratio "$(field prefill 4 "$o")" "$b0")x; decode $(decode_tps "$o") tok/s"
+}
+
 stage_ab() {
     [ -n "$BASE_VARENT" ] && [ -x "$BASE_VARENT" ] || skip "no baseline build: set BASE_VARENT or bundle one with tools/gpu-bundle.sh"
     local cur_id base_id
@@ -240,15 +256,17 @@ stage_ab() {
         c0=$(awk -v m="$m" '$1 == m && $2 == "current" { print $5 }' "$OUT/ab.tsv" | median)
         b0=$(awk -v m="$m" '$1 == m && $2 == "base" { print $5 }' "$OUT/ab.tsv" | median)
         note "$m: prefill current $c0 tok/s, baseline $b0 tok/s: $(ratio "$c0" "$b0")x (each a median of ${AB_RUNS:-1} runs)"
+        ab_prefill_alike "$m" "$d" "$b0"
         note "$m: current $(grep -h '^decode step' "$WORK/ab-$m-current-1.txt")"
     done
     # Variants of the current build (AB_VARIANTS: "LABEL ENV=V... --flag V...;..."), each
     # against the current build's median: a switch the change put behind a flag or env var.
-    local v label words e a
+    local v label words e a p0
     if [ -n "${AB_VARIANTS:-}" ]; then
         for m in $MODELS; do
             d=$(model_dir "$m") || continue
             c0=$(awk -v m="$m" '$1 == m && $2 == "current" { print $4 }' "$OUT/ab.tsv" | median)
+            p0=$(awk -v m="$m" '$1 == m && $2 == "current" { print $5 }' "$OUT/ab.tsv" | median)
             while IFS= read -r v; do
                 read -r label words <<<"$v"
                 [ -n "$label" ] || continue
@@ -263,7 +281,7 @@ stage_ab() {
                     bench "$WORK/ab-$m-variant-$label.txt" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" \
                         --runs "${AB_RUNS:-1}" --sampler none "${a[@]}"
                 )
-                note "$m: variant $label ($words): decode $(decode_tps "$WORK/ab-$m-variant-$label.txt") tok/s (current $c0); $(grep -h '^decode step' "$WORK/ab-$m-variant-$label.txt" | cut -c13-80)"
+                note "$m: variant $label ($words): decode $(decode_tps "$WORK/ab-$m-variant-$label.txt") tok/s (current $c0), prefill $(field prefill 4 "$WORK/ab-$m-variant-$label.txt") tok/s (current $p0); $(grep -h '^decode step' "$WORK/ab-$m-variant-$label.txt" | cut -c13-80)"
             done <<<"$(echo "$AB_VARIANTS" | tr ';' '\n')"
         done
     fi

@@ -218,16 +218,17 @@ decode_tps() { field decode 4 "$1"; }
 # prefill clock without waiting for the device: its figure leaves out the device's run
 # of the last chunk, which its first decode step then waits for. Against such a baseline
 # the current build's waited prefill is no A/B: it is timed again the baseline's way
-# (VARENT_BENCH_PREFILL_WAIT=0), and that ratio is the prefill's A/B.
-ab_prefill_alike() {  # MODEL DIR BASELINE_PREFILL
-    local m=$1 d=$2 b0=$3 o=$WORK/ab-$1-current-unwaited.txt
+# (VARENT_BENCH_PREFILL_WAIT=0), and that ratio is the prefill's A/B; that run's decode
+# carries the same tail as the baseline's, so its decode ratio is like for like too.
+ab_prefill_alike() {  # MODEL DIR BASELINE_PREFILL BASELINE_DECODE
+    local m=$1 d=$2 b0=$3 bd=$4 o=$WORK/ab-$1-current-unwaited.txt
     grep -q "^prefill .*to the device's finish" "$WORK/ab-$m-current-1.txt" || return 0
     ! grep -q "^prefill .*to the device's finish" "$WORK/ab-$m-base-1.txt" || return 0
     (
         export VARENT_BENCH_PREFILL_WAIT=0
         bench "$o" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs "${AB_RUNS:-1}" --sampler none
     )
-    note "$m: the baseline's prefill is not waited for (the device's last chunk left out), the current's is: not an A/B; the current timed the baseline's way (VARENT_BENCH_PREFILL_WAIT=0): prefill $(field prefill 4 "$o") tok/s, baseline $b0 tok/s: $(ratio "$(field prefill 4 "$o")" "$b0")x; decode $(decode_tps "$o") tok/s"
+    note "$m: the baseline's prefill is not waited for (the device's last chunk left out), the current's is: not an A/B; the current timed the baseline's way (VARENT_BENCH_PREFILL_WAIT=0): prefill $(field prefill 4 "$o") tok/s, baseline $b0 tok/s: $(ratio "$(field prefill 4 "$o")" "$b0")x; decode (the prefill's last chunk on its clock, as the baseline's) $(decode_tps "$o") tok/s, baseline $bd tok/s: $(ratio "$(decode_tps "$o")" "$bd")x"
 }
 
 stage_ab() {
@@ -253,10 +254,11 @@ stage_ab() {
         c0=$(awk -v m="$m" '$1 == m && $2 == "current" { print $4 }' "$OUT/ab.tsv" | median)
         b0=$(awk -v m="$m" '$1 == m && $2 == "base" { print $4 }' "$OUT/ab.tsv" | median)
         note "$m: decode current $c0 tok/s, baseline $b0 tok/s: $(ratio "$c0" "$b0")x (medians of $ROUNDS, interleaved)"
+        local bd=$b0
         c0=$(awk -v m="$m" '$1 == m && $2 == "current" { print $5 }' "$OUT/ab.tsv" | median)
         b0=$(awk -v m="$m" '$1 == m && $2 == "base" { print $5 }' "$OUT/ab.tsv" | median)
         note "$m: prefill current $c0 tok/s, baseline $b0 tok/s: $(ratio "$c0" "$b0")x (each a median of ${AB_RUNS:-1} runs)"
-        ab_prefill_alike "$m" "$d" "$b0"
+        ab_prefill_alike "$m" "$d" "$b0" "$bd"
         note "$m: current $(grep -h '^decode step' "$WORK/ab-$m-current-1.txt")"
     done
     # Variants of the current build (AB_VARIANTS: "LABEL ENV=V... --flag V...;..."), each

@@ -32,7 +32,7 @@ static inline float ATT_FN(hsum)(ATT_V v) {
 static const float *ATT_FN(kv_head)(const attn_args *a, const void *trunk, const void *tail, int j, int g, float *buf) {
     int hd = a->s.head_dim;
     size_t esize = a->kv.bf16 ? 2 : 4;
-    const char *row = (const char *)attn_kv_row(trunk, tail, a->kv.n_trunk, j, a->kv_dim, esize) + (size_t)g * hd * esize;
+    const char *row = (const char *)attn_kv_row(a, trunk, tail, j, a->kv_dim, esize) + (size_t)g * hd * esize;
     if (!a->kv.bf16) return (const float *)row;
     const uint16_t *h = (const uint16_t *)row;
     int i = 0;
@@ -136,7 +136,7 @@ static void ATT_FN(rows_raw)(const attn_args *a, const void *trunk, const void *
                              const void **p) {
     size_t esize = a->kv.bf16 ? 2 : 4, off = (size_t)g * a->s.head_dim * esize;
     for (int j = 0; j < nb; j++)
-        p[j] = (const char *)attn_kv_row(trunk, tail, a->kv.n_trunk, j0 + j, a->kv_dim, esize) + off;
+        p[j] = (const char *)attn_kv_row(a, trunk, tail, j0 + j, a->kv_dim, esize) + off;
 }
 
 // The shuffles that sum ATT_VW vectors' lanes into one vector (lane k: the sum of vector

@@ -130,7 +130,7 @@ static void dot4_bf16_eo(float *out, const uint16_t *w, size_t r, const float *x
 }
 
 // Decode-time bf16 matvec with the even/odd split of x, for T <= MATMUL_EO_MAX_T
-// tokens: each token's row is computed exactly as alone (a batch of branches gives the
+// tokens (cpu_matmul; any T for cpu_matmul_rows): each token's row is computed exactly as alone (a batch of branches gives the
 // logits of one-at-a-time decoding, bit for bit), while a block's four weight rows are
 // read from memory once and from cache for the other tokens. split: [T, 2, n_in/2+1].
 #define MATMUL_EO_MAX_T 8
@@ -231,17 +231,18 @@ static inline float dot_row(wref w, size_t row, const float *x, int n) {
     }
 }
 
-void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out) {
+// The matrix-vector paths: every row summed as a row alone is (exact 1: any T; else the
+// bf16 even/odd split up to MATMUL_EO_MAX_T rows, as cpu_matmul has always done).
+static void matvec_rows(float *out, const float *x, wref w, int T, int n_in, int n_out, int exact) {
     // Small problems are not worth waking the thread team for.
     long work = (long)n_out * n_in * T;
-    if (T > 8 && cpu_gemm(out, x, w, T, n_in, n_out) == 0) return;  // prefill: the blocked GEMM (gemm.c)
 #ifdef MATMUL_ROWS
     if (T == 1 && w.type == WT_BF16 && n_in <= 65536) {
         float split[n_in + 2];
         matvec_bf16_eo(out, x, w.data, 1, n_in, n_out, split);
         return;
     }
-    if (T <= MATMUL_EO_MAX_T && w.type == WT_BF16) {  // a batch of decode rows
+    if (w.type == WT_BF16 && (exact ? n_in <= 65536 : T <= MATMUL_EO_MAX_T)) {  // a batch of decode rows
         float *split = malloc(sizeof(float) * (size_t)T * (n_in + 2));
         if (split) {
             matvec_bf16_eo(out, x, w.data, T, n_in, n_out, split);
@@ -264,10 +265,20 @@ void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out) 
     for (int r = blocks * MATMUL_ROWS; r < n_out; r++)  // leftover rows
         for (int t = 0; t < T; t++) out[(size_t)t * n_out + r] = dot_row(w, (size_t)r, x + (size_t)t * n_in, n_in);
 #else
+    (void)exact;
 #pragma omp parallel for schedule(static) if (work > 32768)
     for (int r = 0; r < n_out; r++) {
         for (int t = 0; t < T; t++)
             out[(size_t)t * n_out + r] = dot_row(w, (size_t)r, x + (size_t)t * n_in, n_in);
     }
 #endif
+}
+
+void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out) {
+    if (T > 8 && cpu_gemm(out, x, w, T, n_in, n_out) == 0) return;  // prefill: the blocked GEMM (gemm.c)
+    matvec_rows(out, x, w, T, n_in, n_out, 0);
+}
+
+void cpu_matmul_rows(float *out, const float *x, wref w, int T, int n_in, int n_out) {
+    matvec_rows(out, x, w, T, n_in, n_out, 1);
 }

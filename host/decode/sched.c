@@ -169,7 +169,7 @@ int sched_submit(sched *q, const sched_seq *r, verr *err) {
         if (x->worst > q->pool.n_blocks) {
             seq_free(x);
             return verr_set(err, "the sequence may hold %ld positions (a %d-token prompt and up to %d new) but the KV "
-                            "pool holds %d: raise --kv-pool-mb", most, r->n_prompt, r->g->max_new,
+                            "pool holds %d: raise --kv-pool-mb (or --kv-pool-tokens)", most, r->n_prompt, r->g->max_new,
                             q->pool.n_blocks * q->pool.block);
         }
     }

@@ -101,6 +101,8 @@ typedef struct {
     int (*take)(void *ud, int i, int rc, const gen_stats *st, const char *why, verr *err);
     void *ud;
     int window;  // 0: the scheduler's rows twice over
+    // Optional: item i named for messages (a file and line), when the scheduler refuses it.
+    void (*where)(void *ud, int i, char *buf, size_t len);
 } sched_map_fns;
 int sched_map(sched *q, int n, const sched_map_fns *f, verr *err);
 

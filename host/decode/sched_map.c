@@ -30,7 +30,12 @@ static int feed(sched *q, int n, const sched_map_fns *f, map_item *items, int *n
         }
         r.on_done = map_done, r.ud = &items[i];
         items[i].state = 1;
-        if (sched_submit(q, &r, err)) return -1;
+        if (sched_submit(q, &r, err)) {
+            char at[256] = "";
+            if (f->where) f->where(f->ud, i, at, sizeof at);
+            if (at[0]) verr_set(err, "%s: %.900s", at, err->msg);
+            return -1;
+        }
     }
     return 0;
 }
@@ -52,13 +57,15 @@ int sched_map(sched *q, int n, const sched_map_fns *f, verr *err) {
             rc = -1;
             break;
         }
+        int took = 0;
         while (rc == 0 && taken < n && items[taken].state >= 2) {
             map_item *it = &items[taken];
             int own = it->state == 3;
             rc = f->take(f->ud, taken, own ? 1 : it->rc, own ? NULL : &it->st, own ? "" : it->why, err);
-            taken++;
+            taken++, took = 1;
         }
         if (rc || taken == n) break;
+        if (took) continue;  // the window moved: submit more before the next step
         if (sched_pending(q) == 0 && items[taken].state < 2) {
             rc = verr_set(err, "the scheduler stalled at item %d", taken);
             break;

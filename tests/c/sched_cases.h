@@ -1,9 +1,10 @@
 // sched_cases.h: the body of test_sched.c and test_cuda_sched.c: the scheduler (host/decode/sched.h) against generate() one sequence at
 // a time, on random checkpoints of the tiny presets (f32 and bf16) and stories260K.
-// Each model runs 14 sequences (greedy, stock sampling with metrics, entropix, logit
+// Each model runs 24 sequences (greedy, stock sampling with metrics, entropix, logit
 // bias and penalties, top-k/min-p, a stop id, the context's end; prompts within one
-// chunk, across chunks, sharing whole chunks, and equal ones), then the scheduler runs
-// them under several settings:
+// chunk, across chunks, sharing whole chunks, equal ones, and short ones that decode
+// long so more than 8 rows share batches), then the scheduler runs them under several
+// settings:
 //   - every row at once, 1, 2 and 5 rows, with and without reuse;
 //   - a pool that holds about one sequence (a full pool queues; idle prefixes are evicted);
 // and every sequence must give generate()'s tokens, records (positions, metrics bit for

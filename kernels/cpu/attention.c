@@ -22,8 +22,8 @@
 #define ATT_MAX_ROWS 32  // rows of a tile
 #define ATT_MIN_SPLIT 256  // fewest keys worth a split of their own
 
-// Key or value row j (trunk, then tail) of a cache whose elements are esize bytes; a
-// paged trunk's rows go through its block table.
+// What one call reads: the keys and values (a paged trunk's rows go through pg's block
+// table: attention_tile.h's kv_row), the geometry.
 typedef struct {
     kv_span kv;
     attn_shape s;
@@ -31,16 +31,6 @@ typedef struct {
     kv_pages pg;
 } attn_args;
 
-static inline const void *attn_kv_row(const attn_args *a, const void *trunk, const void *tail, int j, int kv_dim,
-                                      size_t esize) {
-    if (j >= a->kv.n_trunk) return (const char *)tail + (size_t)(j - a->kv.n_trunk) * kv_dim * esize;
-    size_t row = (size_t)j;
-    if (a->pg.blocks) {
-        int sh = a->pg.shift;
-        row = ((size_t)a->pg.blocks[j >> sh] << sh) | (size_t)(j & ((1 << sh) - 1));
-    }
-    return (const char *)trunk + row * kv_dim * esize;
-}
 
 // A tile's rows: each row's query, capture (NULL: none) and causal limit (its keys are
 // 0..limit-1); g: the kv head they share.

@@ -221,11 +221,19 @@ static void admit(sched *q) {
 
 // ---- running --------------------------------------------------------------------
 
+// Whether two adapter lists are the same adapters at the same scales.
+static int lora_equal(const lora_use *u, int nu, const lora_use *v, int nv) {
+    if (nu != nv) return 0;
+    for (int i = 0; i < nu; i++)
+        if (u[i].a != v[i].a || u[i].scale != v[i].scale) return 0;
+    return 1;
+}
+
 // The session applies x's adapters to the next pass (it has its own between steps).
 static int use_lora(sched *q, const seq *x, verr *err) {
     int n;
     const lora_use *u = seq_lora(q, x, &n);
-    if (u == q->lora_u && n == q->lora_n) return 0;
+    if (lora_equal(u, n, q->lora_u, q->lora_n)) return 0;
     if (session_set_lora(q->s, u, n, err)) return -1;
     q->lora_u = u, q->lora_n = n;
     return 0;
@@ -318,11 +326,12 @@ static void prefill(sched *q) {
     }
 }
 
-// Whether x and y run with the same adapters (one batch).
+// Whether x and y run with the same adapters (one batch; each request may hold its own
+// copy of the list).
 static int same_lora(const sched *q, const seq *x, const seq *y) {
     int nx, ny;
     const lora_use *ux = seq_lora(q, x, &nx), *uy = seq_lora(q, y, &ny);
-    return nx == ny && (nx == 0 || ux == uy);
+    return lora_equal(ux, nx, uy, ny);
 }
 
 // One batch: rows [0, B) of q->rows, all with the same adapters.

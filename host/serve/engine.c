@@ -55,6 +55,9 @@ struct server_engine {
 
 int server_engine_usable(const server *s) {
     const session *b = s->base;
+    // On CUDA one sequence decodes faster through generate(), whose draws stay on the
+    // device; the scheduler brings each row's logits back (docs/cuda.md, Many streams).
+    if (b->cu && s->o.parallel == 1) return 0;
     return !s->o.tp && !b->tpl && b->m.tp.size <= 1 && !probe_spec_active(s->o.probe);
 }
 

@@ -7,7 +7,7 @@ medians over the repetitions (issue 35). Rows:
                    (EOS banned by logit_bias on both, so every stream is full length):
                    aggregate tok/s (all tokens / wall time of the whole burst), time to
                    first token and inter-token latency percentiles over every stream
-    prefix         a request whose --prefix-tokens long prefix was served just before
+    prefix         a request whose --prefix-words long prefix (750 words: ~1,000 tokens) was served just before
                    (another suffix): its time to first token, against the same request
                    cold (varent: --no-prefix-cache; llama-server: "cache_prompt": false)
 
@@ -20,7 +20,7 @@ converting back). --engines varent runs varent alone (no llama.cpp needed).
 
 Usage: tools/bench-serve.py [--model weights/SmolLM2-135M-Instruct]
            [--source-gguf weights/SmolLM2-135M-Instruct.Q4_1.gguf] [--streams 1,8] [--tokens 128]
-           [--prefix-tokens 1000] [--threads 2] [--reps 3] [--batch 64] [--engines varent,llama]
+           [--prefix-words 750] [--threads 2] [--reps 3] [--batch 64] [--engines varent,llama]
            [--out FILE.md]
 """
 import argparse

@@ -456,7 +456,9 @@ static void eval_where(void *ud, int t, char *buf, size_t len) {
     const eval_map *m = ud;
     int i = m->first + t / m->per_item;
     const eval_item *it = &m->c->set->it[i];
-    snprintf(buf, len, "%s item %d, %s", it->task, i, m->c->arms[t % m->c->n_arms].name);
+    // the line of the task file too, as a one-by-one trial's error says (test_hostile_inputs row 5)
+    if (it->line) snprintf(buf, len, "%s item %d line %d, %s", it->task, i, it->line, m->c->arms[t % m->c->n_arms].name);
+    else snprintf(buf, len, "%s item %d, %s", it->task, i, m->c->arms[t % m->c->n_arms].name);
 }
 
 // Every item, repeat and arm. 1 when interrupted (the finished trials are kept).

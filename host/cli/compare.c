@@ -474,7 +474,10 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
     verr cerr = { { 0 } }, lerr = { { 0 } };
     if (outfile_finish(&out, how, &cerr) && rc >= 0) err = cerr, rc = -1;
     if (entropix_cli_close(&cap->ex, rc >= 0 ? how : OUTFILE_DROP, &lerr) && rc >= 0) err = lerr, rc = -1;
-    for (int i = 0; rows && i < pl->n * n_sp; i++) batch_result_free(&rows[i].r);
+    for (int i = 0; rows && i < pl->n * n_sp; i++) {  // a stopped run: those begun and not taken
+        batch_job_drop(&rows[i].job);
+        batch_result_free(&rows[i].r);
+    }
     free(rows);
     if (rc == 1) {
         fprintf(stderr, "varent compare: %s%s\n", err.msg, c->out ? outfile_where(&out) : "");

@@ -481,6 +481,7 @@ static int run_all(eval_ctx *c, verr *err) {
         if (rc == 0 && c->e->stats && q) sched_report(q, stderr);
     }
     sched_close(q);
+    for (long t = 0; m.jobs && t < trials; t++) eval_job_drop(&m.jobs[t]);  // begun, not taken (a stop)
     for (long t = 0; m.gens && t < trials; t++) eval_gen_free(&m.gens[t]);
     for (int i = 0; m.ids && i < set->n; i++) free(m.ids[i]);
     free(m.ids), free(m.n), free(m.jobs), free(m.gens);

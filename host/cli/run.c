@@ -230,7 +230,10 @@ static int generate_all(session *s, sched *q, const gen_opts *g, const prompt_li
     if (rc == 1) progress_finish(&b.pg, "interrupted");
     else if (rc) progress_finish(&b.pg, err->msg[0] && strstr(err->msg, "write failed") ? "write failed" : NULL);
     else progress_finish(&b.pg, NULL);
-    for (int i = 0; i < pl->n; i++) batch_result_free(&b.res[i]);  // those not taken (a stop)
+    for (int i = 0; i < pl->n; i++) {  // those not taken (a stop)
+        batch_job_drop(&b.jobs[i]);
+        batch_result_free(&b.res[i]);
+    }
     free(b.jobs), free(b.res);
     return rc;
 }

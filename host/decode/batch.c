@@ -78,7 +78,16 @@ int batch_job_end(batch_job *j, int rc, const gen_stats *st, verr *err) {
     j->ts = NULL;
     if (rc == 0 && j->oom) rc = verr_set(err, "out of memory collecting the output");
     if (rc) batch_result_free(r);
+    j->r = NULL;  // ended: batch_job_drop leaves it
     return rc;
+}
+
+void batch_job_drop(batch_job *j) {
+    if (!j->r) return;
+    if (j->ts) tokenizer_stream_free(j->ts);
+    j->ts = NULL;
+    batch_result_free(j->r);
+    j->r = NULL;
 }
 
 int batch_generate(session *s, const int *prompt, int n_prompt, const gen_opts *g, batch_result *r, verr *err) {

@@ -37,6 +37,9 @@ typedef struct {
 } batch_job;
 int batch_job_begin(batch_job *j, session *s, const gen_opts *g, batch_result *r, verr *err);
 int batch_job_end(batch_job *j, int rc, const gen_stats *st, verr *err);
+// A job begun but never ended (a stopped batch): frees its stream and result. A job
+// that was ended, or never begun (zeroed), is left as it is.
+void batch_job_drop(batch_job *j);
 void batch_result_free(batch_result *r);
 // Decode speed as `varent run --stats` reports it: (tokens - 1) / decode seconds.
 double batch_tok_s(const batch_result *r);

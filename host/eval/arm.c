@@ -168,6 +168,11 @@ int eval_job_end(eval_job *j, int rc, const gen_stats *st, verr *err) {
     return rc ? -1 : 0;
 }
 
+void eval_job_drop(eval_job *j) {
+    if (j->ts) tokenizer_stream_free(j->ts);
+    j->ts = NULL;
+}
+
 static int run_decode(eval_runner *r, const eval_arm *a, const eval_item *it, const int *prompt, int n_prompt,
                       uint64_t seed, eval_gen *g, verr *err) {
     eval_job j;

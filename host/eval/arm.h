@@ -101,6 +101,8 @@ int eval_job_scheduled(const eval_runner *r, const eval_arm *a);
 int eval_job_begin(eval_job *j, eval_runner *r, const eval_arm *a, const eval_item *it, uint64_t seed, eval_gen *g,
                    verr *err);
 int eval_job_end(eval_job *j, int rc, const gen_stats *st, verr *err);
+// A job begun and never ended (a stopped run) frees its stream; g stays the caller's.
+void eval_job_drop(eval_job *j);
 
 // Log-likelihood (natural log) of each choice after the prompt: the choice text is
 // encoded on its own (no BOS, special-token text kept as text) and appended to the

@@ -364,11 +364,21 @@ static int job_prompts(server *s, server_job *j, char *msg, size_t len, const ch
         if (!q->chat) snprintf(where, sizeof where, q->n_prompts > 1 ? "prompt[%d]: " : "prompt: ", j->n_prompts);
         p->n_ids = prompt_ids(s, q, q->chat ? NULL : &q->prompts[j->n_prompts], &p->ids, &err);
         if (p->n_ids < 0) return snprintf(msg, len, "%s%s", where, err.msg), 400;
-        if (p->n_ids == 0) return snprintf(msg, len, "%sthe prompt is empty (and the model adds no BOS token)", where), 400;
-        if (p->n_ids >= s->base->ctx) {
+        // A refused prompt is not counted in n_prompts, so its ids are freed here.
+        int status = 0;
+        if (p->n_ids == 0) {
+            snprintf(msg, len, "%sthe prompt is empty (and the model adds no BOS token)", where);
+            status = 400;
+        } else if (p->n_ids >= s->base->ctx) {
             snprintf(msg, len, "%sthe prompt is %d tokens but the context holds %d (including at least one generated token)",
                      where, p->n_ids, s->base->ctx);
-            return *code = "context_length_exceeded", 400;
+            *code = "context_length_exceeded";
+            status = 400;
+        }
+        if (status) {
+            free(p->ids);
+            p->ids = NULL;
+            return status;
         }
         j->prompt_tokens += p->n_ids;
     }

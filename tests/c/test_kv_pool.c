@@ -114,7 +114,7 @@ static void test_commit(void) {
     kv_cache t, tail, ref;
     kv_pool_open(&p, &t, 24, &err);
     kv_pool_grow(&p, &t, 12, &err);
-    kv_cache_init(&tail, L, 5, D, &err);
+    kv_cache_init(&tail, L, 6, D, &err);  // positions 6..11
     kv_cache_init(&ref, L, 12, D, &err);
     fill(&ref, 0, 12, 9);
     for (int l = 0; l < L; l++)

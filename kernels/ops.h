@@ -36,6 +36,13 @@ typedef struct {
     int bf16;  // CPU: the rows are bf16 (a --kv-type bf16 cache), widened as they are read
 } kv_span;
 
+// CPU: a paged trunk (model/kv_pool.h) is read through its block table: position j is
+// row (blocks[j >> shift] << shift) + (j & (2^shift - 1)) of k_trunk / v_trunk.
+typedef struct {
+    const int *blocks;  // the physical block of each logical block; NULL: contiguous rows
+    int shift;          // log2 of the positions per block
+} kv_pages;
+
 // Attention geometry for one layer.
 typedef struct {
     int n_heads, n_kv_heads, head_dim;
@@ -63,6 +70,10 @@ void cpu_embed(float *out, wref table, const int *ids, int T, int dim);
 void cpu_rmsnorm(float *out, const float *x, wref w, int T, int dim, float eps);
 // out[T, n_out] = x[T, n_in] @ w[n_out, n_in]^T   (fp32 accumulation)
 void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out);
+// The same product where each row must be summed exactly as cpu_matmul sums one row
+// alone (T == 1), whatever T: the rows of a decode batch (forward_batch), so batching
+// changes no bit. Each weight block is still read from memory once for all T rows.
+void cpu_matmul_rows(float *out, const float *x, wref w, int T, int n_in, int n_out);
 // The same product for many tokens (prefill; cpu_matmul calls it for T > 8): packed
 // weight panels reused across token tiles, micro-kernels of the active ISA. Returns -1
 // (out incomplete) only when its scratch cannot be allocated.
@@ -87,6 +98,10 @@ void cpu_rope(float *x, const int *pos, int T, int n_heads, int head_dim,
 // scores of the last query, [n_heads, n_keys] with n_keys = n_trunk + n_tail.
 void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s,
                    float *last_scores);
+// The same over a paged trunk: the rows are read through pg's block table, and the
+// result is bit for bit that of the same rows stored contiguously.
+void cpu_attention_paged(float *out, const float *q, kv_span kv, kv_pages pg, int T, attn_shape s,
+                         float *last_scores);
 // Entropix's attention metrics of one query's scaled scores[n_heads, n_keys] (filled
 // keys only), in double, logs base 2: out4 = {attn_entropy, attn_varentropy (population,
 // over heads), agreement, interaction_strength}; zeros when n_keys == 0. ws: scratch of

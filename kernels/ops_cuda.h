@@ -347,6 +347,34 @@ static inline int cuda_persist_token(unsigned long long key) {
     return key ? (int)(0xffffffffu - (unsigned)(key & 0xffffffffu)) : -1;
 }
 
+// ---- a paged KV pool on the device (kernels/cuda/attention_paged.cu) --------------------
+// The device twin of model/kv_pool.h: bf16 rows [n_blocks << shift, kv_dim] for keys and
+// values; row b of a batch maps its position j to pool row (tables[b][j >> shift] << shift)
+// + (j & (2^shift - 1)). Everything a step changes is read on the device, so one graph
+// per row bucket replays for any lengths and tables.
+typedef struct {
+    void *k_pool, *v_pool;  // device bf16 [n_blocks << shift, kv_dim]
+    const int *tables;      // device int [B, table_stride]: physical block of each logical block
+    const int *lens;        // device int [B]: keys of row b, its newest included; 0: a padding row
+    int table_stride;       // blocks per table (table_stride << shift >= max_keys)
+    int shift;              // log2 of the positions per block
+    int max_keys;           // the longest row the launch supports
+} cuda_paged_kv;
+// The rows a decode step launches for `rows` live sequences: 8, then multiples of 16,
+// so graphs are captured per bucket and the batched kernels work in tiles of 8 or 16.
+int cuda_row_bucket(int rows);
+// Row b's fp32 k[b], v[b] ([B, kv_dim]) stored as bf16 at its position pos[b] (device
+// int [B]) through its table; padding rows store nothing.
+int cuda_kv_store_paged(cuda_ctx *ctx, const cuda_paged_kv *pk, const float *k, const float *v, const int *pos,
+                        int B, int kv_dim);
+// Decode attention of B rows (q, out: [B, n_heads * head_dim]) over the paged pool, as
+// cpu_attention_paged on each row (within the decode tolerance); padding rows give
+// zeros. last_scores (optional): row b's scaled scores at last_scores + b * n_heads *
+// max_keys, laid out [n_heads, n_keys_b]. Scratch: cuda_attention_paged_scratch_bytes.
+int cuda_attention_decode_paged(cuda_ctx *ctx, float *out, const float *q, const cuda_paged_kv *pk, int B,
+                                attn_shape s, float *last_scores);
+size_t cuda_attention_paged_scratch_bytes(int max_keys, attn_shape s, int B);
+
 #ifdef __cplusplus
 }
 #endif

@@ -78,6 +78,13 @@ void forward_free(forward_state *s) {
     memset(s, 0, sizeof *s);
 }
 
+// x @ w^T: forward_batch's rows each summed as a row alone (batching changes no bit),
+// other passes by the fastest path for their T.
+static void mm(const forward_state *s, float *out, const float *x, wref w, int T, int n_in, int n_out) {
+    if (s->rows_exact) cpu_matmul_rows(out, x, w, T, n_in, n_out);
+    else cpu_matmul(out, x, w, T, n_in, n_out);
+}
+
 // Where the new keys/values of a sequence go: the tail if the view has one.
 static kv_cache *write_target(kv_view *kv) { return kv->tail ? kv->tail : kv->trunk; }
 
@@ -160,22 +167,22 @@ static void tp_gather_rows(forward_state *s, const float *part, int rows, size_t
 
 // The attention of sequence i's n new rows, with its capture of the last query (cap,
 // [n_heads, keys], whole over every rank's heads) when cap is set.
-static void attend(forward_state *s, float *out, const float *q, kv_span span, int n, float *cap) {
+static void attend(forward_state *s, float *out, const float *q, kv_span span, kv_pages pg, int n, float *cap) {
     const model_config *c = &s->m->cfg;
     const tp_shard *tp = &s->m->tp;
     attn_shape shape = { tp->n_heads, tp->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
     if (!cap || !s->comm) {
-        cpu_attention(out, q, span, n, shape, cap);
+        cpu_attention_paged(out, q, span, pg, n, shape, cap);
         return;
     }
     size_t keys = (size_t)span.n_trunk + span.n_tail;
-    cpu_attention(out, q, span, n, shape, s->tp_scores);
+    cpu_attention_paged(out, q, span, pg, n, shape, s->tp_scores);
     tp_gather_rows(s, s->tp_scores, 1, (size_t)tp->max_heads * keys, 1, keys, cap, (size_t)c->n_heads * keys);
 }
 
-// One position's keys and values [kv_dim] into row `at` of cache d at layer l.
+// One position's keys and values [kv_dim] into position `at` of cache d at layer l.
 static void store_kv_row(kv_cache *d, int l, int at, const float *k, const float *v) {
-    size_t n = (size_t)d->kv_dim, off = (size_t)at * n;
+    size_t n = (size_t)d->kv_dim, off = kv_cache_phys(d, at) * n;
     if (!d->bf16) {
         memcpy((float *)kv_cache_k(d, l) + off, k, sizeof(float) * n);
         memcpy((float *)kv_cache_v(d, l) + off, v, sizeof(float) * n);
@@ -190,21 +197,21 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, con
     const tp_shard *tp = &s->m->tp;  // this rank's heads (all of them in one process)
     int q_dim = tp->n_heads * c->head_dim, kv_dim = tp->n_kv_heads * c->head_dim, batch = ch->n_seq > 1;
     // One sequence's new keys and values are written straight into the fp32 cache rows
-    // they belong to; a batch's, or a bf16 cache's, go to scratch first, then each row to
-    // its own sequence.
+    // they belong to; a batch's, a bf16 cache's or a paged one's go to scratch first, then
+    // each row to its own sequence and place.
     kv_cache *dst = write_target(&ch->views[0]);
-    int direct = !batch && !dst->bf16;
+    int direct = !batch && !dst->bf16 && !dst->table;
     float *kdst = direct ? (float *)kv_cache_k(dst, l) + (size_t)dst->len * kv_dim : s->k;
     float *vdst = direct ? (float *)kv_cache_v(dst, l) + (size_t)dst->len * kv_dim : s->v;
 
     cpu_rmsnorm(s->xb, s->x, w->attn_norm, T, c->dim, c->norm_eps);
-    cpu_matmul(s->q, s->xb, w->wq, T, c->dim, q_dim);
-    cpu_matmul(kdst, s->xb, w->wk, T, c->dim, kv_dim);
-    cpu_matmul(vdst, s->xb, w->wv, T, c->dim, kv_dim);
+    mm(s, s->q, s->xb, w->wq, T, c->dim, q_dim);
+    mm(s, kdst, s->xb, w->wk, T, c->dim, kv_dim);
+    mm(s, vdst, s->xb, w->wv, T, c->dim, kv_dim);
     if (s->n_lora) {
-        lora_apply(s->lora, s->n_lora, l, LORA_Q, s->q, s->xb, T, c->dim, q_dim, s->lora_tmp, s->lora_dy);
-        lora_apply(s->lora, s->n_lora, l, LORA_K, kdst, s->xb, T, c->dim, kv_dim, s->lora_tmp, s->lora_dy);
-        lora_apply(s->lora, s->n_lora, l, LORA_V, vdst, s->xb, T, c->dim, kv_dim, s->lora_tmp, s->lora_dy);
+        lora_apply(s->lora, s->n_lora, l, LORA_Q, s->q, s->xb, T, c->dim, q_dim, s->lora_tmp, s->lora_dy, s->rows_exact);
+        lora_apply(s->lora, s->n_lora, l, LORA_K, kdst, s->xb, T, c->dim, kv_dim, s->lora_tmp, s->lora_dy, s->rows_exact);
+        lora_apply(s->lora, s->n_lora, l, LORA_V, vdst, s->xb, T, c->dim, kv_dim, s->lora_tmp, s->lora_dy, s->rows_exact);
     }
     if (c->attn_bias) {
         cpu_add_bias(s->q, w->bq, T, q_dim);
@@ -229,13 +236,14 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, con
         float *cap = l == s->attn_layer && ch->scores ? ch->scores + (size_t)i * c->n_heads * s->ctx : NULL;
         if (cap && hcap) hcap = cap;  // one capture serves both
         size_t off = (size_t)i * n * q_dim;
-        attend(s, s->att + off, s->q + off, span, n, cap ? cap : hcap);
+        kv_pages pg = { ch->views[i].trunk->table, ch->views[i].trunk->block_shift };
+        attend(s, s->att + off, s->q + off, span, pg, n, cap ? cap : hcap);
         if (cap) ch->keys[i] = span.n_trunk + span.n_tail;
         if (hcap) s->hooks->on_attn(s->hooks->ud, l, hcap, span.n_trunk + span.n_tail);
     }
     if (s->hooks && s->hooks->ablate) ablate_heads(s, l, s->att, T);
-    cpu_matmul(s->xb, s->att, w->wo, T, q_dim, c->dim);  // the block's output; the caller adds it
-    if (s->n_lora) lora_apply(s->lora, s->n_lora, l, LORA_O, s->xb, s->att, T, q_dim, c->dim, s->lora_tmp, s->lora_dy);
+    mm(s, s->xb, s->att, w->wo, T, q_dim, c->dim);  // the block's output; the caller adds it
+    if (s->n_lora) lora_apply(s->lora, s->n_lora, l, LORA_O, s->xb, s->att, T, q_dim, c->dim, s->lora_tmp, s->lora_dy, s->rows_exact);
     tp_sum(s, s->xb, (size_t)T * c->dim);
 }
 
@@ -243,15 +251,15 @@ static void mlp_block(forward_state *s, const layer_weights *w, int l, int T) {
     const model_config *c = &s->m->cfg;
     int hid = s->m->tp.n_ffn;  // this rank's intermediate columns
     cpu_rmsnorm(s->xb, s->x, w->ffn_norm, T, c->dim, c->norm_eps);
-    cpu_matmul(s->hb, s->xb, w->w_gate, T, c->dim, hid);
-    cpu_matmul(s->hb2, s->xb, w->w_up, T, c->dim, hid);
+    mm(s, s->hb, s->xb, w->w_gate, T, c->dim, hid);
+    mm(s, s->hb2, s->xb, w->w_up, T, c->dim, hid);
     if (s->n_lora) {
-        lora_apply(s->lora, s->n_lora, l, LORA_GATE, s->hb, s->xb, T, c->dim, hid, s->lora_tmp, s->lora_dy);
-        lora_apply(s->lora, s->n_lora, l, LORA_UP, s->hb2, s->xb, T, c->dim, hid, s->lora_tmp, s->lora_dy);
+        lora_apply(s->lora, s->n_lora, l, LORA_GATE, s->hb, s->xb, T, c->dim, hid, s->lora_tmp, s->lora_dy, s->rows_exact);
+        lora_apply(s->lora, s->n_lora, l, LORA_UP, s->hb2, s->xb, T, c->dim, hid, s->lora_tmp, s->lora_dy, s->rows_exact);
     }
     cpu_swiglu(s->hb, s->hb, s->hb2, (size_t)T * hid);
-    cpu_matmul(s->xb, s->hb, w->w_down, T, hid, c->dim);  // the caller adds it
-    if (s->n_lora) lora_apply(s->lora, s->n_lora, l, LORA_DOWN, s->xb, s->hb, T, hid, c->dim, s->lora_tmp, s->lora_dy);
+    mm(s, s->xb, s->hb, w->w_down, T, hid, c->dim);  // the caller adds it
+    if (s->n_lora) lora_apply(s->lora, s->n_lora, l, LORA_DOWN, s->xb, s->hb, T, hid, c->dim, s->lora_tmp, s->lora_dy, s->rows_exact);
     tp_sum(s, s->xb, (size_t)T * c->dim);
 }
 
@@ -300,12 +308,12 @@ static void lm_head(forward_state *s, float *out, const float *x, int T) {
     const model_config *c = &s->m->cfg;
     const tp_shard *tp = &s->m->tp;
     if (!s->comm) {
-        cpu_matmul(out, x, s->m->lm_head, T, c->dim, c->vocab_size);
+        mm(s, out, x, s->m->lm_head, T, c->dim, c->vocab_size);
         return;
     }
     for (int t = 0; t < T; t += TP_ROWS) {
         int n = T - t < TP_ROWS ? T - t : TP_ROWS;
-        cpu_matmul(s->tp_logits, x + (size_t)t * c->dim, s->m->lm_head, n, c->dim, tp->n_vocab);
+        mm(s, s->tp_logits, x + (size_t)t * c->dim, s->m->lm_head, n, c->dim, tp->n_vocab);
         for (int i = n - 1; i > 0; i--)  // rows [n, n_vocab] spread to the gather's [n, max_vocab]
             memmove(s->tp_logits + (size_t)i * tp->max_vocab, s->tp_logits + (size_t)i * tp->n_vocab,
                     sizeof(float) * (size_t)tp->n_vocab);
@@ -387,6 +395,7 @@ static int forward_run(forward_state *s, kv_view *kv, const int *ids, int T, flo
     if (T <= 0) return verr_set(err, "forward: no tokens to process");
     for (int t = 0; t < T; t++)
         if (check_id(s, ids[t], t, err)) return -1;
+    if (kv->tail && kv->tail->table) return verr_set(err, "forward: a branch tail cannot be paged (only a trunk)");
     if (T > kv_view_room(kv) || kv_view_len(kv) + T > s->ctx)
         return verr_set(err, "%d tokens do not fit: %d of the %d-token context are used (raise --ctx)", T,
                         kv_view_len(kv), s->ctx);
@@ -417,6 +426,8 @@ int forward_batch(forward_state *s, kv_view *views, const int *ids, int B, float
         return verr_set(err, "forward_batch: %d rows, want 1..%d (the forward's max batch)", B, s->max_T);
     for (int b = 0; b < B; b++) {
         if (check_id(s, ids[b], b, err)) return -1;
+        if (views[b].tail && views[b].tail->table)
+            return verr_set(err, "forward_batch: row %d's tail is paged (only a trunk may be)", b);
         int len = kv_view_len(&views[b]);
         if (kv_view_room(&views[b]) < 1 || len + 1 > s->ctx)
             return verr_set(err, "forward_batch: row %d does not fit: %d of the %d-token context are used, %d free in "
@@ -427,7 +438,9 @@ int forward_batch(forward_state *s, kv_view *views, const int *ids, int B, float
                                 a, b);
     }
     chunk ch = { views, B, scores, keys, logits, 0, 1 };
+    s->rows_exact = 1;
     int bad_layer = forward_chunk(s, &ch, ids, B);
+    s->rows_exact = 0;
     if (tp_failed(s, err)) return -1;
     for (int b = 0; b < B; b++) {
         verr why;

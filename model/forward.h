@@ -47,6 +47,8 @@ typedef struct {
     float *tp_gather;       // [size, max(TP_ROWS * max_vocab, max_heads * ctx)] gathered slices
     int tp_failed;          // a collective failed in this pass: tp_err says why
     verr tp_err;
+    int rows_exact;         // forward_batch's pass: every product sums each row as a row
+                            // alone (cpu_matmul_rows), whatever the batch's size
 } forward_state;
 
 // Logit rows gathered per collective (scoring passes gather in slices of this many).
@@ -74,8 +76,9 @@ int forward_all(forward_state *s, kv_view *kv, const int *ids, int T, float *out
 // logits [B, vocab] receives every row's (s->logits the last row's). With a capture
 // layer and scores != NULL, row b's capture goes to scores + b * n_heads * s->ctx
 // ([n_heads, keys[b]], as s->attn_scores); s->attn_scores is left alone. Rows use the
-// multi-row matmul, which sums each of up to 8 rows exactly as forward() T=1 does (bit
-// for bit, every weight type; larger batches: within ~1e-6 for bf16). Fails, touching nothing,
+// row-exact matmul (cpu_matmul_rows), which sums each row exactly as forward() T=1 does,
+// bit for bit, every weight type and any B. A trunk may be paged (model/kv_pool.h); tails
+// are contiguous. Fails, touching nothing,
 // on B outside 1..max_T, an id outside the vocab, a full view, or two rows writing to
 // the same cache. Non-finite logits in a row fail as in forward(), naming the row.
 // out[T, vocab] = lm_head(x) for rows x[T, dim] already through the final norm (the logit

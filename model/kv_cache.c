@@ -2,6 +2,7 @@
 #include "model/kv_cache.h"
 
 #include "host/util/hugemem.h"
+#include "model/kv_pool.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,10 @@ int kv_cache_init_like(kv_cache *c, const kv_cache *like, int ctx, verr *err) {
 }
 
 void kv_cache_free(kv_cache *c) {
+    if (c->table) {  // paged: the rows are the pool's
+        kv_pool_release(c->pool, c);
+        return;
+    }
     if (c->peer) {
         kv_cache_free(c->peer);
         free(c->peer);
@@ -128,8 +133,18 @@ int kv_cache_commit(kv_cache *trunk, const kv_cache *tail, int n, verr *err) {
     if (trunk->bf16 != tail->bf16) return verr_set(err, "cannot commit branch tokens between fp32 and bf16 KV caches");
     size_t row = (size_t)trunk->kv_dim * kv_cache_esize(trunk), at = (size_t)trunk->len * row;
     for (int l = 0; l < trunk->n_layers; l++) {
-        memcpy((char *)kv_cache_k(trunk, l) + at, kv_cache_k(tail, l), n * row);
-        memcpy((char *)kv_cache_v(trunk, l) + at, kv_cache_v(tail, l), n * row);
+        char *tk = kv_cache_k(trunk, l), *tv = kv_cache_v(trunk, l);
+        const char *sk = kv_cache_k(tail, l), *sv = kv_cache_v(tail, l);
+        if (!trunk->table && !tail->table) {
+            memcpy(tk + at, sk, n * row);
+            memcpy(tv + at, sv, n * row);
+            continue;
+        }
+        for (int i = 0; i < n; i++) {  // a paged cache's rows are placed one by one
+            size_t d = kv_cache_phys(trunk, trunk->len + i) * row, f = kv_cache_phys(tail, i) * row;
+            memcpy(tk + d, sk + f, row);
+            memcpy(tv + d, sv + f, row);
+        }
     }
     trunk->len += n;
     return 0;

@@ -23,6 +23,15 @@ struct kv_cache {
     // share of the same positions, on its GPU (a chain: rank 1, 2, ...). Its len follows
     // this cache's at every forward call, commit and truncation. NULL: none.
     kv_cache *peer;
+    // Paged (model/kv_pool.h, host caches only): k and v are the pool's
+    // [n_layers, layer_rows, kv_dim] and position p lives in row
+    // (table[p >> block_shift] << block_shift) + (p & mask); ctx is the positions mapped
+    // so far (whole blocks), which the pool grows. NULL table: contiguous rows.
+    int *table;          // [table_cap] physical block of each logical block
+    int table_cap;       // blocks the sequence may map at most
+    int block_shift;
+    size_t layer_rows;   // rows per layer in k and v (the pool's)
+    struct kv_pool *pool;
 };
 
 // What one forward call sees: trunk positions 0..n_trunk-1 and, when tail is set,
@@ -46,12 +55,21 @@ int kv_cache_init_like(kv_cache *c, const kv_cache *like, int ctx, verr *err);
 void kv_cache_free(kv_cache *c);
 // Bytes per element of a host cache.
 static inline size_t kv_cache_esize(const kv_cache *c) { return c->bf16 ? 2 : 4; }
-// Layer l's rows of a host cache, [ctx, kv_dim] of kv_cache_esize bytes each.
+// Rows per layer of a host cache's k and v: ctx, or the pool's when paged.
+static inline size_t kv_cache_layer_rows(const kv_cache *c) { return c->table ? c->layer_rows : (size_t)c->ctx; }
+// Layer l's rows of a host cache, [kv_cache_layer_rows, kv_dim] of kv_cache_esize bytes
+// each (a paged cache's positions are placed by kv_cache_phys).
 static inline void *kv_cache_k(const kv_cache *c, int layer) {
-    return (char *)c->k + (size_t)layer * c->ctx * c->kv_dim * kv_cache_esize(c);
+    return (char *)c->k + (size_t)layer * kv_cache_layer_rows(c) * c->kv_dim * kv_cache_esize(c);
 }
 static inline void *kv_cache_v(const kv_cache *c, int layer) {
-    return (char *)c->v + (size_t)layer * c->ctx * c->kv_dim * kv_cache_esize(c);
+    return (char *)c->v + (size_t)layer * kv_cache_layer_rows(c) * c->kv_dim * kv_cache_esize(c);
+}
+// The row of position pos within a layer's rows.
+static inline size_t kv_cache_phys(const kv_cache *c, int pos) {
+    if (!c->table) return (size_t)pos;
+    int sh = c->block_shift;
+    return ((size_t)c->table[pos >> sh] << sh) | (size_t)(pos & ((1 << sh) - 1));
 }
 // A view of the whole trunk that appends to it.
 static inline kv_view kv_view_of(kv_cache *c) { return (kv_view){ c, c->len, NULL }; }

@@ -333,14 +333,15 @@ int lora_shard(lora_adapter *a, const model_config *c, const tp_shard *s, verr *
 // ---- the CPU forward's part --------------------------------------------------------
 
 void lora_apply(const lora_use *u, int n, int l, lora_proj p, float *y, const float *x, int T, int n_in, int n_out,
-                float *tmp, float *dy) {
+                float *tmp, float *dy, int rows) {
+    void (*mul)(float *, const float *, wref, int, int, int) = rows ? cpu_matmul_rows : cpu_matmul;
     for (int i = 0; i < n; i++) {
         const lora_pair *pr = lora_get(u[i].a, l, p);
         if (!pr->a.data || u[i].scale == 0) continue;
         float coef = (float)(u[i].scale * u[i].a->scaling);
         int r = u[i].a->r;
-        cpu_matmul(tmp, x, pr->a, T, n_in, r);     // [T, r] = x A^T
-        cpu_matmul(dy, tmp, pr->b, T, r, n_out);   // [T, n_out] = tmp B^T
+        mul(tmp, x, pr->a, T, n_in, r);     // [T, r] = x A^T
+        mul(dy, tmp, pr->b, T, r, n_out);   // [T, n_out] = tmp B^T
         cpu_add_scaled(y, dy, coef, (size_t)T * n_out);
     }
 }

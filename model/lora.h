@@ -78,8 +78,9 @@ int lora_max_rank(const lora_use *u, int n);
 
 // CPU: y[T, n_out] += sum over u of scale * scaling * B (A x) for projection p of layer
 // l, x [T, n_in]. tmp holds T * rank floats, dy T * n_out. Uses with scale 0 are skipped,
-// so they leave y bit for bit as it was.
+// so they leave y bit for bit as it was. rows: each row summed as a row alone
+// (cpu_matmul_rows: a decode batch), else cpu_matmul.
 void lora_apply(const lora_use *u, int n, int l, lora_proj p, float *y, const float *x, int T, int n_in, int n_out,
-                float *tmp, float *dy);
+                float *tmp, float *dy, int rows);
 
 #endif

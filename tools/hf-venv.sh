@@ -11,10 +11,12 @@
 # Env: PYTHON (python3) makes the venv; HF_VENV_PACKAGES replaces the pinned list (the
 # versions docs/research.md reports), e.g. HF_VENV_PACKAGES="torch transformers peft
 # safetensors numpy" for the newest.
-# Size: about 5.6 GB and a minute or two to install. PyPI's Linux torch wheel is the CUDA
-# build; installed with --no-deps it does not import even on a CPU (libtorch_cuda.so needs
-# libcufile.so.0, libcusparseLt.so.0 and libnvshmem_host.so.3 from the nvidia-* wheels),
-# so its dependencies come too.
+# Size: about 5.6 GB; the install takes minutes, mostly the download (about a quarter of an
+# hour on the shared 2-core development VM, 2026-11-28; lm-eval a few more). PyPI's Linux
+# torch wheel is the CUDA build; installed with --no-deps it does not import even on a CPU
+# (libtorch_cuda.so needs libcufile.so.0, libcusparseLt.so.0 and libnvshmem_host.so.3 from
+# the nvidia-* wheels), so its dependencies come too. The lm-eval line above was checked
+# with lm-eval 0.4.13 (docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build/hf-venv}

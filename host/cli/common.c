@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "host/decode/defaults.h"
+#include "host/decode/sched.h"
 #include "host/util/fileio.h"
 
 const cli_opt cli_opts_session[] = {
@@ -43,6 +44,33 @@ const cli_opt cli_opts_kv[] = {
       "huge pages (less memory, slower decode: docs/benchmarks.md)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
+
+const cli_opt cli_opts_sched[] = {
+    { "--parallel", "N", "performance", "what fits", "sequences decoded together, one forward for all of them per "
+      "token (docs/server.md, The scheduler); 1: one after another. The output is the same", 0 },
+    { "--kv-pool-mb", "MB", "performance", "1024", "CPU: the paged KV cache the sequences share (a full pool queues "
+      "the next sequence)", 0 },
+    { "--kv-pool-tokens", "N", "performance", NULL, "CPU: the same pool given in positions instead", 0 },
+    { "--no-prefix-cache", NULL, "performance", NULL, "prefill every prompt in full (no reuse of equal prompts or "
+      "their whole --batch chunks)", 0 },
+    { NULL, NULL, NULL, NULL, NULL, 0 },
+};
+
+void cli_sched_opts(args *a, cli_sched *o) {
+    o->parallel = (int)args_int_range(a, "--parallel", 0, 0, 256);
+    o->pool_mb = args_int_range(a, "--kv-pool-mb", 0, 1, 1L << 24);
+    o->pool_tokens = args_int_range(a, "--kv-pool-tokens", 0, 1, 1L << 30);
+    o->no_reuse = args_flag(a, "--no-prefix-cache");
+}
+
+int cli_sched_open(sched **q, session *s, const cli_sched *o, const volatile sig_atomic_t *interrupt, verr *err) {
+    *q = NULL;
+    if (o->pool_mb && o->pool_tokens) return verr_set(err, "give the KV pool's size with --kv-pool-mb or --kv-pool-tokens, not both");
+    if (s->m.tp.size > 1 || s->tpl) return 0;  // tensor parallelism: one by one
+    sched_opts so = { .parallel = o->parallel, .pool_mb = o->pool_mb, .pool_tokens = o->pool_tokens,
+                      .no_reuse = o->no_reuse, .interrupt = interrupt };
+    return sched_open(q, s, &so, err);
+}
 
 #define OPT_TP { "--tp", "N", "performance", "the MPI ranks", "tensor parallelism: the model split over N ranks of an " \
                 "MPI launch (mpirun -np N; docs/distributed.md), or over N GPUs in one process", 0 }

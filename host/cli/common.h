@@ -29,6 +29,20 @@ extern const cli_opt cli_opts_sampling[];
 extern const cli_opt cli_opts_penalties[];
 void cli_penalty_opts(args *a, sampler_penalties *p);
 
+// --parallel, --kv-pool-mb, --kv-pool-tokens, --no-prefix-cache: the scheduler of batch runs, compare and
+// eval (host/decode/sched.h), read by cli_sched_opts.
+struct sched;
+extern const cli_opt cli_opts_sched[];
+typedef struct {
+    int parallel;
+    long pool_mb, pool_tokens;
+    int no_reuse;
+} cli_sched;
+void cli_sched_opts(args *a, cli_sched *o);
+// A scheduler on s with o (NULL when s is tensor-parallel: the caller runs items one by
+// one), 0, or -1 with err.
+int cli_sched_open(struct sched **q, session *s, const cli_sched *o, const volatile sig_atomic_t *interrupt, verr *err);
+
 // -p/--prompt, -f/--file, --ids (cli_prompt_text reads the first two).
 extern const cli_opt cli_opts_prompt[];
 

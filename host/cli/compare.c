@@ -12,6 +12,7 @@
 
 #include "host/cli/args.h"
 #include "host/decode/batch.h"
+#include "host/decode/sched.h"
 #include "host/cli/commands.h"
 #include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
@@ -41,10 +42,12 @@ static const cli_opt compare_opts[] = {
     { "--metrics-out", "FILE", "output", NULL, "per-token metrics as JSONL, each line with its prompt_index and sampler", 0 },
     { "--force", NULL, "output", NULL, "replace an existing -o, --metrics-out or capture file", 0 },
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
+    { "--stats", NULL, "output", NULL, "the scheduler's batches and reuse on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const compare_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp, cli_opts_lora,       cli_opts_chat, cli_opts_sampling,
-                                                 compare_opts,     cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, NULL };
+                                                 compare_opts,     cli_opts_logit_bias, cli_opts_steer, cli_opts_probe,
+                                                 cli_opts_sched, NULL };
 const cli_spec cli_compare_spec = {
     "compare", "-m DIR (--prompts FILE | --prompt-csv FILE) [--samplers LIST] [options]",
     "Every prompt under every sampler with the same seed, side by side.",
@@ -66,6 +69,8 @@ typedef struct {
     int n_prompt;
     double distinct[MAX_DISTINCT];  // distinct-1..3 over generated ids (NAN: no n-grams)
     double mean_logp;               // nats per generated token (NAN: none generated)
+    gen_opts g;                     // the scheduler's run: its options and collector
+    batch_job job;
 } row;
 
 // "standard", "greedy", "entropix" (the --profile) or "entropix:PROFILE".
@@ -182,11 +187,25 @@ static int cap_close(compare_cap *cap, probe *pr, int keep, const int *ids, int 
     return oom ? verr_set(err, "out of memory") : rc;
 }
 
-static int run_one(session *s, const gen_opts *base, const sampler_spec *sp, const int *ids, int n, row *w,
-                   compare_cap *cap, int prompt, verr *err) {
+// The options of the run of prompt i under sampler sp.
+static gen_opts arm_opts(const gen_opts *base, const sampler_spec *sp) {
     gen_opts g = *base;
     g.sampler = sp->kind, g.ex = &sp->ex;
     if (sp->greedy) g.sp.temperature = 0;
+    return g;
+}
+
+// What a finished run adds: distinct-n and the mean log-probability of its tokens.
+static int finish_row(session *s, const int *ids, int n, row *w, verr *err) {
+    w->n_prompt = n;
+    for (int k = 0; k < MAX_DISTINCT; k++) w->distinct[k] = distinct_n(w->r.ids, w->r.n, k + 1);
+    return mean_logprob(s, ids, n, &w->r, &w->mean_logp, err);
+}
+
+// One run on the session, with its captures and per-token log (the one-by-one path).
+static int run_one(session *s, const gen_opts *base, const sampler_spec *sp, const int *ids, int n, row *w,
+                   compare_cap *cap, int prompt, verr *err) {
+    gen_opts g = arm_opts(base, sp);
     probe *pr = NULL;
     if (cap_start(cap, s, &g, sp, prompt, &pr, err)) return -1;
     int rc = batch_generate(s, ids, n, &g, &w->r, err);
@@ -195,9 +214,7 @@ static int run_one(session *s, const gen_opts *base, const sampler_spec *sp, con
         rc = verr_set(err, "--metrics-out %s: write failed (disk full?)", cap->ex.metrics_path);
     if (cap_close(cap, pr, rc == 0 && !w->r.st.interrupted, ids, n, &w->r, err) && rc == 0) rc = -1;
     if (rc) return -1;  // probe_check's and cap_close's failures leave r to the caller, freed with the rows
-    w->n_prompt = n;
-    for (int k = 0; k < MAX_DISTINCT; k++) w->distinct[k] = distinct_n(w->r.ids, w->r.n, k + 1);
-    return mean_logprob(s, ids, n, &w->r, &w->mean_logp, err);
+    return finish_row(s, ids, n, w, err);
 }
 
 static void write_row(FILE *f, const row *w, const prompt_list *pl, const sampler_spec *sp, uint64_t seed) {
@@ -325,58 +342,99 @@ typedef struct {
     const char *prompts, *csv, *samplers, *profile, *out, *format;
     int width, quiet;
     int force;  // -o: replace an existing file
+    int stats;  // --stats: the scheduler's line on stderr
+    cli_sched sc;
 } compare_args;
 
-// The runs, prompt-major: each prompt under every sampler, a row each (written to jsonl
-// when given). 0, -1 with err, or 1 when Ctrl-C stopped it.
-static int generate_rows(session *s, const compare_args *c, const gen_opts *g, const prompt_list *pl, int **ids,
-                         const int *n, const sampler_spec *sp, int n_sp, row *rows, FILE *jsonl, compare_cap *cap,
-                         verr *err) {
+// Every run through the scheduler (host/decode/sched.h), rows written in order as they
+// end; with captures or --metrics-out each run goes one by one at its turn.
+typedef struct {
+    session *s;
+    const compare_args *c;
+    const gen_opts *g;
+    const prompt_list *pl;
+    const sampler_spec *sp;
+    int n_sp;
+    row *rows;
+    int **ids, *n;  // [pl->n] each prompt's ids
+    FILE *jsonl;
+    compare_cap *cap;
     progress pg;
-    progress_start(&pg, "compare", (long)pl->n * n_sp, c->quiet);
-    const char *path = c->prompts ? c->prompts : c->csv;
-    for (int i = 0, k = 0; i < pl->n; i++) {
-        for (int j = 0; j < n_sp; j++, k++) {
-            rows[k].prompt = i, rows[k].sampler = j;
-            if (run_one(s, g, &sp[j], ids[i], n[i], &rows[k], cap, i, err)) {
-                progress_stop(&pg);
-                return verr_set(err, "%s:%d: %s: %.900s", path, pl->line[i], sp[j].name, err->msg);
-            }
-            if (rows[k].r.st.interrupted) {
-                progress_finish(&pg, "interrupted");
-                verr_set(err, "interrupted after %d of %d runs%s", k, pl->n * n_sp, c->out ? "; finished rows are in " : "");
-                return 1;
-            }
-            if (jsonl) {
-                progress_pause(&pg);  // a record on a terminal's stdout must not share the bar's line
-                write_row(jsonl, &rows[k], pl, &sp[j], g->seed);
-                errno = 0;
-                int bad = fflush(jsonl) != 0 || ferror(jsonl);  // each row whole as it finishes (a signal keeps it)
-                progress_resume(&pg);
-                if (bad) {
-                    free(ids);
-                    progress_finish(&pg, "write failed");
-                    return verr_set(err, "%s%s: write failed after %d rows: %s", c->out ? "-o " : "",
-                                    c->out ? c->out : "stdout", k, strerror(errno ? errno : EIO));
-                }
-            }
-            char detail[160];
-            snprintf(detail, sizeof detail, "prompt %d %.48s: %d tokens", i + 1, sp[j].name, rows[k].r.n);
-            progress_update(&pg, k + 1, detail);
-        }
-    }
-    progress_finish(&pg, NULL);
+} compare_run;
+
+static int compare_submit(void *ud, int k, sched_seq *r, verr *err) {
+    compare_run *cr = ud;
+    row *w = &cr->rows[k];
+    int i = k / cr->n_sp, j = k % cr->n_sp;
+    w->prompt = i, w->sampler = j;
+    if (cr->cap->ex.log || probe_spec_active(&cr->cap->ps)) return 1;
+    w->g = arm_opts(cr->g, &cr->sp[j]);
+    if (batch_job_begin(&w->job, cr->s, &w->g, &w->r, err)) return -1;
+    r->prompt = cr->ids[i], r->n_prompt = cr->n[i], r->g = &w->job.o;
     return 0;
+}
+
+static int compare_take(void *ud, int k, int rc, const gen_stats *st, const char *why, verr *err) {
+    compare_run *cr = ud;
+    row *w = &cr->rows[k];
+    int i = k / cr->n_sp, j = k % cr->n_sp;
+    const char *path = cr->c->prompts ? cr->c->prompts : cr->c->csv;
+    if (rc == 1) rc = run_one(cr->s, cr->g, &cr->sp[j], cr->ids[i], cr->n[i], w, cr->cap, i, err);
+    else {
+        if (rc) verr_set(err, "%s", why);
+        rc = batch_job_end(&w->job, rc, st, err);
+        if (rc == 0 && !w->r.st.interrupted) rc = finish_row(cr->s, cr->ids[i], cr->n[i], w, err);
+    }
+    if (rc) return verr_set(err, "%s:%d: %s: %.900s", path, cr->pl->line[i], cr->sp[j].name, err->msg);
+    if (w->r.st.interrupted) {
+        verr_set(err, "interrupted after %d of %d runs%s", k, cr->pl->n * cr->n_sp,
+                 cr->c->out ? "; finished rows are in " : "");
+        return 1;
+    }
+    if (cr->jsonl) {
+        progress_pause(&cr->pg);  // a record on a terminal's stdout must not share the bar's line
+        write_row(cr->jsonl, w, cr->pl, &cr->sp[j], cr->g->seed);
+        errno = 0;
+        int bad = fflush(cr->jsonl) != 0 || ferror(cr->jsonl);  // each row whole as it finishes (a signal keeps it)
+        progress_resume(&cr->pg);
+        if (bad)
+            return verr_set(err, "%s%s: write failed after %d rows: %s", cr->c->out ? "-o " : "",
+                            cr->c->out ? cr->c->out : "stdout", k, strerror(errno ? errno : EIO));
+    }
+    char detail[160];
+    snprintf(detail, sizeof detail, "prompt %d %.48s: %d tokens", i + 1, cr->sp[j].name, w->r.n);
+    progress_update(&cr->pg, k + 1, detail);
+    return 0;
+}
+
+static void compare_where(void *ud, int k, char *buf, size_t len) {
+    const compare_run *cr = ud;
+    const char *path = cr->c->prompts ? cr->c->prompts : cr->c->csv;
+    snprintf(buf, len, "%s:%d: %s", path, cr->pl->line[k / cr->n_sp], cr->sp[k % cr->n_sp].name);
 }
 
 static int run_all(session *s, const compare_args *c, const prompt_style *ps, const gen_opts *g, const prompt_list *pl,
                    const sampler_spec *sp, int n_sp, row *rows, FILE *jsonl, compare_cap *cap, verr *err) {
+    compare_run cr = { s, c, g, pl, sp, n_sp, rows, calloc((size_t)pl->n, sizeof(int *)),
+                       calloc((size_t)pl->n, sizeof(int)), jsonl, cap, { 0 } };
     const char *path = c->prompts ? c->prompts : c->csv;
-    int **ids = calloc((size_t)pl->n, sizeof *ids), *n = calloc((size_t)pl->n, sizeof *n);
-    int rc = !ids || !n ? verr_set(err, "out of memory") : prompts_encode_all(s, ps, pl, path, ids, n, err);
-    if (rc == 0) rc = generate_rows(s, c, g, pl, ids, n, sp, n_sp, rows, jsonl, cap, err);
-    for (int i = 0; ids && i < pl->n; i++) free(ids[i]);
-    free(ids), free(n);
+    // every prompt encoded before the first run
+    int rc = !cr.ids || !cr.n ? verr_set(err, "out of memory") : prompts_encode_all(s, ps, pl, path, cr.ids, cr.n, err);
+    sched *q = NULL;
+    if (rc == 0) rc = cli_sched_open(&q, s, &c->sc, g->interrupt, err);
+    if (rc == 0) {
+        progress_start(&cr.pg, "compare", (long)pl->n * n_sp, c->quiet);
+        sched_map_fns fns = { compare_submit, compare_take, &cr, 0, compare_where };
+        rc = sched_map(q, pl->n * n_sp, &fns, err);
+        if (rc == 1) progress_finish(&cr.pg, "interrupted");
+        else if (rc && strstr(err->msg, "write failed")) progress_finish(&cr.pg, "write failed");
+        else if (rc) progress_stop(&cr.pg);
+        else progress_finish(&cr.pg, NULL);
+        if (rc == 0 && c->stats && q) sched_report(q, stderr);
+    }
+    sched_close(q);
+    for (int i = 0; cr.ids && i < pl->n; i++) free(cr.ids[i]);
+    free(cr.ids), free(cr.n);
     return rc;
 }
 
@@ -416,7 +474,10 @@ static int compare(const compare_args *c, const session_opts *so, const gen_opts
     verr cerr = { { 0 } }, lerr = { { 0 } };
     if (outfile_finish(&out, how, &cerr) && rc >= 0) err = cerr, rc = -1;
     if (entropix_cli_close(&cap->ex, rc >= 0 ? how : OUTFILE_DROP, &lerr) && rc >= 0) err = lerr, rc = -1;
-    for (int i = 0; rows && i < pl->n * n_sp; i++) batch_result_free(&rows[i].r);
+    for (int i = 0; rows && i < pl->n * n_sp; i++) {  // a stopped run: those begun and not taken
+        batch_job_drop(&rows[i].job);
+        batch_result_free(&rows[i].r);
+    }
     free(rows);
     if (rc == 1) {
         fprintf(stderr, "varent compare: %s%s\n", err.msg, c->out ? outfile_where(&out) : "");
@@ -459,7 +520,9 @@ int cmd_compare(int argc, char **argv) {
     compare_args c = { args_str(&a, "--prompts", NULL), args_str(&a, "--prompt-csv", NULL),
                        args_str(&a, "--samplers", "standard,greedy,entropix:seed,entropix:jax"),
                        args_str(&a, "--profile", "seed"), args_str(&a, "-o", NULL), args_str(&a, "--format", "md"),
-                       (int)args_int_range(&a, "--text-width", 60, 4, 100000), args_flag(&a, "-q"), args_flag(&a, "--force") };
+                       (int)args_int_range(&a, "--text-width", 60, 4, 100000), args_flag(&a, "-q"), args_flag(&a, "--force"),
+                       args_flag(&a, "--stats"), { 0, 0, 0, 0 } };
+    cli_sched_opts(&a, &c.sc);
     compare_cap cap = { 0 };
     cli_probe_opts(&a, &cap.ps);
     cap.ps.force = c.force;

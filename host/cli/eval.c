@@ -22,6 +22,7 @@
 #include "host/eval/match.h"
 #include "host/eval/prompt.h"
 #include "host/eval/summary.h"
+#include "host/decode/sched.h"
 #include "host/util/interrupt.h"
 #include "host/util/json_out.h"
 #include "host/util/outfile.h"
@@ -55,10 +56,11 @@ static const cli_opt eval_opts[] = {
     { "--summary", "FILE", "output", "markdown on stdout", "the summary: markdown, or JSON when FILE ends in .json", 0 },
     { "--from", "FILE,...", "output", NULL, "no model: summarize the trial records of earlier -o files", 0 },
     { "-q|--quiet", NULL, "output", NULL, "no progress on stderr", 0 },
+    { "--stats", NULL, "output", NULL, "the scheduler's batches and reuse on stderr", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const eval_tables[] = { cli_opts_session, cli_opts_llama, cli_opts_kv, cli_opts_tp,  cli_opts_lora, eval_opts, cli_opts_chat,
-                                              cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, NULL };
+                                              cli_opts_logit_bias, cli_opts_steer, cli_opts_probe, cli_opts_sched, NULL };
 const cli_spec cli_eval_spec = {
     "eval", "-m DIR --tasks LIST [--samplers LIST] [options]",
     "Accuracy of decoding arms on tasks with known answers, with intervals and paired tests.",
@@ -73,7 +75,8 @@ typedef struct {
     session_opts so;
     const char *tasks, *write, *samplers, *branch, *agents, *out, *summary, *from, *metrics;
     probe_spec ps;  // the captures (host/cli/interp_opts.h)
-    int items, repeats, quiet, force, skip;
+    cli_sched sc;   // --parallel, --kv-pool-mb, --no-prefix-cache
+    int items, repeats, quiet, force, skip, stats;
     uint64_t seed;
     eval_prompter pr;
     eval_arm_opts ao;
@@ -120,6 +123,8 @@ static int read_args(args *a, eval_args *e) {
     cli_probe_opts(a, &e->ps);
     e->ps.force = e->force;
     e->quiet = args_flag(a, "-q|--quiet");
+    e->stats = args_flag(a, "--stats");
+    cli_sched_opts(a, &e->sc);
     return bad ? -1 : 0;
 }
 
@@ -323,10 +328,24 @@ static int write_error(FILE *f) {
     return errno ? errno : EIO;
 }
 
-static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr *err) {
+// A generation trial's outcome and record, once it has run.
+static void trial_done(eval_ctx *c, int i, int r, int a, int n, eval_gen *g) {
     const eval_item *it = &c->set->it[i];
     const eval_arm *arm = &c->arms[a];
     eval_outcome *o = &c->res[((long)i * c->e->repeats + r) * c->n_arms + a];
+    char extracted[256];
+    *o = (eval_outcome){ 1, eval_judge(it, g->text ? g->text : "", extracted, sizeof extracted), g->n, g->compute,
+                         g->wall_s, g->n_metrics ? g->sum_h / g->n_metrics : NAN, g->n_metrics ? g->sum_v / g->n_metrics : NAN };
+    if (c->jsonl) {
+        record_head(c->jsonl, it, i, r, arm, trial_seed(c->e->seed, i, r), n);
+        record_gen(c->jsonl, it, g, extracted, o);
+    }
+}
+
+// A trial run one by one at its turn (agents and branch arms, captures).
+static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr *err) {
+    const eval_item *it = &c->set->it[i];
+    const eval_arm *arm = &c->arms[a];
     uint64_t seed = trial_seed(c->e->seed, i, r);
     eval_gen g;
     char name[64], tag[128];
@@ -343,13 +362,7 @@ static int run_gen(eval_ctx *c, int i, int r, int a, const int *ids, int n, verr
     if (cap_close(c, rc == 0, ids, n, have ? g.ids : NULL, have ? g.n : 0, err) && rc == 0) rc = -1;
     if (rc && have) eval_gen_free(&g);
     if (rc) return -1;
-    char extracted[256];
-    *o = (eval_outcome){ 1, eval_judge(it, g.text ? g.text : "", extracted, sizeof extracted), g.n, g.compute,
-                         g.wall_s, g.n_metrics ? g.sum_h / g.n_metrics : NAN, g.n_metrics ? g.sum_v / g.n_metrics : NAN };
-    if (c->jsonl) {
-        record_head(c->jsonl, it, i, r, arm, seed, n);
-        record_gen(c->jsonl, it, &g, extracted, o);
-    }
+    trial_done(c, i, r, a, n, &g);
     eval_gen_free(&g);
     return 0;
 }
@@ -369,43 +382,109 @@ static void tally_item(task_tally *t, const eval_ctx *c, int i, char *detail, si
     snprintf(detail, len, "%.60s: %ld of %ld right", it->task, t->right, t->done);
 }
 
-// Every item, repeat and arm under the bar pg. 1 when interrupted (the finished
-// trials are kept).
-static int run_items(eval_ctx *c, progress *pg, int first, verr *err) {
-    const eval_set *set = c->set;
-    long done = 0;
-    task_tally tally = { 0 };
-    for (int i = first; i < set->n; i++) {  // items keep their index (and seed) when skipping
-        const eval_item *it = &set->it[i];
-        int *ids = NULL, n = eval_prompt_ids(&c->e->pr, c->s, it, &ids, err);
-        int rc = n < 0 ? -1 : 0;
-        if (rc == 0 && it->n_choices) rc = run_choice(c, i, ids, n, err), done += (long)c->e->repeats * c->n_arms;
-        for (int r = 0; rc == 0 && !it->n_choices && r < c->e->repeats; r++)
-            for (int a = 0; rc == 0 && a < c->n_arms; a++) {
-                if (interrupt_requested()) rc = 1;
-                else rc = run_gen(c, i, r, a, ids, n, err);
-                if (rc == 0) done++;
-            }
-        free(ids);
-        if (rc < 0) return verr_set(err, "%s item %d%s%.0d: %.900s", it->task, i, it->line ? " line " : "", it->line, err->msg);
-        int e = c->jsonl ? write_error(c->jsonl) : 0;
-        if (e) return verr_set(err, "-o %s: write failed: %s", c->e->out, strerror(e));
-        char detail[96];
-        tally_item(&tally, c, i, detail, sizeof detail);
-        progress_update(pg, done, detail);
-        if (rc == 1) return 1;
-    }
+// Every trial through the scheduler (host/decode/sched.h), in the order of the items,
+// repeats and arms: generation trials of the standard and entropix arms decode together,
+// the rest (choice items, agents and branch arms, captures) run at their turn; records
+// and outcomes are written in that order.
+typedef struct {
+    eval_ctx *c;
+    int first, per_item;  // the first item run; trials per item (repeats x arms)
+    int **ids, *n;        // [set->n] each item's prompt, kept while its trials run
+    eval_job *jobs;       // [trials]
+    eval_gen *gens;       // [trials]
+    progress pg;
+    long done;
+    task_tally tally;
+} eval_map;
+
+// Item i's prompt ids (encoded once for all its trials); -1 with err.
+static int item_ids(eval_map *m, int i, verr *err) {
+    if (m->ids[i]) return 0;
+    eval_ctx *c = m->c;
+    int n = eval_prompt_ids(&c->e->pr, c->s, &c->set->it[i], &m->ids[i], err);
+    if (n < 0) return -1;
+    m->n[i] = n;
     return 0;
 }
 
-// run_items with its bar, which every return ends.
+static int eval_submit(void *ud, int t, sched_seq *sq, verr *err) {
+    eval_map *m = ud;
+    eval_ctx *c = m->c;
+    int i = m->first + t / m->per_item, r = t % m->per_item / c->n_arms, a = t % c->n_arms;
+    const eval_item *it = &c->set->it[i];
+    if (it->n_choices || !eval_job_scheduled(&c->run, &c->arms[a])) return 1;
+    if (item_ids(m, i, err) ||
+        eval_job_begin(&m->jobs[t], &c->run, &c->arms[a], it, trial_seed(c->e->seed, i, r), &m->gens[t], err))
+        return verr_set(err, "%s item %d: %.900s", it->task, i, err->msg);
+    sq->prompt = m->ids[i], sq->n_prompt = m->n[i], sq->g = &m->jobs[t].go;
+    return 0;
+}
+
+static int eval_take(void *ud, int t, int rc, const gen_stats *st, const char *why, verr *err) {
+    eval_map *m = ud;
+    eval_ctx *c = m->c;
+    int i = m->first + t / m->per_item, r = t % m->per_item / c->n_arms, a = t % c->n_arms;
+    const eval_item *it = &c->set->it[i];
+    int last = t % m->per_item == m->per_item - 1;
+    if (rc == 1 && interrupt_requested()) rc = 2;
+    else if (rc == 1 && (rc = item_ids(m, i, err)) == 0) {
+        if (!it->n_choices) rc = run_gen(c, i, r, a, m->ids[i], m->n[i], err);
+        else if (t % m->per_item == 0) rc = run_choice(c, i, m->ids[i], m->n[i], err);
+    } else if (rc != 1) {
+        if (rc) verr_set(err, "%s", why);
+        rc = eval_job_end(&m->jobs[t], rc, st, err);
+        if (rc == 0 && st->interrupted) eval_gen_free(&m->gens[t]), rc = 2;
+        if (rc == 0) trial_done(c, i, r, a, m->n[i], &m->gens[t]), eval_gen_free(&m->gens[t]);
+    }
+    if (rc < 0) return verr_set(err, "%s item %d%s%.0d: %.900s", it->task, i, it->line ? " line " : "", it->line, err->msg);
+    if (rc == 2) {
+        progress_finish(&m->pg, "interrupted");
+        return 1;
+    }
+    m->done++;
+    if (!last) return 0;
+    free(m->ids[i]), m->ids[i] = NULL;
+    int e = c->jsonl ? write_error(c->jsonl) : 0;
+    if (e) return verr_set(err, "-o %s: write failed: %s", c->e->out, strerror(e));
+    char detail[96];
+    tally_item(&m->tally, c, i, detail, sizeof detail);
+    progress_update(&m->pg, m->done, detail);
+    return 0;
+}
+
+static void eval_where(void *ud, int t, char *buf, size_t len) {
+    const eval_map *m = ud;
+    int i = m->first + t / m->per_item;
+    const eval_item *it = &m->c->set->it[i];
+    // the line of the task file too, as a one-by-one trial's error says (test_hostile_inputs row 5)
+    if (it->line) snprintf(buf, len, "%s item %d line %d, %s", it->task, i, it->line, m->c->arms[t % m->c->n_arms].name);
+    else snprintf(buf, len, "%s item %d, %s", it->task, i, m->c->arms[t % m->c->n_arms].name);
+}
+
+// Every item, repeat and arm. 1 when interrupted (the finished trials are kept).
 static int run_all(eval_ctx *c, verr *err) {
-    int first = c->e->skip < c->set->n ? c->e->skip : c->set->n;
-    progress pg;
-    progress_start(&pg, "eval", (long)(c->set->n - first) * c->e->repeats * c->n_arms, c->e->quiet);
-    int rc = run_items(c, &pg, first, err);
-    if (rc < 0) progress_stop(&pg);
-    else progress_finish(&pg, rc ? "interrupted" : NULL);
+    const eval_set *set = c->set;
+    int first = c->e->skip < set->n ? c->e->skip : set->n;  // items keep their index (and seed) when skipping
+    long per = (long)c->e->repeats * c->n_arms, trials = (long)(set->n - first) * per;
+    if (trials > INT_MAX / 2) return verr_set(err, "%ld trials are too many for one run (use --skip)", trials);
+    eval_map m = { c, first, (int)per, calloc((size_t)set->n + 1, sizeof(int *)), calloc((size_t)set->n + 1, sizeof(int)),
+                   calloc((size_t)trials + 1, sizeof(eval_job)), calloc((size_t)trials + 1, sizeof(eval_gen)), { 0 }, 0, { 0 } };
+    int rc = m.ids && m.n && m.jobs && m.gens ? 0 : verr_set(err, "out of memory");
+    sched *q = NULL;
+    if (rc == 0) rc = cli_sched_open(&q, c->s, &c->e->sc, interrupt_flag(), err);
+    if (rc == 0) {
+        progress_start(&m.pg, "eval", trials, c->e->quiet);
+        sched_map_fns fns = { eval_submit, eval_take, &m, 0, eval_where };
+        rc = sched_map(q, (int)trials, &fns, err);
+        if (rc == 0) progress_finish(&m.pg, NULL);
+        else if (rc < 0) progress_stop(&m.pg);
+        if (rc == 0 && c->e->stats && q) sched_report(q, stderr);
+    }
+    sched_close(q);
+    for (long t = 0; m.jobs && t < trials; t++) eval_job_drop(&m.jobs[t]);  // begun, not taken (a stop)
+    for (long t = 0; m.gens && t < trials; t++) eval_gen_free(&m.gens[t]);
+    for (int i = 0; m.ids && i < set->n; i++) free(m.ids[i]);
+    free(m.ids), free(m.n), free(m.jobs), free(m.gens);
     return rc;
 }
 

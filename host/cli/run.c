@@ -14,6 +14,7 @@
 #include "host/cli/common.h"
 #include "host/cli/compat.h"
 #include "host/decode/batch.h"
+#include "host/decode/sched.h"
 #include "host/cli/entropix_opts.h"
 #include "host/cli/interp_opts.h"
 #include "host/util/json_in.h"
@@ -122,6 +123,7 @@ typedef struct {
     int force, resume;  // -o: replace an existing file / continue it
     int seed_given;     // --seed N (not -1): a resumed file's seed must be N
     char *settings;     // every record's "settings" (host/cli/batch_resume.h)
+    cli_sched sc;       // --parallel, --kv-pool-mb, --no-prefix-cache
 } batch_args;
 
 // One record, flushed: 0, or the errno of a failed write. chat: the prompt was a user
@@ -146,39 +148,94 @@ static int write_result(FILE *f, int i, const prompt_list *pl, const batch_resul
     return 0;
 }
 
+// The batch through the scheduler (host/decode/sched.h): the prompts decode together,
+// and each record is written in the prompts' order as soon as every prompt before it has
+// ended. Prompts with LEHV branching run one by one at their turn.
+typedef struct {
+    session *s;
+    const gen_opts *g;
+    const prompt_list *pl;
+    int **ids;
+    const int *n;
+    FILE *f;
+    const char *where;
+    const unsigned char *skip;
+    int chat;              // the prompts were user turns in the chat template
+    const char *settings;  // every record's "settings"
+    progress pg;
+    long *n_tok;
+    int *done;
+    batch_job *jobs;      // [pl->n] the scheduler's generations
+    batch_result *res;    // [pl->n]
+} batch_run;
+
+static int batch_submit(void *ud, int i, sched_seq *r, verr *err) {
+    batch_run *b = ud;
+    if ((b->skip && b->skip[i]) || (b->g->sampler == GEN_ENTROPIX && b->g->branch_k > 0)) return 1;
+    if (batch_job_begin(&b->jobs[i], b->s, b->g, &b->res[i], err)) return -1;
+    r->prompt = b->ids[i], r->n_prompt = b->n[i], r->g = &b->jobs[i].o;
+    return 0;
+}
+
+// Prompt i's turn: its record (generated now when it is run one by one).
+static int batch_take(void *ud, int i, int rc, const gen_stats *st, const char *why, verr *err) {
+    batch_run *b = ud;
+    if (b->skip && b->skip[i]) return 0;  // --resume: already in the output
+    batch_result *r = &b->res[i];
+    if (rc == 1) rc = batch_generate(b->s, b->ids[i], b->n[i], b->g, r, err);
+    else {
+        if (rc) verr_set(err, "%s", why);
+        rc = batch_job_end(&b->jobs[i], rc, st, err);
+    }
+    if (rc) return -1;
+    if (r->st.interrupted) {
+        batch_result_free(r);
+        return 1;
+    }
+    progress_pause(&b->pg);  // a record on a terminal's stdout must not share the bar's line
+    int werr = write_result(b->f, i, b->pl, r, b->g->seed, b->chat, b->settings);
+    progress_resume(&b->pg);
+    if (werr) {
+        batch_result_free(r);
+        return verr_set(err, "%s: write failed after %d records: %s", b->where, *b->done, strerror(werr));
+    }
+    *b->done += 1;
+    *b->n_tok += r->st.n_gen;
+    char detail[64];
+    snprintf(detail, sizeof detail, "%d tokens, %.1f tok/s", r->st.n_gen, batch_tok_s(r));
+    batch_result_free(r);
+    progress_update(&b->pg, i + 1, detail);
+    return 0;
+}
+
+static void batch_where(void *ud, int i, char *buf, size_t len) {
+    const batch_run *b = ud;
+    snprintf(buf, len, "prompt %d (line %d)", i + 1, b->pl->line[i]);
+}
+
 // 0, -1 with err, or 1 when Ctrl-C stopped it (*done prompts were written). where
 // names f in messages ("-o PATH" or "stdout").
-static int generate_all(session *s, const gen_opts *g, const prompt_list *pl, int **ids, const int *n, FILE *f,
-                        const char *where, const unsigned char *skip, int quiet, int chat, const char *settings,
-                        long *n_tok, int *done, verr *err) {
-    progress pg;
-    progress_start(&pg, "run", pl->n, quiet);
-    for (int i = 0; i < pl->n; i++) {
-        if (skip && skip[i]) continue;  // --resume: already in the output
-        batch_result r;
-        if (batch_generate(s, ids[i], n[i], g, &r, err)) return progress_stop(&pg), -1;
-        if (r.st.interrupted) {
-            batch_result_free(&r);
-            progress_finish(&pg, "interrupted");
-            return 1;
-        }
-        progress_pause(&pg);  // a record on a terminal's stdout must not share the bar's line
-        int werr = write_result(f, i, pl, &r, g->seed, chat, settings);
-        progress_resume(&pg);
-        if (werr) {
-            batch_result_free(&r);
-            progress_finish(&pg, "write failed");
-            return verr_set(err, "%s: write failed after %d records: %s", where, *done, strerror(werr));
-        }
-        *done += 1;
-        *n_tok += r.st.n_gen;
-        char detail[64];
-        snprintf(detail, sizeof detail, "%d tokens, %.1f tok/s", r.st.n_gen, batch_tok_s(&r));
-        batch_result_free(&r);
-        progress_update(&pg, i + 1, detail);
+static int generate_all(session *s, sched *q, const gen_opts *g, const prompt_list *pl, int **ids, const int *n,
+                        FILE *f, const char *where, const unsigned char *skip, int quiet, int chat,
+                        const char *settings, long *n_tok, int *done, verr *err) {
+    batch_run b = { s, g, pl, ids, n, f, where, skip, chat, settings, { 0 }, n_tok, done,
+                    calloc((size_t)pl->n, sizeof(batch_job)), calloc((size_t)pl->n, sizeof(batch_result)) };
+    if (!b.jobs || !b.res) {
+        free(b.jobs), free(b.res);
+        return verr_set(err, "out of memory");
     }
-    progress_finish(&pg, NULL);
-    return 0;
+    progress_start(&b.pg, "run", pl->n, quiet);
+    sched_map_fns fns = { batch_submit, batch_take, &b, 0, batch_where };
+    int rc = sched_map(q, pl->n, &fns, err);
+    if (rc == 1) progress_finish(&b.pg, "interrupted");
+    else if (rc) progress_finish(&b.pg, err->msg[0] && strstr(err->msg, "write failed") ? "write failed" : NULL);
+    else progress_finish(&b.pg, NULL);
+    for (int i = 0; i < pl->n; i++) {  // those not taken (a stop)
+        batch_job_drop(&b.jobs[i]);
+        batch_result_free(&b.res[i]);
+    }
+    free(b.jobs), free(b.res);
+    return rc;
 }
 
 // -o: records appended and flushed one by one, so Ctrl-C or a signal keeps the
@@ -257,9 +314,13 @@ static int run_batch(const batch_args *b, const session_opts *so, gen_opts *g, e
             rc = outfile_open(&out, b->out_path, &oo, &err);
         }
         if (rc == 0) rc = entropix_cli_start(ex, &s, g, &err);
+        sched *q = NULL;
+        if (rc == 0) rc = cli_sched_open(&q, &s, &b->sc, g->interrupt, &err);
         if (rc == 0)
-            rc = generate_all(&s, g, &pl, ids, n, out.f ? out.f : stdout, out.f ? out.shown : "stdout", d.skip, b->quiet,
-                              ps->chat, b->settings, &n_tok, &done, &err);
+            rc = generate_all(&s, q, g, &pl, ids, n, out.f ? out.f : stdout, out.f ? out.shown : "stdout", d.skip,
+                              b->quiet, ps->chat, b->settings, &n_tok, &done, &err);
+        if (rc == 0 && b->stats && q) sched_report(q, stderr);
+        sched_close(q);
         session_close(&s);
     }
     int had_out = out.f != NULL;
@@ -317,7 +378,7 @@ static const cli_opt *const run_tables[] = { cli_opts_session,   cli_opts_llama,
                                              cli_opts_tp,        cli_opts_lora,      cli_opts_prompt,     cli_opts_chat,
                                              cli_opts_raw,       cli_opts_sampling,  cli_opts_penalties,  cli_opts_logit_bias,
                                              run_opts,           cli_opts_entropix,  cli_opts_steer,      cli_opts_probe,
-                                             NULL };
+                                             cli_opts_sched,     NULL };
 
 const cli_spec cli_run_spec = {
     "run", "-m DIR [-p TEXT | -f FILE | --ids LIST | --prompts FILE [-o OUT.jsonl]] [options]",
@@ -374,8 +435,9 @@ static void run_read(args *a, run_args *r) {
     cli_probe_opts(a, &r->ps);
     r->b = (batch_args){ args_str(a, "--prompts", NULL), args_str(a, "--prompt-csv", NULL), args_str(a, "-o", NULL),
                          args_flag(a, "-q"), args_flag(a, "--stats"), args_flag(a, "--force"), args_flag(a, "--resume"),
-                         cli_seed_given(a), NULL };
+                         cli_seed_given(a), NULL, { 0, 0, 0, 0 } };
     r->ps.force = r->b.force;
+    cli_sched_opts(a, &r->b.sc);
     r->display = args_bool(a, "--display-prompt", "--no-display-prompt", 0);
     r->verbose = args_flag(a, "-v");
 }
@@ -410,6 +472,9 @@ static int run_check(const run_args *r) {
     if (b->out_path) return cli_usage_error("run", "-o/--out is for batch runs (--prompts, --prompt-csv); a single run prints to stdout");
     if (b->resume) return cli_usage_error("run", "--resume is for batch runs with -o (--prompts, --prompt-csv)");
     if (b->quiet) return cli_usage_error("run", "-q/--quiet is for batch runs (--prompts, --prompt-csv)");
+    if (b->sc.parallel || b->sc.pool_mb || b->sc.pool_tokens || b->sc.no_reuse)
+        return cli_usage_error("run", "--parallel, --kv-pool-mb, --kv-pool-tokens and --no-prefix-cache are for batch "
+                                      "runs (--prompts, --prompt-csv)");
     char bad[256];
     int branch = r->g.sampler == GEN_ENTROPIX && r->g.branch_k > 0;
     if (cli_probe_check(&r->ps, "--metrics-out", r->ex.metrics_path != NULL, branch, bad, sizeof bad))

@@ -23,7 +23,13 @@ static int fail(const char *msg) { return cli_error("serve", "%s", msg); }
 static const cli_opt serve_opts[] = {
     { "--host", "ADDR", "server", "127.0.0.1", "address to listen on", 0 },
     { "--port", "N", "server", "8080", "TCP port (0: any free port)", 0 },
-    { "--parallel", "N", "server", "1", "slots: requests generated at once", 0 },
+    { "--parallel", "N", "server", "1", "sequences decoded together, one forward for all of them per token (the "
+      "choices of every request; docs/server.md, The scheduler)", 0 },
+    { "--kv-pool-mb", "MB", "server", "--parallel contexts", "CPU: the paged KV cache the sequences share (a full "
+      "pool queues the next sequence)", 0 },
+    { "--kv-pool-tokens", "N", "server", NULL, "CPU: the same pool given in positions instead", 0 },
+    { "--no-prefix-cache", NULL, "server", NULL, "prefill every prompt in full (no reuse of earlier prompts' "
+      "positions)", 0 },
     { "-a|--alias|--model-id", "NAME", "server", "-m's file or directory name", "the model's id in /v1/models and responses",
       0 },
     { "--strict-model", NULL, "server", NULL,
@@ -37,7 +43,7 @@ static const cli_opt serve_opts[] = {
     { "--profile", "NAME", "entropix", "seed", "entropix profile of requests that name none", 0 },
     { "--max-tokens-limit", "N", "limits", "4096", "a request asking for more tokens gets a 400", 0 },
     { "--max-body", "BYTES", "limits", "1048576", "a larger request body gets a 413", 0 },
-    { "--max-queue", "N", "limits", "256", "waiting requests beyond this get a 429", 0 },
+    { "--max-queue", "N", "limits", "256", "waiting requests beyond this get a 503 with Retry-After", 0 },
     { "--max-connections", "N", "limits", "256", "open connections at most; those waiting for a request's headers "
       "may hold all but N/8 of them (the longest-waiting is closed for a new one)", 0 },
     { "--max-connections-per-ip", "N", "limits", "64", "open connections from one client address", 0 },
@@ -100,6 +106,9 @@ static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t
     o->host = args_str(a, "--host", "127.0.0.1");
     o->port = (int)args_int_range(a, "--port", 8080, 0, 65535);
     o->parallel = (int)args_int_range(a, "--parallel", 1, 1, 256);
+    o->kv_pool_mb = args_int_range(a, "--kv-pool-mb", 0, 1, 1L << 24);
+    o->kv_pool_tokens = args_int_range(a, "--kv-pool-tokens", 0, 1, 1L << 30);
+    o->no_prefix_cache = args_flag(a, "--no-prefix-cache");
     o->max_tokens_limit = (int)args_int_range(a, "--max-tokens-limit", 4096, 1, INT_MAX);
     o->max_body = (size_t)args_int_range(a, "--max-body", 1 << 20, 1, 1L << 30);
     o->max_queue = (int)args_int_range(a, "--max-queue", 256, 0, 1 << 20);
@@ -122,6 +131,8 @@ static int read_opts(args *a, server_opts *o, double *drain_s, char *msg, size_t
     if (o->model_id && !o->model_id[0]) return snprintf(msg, len, "--alias: the name is empty"), -1;
     if (strcmp(smp, "standard") && strcmp(smp, "entropix"))
         return snprintf(msg, len, "--sampler '%s': use standard or entropix", smp), -1;
+    if (o->kv_pool_mb && o->kv_pool_tokens)
+        return snprintf(msg, len, "give the KV pool's size with --kv-pool-mb or --kv-pool-tokens, not both"), -1;
     o->sampler = strcmp(smp, "entropix") ? GEN_STANDARD : GEN_ENTROPIX;
     entropix_config ex;
     verr err;

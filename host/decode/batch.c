@@ -5,13 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    batch_result *r;
-    tokenizer_stream *ts;
-    int oom;
-    const gen_opts *g;  // the caller's on_record, called after the sums
-} collector;
-
 static int append_text(batch_result *r, const char *t, size_t n) {
     if (r->len + n + 1 > r->text_cap) {
         size_t cap = (r->len + n + 1) * 2;
@@ -26,7 +19,7 @@ static int append_text(batch_result *r, const char *t, size_t n) {
 }
 
 static int on_token(void *ud, int id) {
-    collector *c = ud;
+    batch_job *c = ud;
     batch_result *r = c->r;
     if (r->n == r->cap) {
         int cap = r->cap ? 2 * r->cap : 64;
@@ -44,7 +37,7 @@ static int on_token(void *ud, int id) {
 }
 
 static int on_record(void *ud, const gen_record *rec) {
-    const collector *c = ud;
+    const batch_job *c = ud;
     batch_result *r = c->r;
     const token_metrics *m = &rec->m;
     double v[M_COUNT] = { m->entropy, m->varentropy, m->attn_entropy, m->attn_varentropy, m->agreement,
@@ -54,30 +47,56 @@ static int on_record(void *ud, const gen_record *rec) {
     return c->g->on_record ? c->g->on_record(c->g->record_ud, rec) : 0;
 }
 
-int batch_generate(session *s, const int *prompt, int n_prompt, const gen_opts *g, batch_result *r, verr *err) {
+int batch_job_begin(batch_job *j, session *s, const gen_opts *g, batch_result *r, verr *err) {
     memset(r, 0, sizeof *r);
+    memset(j, 0, sizeof *j);
     if (!g->ex) return verr_set(err, "batch_generate needs an entropix profile for the metrics");
-    collector c = { r, s->tok ? tokenizer_stream_new(s->tok, 1) : NULL, 0, g };
-    if (s->tok && !c.ts) return verr_set(err, "out of memory");
+    j->r = r, j->g = g;
+    j->ts = s->tok ? tokenizer_stream_new(s->tok, 1) : NULL;
+    if (s->tok && !j->ts) return verr_set(err, "out of memory");
     if (s->tok && append_text(r, "", 0)) {
-        tokenizer_stream_free(c.ts);
+        tokenizer_stream_free(j->ts);
+        j->ts = NULL;
         return verr_set(err, "out of memory");
     }
-    gen_opts o = *g;
-    o.on_token = on_token, o.ud = &c;
-    o.on_record = on_record, o.record_ud = &c;
-    o.want_metrics = 1;
-    kv_cache_truncate(&s->kv, 0);
-    int rc = generate(s, prompt, n_prompt, &o, &r->st, err);
-    if (rc == 0 && c.ts) {
+    j->o = *g;
+    j->o.on_token = on_token, j->o.ud = j;
+    j->o.on_record = on_record, j->o.record_ud = j;
+    j->o.want_metrics = 1;
+    return 0;
+}
+
+int batch_job_end(batch_job *j, int rc, const gen_stats *st, verr *err) {
+    batch_result *r = j->r;
+    if (st) r->st = *st;
+    if (rc == 0 && j->ts) {
         const char *t;
-        int k = tokenizer_stream_flush(c.ts, &t);
-        if (k > 0 && append_text(r, t, (size_t)k)) c.oom = 1;
+        int k = tokenizer_stream_flush(j->ts, &t);
+        if (k > 0 && append_text(r, t, (size_t)k)) j->oom = 1;
     }
-    if (c.ts) tokenizer_stream_free(c.ts);
-    if (rc == 0 && c.oom) rc = verr_set(err, "out of memory collecting the output");
+    if (j->ts) tokenizer_stream_free(j->ts);
+    j->ts = NULL;
+    if (rc == 0 && j->oom) rc = verr_set(err, "out of memory collecting the output");
     if (rc) batch_result_free(r);
+    j->r = NULL;  // ended: batch_job_drop leaves it
     return rc;
+}
+
+void batch_job_drop(batch_job *j) {
+    if (!j->r) return;
+    if (j->ts) tokenizer_stream_free(j->ts);
+    j->ts = NULL;
+    batch_result_free(j->r);
+    j->r = NULL;
+}
+
+int batch_generate(session *s, const int *prompt, int n_prompt, const gen_opts *g, batch_result *r, verr *err) {
+    batch_job j;
+    if (batch_job_begin(&j, s, g, r, err)) return -1;
+    kv_cache_truncate(&s->kv, 0);
+    gen_stats st;
+    int rc = generate(s, prompt, n_prompt, &j.o, &st, err);
+    return batch_job_end(&j, rc, &st, err);
 }
 
 void batch_result_free(batch_result *r) {

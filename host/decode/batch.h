@@ -23,6 +23,23 @@ typedef struct {
 // needs g->ex: metrics are always computed, as with --metrics-out). g's on_token is
 // replaced; its on_record, when set, sees every record after the sums.
 int batch_generate(session *s, const int *prompt, int n_prompt, const gen_opts *g, batch_result *r, verr *err);
+
+// batch_generate in two halves, for a generation someone else runs (the scheduler,
+// host/decode/sched.h): begin fills j->o, the options to generate with (g's, collecting
+// into r); end, with the generation's outcome and statistics, finishes r (freed when rc
+// or end fails). j must stay in place in between.
+typedef struct {
+    batch_result *r;
+    tokenizer_stream *ts;
+    int oom;
+    const gen_opts *g;  // the caller's on_record, called after the sums
+    gen_opts o;
+} batch_job;
+int batch_job_begin(batch_job *j, session *s, const gen_opts *g, batch_result *r, verr *err);
+int batch_job_end(batch_job *j, int rc, const gen_stats *st, verr *err);
+// A job begun but never ended (a stopped batch): frees its stream and result. A job
+// that was ended, or never begun (zeroed), is left as it is.
+void batch_job_drop(batch_job *j);
 void batch_result_free(batch_result *r);
 // Decode speed as `varent run --stats` reports it: (tokens - 1) / decode seconds.
 double batch_tok_s(const batch_result *r);

@@ -118,6 +118,7 @@ int branch_run(branch_set *bs, session *s, const gen_record *root, sampler_param
     for (int i = 0; i < k; i++) {
         gen_record *rec = bs->rec + (size_t)i * (bs->b + 1);
         rec[0] = *root;
+        rec[0].logits = NULL;  // the branches' forwards overwrite them
         rec[0].q = Q_BRANCH, rec[0].token = bs->tok[(size_t)i * (bs->b + 1)] = cand[i];
     }
     if (extend_all(bs, k, s, base, steps, ws, r, pen, err)) return -1;

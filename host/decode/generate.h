@@ -20,6 +20,9 @@ typedef struct {
     entropix_quadrant q;      // by the profile's thresholds, also under the standard sampler
     sampler_params sp;        // parameters actually used (greedy: temperature 0, top_k 1)
     double score;             // ADAPTIVE: the winning draw's score, else 0
+    const float *logits;      // [vocab] the raw logits it was drawn from, host memory, valid
+                              // during on_record; NULL when they stayed on the device (CUDA
+                              // without need_logits) or for a branch's tokens
 } gen_record;
 
 typedef struct {

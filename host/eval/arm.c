@@ -81,16 +81,7 @@ void eval_gen_free(eval_gen *g) {
 
 // ---- standard and entropix arms ----
 
-typedef struct {
-    eval_runner *r;
-    eval_gen *g;
-    const eval_item *it;
-    tokenizer_stream *ts;
-    size_t len, cap;
-    int cap_ids, oom, hit_stop;
-} collector;
-
-static int append_text(collector *c, const char *t, size_t n) {
+static int append_text(eval_job *c, const char *t, size_t n) {
     if (c->len + n + 1 > c->cap) {
         size_t cap = (c->len + n + 1) * 2;
         char *b = realloc(c->g->text, cap);
@@ -115,7 +106,7 @@ static int push_id(eval_gen *g, int *cap, int id) {
 }
 
 static int on_token(void *ud, int id) {
-    collector *c = ud;
+    eval_job *c = ud;
     if (push_id(c->g, &c->cap_ids, id)) return c->oom = 1;
     const char *t;
     verr err;
@@ -126,40 +117,70 @@ static int on_token(void *ud, int id) {
 }
 
 static int on_record(void *ud, const gen_record *rec) {
-    collector *c = ud;
+    eval_job *c = ud;
     eval_gen *g = c->g;
     g->sum_h += rec->m.entropy, g->sum_v += rec->m.varentropy, g->n_metrics++;
     return c->r->on_record ? c->r->on_record(c->r->record_ud, rec) : 0;
 }
 
-static int run_decode(eval_runner *r, const eval_arm *a, const eval_item *it, const int *prompt, int n_prompt,
-                      uint64_t seed, eval_gen *g, verr *err) {
+int eval_job_scheduled(const eval_runner *r, const eval_arm *a) {
+    return a->kind != ARM_AGENTS && !a->branch && !r->on_record && !r->feed_last;
+}
+
+int eval_job_begin(eval_job *j, eval_runner *r, const eval_arm *a, const eval_item *it, uint64_t seed, eval_gen *g,
+                   verr *err) {
     session *s = r->s;
     const eval_arm_opts *o = r->o;
-    collector c = { .r = r, .g = g, .it = it, .ts = s->tok ? tokenizer_stream_new(s->tok, 1) : NULL };
-    if (s->tok && !c.ts) return verr_set(err, "out of memory");
-    gen_opts go = { .max_new = o->max_new, .sp = o->sp, .seed = seed, .on_token = on_token, .ud = &c,
-                    .sampler = a->kind == ARM_ENTROPIX ? GEN_ENTROPIX : GEN_STANDARD, .ex = &a->ex,
-                    .clarifier = r->clarifier, .want_metrics = 1, .on_record = on_record, .record_ud = &c,
-                    .bias = o->bias, .n_bias = o->n_bias, .feed_last = r->feed_last };
-    if (a->greedy) go.sp.temperature = 0;
-    if (a->branch) go.branch_k = o->branch_k, go.branch_b = o->branch_b;
-    append_text(&c, "", 0);
-    kv_cache_truncate(&s->kv, 0);
-    gen_stats st;
-    int rc = c.oom ? verr_set(err, "out of memory") : generate(s, prompt, n_prompt, &go, &st, err);
-    if (rc == 0 && c.ts && !c.hit_stop) {
-        const char *t;
-        int k = tokenizer_stream_flush(c.ts, &t);
-        if (k > 0) append_text(&c, t, (size_t)k);
+    memset(g, 0, sizeof *g);
+    *j = (eval_job){ .r = r, .g = g, .it = it, .ts = s->tok ? tokenizer_stream_new(s->tok, 1) : NULL };
+    if (s->tok && !j->ts) return verr_set(err, "out of memory");
+    j->go = (gen_opts){ .max_new = o->max_new, .sp = o->sp, .seed = seed, .on_token = on_token, .ud = j,
+                        .sampler = a->kind == ARM_ENTROPIX ? GEN_ENTROPIX : GEN_STANDARD, .ex = &a->ex,
+                        .clarifier = r->clarifier, .want_metrics = 1, .on_record = on_record, .record_ud = j,
+                        .bias = o->bias, .n_bias = o->n_bias, .feed_last = r->feed_last };
+    if (a->greedy) j->go.sp.temperature = 0;
+    if (a->branch) j->go.branch_k = o->branch_k, j->go.branch_b = o->branch_b;
+    append_text(j, "", 0);
+    if (j->oom) {
+        if (j->ts) tokenizer_stream_free(j->ts);
+        return verr_set(err, "out of memory");
     }
-    if (c.ts) tokenizer_stream_free(c.ts);
-    if (rc == 0 && c.oom) rc = verr_set(err, "out of memory collecting the output");
-    if (rc) return -1;
-    g->compute = st.n_gen + st.branch_fed;
-    g->wall_s = st.prefill_s + st.decode_s;
-    g->stop = c.hit_stop ? "stop" : st.hit_eos ? "eos" : st.hit_ctx ? "context" : "length";
     return 0;
+}
+
+int eval_job_end(eval_job *j, int rc, const gen_stats *st, verr *err) {
+    eval_gen *g = j->g;
+    if (rc == 0 && j->ts && !j->hit_stop) {
+        const char *t;
+        int k = tokenizer_stream_flush(j->ts, &t);
+        if (k > 0) append_text(j, t, (size_t)k);
+    }
+    if (j->ts) tokenizer_stream_free(j->ts);
+    j->ts = NULL;
+    if (rc == 0 && j->oom) rc = verr_set(err, "out of memory collecting the output");
+    if (rc == 0) {
+        g->compute = st->n_gen + st->branch_fed;
+        g->wall_s = st->prefill_s + st->decode_s;
+        g->stop = j->hit_stop ? "stop" : st->hit_eos ? "eos" : st->hit_ctx ? "context" : "length";
+        if (g->text) g->text[eval_cut(j->it, g->text)] = 0;
+    }
+    if (rc) eval_gen_free(g);
+    return rc ? -1 : 0;
+}
+
+void eval_job_drop(eval_job *j) {
+    if (j->ts) tokenizer_stream_free(j->ts);
+    j->ts = NULL;
+}
+
+static int run_decode(eval_runner *r, const eval_arm *a, const eval_item *it, const int *prompt, int n_prompt,
+                      uint64_t seed, eval_gen *g, verr *err) {
+    eval_job j;
+    if (eval_job_begin(&j, r, a, it, seed, g, err)) return -1;
+    kv_cache_truncate(&r->s->kv, 0);
+    gen_stats st;
+    int rc = generate(r->s, prompt, n_prompt, &j.go, &st, err);
+    return eval_job_end(&j, rc, &st, err);
 }
 
 // ---- the agents arm ----
@@ -254,8 +275,8 @@ static int run_agents(eval_runner *r, const eval_item *it, const int *prompt, in
 int eval_generate(eval_runner *r, const eval_arm *a, const eval_item *it, const int *prompt, int n_prompt,
                   uint64_t seed, eval_gen *g, verr *err) {
     memset(g, 0, sizeof *g);
-    int rc = a->kind == ARM_AGENTS ? run_agents(r, it, prompt, n_prompt, seed, g, err)
-                                   : run_decode(r, a, it, prompt, n_prompt, seed, g, err);
+    if (a->kind != ARM_AGENTS) return run_decode(r, a, it, prompt, n_prompt, seed, g, err);  // cut by eval_job_end
+    int rc = run_agents(r, it, prompt, n_prompt, seed, g, err);
     if (rc == 0 && g->text) g->text[eval_cut(it, g->text)] = 0;
     if (rc) eval_gen_free(g);
     return rc;

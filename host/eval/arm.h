@@ -84,6 +84,26 @@ int eval_generate(eval_runner *r, const eval_arm *a, const eval_item *it, const 
                   uint64_t seed, eval_gen *g, verr *err);
 void eval_gen_free(eval_gen *g);
 
+// eval_generate of a standard or entropix arm in two halves, for the scheduler
+// (host/decode/sched.h) to run: begin fills j->go, the options to generate with; end,
+// with the generation's outcome and statistics, finishes g (freed when it fails). j
+// stays in place in between. Scheduled: not the agents or a branch arm, no captures.
+typedef struct {
+    eval_runner *r;
+    eval_gen *g;
+    const eval_item *it;
+    tokenizer_stream *ts;
+    size_t len, cap;
+    int cap_ids, oom, hit_stop;
+    gen_opts go;
+} eval_job;
+int eval_job_scheduled(const eval_runner *r, const eval_arm *a);
+int eval_job_begin(eval_job *j, eval_runner *r, const eval_arm *a, const eval_item *it, uint64_t seed, eval_gen *g,
+                   verr *err);
+int eval_job_end(eval_job *j, int rc, const gen_stats *st, verr *err);
+// A job begun and never ended (a stopped run) frees its stream; g stays the caller's.
+void eval_job_drop(eval_job *j);
+
 // Log-likelihood (natural log) of each choice after the prompt: the choice text is
 // encoded on its own (no BOS, special-token text kept as text) and appended to the
 // prompt ids; ll[i] is the sum of its tokens' log-probabilities, n_tok[i] their count.

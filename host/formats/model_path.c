@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "host/formats/convert.h"
@@ -191,11 +192,17 @@ static int convert_into(const char *gguf, const char *root, const char *sha, con
     return 0;
 }
 
-// The cache entry of a GGUF: from the index, else hashed, then converted when absent.
+#define RESOLVE_WAIT 1  // resolve_locked: another process writes the entry; ask again
+
+// The cache entry of a GGUF: from the index, else hashed, then converted when absent. A
+// process whose writes are discarded (an MPI rank other than 0) converts nothing: its
+// files would go to /dev/null and leave an empty entry that the others take for done.
+// It waits for rank 0's entry instead (RESOLVE_WAIT), hashing nothing meanwhile.
 static int resolve_locked(const char *arg, const struct stat *st, const model_path_progress *prog, const char *root,
                           const char *key, model_path *out, verr *err) {
     char sha[65], cfg[4400];
     if (!index_read(root, key, sha)) {
+        if (outfile_discarding()) return RESOLVE_WAIT;
         hash_report h = { prog, (long)(st->st_size >> 20) };
         if (sha256_file(arg, sha, prog && prog->fn ? on_hash_chunk : NULL, &h, err)) return -1;
     }
@@ -203,6 +210,7 @@ static int resolve_locked(const char *arg, const struct stat *st, const model_pa
     snprintf(out->dir, sizeof out->dir, "%s/%s", root, sha);
     snprintf(cfg, sizeof cfg, "%s/config.json", out->dir);
     if (!is_file(cfg)) {
+        if (outfile_discarding()) return RESOLVE_WAIT;
         verr why = { { 0 } };
         if (convert_into(arg, root, sha, prog, out, &why)) return verr_set(err, "-m %s: %s", arg, why.msg);
     }
@@ -231,10 +239,15 @@ static int resolve_gguf(const char *arg, const struct stat *st, const model_path
     if (model_path_cache_root(root, sizeof root, err)) return -1;
     if (!realpath(arg, real)) return verr_set(err, "%s: %s", arg, strerror(errno));
     index_key(real, st, key);
-    int lock = lock_key(root, key);
-    int rc = resolve_locked(arg, st, prog, root, key, out, err);
-    if (lock >= 0) close(lock);  // closing releases the lock
-    return rc;
+    for (;;) {
+        int lock = lock_key(root, key);
+        int rc = resolve_locked(arg, st, prog, root, key, out, err);
+        if (lock >= 0) close(lock);  // closing releases the lock
+        if (rc != RESOLVE_WAIT) return rc;
+        // rank 0 hashes and converts it; if it fails, the launch ends this process too
+        struct timespec ts = { 0, 100000000L };
+        nanosleep(&ts, NULL);
+    }
 }
 
 static int resolve(const char *arg, const model_path_progress *prog, model_path *out, verr *err) {

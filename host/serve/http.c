@@ -54,6 +54,7 @@ static enum MHD_Result reply(server *s, struct MHD_Connection *c, unsigned statu
     MHD_add_response_header(r, "Content-Type", type);
     MHD_add_response_header(r, "Cache-Control", "no-store");
     if (close) MHD_add_response_header(r, "Connection", "close");
+    if (status == 503 && !atomic_load(&s->quiesced)) MHD_add_response_header(r, "Retry-After", "1");  // a full queue
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;
@@ -123,6 +124,12 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, const char
     if (!strcmp(url, "/") || !strcmp(url, "/index.html"))
         return reply(s, c, 200, "text/html; charset=utf-8", web_index_html, web_index_html_len, 0);
     if (!strcmp(url, "/health")) return get_health(s, c);
+    if (!strcmp(url, "/metrics")) {  // Prometheus text (engine.c)
+        server_metrics(s, &b);
+        enum MHD_Result ret = b.oom ? MHD_NO : reply(s, c, 200, "text/plain; version=0.0.4", b.p ? b.p : "", b.len, 0);
+        sb_free(&b);
+        return ret;
+    }
     if (!strcmp(url, "/v1/models")) {
         sb_puts(&b, "{\"object\":\"list\",\"data\":[");
         for (int i = -1; i < s->n_mods; i++) {
@@ -146,7 +153,7 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, const char
         sb_profiles(&b, s->o.sampler == GEN_ENTROPIX ? "entropix" : "standard", s->o.profile);
         return reply_json(s, c, 200, &b);
     }
-    return reply_error(s, c, 404, "no such route (GET /, /health, /v1/models, /v1/profiles)", "invalid_request_error",
+    return reply_error(s, c, 404, "no such route (GET /, /health, /metrics, /v1/models, /v1/profiles)", "invalid_request_error",
                        NULL, "not_found");
 }
 
@@ -357,11 +364,21 @@ static int job_prompts(server *s, server_job *j, char *msg, size_t len, const ch
         if (!q->chat) snprintf(where, sizeof where, q->n_prompts > 1 ? "prompt[%d]: " : "prompt: ", j->n_prompts);
         p->n_ids = prompt_ids(s, q, q->chat ? NULL : &q->prompts[j->n_prompts], &p->ids, &err);
         if (p->n_ids < 0) return snprintf(msg, len, "%s%s", where, err.msg), 400;
-        if (p->n_ids == 0) return snprintf(msg, len, "%sthe prompt is empty (and the model adds no BOS token)", where), 400;
-        if (p->n_ids >= s->base->ctx) {
+        // A refused prompt is not counted in n_prompts, so its ids are freed here.
+        int status = 0;
+        if (p->n_ids == 0) {
+            snprintf(msg, len, "%sthe prompt is empty (and the model adds no BOS token)", where);
+            status = 400;
+        } else if (p->n_ids >= s->base->ctx) {
             snprintf(msg, len, "%sthe prompt is %d tokens but the context holds %d (including at least one generated token)",
                      where, p->n_ids, s->base->ctx);
-            return *code = "context_length_exceeded", 400;
+            *code = "context_length_exceeded";
+            status = 400;
+        }
+        if (status) {
+            free(p->ids);
+            p->ids = NULL;
+            return status;
         }
         j->prompt_tokens += p->n_ids;
     }
@@ -443,8 +460,8 @@ static enum MHD_Result post_completion(server *s, struct MHD_Connection *c, conn
     if (rc) {
         server_job_release(j);
         if (rc == -2) return reply_error(s, c, 503, "the server is shutting down", "server_error", NULL, "shutting_down");
-        return reply_error(s, c, 429, "too many requests are waiting (--max-queue); try again later",
-                           "rate_limit_error", NULL, "queue_full");
+        return reply_error(s, c, 503, "too many requests are waiting (--max-queue); try again later", "server_error",
+                           NULL, "queue_full");
     }
     return j->req.stream ? start_stream(s, c, j) : reply_when_done(s, c, j);
 }
@@ -506,7 +523,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!strcmp(method, "POST")) return post_completion(s, c, r, chat, !strcmp(version, MHD_HTTP_VERSION_1_1));
     } else if (!strcmp(method, "GET") || !strcmp(method, "HEAD")) {
         return get_route(s, c, url);
-    } else if (strcmp(url, "/") && strcmp(url, "/health") && strncmp(url, "/v1/models", 10) &&
+    } else if (strcmp(url, "/") && strcmp(url, "/health") && strcmp(url, "/metrics") && strncmp(url, "/v1/models", 10) &&
                strcmp(url, "/v1/profiles")) {
         return reply_error(s, c, 404, "no such route", "invalid_request_error", NULL, "not_found");
     }

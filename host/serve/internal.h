@@ -124,6 +124,7 @@ struct server {
     int n_live;               // open and not shut down by conns.c: at most --max-connections
     long n_header_timeouts;   // closed at the header deadline
     long n_evicted;           // closed to keep the reserve of --max-connections
+    struct server_engine *engine;  // the scheduler's thread, in place of the slots (engine.c); NULL: slots
 };
 
 // conns.c: libmicrohttpd's connection notifications (MHD_OPTION_NOTIFY_CONNECTION); a
@@ -140,6 +141,21 @@ void server_conns_stop(server *s);
 void server_conns_free(server *s);  // after libmicrohttpd stopped
 
 // jobs.c
+// The queue's first job (counted busy), or NULL: with wait, when the server stops and
+// the queue is empty; without, at once when the queue is empty.
+server_job *server_queue_pop(server *s, int wait);
+// One request in parts, for the engine (engine.c): start (its stream's headers go), each
+// choice's begin (its options in c->g, run by someone else; set_lora: apply the request's
+// adapters to s) and end (its text and output from rc and c->st, appended to choices when
+// not streamed; the tokens generated, or -1), then finish (the answer: ran choices were
+// started, failed and cut as run_job tracks them).
+typedef struct server_choice server_choice;
+void server_job_start(server_job *j, int slot);
+int server_choice_begin(server_job *j, int index, session *s, probe *pr, int set_lora, server_choice **c, verr *err);
+gen_opts *server_choice_opts(server_choice *c);
+gen_stats *server_choice_stats(server_choice *c);
+int server_choice_end(server_choice *c, int rc, sbuf *choices, int *cut, verr *err);
+void server_job_finish(server_job *j, sbuf *choices, int ran, int failed, int cut, verr *err);
 int server_slots_start(server *s, verr *err);
 int server_token_texts(server *s, verr *err);
 void server_slots_stop(server *s);
@@ -176,6 +192,16 @@ void server_tp_free(server *s);
 void server_tp_slot(server_slot *sl);
 // The other ranks' slot threads: the jobs the dispatcher hands them.
 void *server_tp_slot_main(void *arg);
+
+// engine.c: the server on the scheduler (host/decode/sched.h): one thread decodes every
+// running choice of every request together on the base session. Usable unless tensor
+// parallelism or captures need the slots.
+struct server_engine;
+int server_engine_usable(const server *s);
+int server_engine_start(server *s, verr *err);
+void server_engine_stop(server *s);  // after stopping is set; a no-op without an engine
+// GET /metrics: Prometheus text (running and queued sequences, KV pool, prefix reuse, tokens).
+void server_metrics(server *s, sbuf *b);
 
 // adapters.c: the named LoRA adapters (--lora-modules).
 int server_adapters_load(server *s, verr *err);

@@ -77,9 +77,9 @@ int server_job_enqueue(server *s, server_job *j) {
     return 0;
 }
 
-static server_job *queue_pop(server *s) {
+server_job *server_queue_pop(server *s, int wait) {
     pthread_mutex_lock(&s->mu);
-    while (!s->head && !atomic_load(&s->stopping)) pthread_cond_wait(&s->cv, &s->mu);
+    while (wait && !s->head && !atomic_load(&s->stopping)) pthread_cond_wait(&s->cv, &s->mu);
     server_job *j = s->head;  // when stopping, queued jobs are still taken (they are cancelled: quick)
     if (j) {
         s->head = j->next;
@@ -92,7 +92,7 @@ static server_job *queue_pop(server *s) {
 
 // ---- one choice -----------------------------------------------------------------
 
-typedef struct {
+struct server_choice {
     server_job *j;
     session *s;
     job_prompt *p;    // its prompt
@@ -109,7 +109,10 @@ typedef struct {
     serve_cap cap;    // --dump-acts/--dump-attn DIR: this choice's files (capture.h)
     int stop_hit, role_sent, has_lz;
     size_t echo_len;  // bytes of text that echo the prompt (stop strings look past them)
-} choice;
+    gen_opts g;       // its generation (run here, or by the engine: engine.c)
+    gen_stats st;
+};
+typedef server_choice choice;
 
 // ---- token texts ------------------------------------------------------------------
 
@@ -180,7 +183,7 @@ static void sep(sbuf *b, int first) {
 // Logprobs of the chosen token and the alternatives, from the raw logits of this step
 // (generate calls on_record before the next forward overwrites s->fw.logits).
 static void record_logprobs(choice *c, const gen_record *r, const char *t, size_t tn) {
-    const float *lg = c->s->fw.logits;
+    const float *lg = r->logits ? r->logits : c->s->fw.logits;  // the engine's batch row, or the slot's forward
     int vocab = c->s->m.cfg.vocab_size, ids[SERVER_MAX_TOP_LOGPROBS];
     double lz = c->has_lz ? r->m.log_z : log_sum_exp(lg, vocab), lp = lg[r->token] - lz;
     double lps[SERVER_MAX_TOP_LOGPROBS];
@@ -435,7 +438,7 @@ static int on_token(void *ud, int id) {
         if (to > c->sent) stream_event(c, to, NULL);
     }
     j->token_s += server_now() - t0;
-    if (j->srv->o.token_delay_ms > 0) nap_ms(j, j->srv->o.token_delay_ms);
+    if (j->srv->o.token_delay_ms > 0 && !j->srv->engine) nap_ms(j, j->srv->o.token_delay_ms);  // the engine: per step
     int stop = atomic_load(&j->cancelled) || atomic_load(&j->srv->stopping);
     return j->srv->o.tp ? server_tp_agree(j, stop) : stop;
 }
@@ -454,61 +457,84 @@ static const char *finish_reason(const choice *c, const gen_stats *st, int *cut)
     return *cut ? "error" : "length";
 }
 
-// Runs choice `index`; appends its JSON to `choices` (non-streamed) or streams it.
-// Returns the tokens generated, or -1 with err; *cut when the server stopped it.
-static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, int *cut, verr *err) {
-    session *s = &sl->s;
+int server_choice_begin(server_job *j, int index, session *s, probe *pr, int set_lora, server_choice **out,
+                        verr *err) {
+    choice *c = calloc(1, sizeof *c);
+    *out = c;
+    if (!c) return verr_set(err, "out of memory");
     job_prompt *p = &j->prompts[index / j->req.n];
-    choice c = { .j = j, .s = s, .p = p, .index = index, .ts = tokenizer_stream_new(s->tok, 1), .probe = sl->probe };
-    c.has_lz = j->req.metrics || j->sampler == GEN_ENTROPIX;
-    if (!c.ts) return verr_set(err, "out of memory");
-    if (session_set_lora(s, j->lora, j->n_lora, err)) return choice_free(&c), -1;  // this request's adapters
+    *c = (choice){ .j = j, .s = s, .p = p, .index = index, .ts = tokenizer_stream_new(s->tok, 1), .probe = pr };
+    c->has_lz = j->req.metrics || j->sampler == GEN_ENTROPIX;
+    if (!c->ts) return verr_set(err, "out of memory");
+    if (set_lora && session_set_lora(s, j->lora, j->n_lora, err)) return -1;  // this request's adapters
     if (j->req.echo) {
-        if (echo_prompt(&c, err)) return choice_free(&c), -1;
-        if (j->req.stream) stream_event(&c, c.text.len, NULL);
+        if (echo_prompt(c, err)) return -1;
+        if (j->req.stream) stream_event(c, c->text.len, NULL);
     } else if (!j->req.chat) {  // a completion continues the prompt: keep its first token's leading space
         const char *t;
         verr e;
-        tokenizer_stream_push(c.ts, p->ids[p->n_ids - 1], &t, &e);
-        tokenizer_stream_flush(c.ts, &t);
+        tokenizer_stream_push(c->ts, p->ids[p->n_ids - 1], &t, &e);
+        tokenizer_stream_flush(c->ts, &t);
     }
+    gen_opts *g = &c->g;
     // each prompt's choice i draws with seed + i: a batch gives what its prompts give alone
-    gen_opts g = { .max_new = j->max_tokens, .seed = j->seed + (uint64_t)(index % j->req.n), .sampler = j->sampler,
-                   .ex = &j->ex };
-    g.bias = j->req.bias, g.n_bias = j->req.n_bias;
-    g.sp = (sampler_params){ (float)j->req.temperature, j->req.top_k, (float)j->req.top_p, (float)j->req.min_p };
-    g.pen = (sampler_penalties){ .repeat = (float)j->req.repeat_penalty, .presence = (float)j->req.presence,
-                                 .frequency = (float)j->req.frequency, .last_n = j->req.repeat_last_n };
-    g.clarifier = j->srv->clarifier, g.want_metrics = j->req.metrics;
-    g.on_token = on_token, g.ud = &c, g.on_record = on_record, g.record_ud = &c, g.record_stop = 1;
-    g.need_logits = c.j->req.logprobs;  // record_logprobs reads s->fw.logits
-    kv_cache_truncate(&s->kv, 0);
-    gen_stats st = { 0 };
-    int rc = g.max_new > 0 ? serve_cap_open(j->srv, j, index, s, &c.cap, err) : 0;  // after the prompt's scoring
-    if (c.cap.active) c.probe = c.cap.pr, g.feed_last = c.cap.reserved;  // the files cover every position
-    if (rc == 0 && g.max_new > 0) rc = generate(s, p->ids, p->n_ids, &g, &st, err);  // max_tokens 0: echo alone
-    j->prefill_s += st.prefill_s, j->decode_s += st.decode_s;
+    *g = (gen_opts){ .max_new = j->max_tokens, .seed = j->seed + (uint64_t)(index % j->req.n), .sampler = j->sampler,
+                     .ex = &j->ex };
+    g->bias = j->req.bias, g->n_bias = j->req.n_bias;
+    g->sp = (sampler_params){ (float)j->req.temperature, j->req.top_k, (float)j->req.top_p, (float)j->req.min_p };
+    g->pen = (sampler_penalties){ .repeat = (float)j->req.repeat_penalty, .presence = (float)j->req.presence,
+                                  .frequency = (float)j->req.frequency, .last_n = j->req.repeat_last_n };
+    g->clarifier = j->srv->clarifier, g->want_metrics = j->req.metrics;
+    g->on_token = on_token, g->ud = c, g->on_record = on_record, g->record_ud = c, g->record_stop = 1;
+    g->need_logits = c->j->req.logprobs;  // record_logprobs reads the step's logits
+    int rc = g->max_new > 0 ? serve_cap_open(j->srv, j, index, s, &c->cap, err) : 0;  // after the prompt's scoring
+    if (c->cap.active) c->probe = c->cap.pr, g->feed_last = c->cap.reserved;  // the files cover every position
+    return rc;
+}
+
+gen_opts *server_choice_opts(server_choice *c) { return &c->g; }
+gen_stats *server_choice_stats(server_choice *c) { return &c->st; }
+
+int server_choice_end(server_choice *c, int rc, sbuf *choices, int *cut, verr *err) {
+    server_job *j = c->j;
+    if (!c->ts) rc = -1;  // begin failed
+    j->prefill_s += c->st.prefill_s, j->decode_s += c->st.decode_s;
     if (rc == 0) {
         const char *tail;
-        int k = c.stop_hit ? 0 : tokenizer_stream_flush(c.ts, &tail);
-        size_t before = c.text.len;
-        if (k > 0) sb_put(&c.text, tail, (size_t)k);
-        if (k > 0 && j->req.n_stop) c.stop_hit = find_stop(&c, before);
-        const char *finish = finish_reason(&c, &st, cut);
-        serve_cap_close(j->srv, &c.cap, !*cut && !atomic_load(&j->cancelled), p->ids, p->n_ids);
+        int k = c->stop_hit ? 0 : tokenizer_stream_flush(c->ts, &tail);
+        size_t before = c->text.len;
+        if (k > 0) sb_put(&c->text, tail, (size_t)k);
+        if (k > 0 && j->req.n_stop) c->stop_hit = find_stop(c, before);
+        const char *finish = finish_reason(c, &c->st, cut);
+        serve_cap_close(j->srv, &c->cap, !*cut && !atomic_load(&j->cancelled), c->p->ids, c->p->n_ids);
         if (j->req.stream) {
-            if (c.text.len > c.sent || c.n_mx || c.n_lp) stream_event(&c, c.text.len, NULL);
-            stream_event(&c, c.text.len, finish);
+            if (c->text.len > c->sent || c->n_mx || c->n_lp) stream_event(c, c->text.len, NULL);
+            stream_event(c, c->text.len, finish);
         } else {
-            if (index) sb_puts(choices, ",");
-            put_choice(choices, &c, 0, c.text.len, finish);
+            put_choice(choices, c, 0, c->text.len, finish);
         }
-        if (c.text.oom || c.mx.oom || choices->oom) rc = verr_set(err, "out of memory building the response");
+        if (c->text.oom || c->mx.oom || choices->oom) rc = verr_set(err, "out of memory building the response");
     } else {
-        serve_cap_close(j->srv, &c.cap, 0, NULL, 0);
+        serve_cap_close(j->srv, &c->cap, 0, NULL, 0);
     }
-    choice_free(&c);
-    return rc ? -1 : st.n_gen + st.hit_eos;  // the stop token counts, as OpenAI and vLLM count it
+    int n = c->st.n_gen + c->st.hit_eos;  // the stop token counts, as OpenAI and vLLM count it
+    choice_free(c);
+    free(c);
+    return rc ? -1 : n;
+}
+
+// Runs choice `index` on the slot; appends its JSON to `choices` (non-streamed) or
+// streams it. Returns the tokens generated, or -1 with err; *cut when the server stopped it.
+static int run_choice(server_slot *sl, server_job *j, int index, sbuf *choices, int *cut, verr *err) {
+    session *s = &sl->s;
+    choice *c;
+    int rc = server_choice_begin(j, index, s, sl->probe, 1, &c, err);
+    if (!c) return -1;
+    kv_cache_truncate(&s->kv, 0);
+    job_prompt *p = c->p;
+    if (rc == 0 && c->g.max_new > 0) rc = generate(s, p->ids, p->n_ids, &c->g, &c->st, err);  // max_tokens 0: echo alone
+    if (index && !j->req.stream) sb_puts(choices, ",");
+    return server_choice_end(c, rc, choices, cut, err);
 }
 
 // ---- one request ----------------------------------------------------------------
@@ -584,13 +610,31 @@ static int next_choice(server_job *j, int i, int cut) {
     return go;
 }
 
-void server_run_job(server_slot *sl, server_job *j) {
+void server_job_start(server_job *j, int slot) {
     j->t_start = server_now();
-    j->slot = (int)(sl - j->srv->slots);
+    j->slot = slot;
     pthread_mutex_lock(&j->mu);
     j->started = !atomic_load(&j->cancelled);  // a streamed job's connection sends its headers now
     if (j->waiting) pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
+}
+
+void server_job_finish(server_job *j, sbuf *choices, int ran, int failed, int cut, verr *err) {
+    // choices not run because the server stops (or none: cancelled while queued) are cut too
+    cut = cut || (!failed && atomic_load(&j->srv->stopping) && (!j->started || ran < j->req.n * j->n_prompts));
+    finish_job(j, choices, cut, &failed, err);
+    if (j->srv->o.verbose)
+        fprintf(stderr, "varent serve: %s: prompt %d tokens, %d generated, prefill %.3f s, decode %.3f s%s%s\n", j->id,
+                j->prompt_tokens, j->completion_tokens, j->prefill_s, j->decode_s, failed == 500 ? ", failed: " : "",
+                failed == 500 ? err->msg : cut ? ", stopped by shutdown" : atomic_load(&j->cancelled) ? ", cancelled" : "");
+    pthread_mutex_lock(&j->mu);
+    j->done = 1, j->failed = failed;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+void server_run_job(server_slot *sl, server_job *j) {
+    server_job_start(j, (int)(sl - j->srv->slots));
     sbuf choices = { 0 };
     verr err = { { 0 } };
     int failed = 0, cut = 0, i = 0;
@@ -603,18 +647,8 @@ void server_run_job(server_slot *sl, server_job *j) {
         }
         j->completion_tokens += n;
     }
-    // choices not run because the server stops (or none: cancelled while queued) are cut too
-    cut = cut || (!failed && atomic_load(&j->srv->stopping) && (!j->started || i < j->req.n * j->n_prompts));
-    finish_job(j, &choices, cut, &failed, &err);
+    server_job_finish(j, &choices, i, failed, cut, &err);
     sb_free(&choices);
-    if (j->srv->o.verbose)
-        fprintf(stderr, "varent serve: %s: prompt %d tokens, %d generated, prefill %.3f s, decode %.3f s%s%s\n", j->id,
-                j->prompt_tokens, j->completion_tokens, j->prefill_s, j->decode_s, failed == 500 ? ", failed: " : "",
-                failed == 500 ? err.msg : cut ? ", stopped by shutdown" : atomic_load(&j->cancelled) ? ", cancelled" : "");
-    pthread_mutex_lock(&j->mu);
-    j->done = 1, j->failed = failed;
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
 }
 
 // ---- slots ----------------------------------------------------------------------
@@ -623,7 +657,7 @@ static void *slot_main(void *arg) {
     server_slot *sl = arg;
     server *s = sl->srv;
     cpu_set_threads(s->threads_per_slot);  // OpenMP's thread count is per calling thread
-    for (server_job *j; (j = queue_pop(s));) {
+    for (server_job *j; (j = server_queue_pop(s, 1));) {
         server_run_job(sl, j);
         pthread_mutex_lock(&s->mu);
         s->busy--;
@@ -634,6 +668,7 @@ static void *slot_main(void *arg) {
 }
 
 int server_slots_start(server *s, verr *err) {
+    if (server_engine_usable(s)) return server_engine_start(s, err);  // one scheduler for every request (engine.c)
     s->slots = calloc((size_t)s->o.parallel, sizeof *s->slots);
     if (!s->slots) return verr_set(err, "out of memory");
     for (int i = 0; i < s->o.parallel; i++) {
@@ -672,6 +707,7 @@ void server_slots_stop(server *s) {
     atomic_store(&s->stopping, 1);
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
+    server_engine_stop(s);
     for (int i = 0; i < s->n_slots; i++)
         if (s->slots[i].started) pthread_join(s->slots[i].th, NULL);
     for (int i = 0; i < s->n_slots; i++) {

@@ -1,6 +1,8 @@
 // server.h: the OpenAI-compatible HTTP server behind `varent serve` (libmicrohttpd,
-// one thread per connection). Completion requests go to a FIFO queue served by
-// --parallel slots, each a session context on the one loaded model (session_open_shared).
+// one thread per connection). Completion requests go to a FIFO queue served by the
+// scheduler (engine.c: --parallel sequences decoded together), or, under tensor
+// parallelism or with captures, by --parallel slots, each a session context on the one
+// loaded model (session_open_shared).
 // Routes, shapes and limits: docs/server.md.
 #ifndef VARENT_SERVER_H
 #define VARENT_SERVER_H
@@ -13,11 +15,11 @@
 typedef struct {
     const char *host;           // bind address (default 127.0.0.1)
     int port;                   // 0: any free port (server_port tells which)
-    int parallel;               // slots, >= 1
+    int parallel;               // sequences decoded together (the slots without the scheduler), >= 1
     int threads;                // forward threads in all (0: all cores), split between slots
     int max_tokens_limit;       // a request asking for more gets a 400
     size_t max_body;            // bytes; a larger body gets a 413
-    int max_queue;              // waiting requests beyond this get a 429
+    int max_queue;              // waiting requests beyond this get a 503 with Retry-After
     int max_connections;
     int timeout_s;              // idle connection timeout once a request's headers are in (0: none)
     int header_timeout_s;       // a deadline for a request's headers, from the connection's start or the
@@ -48,6 +50,8 @@ typedef struct {
                                 // Its acts_path and attn_path are directories: a file per
                                 // choice (host/serve/capture.h)
     int dump_max_files;         // choices captured to those files at most
+    long kv_pool_mb, kv_pool_tokens;  // the scheduler's KV pool (0, 0: --parallel whole contexts)
+    int no_prefix_cache;        // no reuse of earlier prompts' positions
 } server_opts;
 
 typedef struct server server;

@@ -27,6 +27,8 @@ static void (*notice_fn)(const char *msg);
 
 void outfile_discard_all(void) { discard_all = 1; }
 
+int outfile_discarding(void) { return discard_all; }
+
 void outfile_set_notice(void (*fn)(const char *msg)) { notice_fn = fn; }
 
 static void notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

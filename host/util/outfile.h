@@ -95,6 +95,9 @@ const char *outfile_where(const outfile *o);
 // From now on every outfile_open of this process writes to /dev/null (the ranks other
 // than 0 of an MPI launch: rank 0 writes the files). Called once, by the CLI.
 void outfile_discard_all(void);
+// 1 after outfile_discard_all: this process writes nothing, another one writes the files
+// (the model cache waits for rank 0's conversion instead of making an empty one).
+int outfile_discarding(void);
 // Where notices go (waiting for a FIFO's reader, a partial output kept under a new
 // name, a stale temporary file removed): set once by the CLI; none by default.
 void outfile_set_notice(void (*fn)(const char *msg));

@@ -22,17 +22,15 @@
 #define ATT_MAX_ROWS 32  // rows of a tile
 #define ATT_MIN_SPLIT 256  // fewest keys worth a split of their own
 
-// Key or value row j (trunk, then tail) of a cache whose elements are esize bytes.
-static inline const void *attn_kv_row(const void *trunk, const void *tail, int n_trunk, int j, int kv_dim, size_t esize) {
-    return j < n_trunk ? (const char *)trunk + (size_t)j * kv_dim * esize
-                       : (const char *)tail + (size_t)(j - n_trunk) * kv_dim * esize;
-}
-
+// What one call reads: the keys and values (a paged trunk's rows go through pg's block
+// table: attention_tile.h's kv_row), the geometry.
 typedef struct {
     kv_span kv;
     attn_shape s;
     int kv_dim;
+    kv_pages pg;
 } attn_args;
+
 
 // A tile's rows: each row's query, capture (NULL: none) and causal limit (its keys are
 // 0..limit-1); g: the kv head they share.
@@ -225,8 +223,13 @@ static void attn_run_job(float *out, const float *q, const attn_args *a, const a
 }
 
 void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s, float *last_scores) {
+    cpu_attention_paged(out, q, kv, (kv_pages){ NULL, 0 }, T, s, last_scores);
+}
+
+void cpu_attention_paged(float *out, const float *q, kv_span kv, kv_pages pg, int T, attn_shape s,
+                         float *last_scores) {
     int total = kv.n_trunk + kv.n_tail;
-    attn_args a = { kv, s, s.n_kv_heads * s.head_dim };
+    attn_args a = { kv, s, s.n_kv_heads * s.head_dim, pg };
     attn_plan p = attn_make_plan(T, total, s);
     attn_tile_fn *tile_fn = attn_pick();
     float *part = p.splits > 1 ? malloc(sizeof(float) * (size_t)p.jobs * ATT_MAX_ROWS * (2 + s.head_dim)) : NULL;

@@ -27,12 +27,26 @@ static inline float ATT_FN(hsum)(ATT_V v) {
 
 #include "kernels/cpu/vexp.h"
 
+// Key or value row j (trunk, then tail) of a cache whose elements are esize bytes; a
+// paged trunk's rows go through its block table. One copy per instruction set, so that
+// it inlines into the loops that read a row per key.
+static inline const void *ATT_FN(kv_row)(const attn_args *a, const void *trunk, const void *tail, int j, int kv_dim,
+                                         size_t esize) {
+    if (j >= a->kv.n_trunk) return (const char *)tail + (size_t)(j - a->kv.n_trunk) * kv_dim * esize;
+    size_t row = (size_t)j;
+    if (a->pg.blocks) {
+        int sh = a->pg.shift;
+        row = ((size_t)a->pg.blocks[j >> sh] << sh) | (size_t)(j & ((1 << sh) - 1));
+    }
+    return (const char *)trunk + row * kv_dim * esize;
+}
+
 // Head g's slice of key or value row j as floats: an fp32 cache row in place, a bf16 one
 // widened into buf (exactly: a bf16 is the top half of the float it stands for).
 static const float *ATT_FN(kv_head)(const attn_args *a, const void *trunk, const void *tail, int j, int g, float *buf) {
     int hd = a->s.head_dim;
     size_t esize = a->kv.bf16 ? 2 : 4;
-    const char *row = (const char *)attn_kv_row(trunk, tail, a->kv.n_trunk, j, a->kv_dim, esize) + (size_t)g * hd * esize;
+    const char *row = (const char *)ATT_FN(kv_row)(a, trunk, tail, j, a->kv_dim, esize) + (size_t)g * hd * esize;
     if (!a->kv.bf16) return (const float *)row;
     const uint16_t *h = (const uint16_t *)row;
     int i = 0;
@@ -136,7 +150,7 @@ static void ATT_FN(rows_raw)(const attn_args *a, const void *trunk, const void *
                              const void **p) {
     size_t esize = a->kv.bf16 ? 2 : 4, off = (size_t)g * a->s.head_dim * esize;
     for (int j = 0; j < nb; j++)
-        p[j] = (const char *)attn_kv_row(trunk, tail, a->kv.n_trunk, j0 + j, a->kv_dim, esize) + off;
+        p[j] = (const char *)ATT_FN(kv_row)(a, trunk, tail, j0 + j, a->kv_dim, esize) + off;
 }
 
 // The shuffles that sum ATT_VW vectors' lanes into one vector (lane k: the sum of vector

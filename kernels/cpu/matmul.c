@@ -129,8 +129,52 @@ static void dot4_bf16_eo(float *out, const uint16_t *w, size_t r, const float *x
     for (int k = 0; k < 4; k++) out[k] = s[k];
 }
 
+// dot4_bf16_eo for NT tokens at once (rows t of x and of split, ldx and 2h apart; out
+// rows ldo apart): each widened weight vector feeds NT tokens, so a batch spends fewer
+// loads and conversions per FMA. Each (token, row) sum takes exactly dot4_bf16_eo's
+// steps (the same FMAs in the same order, the same reduction and tail), so a token's
+// result does not depend on the tokens beside it.
+#define DOT4X_EO(NAME, NT)                                                                              \
+    static void NAME(float *out, size_t ldo, const uint16_t *w, size_t r, const float *x, size_t ldx,  \
+                     const float *split, size_t h, int n) {                                             \
+        const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);                                         \
+        const uint16_t *wr[4] = { w + r * (size_t)n, w + (r + 1) * (size_t)n, w + (r + 2) * (size_t)n,  \
+                                  w + (r + 3) * (size_t)n };                                            \
+        __m512 acc[NT][4];                                                                              \
+        for (int t = 0; t < NT; t++)                                                                    \
+            for (int k = 0; k < 4; k++) acc[t][k] = _mm512_setzero_ps();                                \
+        int i = 0;                                                                                      \
+        for (; i + 32 <= n; i += 32) {                                                                  \
+            __m512 e[NT], o[NT];                                                                        \
+            for (int t = 0; t < NT; t++) {                                                              \
+                e[t] = _mm512_loadu_ps(split + 2 * t * h + i / 2);                                      \
+                o[t] = _mm512_loadu_ps(split + (2 * t + 1) * h + i / 2);                                \
+            }                                                                                           \
+            for (int k = 0; k < 4; k++)                                                                 \
+                _mm_prefetch((const char *)(wr[k] + PREFETCH_ROWS * (size_t)n + i), _MM_HINT_T0);       \
+            for (int k = 0; k < 4; k++) {                                                               \
+                __m512i v = _mm512_loadu_si512((const void *)(wr[k] + i));                              \
+                __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));                              \
+                __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, hi));                               \
+                for (int t = 0; t < NT; t++) {                                                          \
+                    acc[t][k] = _mm512_fmadd_ps(we, e[t], acc[t][k]);                                   \
+                    acc[t][k] = _mm512_fmadd_ps(wo, o[t], acc[t][k]);                                   \
+                }                                                                                       \
+            }                                                                                           \
+        }                                                                                               \
+        for (int t = 0; t < NT; t++) {                                                                  \
+            float s[4] = { _mm512_reduce_add_ps(acc[t][0]), _mm512_reduce_add_ps(acc[t][1]),            \
+                           _mm512_reduce_add_ps(acc[t][2]), _mm512_reduce_add_ps(acc[t][3]) };          \
+            for (int j = i; j < n; j++)                                                                 \
+                for (int k = 0; k < 4; k++) s[k] += bf16_to_f32(wr[k][j]) * x[t * ldx + j];             \
+            for (int k = 0; k < 4; k++) out[t * ldo + k] = s[k];                                        \
+        }                                                                                               \
+    }
+DOT4X_EO(dot4x4_bf16_eo, 4)
+DOT4X_EO(dot4x2_bf16_eo, 2)
+
 // Decode-time bf16 matvec with the even/odd split of x, for T <= MATMUL_EO_MAX_T
-// tokens: each token's row is computed exactly as alone (a batch of branches gives the
+// tokens (cpu_matmul; any T for cpu_matmul_rows): each token's row is computed exactly as alone (a batch of branches gives the
 // logits of one-at-a-time decoding, bit for bit), while a block's four weight rows are
 // read from memory once and from cache for the other tokens. split: [T, 2, n_in/2+1].
 #define MATMUL_EO_MAX_T 8
@@ -141,10 +185,19 @@ static void matvec_bf16_eo(float *out, const float *x, const uint16_t *w, int T,
             split[2 * t * h + i / 2] = x[(size_t)t * n_in + i], split[(2 * t + 1) * h + i / 2] = x[(size_t)t * n_in + i + 1];
     int blocks = n_out / MATMUL_ROWS;
 #pragma omp parallel for schedule(static) if ((long)n_out * n_in * T > 32768)
-    for (int b = 0; b < blocks; b++)
-        for (int t = 0; t < T; t++)
-            dot4_bf16_eo(out + (size_t)t * n_out + (size_t)b * MATMUL_ROWS, w, (size_t)b * MATMUL_ROWS,
-                         x + (size_t)t * n_in, split + 2 * t * h, split + (2 * t + 1) * h, n_in);
+    for (int b = 0; b < blocks; b++) {
+        size_t r = (size_t)b * MATMUL_ROWS;
+        int t = 0;
+        for (; t + 4 <= T; t += 4)
+            dot4x4_bf16_eo(out + (size_t)t * n_out + r, (size_t)n_out, w, r, x + (size_t)t * n_in, (size_t)n_in,
+                           split + 2 * t * h, h, n_in);
+        for (; t + 2 <= T; t += 2)
+            dot4x2_bf16_eo(out + (size_t)t * n_out + r, (size_t)n_out, w, r, x + (size_t)t * n_in, (size_t)n_in,
+                           split + 2 * t * h, h, n_in);
+        for (; t < T; t++)
+            dot4_bf16_eo(out + (size_t)t * n_out + r, w, r, x + (size_t)t * n_in, split + 2 * t * h,
+                         split + (2 * t + 1) * h, n_in);
+    }
     for (int r = blocks * MATMUL_ROWS; r < n_out; r++)
         for (int t = 0; t < T; t++) {
             float s = 0;
@@ -231,17 +284,18 @@ static inline float dot_row(wref w, size_t row, const float *x, int n) {
     }
 }
 
-void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out) {
+// The matrix-vector paths: every row summed as a row alone is (exact 1: any T; else the
+// bf16 even/odd split up to MATMUL_EO_MAX_T rows, as cpu_matmul has always done).
+static void matvec_rows(float *out, const float *x, wref w, int T, int n_in, int n_out, int exact) {
     // Small problems are not worth waking the thread team for.
     long work = (long)n_out * n_in * T;
-    if (T > 8 && cpu_gemm(out, x, w, T, n_in, n_out) == 0) return;  // prefill: the blocked GEMM (gemm.c)
 #ifdef MATMUL_ROWS
     if (T == 1 && w.type == WT_BF16 && n_in <= 65536) {
         float split[n_in + 2];
         matvec_bf16_eo(out, x, w.data, 1, n_in, n_out, split);
         return;
     }
-    if (T <= MATMUL_EO_MAX_T && w.type == WT_BF16) {  // a batch of decode rows
+    if (w.type == WT_BF16 && (exact ? n_in <= 65536 : T <= MATMUL_EO_MAX_T)) {  // a batch of decode rows
         float *split = malloc(sizeof(float) * (size_t)T * (n_in + 2));
         if (split) {
             matvec_bf16_eo(out, x, w.data, T, n_in, n_out, split);
@@ -264,10 +318,20 @@ void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out) 
     for (int r = blocks * MATMUL_ROWS; r < n_out; r++)  // leftover rows
         for (int t = 0; t < T; t++) out[(size_t)t * n_out + r] = dot_row(w, (size_t)r, x + (size_t)t * n_in, n_in);
 #else
+    (void)exact;
 #pragma omp parallel for schedule(static) if (work > 32768)
     for (int r = 0; r < n_out; r++) {
         for (int t = 0; t < T; t++)
             out[(size_t)t * n_out + r] = dot_row(w, (size_t)r, x + (size_t)t * n_in, n_in);
     }
 #endif
+}
+
+void cpu_matmul(float *out, const float *x, wref w, int T, int n_in, int n_out) {
+    if (T > 8 && cpu_gemm(out, x, w, T, n_in, n_out) == 0) return;  // prefill: the blocked GEMM (gemm.c)
+    matvec_rows(out, x, w, T, n_in, n_out, 0);
+}
+
+void cpu_matmul_rows(float *out, const float *x, wref w, int T, int n_in, int n_out) {
+    matvec_rows(out, x, w, T, n_in, n_out, 1);
 }

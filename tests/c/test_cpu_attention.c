@@ -2,7 +2,8 @@
 // instruction-set path this CPU can run (cpu_isa_set forces each), against a naive
 // double-precision reference written here: odd head sizes, GQA groups of 1, 3 and 7,
 // prefill tiles that end mid-tile, a trunk + tail split, and decode at depths long
-// enough that the keys are split across threads and merged.
+// enough that the keys are split across threads and merged; a paged trunk read through
+// its block table gives the contiguous trunk's bits.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -85,6 +86,59 @@ static void test_bf16_cache(cpu_isa isa, const float *q, float *k, float *v, kv_
     free(k16), free(v16), free(o32), free(o16), free(s32), free(s16);
 }
 
+// A paged trunk (model/kv_pool.h): the same rows scattered over shuffled blocks of
+// 2^shift positions, the pool's other rows NaN (a wrong row would show), read through
+// the block table, give the contiguous trunk's bits; fp32 and bf16 rows.
+static void test_paged(cpu_isa isa, const float *q, const float *k, const float *v, kv_span span, int T, attn_shape s,
+                       int shift, int bf16, const char *base) {
+    int B = 1 << shift, nb = (span.n_trunk + B - 1) / B, P = 2 * nb + 1;
+    size_t kvd = (size_t)s.n_kv_heads * s.head_dim, es = bf16 ? 2 : 4, rows = (size_t)P * B;
+    size_t nq = (size_t)T * s.n_heads * s.head_dim, ns = (size_t)s.n_heads * (span.n_trunk + span.n_tail);
+    int *perm = malloc(sizeof(int) * (size_t)P);
+    char *pk = malloc(rows * kvd * es), *pv = malloc(rows * kvd * es), *ck = malloc(rows * kvd * es),
+         *cv = malloc(rows * kvd * es), *tk = malloc((size_t)span.n_tail * kvd * es + 1),
+         *tv = malloc((size_t)span.n_tail * kvd * es + 1);
+    float *o1 = malloc(nq * 4), *o2 = malloc(nq * 4), *s1 = malloc(ns * 4), *s2 = malloc(ns * 4);
+    for (int i = 0; i < P; i++) perm[i] = i;
+    for (int i = P - 1; i > 0; i--) {
+        int j = (int)((frand() + 1) * 0.5 * (i + 1)) % (i + 1), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    float nan = NAN;
+    uint16_t nan16 = 0x7fc0;
+    for (size_t r = 0; r < rows * kvd; r++) {
+        memcpy(pk + r * es, bf16 ? (void *)&nan16 : (void *)&nan, es);
+        memcpy(pv + r * es, bf16 ? (void *)&nan16 : (void *)&nan, es);
+    }
+    for (int j = 0; j < span.n_trunk + span.n_tail; j++) {  // rows in the kernel's element type
+        char *dk = j < span.n_trunk ? ck + (size_t)j * kvd * es : tk + (size_t)(j - span.n_trunk) * kvd * es;
+        char *dv = j < span.n_trunk ? cv + (size_t)j * kvd * es : tv + (size_t)(j - span.n_trunk) * kvd * es;
+        for (size_t i = 0; i < kvd; i++) {
+            float kf = k[(size_t)j * kvd + i], vf = v[(size_t)j * kvd + i];
+            uint16_t kh = to_bf16(kf), vh = to_bf16(vf);
+            memcpy(dk + i * es, bf16 ? (void *)&kh : (void *)&kf, es);
+            memcpy(dv + i * es, bf16 ? (void *)&vh : (void *)&vf, es);
+        }
+    }
+    for (int j = 0; j < span.n_trunk; j++) {
+        size_t row = (size_t)perm[j >> shift] * B + (size_t)(j & (B - 1));
+        memcpy(pk + row * kvd * es, ck + (size_t)j * kvd * es, kvd * es);
+        memcpy(pv + row * kvd * es, cv + (size_t)j * kvd * es, kvd * es);
+    }
+    kv_span flat = { ck, cv, span.n_trunk, span.n_tail ? tk : NULL, span.n_tail ? tv : NULL, span.n_tail, bf16 };
+    kv_span paged = flat;
+    paged.k_trunk = pk, paged.v_trunk = pv;
+    for (size_t i = 0; i < nq; i++) o2[i] = NAN;
+    for (size_t i = 0; i < ns; i++) s2[i] = NAN;
+    cpu_attention(o1, q, flat, T, s, s1);
+    cpu_attention_paged(o2, q, paged, (kv_pages){ perm, shift }, T, s, s2);
+    char name[200];
+    snprintf(name, sizeof name, "%.120s_paged%d%s_same_bits", base, B, bf16 ? "_bf16" : "");
+    CHECK(!memcmp(o1, o2, nq * 4) && !memcmp(s1, s2, ns * 4), name, "paged attention differs from contiguous (%s)",
+          cpu_isa_name(isa));
+    free(perm), free(pk), free(pv), free(ck), free(cv), free(tk), free(tv), free(o1), free(o2), free(s1), free(s2);
+}
+
 static void test_attention(cpu_isa isa, int n_heads, int n_kv, int hd, int n_keys, int T, int split) {
     attn_shape s = { n_heads, n_kv, hd, 1.0f / sqrtf((float)hd) };
     size_t nq = (size_t)T * n_heads * hd, nkv = (size_t)n_keys * n_kv * hd, ns = (size_t)n_heads * n_keys;
@@ -107,6 +161,9 @@ static void test_attention(cpu_isa isa, int n_heads, int n_kv, int hd, int n_key
     bad = check_close(sc, sref, (long)ns, 1e-4f, 1e-5f);
     strncat(name, "_scores", sizeof name - strlen(name) - 1);
     CHECK(bad < 0, name, "index %ld: got %g want %g", bad, bad < 0 ? 0 : sc[bad], bad < 0 ? 0 : sref[bad]);
+    test_paged(isa, q, k, v, span, T, s, 4, 0, name);
+    test_paged(isa, q, k, v, span, T, s, 0, 1, name);
+    test_paged(isa, q, k, v, span, T, s, 3, 1, name);
     test_bf16_cache(isa, q, k, v, span, T, s, n_keys, name);
     free(q), free(k), free(v), free(out), free(ref), free(sc), free(sref);
 }

@@ -1,9 +1,15 @@
 """lm-evaluation-harness itself against `varent serve` and against HF transformers (issue 33):
-the same local multiple-choice task (written here: 100 questions, 4 choices each) run by
-lm-eval's `local-completions` model (tokenizer_backend=huggingface, batch_size 1 and 8)
-against varent, and by its `hf` model (float32 on the CPU) as the reference, on
-SmolLM2-135M-Instruct. The accuracy must be the same and every choice's loglikelihood equal
-within 2e-3 (each is a sum over the choice's tokens), its is_greedy flag too.
+the same local tasks (written here) run by lm-eval's `local-completions` model
+(tokenizer_backend=huggingface, batch_size 1 and 8) against varent, and by its `hf` model
+(float32 on the CPU) as the reference, on SmolLM2-135M-Instruct. Each covers one of lm-eval's
+request types:
+- varent_mc (loglikelihood): 100 questions, 4 choices each. The accuracy must be the same and
+  every choice's loglikelihood equal within 2e-3 (each is a sum over the choice's tokens), its
+  is_greedy flag too.
+- varent_gen (generate_until, greedy, stop strings and EOS): 20 prompts; every generated text
+  must be the same as HF's.
+- varent_ppl (loglikelihood_rolling, a perplexity task as wikitext is): 6 paragraphs; each
+  document's loglikelihood equal within 2e-3 and the word perplexity within 1e-4 relative.
 
 Needs the HF venv (tools/hf-venv.sh, then `build/hf-venv/bin/pip install 'lm-eval[api,hf]'`;
 VARENT_HF_PYTHON names another python) and weights/SmolLM2-135M-Instruct
@@ -22,6 +28,8 @@ import servertest
 
 MODEL = os.path.join(ROOT, "weights", "SmolLM2-135M-Instruct")
 TOL = 2e-3
+PPL_RTOL = 1e-4
+TASKS = "varent_mc,varent_gen,varent_ppl"
 
 CAPITALS = [("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"),
             ("Egypt", "Cairo"), ("Russia", "Moscow"), ("Greece", "Athens"), ("Portugal", "Lisbon"),
@@ -34,6 +42,38 @@ OPPOSITES = [("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow")
              ("long", "short"), ("loud", "quiet"), ("thick", "thin"), ("clean", "dirty"), ("first", "last")]
 SOUNDS = [("dog", "barks"), ("cat", "meows"), ("cow", "moos"), ("duck", "quacks"), ("lion", "roars"),
           ("sheep", "bleats"), ("horse", "neighs"), ("pig", "oinks"), ("owl", "hoots"), ("snake", "hisses")]
+
+
+GEN_PROMPTS = ["What is the capital of France?", "Name a fruit that is yellow.", "What colour is the sky?",
+               "Write one sentence about the sea.", "How many legs does a spider have?",
+               "What do bees make?", "Give a synonym for \"happy\".", "What is 7 times 6?",
+               "Who wrote Romeo and Juliet?", "What is the boiling point of water in Celsius?",
+               "Describe a cat in five words.", "What is the largest planet?", "Say hello in Spanish.",
+               "Which animal says moo?", "What is the opposite of \"up\"?", "List three colours.",
+               "What day comes after Monday?", "What is H2O?", "Name a musical instrument.",
+               "Why do leaves fall in autumn?"]
+
+# Plain prose for the perplexity task, written here; each paragraph is one document.
+PPL_DOCS = [
+    "The river rises in the hills north of the town and runs south for about forty miles before it "
+    "reaches the sea. In spring it floods the low meadows, and the farmers move their cattle to higher "
+    "ground until the water falls again.",
+    "A good loaf needs only flour, water, salt and yeast, but it also needs time. The dough is mixed, "
+    "left to rise, folded, shaped and left to rise once more. Baked in a hot oven, it comes out with a "
+    "dark crust and a soft, open crumb.",
+    "The library opened in 1887 with three thousand books, most of them given by a retired sea captain. "
+    "Today it holds more than two hundred thousand volumes, a collection of old maps, and the captain's "
+    "own logbooks from his voyages to China.",
+    "When the first frost came, the children ran out to look at the garden. Every leaf was edged with "
+    "white, the pond had a thin skin of ice, and the spider webs on the fence shone like strings of "
+    "glass beads in the low morning sun.",
+    "Computers store numbers in binary, as strings of ones and zeros. A single binary digit is called a "
+    "bit, and eight bits make a byte. Text, pictures and sound are all kept as numbers in the end, and "
+    "programs decide what those numbers mean.",
+    "The match was level at one goal each until the last minute, when the young striker turned past two "
+    "defenders and shot low into the corner. The crowd rose to its feet, and the coach, who had said "
+    "nothing all afternoon, finally smiled.",
+]
 
 
 def task_docs():
@@ -58,34 +98,78 @@ def task_docs():
     return docs
 
 
-def write_task(work):
-    data = os.path.join(work, "varent_mc.jsonl")
-    with open(data, "w") as f:
-        for d in task_docs():
-            f.write(json.dumps(d) + "\n")
-    tasks = os.path.join(work, "tasks")
-    os.makedirs(tasks, exist_ok=True)
-    with open(os.path.join(tasks, "varent_mc.yaml"), "w") as f:
-        f.write(f"""task: varent_mc
+def write_jsonl(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def task_yaml(name, data, body):
+    return f"""task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
     test: {data}
 test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: {{{{question}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
+{body}"""
+
+
+def write_tasks(work):
+    """The three tasks' data and YAML under work/tasks; returns that folder."""
+    tasks = os.path.join(work, "tasks")
+    os.makedirs(tasks, exist_ok=True)
+    bodies = {
+        "varent_mc": (task_docs(), """output_type: multiple_choice
+doc_to_text: "Question: {{question}}\\nAnswer:"
+doc_to_choice: "{{choices}}"
 doc_to_target: answer
 metric_list:
   - metric: acc
-""")
+"""),
+        "varent_gen": ([{"question": q, "answer": ""} for q in GEN_PROMPTS], """output_type: generate_until
+doc_to_text: "Question: {{question}}\\nAnswer:"
+doc_to_target: answer
+generation_kwargs:
+  until: ["\\n\\n", "Question:"]
+  do_sample: false
+  max_gen_toks: 40
+metric_list:
+  - metric: exact_match
+"""),
+        "varent_ppl": ([{"text": t} for t in PPL_DOCS], """output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{text}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+"""),
+    }
+    for name, (rows, body) in bodies.items():
+        data = os.path.join(tasks, name + ".jsonl")
+        write_jsonl(data, rows)
+        with open(os.path.join(tasks, name + ".yaml"), "w") as f:
+            f.write(task_yaml(name, data, body))
     return tasks
 
 
+def samples(out, task):
+    """{doc_id: filtered_resps} of one task's samples file under out."""
+    found = sorted(glob.glob(os.path.join(out, "**", f"samples_{task}_*.jsonl"), recursive=True))
+    if not found:
+        return None
+    per_doc = {}
+    for line in open(found[-1]):
+        s = json.loads(line)
+        per_doc[s["doc_id"]] = s["filtered_resps"]
+    return per_doc
+
+
 def lm_eval(py, tasks, out, model, model_args, batch_size):
+    """Runs the three tasks; (results dict, {task: {doc_id: filtered_resps}}) or (None, why)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                HF_DATASETS_CACHE=os.path.join(out, "datasets-cache"), TOKENIZERS_PARALLELISM="false")
-    cmd = [py, "-m", "lm_eval", "--model", model, "--model_args", model_args, "--tasks", "varent_mc",
+    cmd = [py, "-m", "lm_eval", "--model", model, "--model_args", model_args, "--tasks", TASKS,
            "--include_path", tasks, "--batch_size", str(batch_size), "--log_samples", "--output_path", out]
     if model == "hf":
         cmd += ["--device", "cpu"]
@@ -93,31 +177,51 @@ def lm_eval(py, tasks, out, model, model_args, batch_size):
     if r.returncode != 0:
         return None, r.stderr[-1500:]
     res = sorted(glob.glob(os.path.join(out, "**", "results_*.json"), recursive=True))
-    samples = sorted(glob.glob(os.path.join(out, "**", "samples_varent_mc_*.jsonl"), recursive=True))
-    if not res or not samples:
-        return None, f"no results under {out}: {r.stdout[-500:]}"
-    acc = json.load(open(res[-1]))["results"]["varent_mc"]["acc,none"]
-    per_doc = {}
-    for line in open(samples[-1]):
-        s = json.loads(line)
-        per_doc[s["doc_id"]] = [(float(x[0]), bool(x[1])) for x in s["filtered_resps"]]
-    return (acc, per_doc), ""
+    per_task = {t: samples(out, t) for t in TASKS.split(",")}
+    if not res or None in per_task.values():
+        return None, f"no results or samples under {out}: {r.stdout[-500:]}"
+    return (json.load(open(res[-1]))["results"], per_task), ""
 
 
-def compare(name, got, ref):
-    (acc, docs), (ref_acc, ref_docs) = got, ref
+def compare_mc(name, got, ref):
+    (res, docs), (ref_res, ref_docs) = got, ref
+    acc, ref_acc = res["varent_mc"]["acc,none"], ref_res["varent_mc"]["acc,none"]
+    docs, ref_docs = docs["varent_mc"], ref_docs["varent_mc"]
     worst, flips, n = 0.0, [], 0
     for k, want in ref_docs.items():
         for (ll, greedy), (ref_ll, ref_greedy) in zip(docs.get(k, []), want):
-            worst = max(worst, abs(ll - ref_ll))
+            worst = max(worst, abs(float(ll) - float(ref_ll)))
             n += 1
-            if greedy != ref_greedy:
+            if bool(greedy) != bool(ref_greedy):
                 flips.append(k)
     check(len(docs) == len(ref_docs) == 100 and n == 400, f"{name}_every_choice_scored", f"{len(docs)} docs, {n} choices")
     check(acc == ref_acc, f"{name}_accuracy_equals_hf", f"{acc} vs hf {ref_acc}")
     check(worst <= TOL and not flips, f"{name}_loglikelihoods_equal_hf",
           f"largest difference {worst:.2e} (tolerance {TOL}), is_greedy differs in docs {flips[:5]}")
-    print(f"# {name}: acc {acc:.3f} (hf {ref_acc:.3f}), largest loglikelihood difference {worst:.2e}")
+    print(f"# {name}: acc {acc:.3f} (hf {ref_acc:.3f}), largest loglikelihood difference {worst:.2e}, "
+          f"is_greedy differs on {len(flips)} of {n} choices")
+
+
+def compare_gen(name, got, ref):
+    docs, ref_docs = got[1]["varent_gen"], ref[1]["varent_gen"]
+    differ = [k for k, want in ref_docs.items() if docs.get(k) != want]
+    check(len(docs) == len(ref_docs) == len(GEN_PROMPTS) and not differ, f"{name}_generations_equal_hf",
+          f"{len(differ)} of {len(ref_docs)} differ; first: doc {differ[:1]}: "
+          f"{docs.get(differ[0]) if differ else ''!r} vs hf {ref_docs[differ[0]] if differ else ''!r}")
+    print(f"# {name}: {len(ref_docs) - len(differ)} of {len(ref_docs)} generations identical to hf")
+
+
+def compare_ppl(name, got, ref):
+    (res, docs), (ref_res, ref_docs) = got, ref
+    docs, ref_docs = docs["varent_ppl"], ref_docs["varent_ppl"]
+    worst = max(abs(float(docs[k][0]) - float(v[0])) if k in docs else float("inf") for k, v in ref_docs.items())
+    ppl, ref_ppl = res["varent_ppl"]["word_perplexity,none"], ref_res["varent_ppl"]["word_perplexity,none"]
+    check(len(docs) == len(ref_docs) == len(PPL_DOCS) and worst <= TOL, f"{name}_rolling_loglikelihoods_equal_hf",
+          f"largest difference {worst:.2e} (tolerance {TOL})")
+    check(abs(ppl - ref_ppl) <= PPL_RTOL * ref_ppl, f"{name}_word_perplexity_equals_hf",
+          f"{ppl} vs hf {ref_ppl} (relative tolerance {PPL_RTOL})")
+    print(f"# {name}: word perplexity {ppl:.4f} (hf {ref_ppl:.4f}), "
+          f"largest document loglikelihood difference {worst:.2e}")
 
 
 def main():
@@ -131,7 +235,7 @@ def main():
         skip("lmeval_hf", f"{MODEL} is absent (weights/fetch-smollm2.sh)")
         return 0
     work = vtest.tmpdir("lmeval-hf")
-    tasks = write_task(work)
+    tasks = write_tasks(work)
     ref, why = lm_eval(py, tasks, os.path.join(work, "hf"), "hf",
                        f"pretrained={MODEL},dtype=float32", 8)
     if not check(ref is not None, "lmeval_hf_reference_runs", why):
@@ -143,7 +247,8 @@ def main():
                     f"tokenizer_backend=huggingface,tokenizer={MODEL},num_concurrent=1,max_retries=1")
             got, why = lm_eval(py, tasks, os.path.join(work, f"varent-bs{bs}"), "local-completions", args, bs)
             if check(got is not None, f"lmeval_varent_batch_size_{bs}_runs", why):
-                compare(f"lmeval_varent_batch_size_{bs}", got, ref)
+                for compare in (compare_mc, compare_gen, compare_ppl):
+                    compare(f"lmeval_varent_batch_size_{bs}", got, ref)
     finally:
         srv.stop()
     vtest.done()

@@ -8,9 +8,9 @@ opened, success, --force, Ctrl-C, SIGTERM). Each case runs in a directory of its
 checks, besides the exit status and the message, that everything there is afterwards what
 the table says: the same kind of file with the same bytes, or the output where it belongs,
 and no temporary file left. Then the stale temporary files of a killed run, the server's
-capture directory, and the earlier round's cases (batches, --resume, the converters)."""
+capture directory. The earlier round's cases (batches, --resume, the converters) are
+test_lost_earlier.py."""
 import concurrent.futures
-import hashlib
 import json
 import os
 import signal
@@ -22,8 +22,8 @@ import time
 import vtest
 from vtest import check, skip, stories_dir, tmpdir, varent
 
-import gguf_np as G
-import test_gguf as TG  # the GGUF builders (a tiny qwen3)
+from lost_files import FifoReader, leftovers, read, snapshot, write
+from lost_files import lines_file as lost_files_lines
 
 work = tmpdir("lost")
 os.chmod(work, 0o755)
@@ -63,10 +63,7 @@ def prompts(n):
 
 
 def lines_file(name, lines):
-    p = os.path.join(work, name)
-    with open(p, "w") as f:
-        f.write("".join(x + "\n" for x in lines))
-    return p
+    return lost_files_lines(work, name, lines)
 
 
 M_OK = model_copy("model-ok", endless)  # endless, but short runs stop at -n
@@ -183,25 +180,6 @@ def valid(w, data):
 
 # ---- the targets ----------------------------------------------------------------------
 
-def snapshot(path):
-    """What a path is: its kind, and the bytes of a regular file or a link's text."""
-    if not os.path.lexists(path):
-        return ("missing",)
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return ("link", os.readlink(path))
-    if stat.S_ISREG(st.st_mode):
-        with open(path, "rb") as f:
-            return ("file", hashlib.sha256(f.read()).hexdigest(), stat.S_IMODE(st.st_mode))
-    if stat.S_ISCHR(st.st_mode):
-        return ("chr", os.major(st.st_rdev), os.minor(st.st_rdev))
-    if stat.S_ISFIFO(st.st_mode):
-        return ("fifo",)
-    if stat.S_ISDIR(st.st_mode):
-        return ("dir", stat.S_IMODE(st.st_mode))
-    return ("other", st.st_mode)
-
-
 def tree(d):
     """Every entry under d (but the captured stdout) and what it is."""
     out = {}
@@ -211,17 +189,6 @@ def tree(d):
             if f != "stdout.log":
                 out[os.path.relpath(p, d)] = snapshot(p)
     return out
-
-
-def read(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def write(path, data, mode=0o644):
-    with open(path, "wb") as f:
-        f.write(data)
-    os.chmod(path, mode)
 
 
 TARGETS = ["new", "file", "link", "dangling", "fifo_reader", "fifo_noreader", "dev", "dir", "readonly",
@@ -267,33 +234,6 @@ def make_target(d, kind, ext):
         os.lchown(out, NOBODY, NOBODY)
     return out, out
 
-
-class FifoReader:
-    """Reads a FIFO in a thread, so that a writer's open() returns (as `cat fifo &`)."""
-
-    def __init__(self, path):
-        self.data, self.path = b"", path
-        self.t = threading.Thread(target=self.run, daemon=True)
-        self.t.start()
-
-    def run(self):
-        with open(self.path, "rb") as f:
-            self.data = f.read()
-
-    def join(self):
-        """The data; a reader no writer opened (a run that failed first) is let go."""
-        self.t.join(timeout=0.5)
-        if self.t.is_alive():
-            try:
-                os.close(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
-        self.t.join(timeout=60)
-        return self.data
-
-
-def leftovers(d):
-    return sorted(os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs if ".tmp." in f)
 
 
 # ---- one case ---------------------------------------------------------------------------
@@ -520,175 +460,6 @@ def matrix():
     print(f"# {len(results)} cases in {time.time() - t0:.1f} s (slowest {slow[0]} {slow[3]:.1f} s)", flush=True)
 
 
-# ---- the earlier round's cases: converters --------------------------------------------------------------------
-
-def model_dir_snapshot(d):
-    if not os.path.isdir(d):
-        return None
-    return {f: snapshot(os.path.join(d, f)) for f in sorted(os.listdir(d))}
-
-
-def converters_keep_existing_dir():
-    """A failed conversion into an existing model directory changes nothing in it."""
-    import lzma
-    src = os.path.join(vtest.TESTDATA, "stories260K")
-    ckpt = os.path.join(work, "stories260K.bin")
-    with lzma.open(os.path.join(src, "stories260K.bin.xz")) as f:
-        data = f.read()
-    trunc = os.path.join(work, "truncated.bin")
-    with open(trunc, "wb") as f:
-        f.write(data[: len(data) // 2])
-    with open(ckpt, "wb") as f:
-        f.write(data)
-    out = os.path.join(work, "existing-model")
-    r = varent("convert", "llama2c", ckpt, os.path.join(src, "tok512.bin"), out)
-    if not check(r.returncode == 0, "lost_convert_setup", r.stderr):
-        return
-    before = model_dir_snapshot(out)
-    r = varent("convert", "llama2c", trunc, os.path.join(src, "tok512.bin"), out)
-    check(r.returncode == 1 and model_dir_snapshot(out) == before, "lost_convert_llama2c_truncated_keeps_dir",
-          f"rc {r.returncode} {r.stderr.strip()}; now {model_dir_snapshot(out)}")
-    r = varent("convert", "llama2c", ckpt, os.path.join(work, "no-such-tok.bin"), out)
-    check(r.returncode == 1 and model_dir_snapshot(out) == before, "lost_convert_llama2c_bad_tokenizer_keeps_dir",
-          f"rc {r.returncode} {r.stderr.strip()}; now {model_dir_snapshot(out)}")
-    bad_gguf = os.path.join(work, "bad.gguf")
-    with open(bad_gguf, "wb") as f:
-        f.write(b"GGUF\x03\x00\x00\x00" + b"\xff" * 40)
-    r = varent("convert", "gguf", bad_gguf, out)
-    check(r.returncode == 1 and model_dir_snapshot(out) == before, "lost_convert_gguf_bad_keeps_dir",
-          f"rc {r.returncode} {r.stderr.strip()}")
-
-
-def tiny_gguf():
-    L, D, F, H, KV, hd, V = 1, 64, 96, 4, 2, 32, len(TG.TOKENS)
-    hf = TG.hf_tensors(L, D, F, H, KV, hd, V, qk_norm=True)
-    kv = TG.hparams_kv("qwen3", L, D, F, H, KV, head_dim=hd)
-    kv.update(TG.tok_kv("qwen2"))
-    recs, _ = TG.to_gguf(hf, {})
-    path = os.path.join(work, "tiny.gguf")
-    G.write_gguf(path, kv, recs)
-    return path
-
-
-def convert_sigterm_removes_temps(gguf):
-    """SIGTERM while the converter waits on a FIFO output: its temporary files go, the
-    FIFO and the files already in OUT stay."""
-    out = os.path.join(work, "sigterm-model")
-    os.makedirs(out)
-    fifo = os.path.join(out, "tokenizer_config.json")  # the last file written
-    os.mkfifo(fifo)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        f.write("{}\n")
-    before = model_dir_snapshot(out)
-    p = subprocess.Popen([vtest.VARENT, "convert", "gguf", gguf, out], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    deadline = time.time() + 30
-    while time.time() < deadline and len(leftovers(out)) < 3:
-        time.sleep(0.02)
-    temps = leftovers(out)
-    p.send_signal(signal.SIGTERM)
-    p.communicate(timeout=30)
-    check(len(temps) >= 3 and p.returncode == -signal.SIGTERM and not leftovers(out)
-          and model_dir_snapshot(out) == before, "lost_convert_sigterm_removes_only_temps",
-          f"temps while running {temps}; rc {p.returncode}; left {leftovers(out)}; now {model_dir_snapshot(out)}")
-
-
-def convert_writes_fifo_in_place(gguf):
-    out = os.path.join(work, "fifo-model")
-    os.makedirs(out)
-    fifo = os.path.join(out, "config.json")
-    os.mkfifo(fifo)
-    reader = FifoReader(fifo)
-    r = varent("convert", "gguf", gguf, out, timeout=60)
-    data = reader.join()
-    check(r.returncode == 0 and stat.S_ISFIFO(os.lstat(fifo).st_mode) and b"Qwen3ForCausalLM" in data
-          and not leftovers(out), "lost_convert_fifo_written_in_place", f"rc {r.returncode} {r.stderr.strip()}")
-
-
-# ---- batch outputs: records survive Ctrl-C and SIGTERM; --resume continues -----------
-
-def read_records(path):
-    import json
-    with open(path) as f:
-        lines = f.read().split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [json.loads(x) for x in lines]
-
-
-def interrupt_batch(dest, sig, extra=()):
-    """Starts a 30-prompt batch, signals it once two records are written."""
-    p = subprocess.Popen([vtest.VARENT, "run", "-m", model, "--prompts", prompts(30), "-n", "200", "--seed", "1",
-                          "-o", dest, "-q", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if os.path.exists(dest) and open(dest).read().count("\n") >= 2:
-            break
-        time.sleep(0.02)
-    p.send_signal(sig)
-    _, err = p.communicate(timeout=60)
-    return p.returncode, err
-
-
-def batch_records():
-    d = os.path.join(work, "batch")
-    os.makedirs(d)
-    dest = os.path.join(d, "out.jsonl")
-    rc, err = interrupt_batch(dest, signal.SIGINT)
-    recs = read_records(dest) if os.path.exists(dest) else []
-    check(rc == 130 and 2 <= len(recs) < 30 and "--resume" in err and not leftovers(d),
-          "lost_batch_sigint_keeps_records", f"rc {rc}, {len(recs)} records, left {leftovers(d)}, {err[-200:]!r}")
-    n_int = len(recs)
-    # a rerun without --resume or --force: refused, the file unchanged
-    before = snapshot(dest)
-    r = varent("run", "-m", model, "--prompts", prompts(30), "-n", "200", "--seed", "1", "-o", dest, "-q")
-    check(r.returncode == 1 and "already exists" in r.stderr and snapshot(dest) == before,
-          "lost_batch_rerun_refused", f"rc {r.returncode} {r.stderr.strip()}")
-    # SIGTERM while resuming: the records written so far stay, nothing else is left
-    rc, err = interrupt_batch(dest, signal.SIGTERM, ["--resume"])
-    recs = read_records(dest)
-    check(rc == -signal.SIGTERM and len(recs) >= n_int and not leftovers(d), "lost_batch_sigterm_keeps_records",
-          f"rc {rc}, {len(recs)} records (had {n_int}), left {leftovers(d)}")
-    # a partial last line, as SIGKILL mid-write leaves: --resume drops it and finishes
-    with open(dest, "a") as f:
-        f.write('{"index":29,"line":30,"prom')
-    r = varent("run", "-m", model, "--prompts", prompts(30), "-n", "200", "--seed", "1", "-o", dest, "-q", "--resume",
-               timeout=600)
-    recs = read_records(dest) if r.returncode == 0 else []
-    idx = sorted(x["index"] for x in recs)
-    check(r.returncode == 0 and idx == list(range(30)), "lost_batch_resume_completes",
-          f"rc {r.returncode} {r.stderr.strip()[-200:]} indices {idx}")
-    # resumed records equal a fresh run's (same seed, same prompt): compare texts
-    fresh = os.path.join(d, "fresh.jsonl")
-    r = varent("run", "-m", model, "--prompts", prompts(30), "-n", "200", "--seed", "1", "-o", fresh, "-q", timeout=600)
-    want = {x["index"]: x["text"] for x in read_records(fresh)} if r.returncode == 0 else {}
-    got = {x["index"]: x["text"] for x in recs}
-    check(r.returncode == 0 and got == want, "lost_batch_resume_equals_fresh_run",
-          f"{sum(got.get(i) != want.get(i) for i in range(30))} texts differ")
-    # --resume of another prompt file is refused, the file unchanged
-    before = snapshot(dest)
-    r = varent("run", "-m", model, "--prompts", prompts(3), "-n", "2", "-o", dest, "--resume")
-    check(r.returncode == 1 and "not resuming" in r.stderr and snapshot(dest) == before,
-          "lost_batch_resume_other_prompts_refused", r.stderr.strip())
-    # --force with SIGTERM: the old file stays whole, the temporary file goes
-    before = snapshot(dest)
-    p = subprocess.Popen([vtest.VARENT, "run", "-m", model, "--prompts", prompts(400), "-n", "200", "--seed", "1",
-                          "-o", dest, "-q", "--force"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
-    seen = []
-    while time.time() < deadline:  # two records in the temporary file
-        seen = leftovers(d)
-        if seen and open(os.path.join(d, seen[0])).read().count("\n") >= 2:
-            break
-        time.sleep(0.02)
-    p.send_signal(signal.SIGTERM)
-    p.communicate(timeout=60)
-    check(seen and p.returncode == -signal.SIGTERM and snapshot(dest) == before and not leftovers(d),
-          "lost_batch_force_sigterm_keeps_old_file", f"seen {seen}, rc {p.returncode}, left {leftovers(d)}")
-
-
-
-
 # ---- the standard streams by other names (issue 32 row 1) -----------------------------
 
 def std_streams():
@@ -802,11 +573,6 @@ def main():
     std_streams()
     stale_temps()
     server_captures()
-    converters_keep_existing_dir()
-    gguf = tiny_gguf()
-    convert_sigterm_removes_temps(gguf)
-    convert_writes_fifo_in_place(gguf)
-    batch_records()
     print(f"# test_nothing_lost: {time.time() - t0:.1f} s", flush=True)
     vtest.done()
 

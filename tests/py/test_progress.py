@@ -102,8 +102,11 @@ check(r.returncode == 0 and "convert: done" in r.stderr and "\r" not in r.stderr
       r.stderr)
 
 # run -o: Ctrl-C keeps the finished records; --resume runs only the missing indices.
+# --parallel 1: one prompt after another, so a record is finished while others are not
+# (decoded together, the 4 equal-length greedy runs end at the same step).
 outp = os.path.join(work, "out.jsonl")
-p = subprocess.Popen([VARENT, "run", "-m", slow, "--prompts", prompts, "-n", "400", "--temp", "0", "-q", "-o", outp],
+p = subprocess.Popen([VARENT, "run", "-m", slow, "--prompts", prompts, "-n", "400", "--temp", "0", "-q", "-o", outp,
+                      "--parallel", "1"],
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 t0 = time.time()
 while time.time() - t0 < 120 and not (os.path.exists(outp) and open(outp).read().count("\n") >= 1):

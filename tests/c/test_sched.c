@@ -1,0 +1,2 @@
+// test_sched.c: the scheduler against generate() on the CPU (tests/c/sched_cases.h).
+#include "sched_cases.h"

@@ -61,6 +61,8 @@ void cli_sched_opts(args *a, cli_sched *o) {
     o->pool_mb = args_int_range(a, "--kv-pool-mb", 0, 1, 1L << 24);
     o->pool_tokens = args_int_range(a, "--kv-pool-tokens", 0, 1, 1L << 30);
     o->no_reuse = args_flag(a, "--no-prefix-cache");
+    // refused here, before the model loads (cli_sched_open checks again for library callers)
+    if (o->pool_mb && o->pool_tokens) args_bad(a, "give the KV pool's size with --kv-pool-mb or --kv-pool-tokens, not both");
 }
 
 int cli_sched_open(sched **q, session *s, const cli_sched *o, const volatile sig_atomic_t *interrupt, verr *err) {

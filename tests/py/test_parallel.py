@@ -105,7 +105,12 @@ check(len(outs[0]) == 2 * 5 * 2 * 4 and outs[0] == outs[1], "eval_same_trial_rec
 expect_fail("single_run_refuses_parallel", varent("run", "-m", model, "-p", "Hi", "--parallel", "2"), "batch runs", rc=2)
 expect_fail("pool_smaller_than_a_sequence",
             varent("run", *COMMON, "--prompts", path, "-n", "200", "--kv-pool-tokens", "64"), "line 1", "KV pool holds")
-expect_fail("both_pool_sizes", varent("run", *COMMON, "--prompts", path, "--kv-pool-mb", "8", "--kv-pool-tokens", "512"),
-            "not both")
+# refused as a usage error before the model loads, by every command that takes them
+both = ("--kv-pool-mb", "8", "--kv-pool-tokens", "512")
+for cmd, args in (("run", ("run", *COMMON, "--prompts", path)), ("compare", ("compare", *COMMON, "--prompts", path)),
+                  ("eval", ("eval", "-m", model, "--tasks", "add2"))):
+    r = varent(*args, *both)
+    check(r.returncode == 2 and "not both" in r.stderr and "load:" not in r.stderr, f"both_pool_sizes_{cmd}",
+          f"rc {r.returncode}: {r.stderr.strip()[-200:]!r}")
 
 vtest.done()

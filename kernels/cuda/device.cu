@@ -1,7 +1,9 @@
 // device.cu: device discovery, context (stream + cuBLAS handle), allocation with
 // readable out-of-memory messages, scratch, copies.
+#include <stdlib.h>
 #include <string.h>
 #include <cublas_v2.h>
+#include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/common.cuh"
 
 extern "C" int cuda_device_count(void) {
@@ -42,18 +44,24 @@ extern "C" int cuda_init(cuda_ctx *ctx, int device, verr *err) {
     INIT_CHECK(cudaDeviceGetAttribute(&ctx->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     INIT_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
 #undef INIT_CHECK
+    ctx->blas = (struct cuda_blas *)calloc(1, sizeof *ctx->blas);
+    if (!ctx->blas || cuda_blas_load(ctx->blas, err)) {
+        if (!ctx->blas) verr_set(err, "out of memory");
+        cuda_destroy(ctx);
+        return -1;
+    }
     cublasHandle_t h = NULL;
-    cublasStatus_t s = cublasCreate(&h);
+    cublasStatus_t s = ctx->blas->create(&h);
     if (s != CUBLAS_STATUS_SUCCESS) {
-        verr_set(err, "cublasCreate failed: %s (%s:%d)", cublasGetStatusString(s), __FILE__,
+        verr_set(err, "cublasCreate failed: %s (%s:%d)", cuda_blas_status(ctx, s), __FILE__,
                  __LINE__);
         cuda_destroy(ctx);
         return -1;
     }
     ctx->cublas = h;
-    s = cublasSetStream(h, ctx->stream);
+    s = ctx->blas->set_stream(h, ctx->stream);
     if (s != CUBLAS_STATUS_SUCCESS) {
-        verr_set(err, "cublasSetStream failed: %s (%s:%d)", cublasGetStatusString(s), __FILE__,
+        verr_set(err, "cublasSetStream failed: %s (%s:%d)", cuda_blas_status(ctx, s), __FILE__,
                  __LINE__);
         cuda_destroy(ctx);
         return -1;
@@ -68,7 +76,8 @@ extern "C" void cuda_destroy(cuda_ctx *ctx) {
     if (ctx->scratch) cudaFree(ctx->scratch);
     if (ctx->att_count) cudaFree(ctx->att_count);
     if (ctx->sample_buf) cudaFree(ctx->sample_buf);
-    if (ctx->cublas) cublasDestroy(ctx->cublas);
+    if (ctx->cublas) ctx->blas->destroy(ctx->cublas);
+    free(ctx->blas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     cudaGetLastError();
     ctx->scratch = NULL;
@@ -78,6 +87,7 @@ extern "C" void cuda_destroy(cuda_ctx *ctx) {
     ctx->sample_buf = NULL;
     ctx->sample_bytes = 0;
     ctx->cublas = NULL;
+    ctx->blas = NULL;
     ctx->stream = NULL;
 }
 

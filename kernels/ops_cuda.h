@@ -26,6 +26,7 @@ extern "C" {
 #endif
 
 struct cublasContext;  // == cublasHandle_t's pointee, kept opaque for C callers
+struct cuda_blas;      // cuBLAS's entry points, loaded at cuda_init (kernels/cuda/blas.cuh)
 
 typedef struct cuda_ctx {
     int device;                   // CUDA device index
@@ -37,6 +38,7 @@ typedef struct cuda_ctx {
                                   // 0: every split of the capacity); VARENT_CUDA_ATT_SPLIT_KEYS
     cudaStream_t stream;          // every op runs on this stream
     struct cublasContext *cublas; // cuBLAS handle bound to stream
+    struct cuda_blas *blas;       // the functions cublas is used through (owned)
     void *scratch;                // device scratch shared by ops (one stream: no overlap)
     size_t scratch_bytes;
     unsigned *att_count;          // [att_count_n] decode attention's split counters (self-resetting)
@@ -57,6 +59,8 @@ int cuda_device_count(void);
 int cuda_init(cuda_ctx *ctx, int device, verr *err);
 // Release scratch, cuBLAS handle and stream (safe on a zeroed or failed ctx).
 void cuda_destroy(cuda_ctx *ctx);
+// Loads cuBLAS as cuda_init does, without a device: 0, or -1 with err saying what is missing.
+int cuda_blas_probe(verr *err);
 // cudaMalloc wrapper; on failure the message names `what`, bytes needed and bytes free.
 int cuda_malloc(void **p, size_t bytes, const char *what, verr *err);
 void cuda_free(void *p);

@@ -4,7 +4,8 @@
 # A program that exits non-zero without printing a FAIL line counts as one failure.
 # Programs: build/tests/test_* (C), tests/py/test_*.py, tests/sh/test_*.sh.
 # The CUDA programs also run on the emulated device ($EMU_BUILD/tests, docs/cuda.md)
-# under a forward and a seeded random schedule (EMU_SEED, default 1); none may skip.
+# under a forward and a seeded random schedule (EMU_SEED, default 1), the whole-model
+# programs under the first only (EMU_FIRST_ONLY); none may skip.
 # EMU_SCHEDULES overrides the list (make test-asan runs forward only: memory errors do
 # not depend on the order, and the sanitizers make each run several times slower).
 # Usage: tests/run.sh [--emu-only] [filter]   (only programs whose name contains filter)
@@ -47,10 +48,15 @@ run_emu() {  # name, schedule, program: a skip on the emulated device is a failu
     VARENT_EMU_SCHEDULE=$sched "$@" | sed 's/^SKIP \(.*\)$/FAIL \1 (skipped on the emulated device)/'
     return "${PIPESTATUS[0]}"
 }
+# The whole-model programs run the kernels the kernel programs test under every schedule,
+# so they take the first schedule only (the random one cost CI about 4 minutes).
+EMU_FIRST_ONLY=" test_cuda_forward test_cuda_forward_batch test_cuda_sched test_cuda_lora test_cuda_hooks "
 for t in "$EMU_BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     n=$(basename "$t"); [[ -z "$filter" || "$n" == *"$filter"* ]] || continue
-    for sched in ${EMU_SCHEDULES:-forward random:${EMU_SEED:-1}}; do
+    scheds=${EMU_SCHEDULES:-forward random:${EMU_SEED:-1}}
+    [[ "$EMU_FIRST_ONLY" == *" $n "* ]] && scheds=${scheds%% *}
+    for sched in $scheds; do
         run_one "emu-${sched%%:*}.$n" run_emu "$n" "$sched" "$t"
     done
 done

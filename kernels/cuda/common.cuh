@@ -35,7 +35,7 @@
         cublasStatus_t s_ = (call);                                                    \
         if (s_ != CUBLAS_STATUS_SUCCESS)                                               \
             return verr_set(&(ctx)->err, "%s failed: %s (%s:%d)", #call,               \
-                            cublasGetStatusString(s_), __FILE__, __LINE__);            \
+                            cuda_blas_status(ctx, s_), __FILE__, __LINE__);            \
         (ctx)->n_launches++;                                                           \
     } while (0)
 

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cublas_v2.h>
+#include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/common.cuh"
 
 extern "C" int cuda_device_count(void) {
@@ -49,18 +50,24 @@ extern "C" int cuda_init(cuda_ctx *ctx, int device, verr *err) {
     const char *ask = getenv("VARENT_CUDA_ATT_SPLIT_KEYS");
     ctx->att_split_keys = ask && *ask ? atoi(ask) : -1;
 #undef INIT_CHECK
+    ctx->blas = (struct cuda_blas *)calloc(1, sizeof *ctx->blas);
+    if (!ctx->blas || cuda_blas_load(ctx->blas, err)) {
+        if (!ctx->blas) verr_set(err, "out of memory");
+        cuda_destroy(ctx);
+        return -1;
+    }
     cublasHandle_t h = NULL;
-    cublasStatus_t s = cublasCreate(&h);
+    cublasStatus_t s = ctx->blas->create(&h);
     if (s != CUBLAS_STATUS_SUCCESS) {
-        verr_set(err, "cublasCreate failed: %s (%s:%d)", cublasGetStatusString(s), __FILE__,
+        verr_set(err, "cublasCreate failed: %s (%s:%d)", cuda_blas_status(ctx, s), __FILE__,
                  __LINE__);
         cuda_destroy(ctx);
         return -1;
     }
     ctx->cublas = h;
-    s = cublasSetStream(h, ctx->stream);
+    s = ctx->blas->set_stream(h, ctx->stream);
     if (s != CUBLAS_STATUS_SUCCESS) {
-        verr_set(err, "cublasSetStream failed: %s (%s:%d)", cublasGetStatusString(s), __FILE__,
+        verr_set(err, "cublasSetStream failed: %s (%s:%d)", cuda_blas_status(ctx, s), __FILE__,
                  __LINE__);
         cuda_destroy(ctx);
         return -1;
@@ -75,7 +82,8 @@ extern "C" void cuda_destroy(cuda_ctx *ctx) {
     if (ctx->scratch) cudaFree(ctx->scratch);
     if (ctx->att_count) cudaFree(ctx->att_count);
     if (ctx->sample_buf) cudaFree(ctx->sample_buf);
-    if (ctx->cublas) cublasDestroy(ctx->cublas);
+    if (ctx->cublas) ctx->blas->destroy(ctx->cublas);
+    free(ctx->blas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     cudaGetLastError();
     ctx->scratch = NULL;
@@ -85,6 +93,7 @@ extern "C" void cuda_destroy(cuda_ctx *ctx) {
     ctx->sample_buf = NULL;
     ctx->sample_bytes = 0;
     ctx->cublas = NULL;
+    ctx->blas = NULL;
     ctx->stream = NULL;
 }
 

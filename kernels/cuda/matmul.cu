@@ -7,6 +7,7 @@
 // T > 1 (prefill): cuBLAS GEMM. Activations are rounded to the weight's 16-bit type
 // into scratch (cublasGemmEx needs matching A/B types), fp32 compute, fp32 output.
 #include <cublas_v2.h>
+#include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/matvec.cuh"
 
 // grid (cdiv(n_out, MV_WARPS)), block 32*MV_WARPS
@@ -161,7 +162,7 @@ extern "C" int cuda_matmul(cuda_ctx *ctx, float *out, const float *x, wref w, in
     // Row-major out[T, n_out] is column-major out^T [n_out, T] = W x^T with W stored
     // column-major as [n_in, n_out] (lda = n_in, transposed) and x^T as [n_in, T].
     if (w.type == WT_F32) {
-        CUBLAS_CHECK(ctx, cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, T, n_in, &alpha, w.data,
+        CUBLAS_CHECK(ctx, ctx->blas->gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, T, n_in, &alpha, w.data,
                                        CUDA_R_32F, n_in, x, CUDA_R_32F, n_in, &beta, out, CUDA_R_32F,
                                        n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return 0;
@@ -175,7 +176,7 @@ extern "C" int cuda_matmul(cuda_ctx *ctx, float *out, const float *x, wref w, in
     f32_to_16_kernel<<<cdiv_u(n, 256), 256, 0, ctx->stream>>>((uint16_t *)ctx->scratch, x, n, to_f16);
     CUDA_CHECK_LAUNCH(ctx, "f32_to_16_kernel");
     cudaDataType_t dt = to_f16 ? CUDA_R_16F : CUDA_R_16BF;
-    CUBLAS_CHECK(ctx, cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, T, n_in, &alpha, w.data, dt,
+    CUBLAS_CHECK(ctx, ctx->blas->gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, T, n_in, &alpha, w.data, dt,
                                    n_in, ctx->scratch, dt, n_in, &beta, out, CUDA_R_32F, n_out,
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;

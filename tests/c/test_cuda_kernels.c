@@ -715,11 +715,15 @@ static void bench(void) {
 int main(int argc, char **argv) {
     int do_bench = argc > 1 && strcmp(argv[1], "--bench") == 0;
     int quick = argc > 1 && strcmp(argv[1], "--bench-quick") == 0;
+    verr e;
+    // cuBLAS is loaded at run time (kernels/cuda/blas.cuh), not linked: a missing library
+    // or entry point shows here, on a machine without a GPU too.
+    int blas = cuda_blas_probe(&e);
+    CHECK(blas == 0, "cuda_blas_loads", "%s", e.msg);
     if (cuda_device_count() == 0) {
         SKIP("cuda_kernels", "no CUDA device");
-        return 0;
+        return blas ? 1 : 0;
     }
-    verr e;
     if (cuda_init(&C, 0, &e)) {
         printf("FAIL cuda_init: %s\n", e.msg);
         return 1;

@@ -4,6 +4,7 @@
 // across threads; each weight row is read once and dotted with all T inputs.
 #include <omp.h>
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "kernels/ops.h"
@@ -173,13 +174,62 @@ static void dot4_bf16_eo(float *out, const uint16_t *w, size_t r, const float *x
 DOT4X_EO(dot4x4_bf16_eo, 4)
 DOT4X_EO(dot4x2_bf16_eo, 2)
 
+// Eight tokens over two weight rows (r, r+1): 16 accumulators, the split rows read from L1
+// as FMA operands. One pass feeds all eight tokens while the rows stream in, where two
+// passes of dot4x4 leave the second pass's FMAs after the memory stream. Each (token,
+// row) sum takes dot4_bf16_eo's steps exactly, as in DOT4X_EO.
+static void dot2x8_bf16_eo(float *out, size_t ldo, const uint16_t *w, size_t r, const float *x, size_t ldx,
+                           const float *split, size_t h, int n) {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const uint16_t *w0 = w + r * (size_t)n, *w1 = w0 + n;
+    __m512 a0[8], a1[8];
+    for (int t = 0; t < 8; t++) {
+        a0[t] = _mm512_setzero_ps();
+        a1[t] = _mm512_setzero_ps();
+    }
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        _mm_prefetch((const char *)(w0 + PREFETCH_ROWS * (size_t)n + i), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w1 + PREFETCH_ROWS * (size_t)n + i), _MM_HINT_T0);
+        __m512i v0 = _mm512_loadu_si512((const void *)(w0 + i));
+        __m512i v1 = _mm512_loadu_si512((const void *)(w1 + i));
+        __m512 we0 = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16));
+        __m512 wo0 = _mm512_castsi512_ps(_mm512_and_si512(v0, hi));
+        __m512 we1 = _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16));
+        __m512 wo1 = _mm512_castsi512_ps(_mm512_and_si512(v1, hi));
+        for (int t = 0; t < 8; t++) {
+            __m512 e = _mm512_loadu_ps(split + 2 * t * h + i / 2);
+            __m512 o = _mm512_loadu_ps(split + (2 * t + 1) * h + i / 2);
+            a0[t] = _mm512_fmadd_ps(we0, e, a0[t]);
+            a0[t] = _mm512_fmadd_ps(wo0, o, a0[t]);
+            a1[t] = _mm512_fmadd_ps(we1, e, a1[t]);
+            a1[t] = _mm512_fmadd_ps(wo1, o, a1[t]);
+        }
+    }
+    for (int t = 0; t < 8; t++) {
+        float s0 = _mm512_reduce_add_ps(a0[t]), s1 = _mm512_reduce_add_ps(a1[t]);
+        for (int j = i; j < n; j++) {
+            s0 += bf16_to_f32(w0[j]) * x[t * ldx + j];
+            s1 += bf16_to_f32(w1[j]) * x[t * ldx + j];
+        }
+        out[t * ldo] = s0;
+        out[t * ldo + 1] = s1;
+    }
+}
+
+// The stride of the even and odd halves of a split row: n_in/2 + 1 floats rounded up to a
+// cache line, so that (with a 64-byte aligned split) every 16-float load of them is one
+// line. Loads that straddle two lines cost two, and the many-row kernels are load-bound.
+static size_t eo_half(int n_in) { return ((size_t)n_in / 2 + 1 + 15) & ~(size_t)15; }
+static float *align64(float *p) { return (float *)(((uintptr_t)p + 63) & ~(uintptr_t)63); }
+
 // Decode-time bf16 matvec with the even/odd split of x, for T <= MATMUL_EO_MAX_T
 // tokens (cpu_matmul; any T for cpu_matmul_rows): each token's row is computed exactly as alone (a batch of branches gives the
 // logits of one-at-a-time decoding, bit for bit), while a block's four weight rows are
-// read from memory once and from cache for the other tokens. split: [T, 2, n_in/2+1].
+// read from memory once and from cache for the other tokens. split: [T, 2, eo_half(n_in)], 64-byte aligned.
 #define MATMUL_EO_MAX_T 8
 static void matvec_bf16_eo(float *out, const float *x, const uint16_t *w, int T, int n_in, int n_out, float *split) {
-    size_t h = (size_t)n_in / 2 + 1;
+    size_t h = eo_half(n_in);
     for (int t = 0; t < T; t++)
         for (int i = 0; i + 1 < n_in; i += 2)
             split[2 * t * h + i / 2] = x[(size_t)t * n_in + i], split[(2 * t + 1) * h + i / 2] = x[(size_t)t * n_in + i + 1];
@@ -188,6 +238,10 @@ static void matvec_bf16_eo(float *out, const float *x, const uint16_t *w, int T,
     for (int b = 0; b < blocks; b++) {
         size_t r = (size_t)b * MATMUL_ROWS;
         int t = 0;
+        for (; t + 8 <= T; t += 8)
+            for (int k = 0; k < MATMUL_ROWS; k += 2)
+                dot2x8_bf16_eo(out + (size_t)t * n_out + r + k, (size_t)n_out, w, r + k, x + (size_t)t * n_in,
+                               (size_t)n_in, split + 2 * t * h, h, n_in);
         for (; t + 4 <= T; t += 4)
             dot4x4_bf16_eo(out + (size_t)t * n_out + r, (size_t)n_out, w, r, x + (size_t)t * n_in, (size_t)n_in,
                            split + 2 * t * h, h, n_in);
@@ -291,15 +345,15 @@ static void matvec_rows(float *out, const float *x, wref w, int T, int n_in, int
     long work = (long)n_out * n_in * T;
 #ifdef MATMUL_ROWS
     if (T == 1 && w.type == WT_BF16 && n_in <= 65536) {
-        float split[n_in + 2];
-        matvec_bf16_eo(out, x, w.data, 1, n_in, n_out, split);
+        float buf[2 * eo_half(n_in) + 16];
+        matvec_bf16_eo(out, x, w.data, 1, n_in, n_out, align64(buf));
         return;
     }
     if (w.type == WT_BF16 && (exact ? n_in <= 65536 : T <= MATMUL_EO_MAX_T)) {  // a batch of decode rows
-        float *split = malloc(sizeof(float) * (size_t)T * (n_in + 2));
-        if (split) {
-            matvec_bf16_eo(out, x, w.data, T, n_in, n_out, split);
-            free(split);
+        float *buf = malloc(sizeof(float) * ((size_t)T * 2 * eo_half(n_in) + 16));
+        if (buf) {
+            matvec_bf16_eo(out, x, w.data, T, n_in, n_out, align64(buf));
+            free(buf);
             return;
         }
     }

@@ -159,8 +159,52 @@ static void test_swiglu_wide(void) {
     free(g), free(u), free(out), free(ref);
 }
 
+// cpu_matmul_rows: every row of a batch of T bit-equal to the same row alone (the batch
+// kernels of 2, 4 and 8 tokens must sum as the one-token kernel does), and within the
+// tolerance of the double reference. n_in with a tail past the 32-element steps, n_out
+// with rows past the blocks of 4; T up to 19 takes every kernel mix.
+static void test_matmul_rows_alone(wtype t, int n_in, int n_out) {
+    enum { TMAX = 19 };
+    static float x[TMAX * 1100], out[TMAX * 300], one[300], wref_[300 * 1100];
+    static uint32_t wbuf[300 * 1100];
+    fill(x, (size_t)TMAX * n_in);
+    make_weights(wbuf, wref_, t, (size_t)n_out * n_in);
+    for (int T = 1; T <= TMAX; T++) {
+        poison(out, (size_t)T * n_out);
+        cpu_matmul_rows(out, x, (wref){ wbuf, t }, T, n_in, n_out);
+        long bad = -1;
+        int row = -1;
+        for (int b = 0; b < T && bad < 0; b++) {
+            poison(one, (size_t)n_out);
+            cpu_matmul_rows(one, x + (size_t)b * n_in, (wref){ wbuf, t }, 1, n_in, n_out);
+            for (int r = 0; r < n_out && bad < 0; r++)
+                if (memcmp(&one[r], &out[(size_t)b * n_out + r], sizeof(float))) bad = r, row = b;
+        }
+        char name[96];
+        snprintf(name, sizeof name, "matmul_rows_%s_T%d_%dx%d_each_row_as_alone", wtype_name(t), T, n_out, n_in);
+        CHECK(bad < 0, name, "token %d, output %ld: %a in the batch, %a alone", row, bad,
+              bad < 0 ? 0.0 : (double)out[(size_t)row * n_out + bad], bad < 0 ? 0.0 : (double)one[bad]);
+    }
+    double worst = 0;
+    for (int r = 0; r < n_out; r++) {  // the last batch (T = TMAX) against the reference
+        for (int b = 0; b < TMAX; b++) {
+            double s = 0;
+            for (int i = 0; i < n_in; i++) s += (double)x[(size_t)b * n_in + i] * wref_[(size_t)r * n_in + i];
+            double d = fabs(out[(size_t)b * n_out + r] - s) / (1e-4 + 1e-4 * fabs(s));
+            if (!(d <= worst)) worst = d;
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "matmul_rows_%s_T%d_%dx%d_reference", wtype_name(t), TMAX, n_out, n_in);
+    CHECK(worst <= 1, name, "off by %.2f of the tolerance", worst);
+}
+
 int main(void) {
     test_conversions();
+    for (int t = 0; t < 3; t++) {
+        test_matmul_rows_alone((wtype)t, 1077, 259);
+        test_matmul_rows_alone((wtype)t, 576, 64);
+    }
     for (int t = 0; t < 3; t++) {
         test_matmul((wtype)t, 1, 1000, 257);
         test_matmul((wtype)t, 7, 333, 700);

@@ -118,10 +118,16 @@ static double distinct_n(const int *ids, int len, int n) {
     return (double)uniq / total;
 }
 
-// Mean ln p of the generated ids given the prompt and the ids before them.
+// Mean ln p of the generated ids given the prompt and the ids before them: from the
+// logits each was drawn from, or, where some stayed on the device (CUDA), by scoring the
+// prompt and the ids again.
 static int mean_logprob(session *s, const int *prompt, int n_prompt, const batch_result *r, double *out, verr *err) {
     *out = NAN;
     if (r->n == 0) return 0;
+    if (r->n_logp == r->n) {
+        *out = r->sum_logp / r->n;
+        return 0;
+    }
     int n = n_prompt + r->n;
     int *all = malloc(sizeof(int) * (size_t)n);
     double *lp = malloc(sizeof(double) * (size_t)n);

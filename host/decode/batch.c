@@ -28,6 +28,11 @@ static int on_token(void *ud, int id) {
         r->ids = ids, r->cap = cap;
     }
     r->ids[r->n++] = id;
+    if (!isnan(c->logp)) {  // on_record came just before, for this id (a stop id gets no on_token)
+        r->sum_logp += c->logp;
+        r->n_logp++;
+    }
+    c->logp = NAN;
     if (!c->ts) return 0;
     const char *t;
     verr err;
@@ -37,8 +42,10 @@ static int on_token(void *ud, int id) {
 }
 
 static int on_record(void *ud, const gen_record *rec) {
-    const batch_job *c = ud;
+    batch_job *c = ud;
     batch_result *r = c->r;
+    // ln p from the step's own log-partition (its metrics are always computed here)
+    c->logp = rec->logits ? (double)rec->logits[rec->token] - rec->m.log_z : NAN;
     const token_metrics *m = &rec->m;
     double v[M_COUNT] = { m->entropy, m->varentropy, m->attn_entropy, m->attn_varentropy, m->agreement,
                           m->interaction_strength };
@@ -52,6 +59,7 @@ int batch_job_begin(batch_job *j, session *s, const gen_opts *g, batch_result *r
     memset(j, 0, sizeof *j);
     if (!g->ex) return verr_set(err, "batch_generate needs an entropix profile for the metrics");
     j->r = r, j->g = g;
+    j->logp = NAN;
     j->ts = s->tok ? tokenizer_stream_new(s->tok, 1) : NULL;
     if (s->tok && !j->ts) return verr_set(err, "out of memory");
     if (s->tok && append_text(r, "", 0)) {

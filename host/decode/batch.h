@@ -17,6 +17,8 @@ typedef struct {
     gen_stats st;
     double sum[M_COUNT];     // metric sums over the generated tokens (entropy, varentropy, ...)
     int n_metrics;
+    double sum_logp;         // ln p of each generated id under the logits it was drawn from
+    int n_logp;              // ids with their logits on the host (== n: sum_logp covers all)
 } batch_result;
 
 // Resets the session's KV cache and generates from prompt[n_prompt] with g (which
@@ -32,6 +34,7 @@ typedef struct {
     batch_result *r;
     tokenizer_stream *ts;
     int oom;
+    double logp;        // the last record's ln p, NAN when its logits stayed on the device
     const gen_opts *g;  // the caller's on_record, called after the sums
     gen_opts o;
 } batch_job;

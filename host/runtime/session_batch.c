@@ -5,6 +5,7 @@
 #include "host/runtime/session.h"
 #include "model/forward_cuda.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,6 +28,29 @@ static int batch_ws_fit(batch_ws *w, int rows, long floats, verr *err) {
     return 0;
 }
 
+// The metrics of rows [0, B), spread over the threads: each row's are its own sums, so
+// which thread computes them changes nothing. Thread 0 uses ws, the others scratch of
+// their own. bw: the attention scores of a capture layer, or NULL.
+static int rows_metrics(const model_config *c, const float *logits, token_metrics *m, int B, metrics_ws *ws,
+                        const batch_ws *bw, size_t per_row) {
+    int failed = 0;
+#pragma omp parallel reduction(|: failed) if (B > 1)
+    {
+        metrics_ws mine = { 0 };
+        metrics_ws *w = omp_get_thread_num() == 0 ? ws : &mine;
+#pragma omp for schedule(static)
+        for (int b = 0; b < B; b++) {
+            const float *scores = bw ? bw->scores + per_row * b : NULL;
+            int keys = bw ? bw->keys[b] : 0;
+            if (metrics_logits(w, logits + (size_t)b * c->vocab_size, c->vocab_size, &m[b]) ||
+                metrics_attention(w, scores, c->n_heads, keys, &m[b]))
+                failed = 1;
+        }
+        metrics_ws_free(&mine);
+    }
+    return failed;
+}
+
 // Rows [0, B) on the CPU, all at once (B <= max_T).
 static int forward_on_cpu(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
                           metrics_ws *ws, batch_ws *bw, verr *err) {
@@ -37,13 +61,8 @@ static int forward_on_cpu(session *s, kv_view *views, const int *ids, int B, flo
     if (capture && batch_ws_fit(bw, B, (long)(per_row * B), err)) return -1;
     if (forward_batch(&s->fw, views, ids, B, logits, capture ? bw->scores : NULL, capture ? bw->keys : NULL, err))
         return -1;
-    for (int b = 0; m && b < B; b++) {
-        const float *row = logits + (size_t)b * c->vocab_size;
-        int keys = capture ? bw->keys[b] : 0;
-        if (metrics_logits(ws, row, c->vocab_size, &m[b]) ||
-            metrics_attention(ws, capture ? bw->scores + per_row * b : NULL, c->n_heads, keys, &m[b]))
-            return verr_set(err, "out of memory computing metrics");
-    }
+    if (m && rows_metrics(c, logits, m, B, ws, capture ? bw : NULL, per_row))
+        return verr_set(err, "out of memory computing metrics");
     return 0;
 }
 

@@ -4,8 +4,8 @@
 # (default: build/kernels/cuda/*.cu.o), read from the sm_90 SASS (tools/sass_report.py).
 # No GPU needed. cuobjdump is not in the CUDA toolkit installed here, so this installs
 # NVIDIA's PyPI package for it into a git-ignored venv (SASS_VENV, default
-# build/sass-venv) on first use, with nvdisasm, which its -sass runs. --check (first argument) exits 1 on spills or a matvec
-# loop with fewer than 4 loads in flight.
+# build/sass-venv) on first use, with nvdisasm, which its -sass runs. --check (first argument) exits 1 on spills or on any loop
+# of a matvec kernel (every loop, not only its best) with fewer than 4 loads in flight.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 check=()

@@ -98,6 +98,12 @@ def test_res_usage():
             dict(kernel="ok", base="matvec_y", local=0, spills=0, in_flight=(4, 1))]
     p = sr.problems(rows)
     check(len(p) == 2 and "k:" in p[0] and "s:" in p[1], "sass_problems_flag_spill_and_few_loads", f"{p}")
+    # every loop is checked: a deep best loop does not hide a shallow second one
+    two = [dict(kernel="two", base="matvec_z", local=0, spills=0, in_flight=(5, 1), loops=[(5, 1), (2, 1)]),
+           dict(kernel="deep", base="matvec_w", local=0, spills=0, in_flight=(8, 4), loops=[(8, 4), (4, 1)]),
+           dict(kernel="attn", base="attn_k", local=0, spills=0, in_flight=(8, 1), loops=[(8, 1), (1, 1)])]
+    p = sr.problems(two)
+    check(len(p) == 1 and p[0].startswith("two: loop 2 of 2 has 2"), "sass_problems_every_matvec_loop", f"{p}")
 
 
 def test_occupancy():

@@ -269,9 +269,10 @@ def test_sampler_syncs(d):
     else:
         check(False, "emu_bench_entropix_draw_in_graph", f"{got} {off}: {why} {why2}")
     # the device decode loop (the default --lookahead 8): the prompt's wait, then one per 4
-    # of the 15 tokens after the first: 5 waits in 16 tokens; entropix stays per token
+    # of the 15 tokens after the first: 5 waits in 16 tokens (printed 0.31); entropix stays
+    # per token
     loop, why3 = sampler_lines(d, lookahead=8)
-    check("standard" in loop and loop["standard"][0] == 5 / 16 and "entropix" in loop and
+    check("standard" in loop and abs(loop["standard"][0] - 5 / 16) < 0.006 and "entropix" in loop and
           loop["entropix"][0] <= 17 / 16 + 1e-9, "emu_bench_device_loop_syncs", f"{loop}: {why3}")
 
 

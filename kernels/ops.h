@@ -145,6 +145,35 @@ typedef struct {
 // out[c] for each cfg[c], all from logits[n] (n <= 2^19). Returns -1 on bad arguments.
 int cpu_sample(sample_out *out, const float *logits, int n, const sample_cfg *cfg, int n_cfg);
 
+// The device decode loop (model/cuda/loop.c, docs/cuda.md "The device decode loop"): the
+// loop's state on the device and one ring entry per step, which the host reads a few
+// steps behind. The step block's token, position, cache row and key counts advance on
+// the device (cpu_loop_advance / cuda_loop_advance), so steps queue without the host.
+typedef struct {
+    int step;    // steps run so far: the next writes ring slot step % depth
+    int depth;   // ring slots (1..CUDA_LOOP_DEPTH)
+    int tail;    // the view has a tail: the trunk's key count stays put
+    int pad_;
+} loop_state;
+
+typedef struct {
+    int token;       // the step's draw: the token the next step feeds
+    int pos;         // the position that token will occupy
+    float logit;     // its raw logit
+    float stats[8];  // the capture layer's statistics {max, lse, H, V, attention 4} (0: none)
+    int pad_;
+} loop_entry;
+
+// One step's bookkeeping, after its draw: ring[st->step % depth] = the draw (pos: pos[0]
+// + 1) with the statistics vstats[4], astats[4] (NULL: zeros); then ids[0] = the token,
+// pos[0], rows[0] and lens {n_trunk, n_keys} one further (n_trunk only without a tail),
+// st->step + 1. The CPU twin of cuda_loop_advance.
+void cpu_loop_advance(loop_state *st, loop_entry *ring, const sample_out *draw, const float *vstats,
+                      const float *astats, int lens[2], int *ids, int *pos, int *rows);
+// *out = cfgs[st->step % st->depth]: the step's draw configuration from a ring the host
+// fills ahead. The CPU twin of cuda_loop_pick.
+void cpu_loop_pick(sample_cfg *out, const sample_cfg *cfgs, const loop_state *st);
+
 // The sum of a buffer's 32-bit little-endian words, the last one zero-padded: the
 // read-bandwidth probe's result (cuda_read_probe), nothing the forward uses.
 uint32_t cpu_read_checksum(const void *p, size_t bytes);

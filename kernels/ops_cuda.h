@@ -284,6 +284,12 @@ int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, cons
 // as cuda_sample writes a greedy draw (token, 1 kept, its logit; token 0 when every
 // logit was NaN), and *amax zeroed for the next step. One launch of one thread.
 int cuda_argmax_finish(cuda_ctx *ctx, sample_out *out, const float *logits, unsigned long long *amax);
+// The device decode loop's two launches of one thread each (kernels/cuda/loop.cu), the
+// twins of cpu_loop_advance and cpu_loop_pick; every pointer is device memory (lens:
+// the step block's record 0).
+int cuda_loop_advance(cuda_ctx *ctx, loop_state *st, loop_entry *ring, const sample_out *draw, const float *vstats,
+                      const float *astats, cuda_kv_lens *lens, int *ids, int *pos, int *rows);
+int cuda_loop_pick(cuda_ctx *ctx, sample_cfg *out, const sample_cfg *cfgs, const loop_state *st);
 // Room for cuda_sample's arrays (26 bytes per token and 40 KiB per configuration): call at
 // setup, not per token, since growing them frees and allocates device memory, which
 // waits for the device (other streams' collectives included). A draw with more

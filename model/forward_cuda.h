@@ -114,6 +114,38 @@ void cuda_forward_set_greedy_epilogue(cuda_forward *f, int on);
 // configurations differed from the device's (they launched an ordinary draw).
 void cuda_forward_arm_counts(const cuda_forward *f, long *hits, long *misses);
 
+// ---- the device decode loop (model/cuda/loop.c, docs/cuda.md "The device decode loop") ----
+// One-row greedy or stock-sampled decode steps that feed their own draws: the token,
+// position and key counts live on the device, so the host queues steps ahead and reads
+// their tokens (with logits and statistics) from a pinned ring a few steps behind.
+// CUDA_LOOP_DEPTH: the ring's slots, the most steps that can be queued ahead of the
+// last one read (varent's --lookahead, default CUDA_LOOP_DEPTH).
+#define CUDA_LOOP_DEPTH 8
+// Why a loop cannot run with fw's settings (NULL: it can): what must reach the host every token.
+const char *cuda_forward_loop_blocker(const cuda_forward *f, const forward_state *fw);
+// Starts a loop on kv whose first step feeds token (greedy: argmax draws; else the
+// stock draws of the configurations each queue call gives), with depth ring slots
+// (1..CUDA_LOOP_DEPTH) and fw's capture layer. Queues the step block's copy; no wait.
+int cuda_forward_loop_begin(cuda_forward *f, forward_state *fw, kv_view *kv, int token, int greedy, int depth,
+                            verr *err);
+// Queues the next step (step j = the steps queued so far: it feeds step j-1's draw, or
+// the first token): cfg, its draw's configuration (ignored when greedy). A step may be
+// queued only once the step depth before it has been read.
+int cuda_forward_loop_queue(cuda_forward *f, const sample_cfg *cfg, verr *err);
+// Step j's ring entry (queued, and not more than depth steps behind the newest). When
+// step j is not known done, waits for step j + ahead - 1 (or the newest queued), one
+// host sync counted, so reading in order costs one wait per `ahead` steps.
+int cuda_forward_loop_read(cuda_forward *f, int j, int ahead, loop_entry *out, verr *err);
+// Ends the loop keeping its first kept steps: the cache's length (kv's) becomes that of
+// kept one-token forwards, the steps past them are discarded (one wait when any step
+// was not waited for), fw's statistics are the last kept step's, and the logits stay
+// on the device (cuda_forward_logits) unless steps were discarded (then none).
+int cuda_forward_loop_end(cuda_forward *f, forward_state *fw, kv_view *kv, int kept, verr *err);
+typedef struct {
+    long runs, steps, discarded;  // loops, steps queued, steps run past a stop (so far)
+} cuda_loop_counts;
+void cuda_forward_loop_counts(const cuda_forward *f, cuda_loop_counts *out);
+
 // ---- tensor parallelism (model/forward_cuda_tp.c, docs/distributed.md) ----
 // A forward opened on a shard (model_shard: rank m->tp.rank of m->tp.size) joins its
 // group with the group's NCCL unique id, which one rank makes (cuda_forward_tp_id) and

@@ -50,7 +50,7 @@ run_emu() {  # name, schedule, program: a skip on the emulated device is a failu
 }
 # The whole-model programs run the kernels the kernel programs test under every schedule,
 # so they take the first schedule only (the random one cost CI about 4 minutes).
-EMU_FIRST_ONLY=" test_cuda_forward test_cuda_forward_batch test_cuda_sched test_cuda_lora test_cuda_hooks "
+EMU_FIRST_ONLY=" test_cuda_forward test_cuda_forward_batch test_cuda_sched test_cuda_lora test_cuda_hooks test_cuda_loop "
 for t in "$EMU_BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     n=$(basename "$t"); [[ -z "$filter" || "$n" == *"$filter"* ]] || continue

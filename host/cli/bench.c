@@ -309,6 +309,8 @@ static const cli_opt bench_session_opts[] = {
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
     { "--decode-kernel", "graph|persistent", "performance", "graph", "CUDA: decode steps as a graph of kernels, or "
       "as one persistent kernel a token (the A/B of docs/cuda.md)", 0 },
+    { "--lookahead", "N", "performance", "8", "CUDA: the sampler table's generate() steps queued ahead on the device, tokens "
+      "read a few steps behind (docs/cuda.md \"The device decode loop\"; 0: one host round trip per token; at most 8)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 static const cli_opt *const bench_tables[] = { bench_session_opts, cli_opts_llama, cli_opts_kv, cli_opts_tp, bench_opts, cli_opts_steer, NULL };
@@ -381,6 +383,7 @@ int cmd_bench(int argc, char **argv) {
     so.kv_bf16 = cli_kv_bf16(&a);
     so.weights_mmap = args_bool(&a, "--mmap", "--no-mmap", 0);
     so.decode_persistent = cli_decode_persistent(&a);
+    so.lookahead = cli_lookahead(&a);
     cli_steer_opts(&a, &so.steer);  // what an intervention costs a step (tests/py/test_interp_cuda.py)
     cli_ranks_session(&a, &so);      // mpirun -np N varent bench: N ranks, --tp N
     int n = (int)args_int_range(&a, "-n", 256, 1, 1 << 24), plen = (int)args_int_range(&a, "--prompt-len", 512, 1, 1 << 24);

@@ -8,6 +8,7 @@
 #include "host/cli/interp_opts.h"
 #include "host/cli/ranks.h"
 #include "kernels/ops.h"
+#include "model/forward_cuda.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -31,6 +32,8 @@ const cli_opt cli_opts_session[] = {
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
     { "--decode-kernel", "graph|persistent", "performance", "graph", "CUDA: decode steps as a graph of kernels, or as "
       "one persistent kernel a token (docs/cuda.md; steps it does not support take the graph path)", 0 },
+    { "--lookahead", "N", "performance", "8", "CUDA: generate()'s decode steps queued ahead on the device, tokens "
+      "read a few steps behind (docs/cuda.md \"The device decode loop\"; 0: one host round trip per token; at most 8)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
 };
 
@@ -213,6 +216,8 @@ int cli_decode_persistent(args *a) {
     return !strcmp(dk, "persistent");
 }
 
+int cli_lookahead(args *a) { return (int)args_int_range(a, "--lookahead", CUDA_LOOP_DEPTH, 0, CUDA_LOOP_DEPTH); }
+
 void cli_session_opts(args *a, session_opts *o) {
     o->model_dir = args_str(a, "-m", NULL);
     o->progress = &model_progress;
@@ -223,6 +228,7 @@ void cli_session_opts(args *a, session_opts *o) {
     o->kv_bf16 = cli_kv_bf16(a);
     o->weights_mmap = args_bool(a, "--mmap", "--no-mmap", 0);
     o->decode_persistent = cli_decode_persistent(a);
+    o->lookahead = cli_lookahead(a);
     cli_steer_opts(a, &o->steer);
     cli_ranks_session(a, o);
 }

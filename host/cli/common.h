@@ -17,6 +17,8 @@ int cli_kv_bf16(args *a);
 // --decode-kernel graph|persistent (read by cli_session_opts; this for bench's own table):
 // 1 for persistent; another value is a usage error.
 int cli_decode_persistent(args *a);
+// --lookahead N (0..CUDA_LOOP_DEPTH, default CUDA_LOOP_DEPTH): session_opts.lookahead.
+int cli_lookahead(args *a);
 // --tp, --tp-timeout, --devices: tensor parallelism under mpirun or over the GPUs of one
 // process (host/cli/ranks.h), read by cli_session_opts.
 extern const cli_opt cli_opts_tp[];

@@ -514,6 +514,15 @@ static void run_verbose(const run_args *r, const session *s, int n_prompt) {
             r->g.ignore_eos ? " (ignoring EOS)" : "", (unsigned long long)r->g.seed);
 }
 
+// The decode loop's line: on the device (its steps, and those run past the stop), or why not.
+static void run_loop_stats(const gen_stats *st) {
+    if (!st->loop_why)
+        fprintf(stderr, "decode loop: on the device, %d steps queued ahead (%d past the stop, truncated)\n",
+                st->loop_steps, st->loop_discarded);
+    else
+        fprintf(stderr, "decode loop: per token on the host: %s\n", st->loop_why);
+}
+
 static void run_stats(const session *s, const gen_stats *st, uint64_t seed) {
     fprintf(stderr, "load %.3f s | prefill %d tokens %.1f tok/s | decode %d tokens %.1f tok/s | seed %llu\n", s->load_s,
             st->n_prompt, st->n_prompt / (st->prefill_s > 0 ? st->prefill_s : 1e-9), st->n_gen,
@@ -522,6 +531,7 @@ static void run_stats(const session *s, const gen_stats *st, uint64_t seed) {
     long hits, misses;  // draws made inside the steps (model/cuda/arm.c), and ones drawn again
     cuda_forward_arm_counts(s->cu, &hits, &misses);
     fprintf(stderr, "device draws: %ld armed, %ld drawn again after a mismatch\n", hits, misses);
+    run_loop_stats(st);
     cuda_step_counts c;
     cuda_forward_counts(s->cu, &c);
     if (s->decode_persistent)  // steps the persistent kernel does not support take the graph path

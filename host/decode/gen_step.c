@@ -10,7 +10,7 @@
 enum { ARM_NONE, ARM_EX, ARM_STD };
 
 // The draws read the forward's own logits: no penalty or bias rewrites them.
-static int raw_draws(const gen_opts *o) { return !sampler_penalties_active(&o->pen) && o->n_bias <= 0; }
+int gen_raw_draws(const gen_opts *o) { return !sampler_penalties_active(&o->pen) && o->n_bias <= 0; }
 
 void gen_ctx_free(gen_ctx *c) {
     free(c->hist), free(c->work), free(c->count), free(c->cfg), free(c->drawn), free(c->u);
@@ -59,17 +59,17 @@ int gen_ctx_init(gen_ctx *c, session *s, const gen_opts *o, const int *prompt, i
     // The draws read the forward's own logits unless penalties or a bias rewrite them
     // (draw_logits): then the device can make them right after the step (an entropix
     // step's after its statistics).
-    if (c->lazy && raw_draws(o)) c->arm = o->sampler != GEN_ENTROPIX ? ARM_STD : c->metrics ? ARM_EX : ARM_NONE;
+    if (c->lazy && gen_raw_draws(o)) c->arm = o->sampler != GEN_ENTROPIX ? ARM_STD : c->metrics ? ARM_EX : ARM_NONE;
     return 0;
 }
 
 // The standard sampler's parameters a step records (greedy at temperature 0 or below).
-static sampler_params std_params(const gen_opts *o) {
+sampler_params gen_std_params(const gen_opts *o) {
     return o->sp.temperature <= 0 ? (sampler_params){ 0, 1, 1, 0 } : o->sp;
 }
 
 // A draw's configuration; its uniform (none when greedy) from the stream r.
-static sample_cfg draw_cfg(sampler_params p, rng *r) {
+sample_cfg gen_draw_cfg(sampler_params p, rng *r) {
     return (sample_cfg){ p.temperature, p.top_k, p.top_p, p.min_p, p.temperature > 0 ? rng_uniform(r) : 0 };
 }
 
@@ -81,7 +81,7 @@ int gen_ctx_arm(gen_ctx *c, verr *err) {
     if (!c->arm) return 0;
     rng peek = c->r;
     if (c->arm == ARM_STD) {  // the draw step() makes (draw_n with o->sp), to the bit
-        sample_cfg cfg = draw_cfg(c->o->sp, &peek);
+        sample_cfg cfg = gen_draw_cfg(c->o->sp, &peek);
         return session_arm_sample(c->s, &cfg, 1, err);
     }
     for (int i = 0; i < c->n_draw; i++) c->u[i] = rng_uniform(&peek);
@@ -98,7 +98,7 @@ static const float *raw_logits(const gen_ctx *c) { return c->row ? c->row : c->s
 static const float *draw_logits(gen_ctx *c, verr *err) {
     const gen_opts *o = c->o;
     int vocab = c->s->m.cfg.vocab_size;
-    if (raw_draws(o)) return raw_logits(c);
+    if (gen_raw_draws(o)) return raw_logits(c);
     const float *raw = c->row ? c->row : session_logits(c->s, err);
     if (!raw) return NULL;
     memcpy(c->work, raw, sizeof(float) * (size_t)vocab);
@@ -111,7 +111,7 @@ static const float *draw_logits(gen_ctx *c, verr *err) {
 // greedy): on the session's backend when lg is the forward's own logits (one launch on
 // the device on CUDA), on the host for a penalised copy.
 static int draw_n(gen_ctx *c, const float *lg, sampler_params p, int n, verr *err) {
-    for (int i = 0; i < n; i++) c->cfg[i] = draw_cfg(p, &c->r);
+    for (int i = 0; i < n; i++) c->cfg[i] = gen_draw_cfg(p, &c->r);
     if (!c->row && lg == c->s->fw.logits) return session_sample(c->s, c->cfg, n, c->drawn, err);
     sampler_sample_n(&c->s->smp, lg, c->cfg, n, c->drawn);
     return 0;
@@ -155,7 +155,7 @@ int gen_ctx_step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_recor
     if (!lg) return -1;
     *toks = one_tok, *recs = one;
     if (o->sampler != GEN_ENTROPIX) {
-        one->sp = std_params(o);
+        one->sp = gen_std_params(o);
         if (draw_n(c, lg, o->sp, 1, err)) return -1;
         *one_tok = c->drawn[0].token;
         return 1;

@@ -40,6 +40,12 @@ void gen_ctx_free(gen_ctx *c);
 int gen_ctx_arm(gen_ctx *c, verr *err);
 // The attention capture layer the metrics read (o->attn_layer or the last), checked.
 int gen_capture_layer(const session *s, const gen_opts *o, int *layer, verr *err);
+// The draws read the forward's own logits: no penalty or bias rewrites them.
+int gen_raw_draws(const gen_opts *o);
+// The standard sampler's parameters a step records (greedy at temperature 0 or below).
+sampler_params gen_std_params(const gen_opts *o);
+// A draw's configuration with p; its uniform (none when greedy) from the stream r.
+sample_cfg gen_draw_cfg(sampler_params p, rng *r);
 // One step: fills *toks / *recs (one / one_tok, or a committed branch's) and returns
 // how many tokens (> 1 only for a committed LEHV branch), -1 with err.
 int gen_ctx_step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record *one, int *one_tok, verr *err);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "host/decode/devloop.h"
 #include "host/decode/gen_step.h"
 
 double gen_now(void) {
@@ -57,6 +58,7 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
     st->prefill_s = gen_now() - t0;
     t0 = gen_now();
     int unfed = -1;  // the last emitted token when the model has not seen it
+    st->loop_why = gen_devloop_blocker(&c);  // NULL: after the first token, the device's loop
     while (rc == 0 && st->n_gen < o->max_new) {
         if (o->interrupt && *o->interrupt) {
             st->interrupted = 1;
@@ -73,6 +75,10 @@ int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen
         kv = kv_view_of(&s->kv);  // a committed branch moved the trunk
         if (kv_view_len(&kv) >= s->ctx) {
             st->hit_ctx = 1;
+            break;
+        }
+        if (!st->loop_why) {  // the rest, exactly as below, queued ahead on the device
+            rc = gen_devloop_run(&c, st, toks[n - 1], err);
             break;
         }
         rc = gen_ctx_arm(&c, err) ? -1 : session_forward(s, &kv, &toks[n - 1], 1, err);

@@ -71,6 +71,10 @@ typedef struct {
     double sum_entropy;
     int n_metrics;
     long branch_fed;              // forward rows the LEHV branches ran (kept and discarded)
+    // CUDA: the decode loop on the device (host/decode/devloop.c): its steps and the ones
+    // run past the stop and truncated, or why the per-token loop ran instead (NULL: it ran)
+    int loop_steps, loop_discarded;
+    const char *loop_why;
 } gen_stats;
 
 int generate(session *s, const int *prompt, int n_prompt, const gen_opts *o, gen_stats *st, verr *err);

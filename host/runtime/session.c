@@ -98,6 +98,7 @@ int session_open(session *s, const session_opts *o, verr *err) {
     }
     if (o->threads > 0) cpu_set_threads(o->threads);
     s->decode_persistent = o->decode_persistent;
+    s->lookahead = o->lookahead;
     int batch = o->max_batch > 0 ? o->max_batch : 256;
     err->msg[0] = 0;
     failed = open_steer(s, &o->steer, err) || (cuda_dev < 0 && !o->weights_mmap && model_place(&s->m, err)) ||
@@ -127,6 +128,7 @@ int session_open_shared(session *s, const session *base, int ctx, verr *err) {
     s->ctx = ctx > 0 ? ctx : base->ctx;
     memcpy(s->stop, base->stop, sizeof s->stop);
     s->n_stop = base->n_stop;
+    s->lookahead = base->lookahead;
     s->adapters = base->adapters, s->lora = base->lora, s->n_adapters = base->n_adapters;
     if (ctx > base->m.cfg.max_pos) {
         session_close(s);

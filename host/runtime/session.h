@@ -33,6 +33,8 @@ typedef struct {
     double tp_timeout;   // seconds a CUDA rank waits for the others in a step (0: forever)
     const char *tp_devices;  // --devices: tp > 1 in one process, one rank per listed GPU (session_tpl.c)
     int decode_persistent;   // CUDA: one-row decode steps as the persistent kernel (--decode-kernel persistent)
+    int lookahead;           // CUDA: generate()'s decode steps queued ahead on the device (--lookahead;
+                             // 0: the per-token loop; at most CUDA_LOOP_DEPTH)
 } session_opts;
 
 // Called around every forward call of a session (collective under tensor parallelism):
@@ -57,6 +59,7 @@ typedef struct {
     int borrowed;     // model and tokenizer belong to another session (session_open_shared)
     struct cuda_forward *cu;  // CUDA backend state (host/runtime/session_cuda.c); NULL on the CPU
     int decode_persistent;    // CUDA: session_opts.decode_persistent (shared sessions take base's)
+    int lookahead;            // CUDA: session_opts.lookahead (shared sessions take base's)
     steer *steer;     // the interventions (fw.hooks points at steer->hooks); NULL: none.
                       // Shared sessions borrow their base's.
     lora_adapter *adapters;   // [n_adapters] loaded from session_opts.lora (a shared session borrows base's)

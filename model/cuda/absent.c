@@ -77,4 +77,30 @@ int cuda_forward_tp_share(cuda_forward *f, cuda_forward *lead, verr *err) {
 }
 void cuda_forward_tp_leave(cuda_forward *f) { (void)f; }
 
+const char *cuda_forward_loop_blocker(const cuda_forward *f, const forward_state *fw) {
+    (void)f, (void)fw;
+    return NO_CUDA;
+}
+int cuda_forward_loop_begin(cuda_forward *f, forward_state *fw, kv_view *kv, int token, int greedy, int depth,
+                            verr *err) {
+    (void)f, (void)fw, (void)kv, (void)token, (void)greedy, (void)depth;
+    return verr_set(err, NO_CUDA);
+}
+int cuda_forward_loop_queue(cuda_forward *f, const sample_cfg *cfg, verr *err) {
+    (void)f, (void)cfg;
+    return verr_set(err, NO_CUDA);
+}
+int cuda_forward_loop_read(cuda_forward *f, int j, int ahead, loop_entry *out, verr *err) {
+    (void)f, (void)j, (void)ahead, (void)out;
+    return verr_set(err, NO_CUDA);
+}
+int cuda_forward_loop_end(cuda_forward *f, forward_state *fw, kv_view *kv, int kept, verr *err) {
+    (void)f, (void)fw, (void)kv, (void)kept;
+    return verr_set(err, NO_CUDA);
+}
+void cuda_forward_loop_counts(const cuda_forward *f, cuda_loop_counts *out) {
+    (void)f;
+    *out = (cuda_loop_counts){ 0, 0, 0 };
+}
+
 #endif

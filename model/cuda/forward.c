@@ -68,6 +68,8 @@ void cuda_forward_close(cuda_forward *d) {
         if (d->graphs[b].exec) cudaGraphExecDestroy(d->graphs[b].exec);
     if (d->armed_graph.exec) cudaGraphExecDestroy(d->armed_graph.exec);
     if (d->greedy_graph.exec) cudaGraphExecDestroy(d->greedy_graph.exec);
+    if (d->loop_graph.exec) cudaGraphExecDestroy(d->loop_graph.exec);
+    cuda_loop_free(d);
     cuda_sampler_free(&d->smp);
     cuda_arm_free(&d->arm);
     cuda_hooks_free(&d->hk);
@@ -155,14 +157,17 @@ static int graph_capture(cuda_forward *d, graph_slot *g, int B, int cap, int hk,
     if (g->exec) CK(cudaGraphExecDestroy(g->exec));
     g->exec = NULL;
     // may grow the sampler's arrays, or allocate the argmax: not while capturing
-    if (arm == ARM_GREEDY ? cuda_arm_greedy_prepare(&d->arm, err) : arm && cuda_arm_prepare(f, &d->arm, err))
+    int greedy = arm == ARM_GREEDY || arm == ARM_LOOP_GREEDY, loop = arm >= ARM_LOOP_GREEDY;
+    if (greedy ? cuda_arm_greedy_prepare(&d->arm, err) : arm && !loop && cuda_arm_prepare(f, &d->arm, err))
         return -1;
     CK(cudaStreamBeginCapture(f->ctx.stream, cudaStreamCaptureModeThreadLocal));
     long l0 = f->ctx.n_launches;
-    d->greedy_amax = arm == ARM_GREEDY ? d->arm.d_amax : NULL;  // the lm_head's argmax epilogue
-    int rc = cuda_step_decode(d, B, cap, hk, err);
+    d->greedy_amax = greedy ? d->arm.d_amax : NULL;  // the lm_head's argmax epilogue
+    int rc = loop ? cuda_loop_head(d, err) : 0;
+    if (rc == 0) rc = cuda_step_decode(d, B, cap, hk, err);
     d->greedy_amax = NULL;
-    if (rc == 0 && arm) rc = arm == ARM_GREEDY ? cuda_arm_greedy_queue(f, &d->arm, err) : cuda_arm_queue(f, &d->arm, err);
+    if (rc == 0 && loop) rc = cuda_loop_tail(d, err);
+    else if (rc == 0 && arm) rc = arm == ARM_GREEDY ? cuda_arm_greedy_queue(f, &d->arm, err) : cuda_arm_queue(f, &d->arm, err);
     g->launches = f->ctx.n_launches - l0;
     cudaGraph_t graph = NULL;
     cudaError_t e = cudaStreamEndCapture(f->ctx.stream, &graph);
@@ -191,13 +196,17 @@ static int graph_capture(cuda_forward *d, graph_slot *g, int B, int cap, int hk,
 // this capture layer, these hooks and captures, or the scratch moved. arm: the ARM_*
 // kind of a one-row step whose draws run inside the graph (its own slot, so steps with
 // and without draws both replay).
-static int graph_decode(cuda_forward *d, int B, int cap, int hk, int arm, verr *err) {
+// (A loop step's kind, ARM_LOOP_*, has its own slot too and leaves the armed draws be.)
+int cuda_graph_decode(cuda_forward *d, int B, int cap, int hk, int arm, verr *err) {
     cuda_core *f = &d->core;
-    graph_slot *g = arm == ARM_GREEDY ? &d->greedy_graph : arm ? &d->armed_graph : &d->graphs[B];
+    graph_slot *g = arm >= ARM_LOOP_GREEDY ? &d->loop_graph
+                    : arm == ARM_GREEDY  ? &d->greedy_graph
+                    : arm                ? &d->armed_graph
+                                         : &d->graphs[B];
     if (graph_stale(d, g, cap, hk, arm) && graph_capture(d, g, B, cap, hk, arm, err)) return -1;
     CK(cudaGraphLaunch(g->exec, f->ctx.stream));
     if (arm == ARM_GREEDY) cuda_arm_greedy_cfg(&d->arm);  // the host's record of what the replay draws with
-    if (arm) d->arm.ready = -1;  // the draws come back with the step's wait
+    if (arm && arm < ARM_LOOP_GREEDY) d->arm.ready = -1;  // the draws come back with the step's wait
     if (B == 1) d->step = (cuda_step_counts){ g->launches, g->nodes, 0, 0, 0, 0, 0, NULL };
     return 0;
 }
@@ -236,7 +245,7 @@ static int run_chunk(cuda_forward *d, kv_view *kv, const int *ids, int T, int ca
     int arm = !persistent && T == 1 && last && d->use_graph ? cuda_arm_graph_kind(&d->arm, d->tp.comm != NULL, cap) : 0;
     int rc = persistent ? 0
              : T > 1    ? cuda_step_prefill(d, T, cap, hk, err)
-             : d->use_graph ? graph_decode(d, 1, cap, hk, arm, err)
+             : d->use_graph ? cuda_graph_decode(d, 1, cap, hk, arm, err)
                             : cuda_step_decode(d, 1, cap, hk, err);
     if (rc == 0 && T == 1 && (persistent || !d->use_graph))
         d->step = (cuda_step_counts){ f->ctx.n_launches - l0, 0, 0, 0, persistent, 0, 0, NULL };
@@ -420,7 +429,7 @@ static int run_rows(cuda_forward *d, kv_view *views, const int *ids, int B, int 
     cuda_core_fill_decode(f, views, ids, B);
     f->par_pending = 1;
     cuda_persist_skip(d, "a batch of rows");
-    int rc = d->use_graph ? graph_decode(d, B, cap, 0, 0, err) : cuda_step_decode(d, B, cap, 0, err);
+    int rc = d->use_graph ? cuda_graph_decode(d, B, cap, 0, 0, err) : cuda_step_decode(d, B, cap, 0, err);
     if (rc == 0 && cap >= 0 && d->tp.comm) rc = cuda_step_tp_stats(d, B, err);
     if (rc || fetch(d, logits, B, cap, 0, err)) return -1;
     for (int b = 0; b < B; b++) {

@@ -42,6 +42,26 @@ typedef struct {
     char why[160];             // the last fallback's reason
 } dev_persist;
 
+// The device decode loop (model/cuda/loop.c): one-row steps that feed their own draw,
+// queued ahead by the host, which reads the ring a few steps behind.
+#define ARM_LOOP_GREEDY 4  // graph slot kinds: a loop step (no step block copy) with its
+#define ARM_LOOP_STOCK 5   // argmax, or its stock draw, the bookkeeping and the ring's copy back
+typedef struct {
+    int on;                    // a loop is running: steps read the step block the device advances
+    int greedy, cap, depth;    // its draw, capture layer and ring slots
+    loop_state *d_state;       // device
+    loop_entry *d_ring, *h_ring;   // [CUDA_LOOP_DEPTH] device, pinned
+    sample_cfg *d_cfgs, *h_cfgs;   // [CUDA_LOOP_DEPTH] the stock draws' configurations, filled ahead
+    sample_cfg *d_cfg;         // the step's (cuda_loop_pick)
+    sample_out *d_draw;        // the step's draw
+    cudaEvent_t ev[CUDA_LOOP_DEPTH];  // [slot]: recorded after the step of that slot
+    int n_ev;                  // events created
+    int queued, known, read;   // steps queued, known done (their event waited for), and read
+    kv_cache *dst;             // the view's cache the steps append to, its length and the
+    int len0, n_trunk0;        // view's trunk count at the start
+    long runs, steps, discarded;   // loops, their steps, and steps run past the stop (truncated)
+} dev_loop;
+
 struct cuda_forward {
     cuda_core core;            // context, weights, buffers, step block
     dev_weights own;           // uploaded here (arena NULL when borrowed: core.w is the sharer's)
@@ -50,6 +70,7 @@ struct cuda_forward {
     graph_slot armed_graph;    // the one-row step with its draws (dev_arm), kept apart from
                                // graphs[1] so steps that alternate replay both
     graph_slot greedy_graph;   // the one-row step with an ARM_GREEDY draw (the lm_head's argmax)
+    graph_slot loop_graph;     // a device loop's step (ARM_LOOP_*)
     long n_captures;           // graphs instantiated so far
     int use_graph;
     cuda_step_counts step;     // the last one-row decode step's launches and graph nodes
@@ -59,6 +80,7 @@ struct cuda_forward {
     dev_lora lora;             // LoRA adapters (model/cuda/lora.c)
     dev_arm arm;               // entropix decided and drawn on the device (model/cuda/arm.c)
     dev_persist persist;       // the persistent decode kernel (model/cuda/persist.c)
+    dev_loop loop;             // the device decode loop (model/cuda/loop.c)
     unsigned long long *greedy_amax;  // set while an ARM_GREEDY step is captured: its lm_head's
                                       // argmax epilogue (arm.h), read by cuda_step_decode
 };
@@ -76,12 +98,28 @@ int cuda_step_decode(cuda_forward *d, int B, int cap, int hk, verr *err);
 // knows and a captured graph cannot).
 int cuda_step_tp_stats(cuda_forward *d, int B, verr *err);
 
+// ---- decode graphs (model/cuda/forward.c) ----
+// Replays the captured one-row or B-row step of kind arm (0, ARM_*), capturing it first
+// when stale.
+int cuda_graph_decode(cuda_forward *d, int B, int cap, int hk, int arm, verr *err);
+
+// ---- the device decode loop (model/cuda/loop.c) ----
+// Inside a loop step's graph: before the layers (a stock draw's configuration), and after
+// them (the draw, the bookkeeping, the ring's copy back).
+int cuda_loop_head(cuda_forward *d, verr *err);
+int cuda_loop_tail(cuda_forward *d, verr *err);
+void cuda_loop_free(cuda_forward *d);
+
 // ---- the persistent decode kernel (model/cuda/persist.c) ----
 // Queues a one-row decode step (its block already filled) as the persistent kernel when
 // it is on and the step allows it: 1 when queued (with the capture layer's statistics,
 // and an armed greedy draw made inside it: *drawn = 1), 0 when the step must take the
 // graph path (persist.why says why), -1 on error. hk: the step's HK_* captures.
 int cuda_persist_step(cuda_forward *d, int cap, int hk, int *drawn, verr *err);
+// A device loop's step (its block already on the device): the kernel with its greedy
+// draw into draw (NULL: none) and the capture layer's statistics, when it is on and the
+// step allows it: 1 when queued, 0 for the graph path (counted), -1 on error.
+int cuda_persist_loop_step(cuda_forward *d, int cap, sample_out *draw, verr *err);
 // A step the kernel does not take (a batch): counted as a fallback when it is on.
 void cuda_persist_skip(cuda_forward *d, const char *why);
 void cuda_persist_free(cuda_forward *d);

@@ -119,28 +119,53 @@ static int setup(cuda_forward *d, verr *err) {
     return rc ? -1 : 0;
 }
 
-int cuda_persist_step(cuda_forward *d, int cap, int hk, int *drawn, verr *err) {
+// Whether the step can run persistent (1), or falls back with its reason (0); -1 on error.
+// *plan: the step's plan when it can.
+static int ready(cuda_forward *d, int cap, int hk, cuda_persist_plan *plan, verr *err) {
     dev_persist *p = &d->persist;
     cuda_core *f = &d->core;
-    *drawn = 0;
     if (!p->on) return 0;
     const char *why = blocker(d, hk);
     if (why) return fall_back(d, why);
     if (!same_type(f->w, f->m->cfg.n_layers, f->w->layers[0].wqkv.type))
         return fall_back(d, "matrices of more than one type");
     if (setup(d, err)) return -1;
-    cuda_persist_plan plan = plan_of(d, cap);
+    *plan = plan_of(d, cap);
     int grid = 0;
-    if (cuda_persist_check(&f->ctx, &plan, &grid)) return fall_back(d, f->ctx.err.msg);
+    if (cuda_persist_check(&f->ctx, plan, &grid)) return fall_back(d, f->ctx.err.msg);
+    return 1;
+}
+
+// The kernel, then the capture layer's statistics.
+static int launch(cuda_forward *d, cuda_persist_plan *plan, int cap, verr *err) {
+    cuda_core *f = &d->core;
+    OP(cuda_decode_persistent(&f->ctx, plan));
+    if (cap >= 0 && cuda_core_stats(f, 1, cuda_core_params(f, f->d_par), err)) return -1;
+    d->persist.steps++;
+    return 0;
+}
+
+int cuda_persist_step(cuda_forward *d, int cap, int hk, int *drawn, verr *err) {
+    cuda_core *f = &d->core;
+    *drawn = 0;
+    cuda_persist_plan plan;
+    int r = ready(d, cap, hk, &plan, err);
+    if (r <= 0) return r;
     int greedy = cuda_arm_greedy(&d->arm, d->tp.comm != NULL);
     plan.draw = greedy ? d->arm.d_out : NULL;
     CK(cudaMemcpyAsync(f->d_par, f->h_par, f->par_bytes, cudaMemcpyHostToDevice, f->ctx.stream));
-    OP(cuda_decode_persistent(&f->ctx, &plan));
-    if (cap >= 0 && cuda_core_stats(f, 1, cuda_core_params(f, f->d_par), err)) return -1;
+    if (launch(d, &plan, cap, err)) return -1;
     if (greedy && cuda_arm_drawn(f, &d->arm, err)) return -1;
     *drawn = greedy;
-    p->steps++;
     return 1;
+}
+
+int cuda_persist_loop_step(cuda_forward *d, int cap, sample_out *draw, verr *err) {
+    cuda_persist_plan plan;
+    int r = ready(d, cap, 0, &plan, err);
+    if (r <= 0) return r;
+    plan.draw = draw;
+    return launch(d, &plan, cap, err) ? -1 : 1;
 }
 
 #endif

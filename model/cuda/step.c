@@ -263,7 +263,8 @@ int cuda_step_decode(cuda_forward *d, int B, int cap, int hk, verr *err) {
     const dev_weights *w = f->w;
     cuda_ctx *x = &f->ctx;
     step_params dp = cuda_core_params(f, f->d_par);
-    CK(cudaMemcpyAsync(f->d_par, f->h_par, f->par_bytes, cudaMemcpyHostToDevice, x->stream));
+    if (!d->loop.on)  // a device loop's steps read the block the device advances (loop.c)
+        CK(cudaMemcpyAsync(f->d_par, f->h_par, f->par_bytes, cudaMemcpyHostToDevice, x->stream));
     OP(cuda_embed(x, f->x, w->embed, dp.ids, B, c->dim));
     for (int l = 0; l < c->n_layers; l++)
         if (decode_layer(d, l, B, cap, hk, dp, err)) return -1;

@@ -228,13 +228,14 @@ SAMPLER_LINE = re.compile(r"sampler\s+(\S+)\s.*, ([\d.]+) host syncs per token, 
                           r"(\d+) graph nodes, (\d+) graph captures")
 
 
-def sampler_lines(d, *env):
-    """{sampler: (syncs per token, launches, graph nodes, captures)} of a 16-token bench."""
+def sampler_lines(d, *env, lookahead=0):
+    """{sampler: (syncs per token, launches, graph nodes, captures)} of a 16-token bench
+    (lookahead 0: generate()'s per-token loop)."""
     import subprocess
     e = dict(os.environ)
     e.update(env)
     args = ["bench", "-m", d, "--device", "cuda", "-n", 16, "--prompt-len", 5, "--runs", 1, "--sampler",
-            "standard,entropix"]
+            "standard,entropix", "--lookahead", lookahead]
     r = subprocess.run([EMU, *map(str, args)], capture_output=True, text=True, timeout=600, env=e)
     got = {m.group(1): (float(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)))
            for m in map(SAMPLER_LINE.search, r.stdout.splitlines()) if m}
@@ -267,26 +268,37 @@ def test_sampler_syncs(d):
         check(off["entropix"][0] > 17 / 16, "emu_bench_entropix_unarmed_two_syncs", f"{off}: {why2}")
     else:
         check(False, "emu_bench_entropix_draw_in_graph", f"{got} {off}: {why} {why2}")
+    # the device decode loop (the default --lookahead 8): the prompt's wait, then one per 4
+    # of the 15 tokens after the first: 5 waits in 16 tokens (printed 0.31); entropix stays
+    # per token
+    loop, why3 = sampler_lines(d, lookahead=8)
+    check("standard" in loop and abs(loop["standard"][0] - 5 / 16) < 0.006 and "entropix" in loop and
+          loop["entropix"][0] <= 17 / 16 + 1e-9, "emu_bench_device_loop_syncs", f"{loop}: {why3}")
 
 
 def test_armed_draws(model):
     """Draws made inside the step's graph (armed) are the draws made after it, to the
-    bit: the same text with arming on and off (VARENT_CUDA_ARM=0), and most draws armed."""
+    bit: the same text with arming on and off (VARENT_CUDA_ARM=0), and most draws armed
+    (the per-token loop: --lookahead 0); and the device decode loop's text is the same."""
     import subprocess
     for name, flags in (("temp1", ["--temp", "1.0"]), ("temp07_top_p09", ["--temp", "0.7", "--top-p", "0.9"]),
                         ("entropix", ["--sampler", "entropix"])):
         out = {}
-        for arm in ("1", "0"):
-            e = dict(os.environ, VARENT_CUDA_ARM=arm)
+        for arm in ("1", "0", "loop"):
+            e = dict(os.environ, VARENT_CUDA_ARM="1" if arm == "loop" else arm)
             args = ["run", "-m", model, "-p", "Once upon a time", "-n", 40, "--seed", 11, "--device", "cuda",
-                    "--stats", "--ignore-eos", *flags]
+                    "--stats", "--ignore-eos", "--lookahead", 8 if arm == "loop" else 0, *flags]
             r = subprocess.run([EMU, *map(str, args)], capture_output=True, text=True, timeout=300, env=e)
             m = re.search(r"device draws: (\d+) armed", r.stderr)
             out[arm] = (r.returncode, r.stdout, int(m.group(1)) if m else -1, r.stderr.strip()[-300:])
-        on, off = out["1"], out["0"]
+        on, off, loop = out["1"], out["0"], out["loop"]
         ok = on[0] == 0 and off[0] == 0 and on[1] == off[1] and on[2] >= 20 and off[2] == 0
         check(ok, f"emu_armed_draws_equal_unarmed_{name}",
               f"rc {on[0]}/{off[0]}, same text {on[1] == off[1]}, armed draws {on[2]}/{off[2]}: {on[3]} {off[3]}")
+        on_device = name != "entropix"  # entropix decides on the host: the per-token loop, with the reason
+        said = "decode loop: on the device" if on_device else "decode loop: per token on the host: the entropix"
+        check(loop[0] == 0 and loop[1] == on[1] and said in loop[3], f"emu_device_loop_text_equal_{name}",
+              f"rc {loop[0]}, same text {loop[1] == on[1]}: {loop[3]}")
 
 
 def test_nonfinite(model, tmp):

@@ -75,6 +75,7 @@ enum cudaStreamCaptureMode {
 #define cudaHostAllocDefault 0x00
 #define cudaHostRegisterDefault 0x00
 #define cudaEventDefault 0x00
+#define cudaEventDisableTiming 0x02
 
 typedef struct cudaDeviceProp {
     char name[256];

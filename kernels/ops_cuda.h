@@ -130,6 +130,12 @@ typedef struct {
 typedef struct {
     int n_trunk;  // keys read from the trunk segment
     int n_keys;   // all keys, the newest position included
+    // A paged trunk (a sequence of the scheduler's device pool, model/kv_pool.h): k_trunk
+    // and v_trunk are the pool's rows of the layer and key j is row
+    // (table[j >> shift] << shift) + (j & (2^shift - 1)); n_trunk == n_keys, no tail, and
+    // the store's rows are pool rows. The same bits as the keys stored contiguously.
+    const int *table;  // device int [blocks]; NULL: contiguous segments
+    int shift;
 } cuda_kv_lens;
 
 // ---- ops (kernels/cuda/*.cu) ----------------------------------------------------------
@@ -196,6 +202,11 @@ int cuda_rope(cuda_ctx *ctx, float *x, const int *pos, int T, int n_heads, int h
 // the last query (cuda_attn_stats turns them into the entropix metrics).
 int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span kv, int T,
                    attn_shape s, float *last_scores);
+// The same over a paged trunk (kv.n_tail 0), the device twin of cpu_attention_paged:
+// pg.blocks is a device int table, and the result is bit for bit cuda_attention's on the
+// same rows stored contiguously. pg.blocks NULL: cuda_attention.
+int cuda_attention_paged(cuda_ctx *ctx, float *out, const float *q, kv_span kv, kv_pages pg, int T,
+                         attn_shape s, float *last_scores);
 // cpu_attn_stats on the device: out4 (device float[4]) = {attn_entropy, attn_varentropy,
 // agreement, interaction_strength} of scores[n_heads, n_keys], summed in double.
 // d_lens == NULL: n_keys = max_keys; otherwise n_keys = d_lens->n_keys, read on the

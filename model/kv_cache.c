@@ -85,15 +85,21 @@ void kv_cache_free(kv_cache *c) {
     }
     huge_free(c->k, host_bytes(c));
     huge_free(c->v, host_bytes(c));
-#ifdef VARENT_CUDA
-    if (c->cu) {  // cudaFree acts on the current device; a commit copy may be in flight
-        cuda_activate(c->cu);
-        cuda_sync(c->cu);
-    }
-    cuda_free(c->dk);
-    cuda_free(c->dv);
-#endif
+    kv_cache_free_device(c->cu, c->dk, c->dv);
     memset(c, 0, sizeof *c);
+}
+
+void kv_cache_free_device(struct cuda_ctx *cu, void *dk, void *dv) {
+#ifdef VARENT_CUDA
+    if (cu) {  // cudaFree acts on the current device; a copy may be in flight
+        cuda_activate(cu);
+        cuda_sync(cu);
+    }
+    cuda_free(dk);
+    cuda_free(dv);
+#else
+    (void)cu, (void)dk, (void)dv;
+#endif
 }
 
 // Device caches: one pitched copy per K and V, a row per layer, on the trunk's stream.

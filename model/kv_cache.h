@@ -53,6 +53,8 @@ int kv_cache_init_cuda(kv_cache *c, struct cuda_ctx *cu, int n_layers, int ctx, 
 // with a peer chain like like's.
 int kv_cache_init_like(kv_cache *c, const kv_cache *like, int ctx, verr *err);
 void kv_cache_free(kv_cache *c);
+// Frees device rows dk and dv of cu's GPU once its stream is idle (NULL: nothing).
+void kv_cache_free_device(struct cuda_ctx *cu, void *dk, void *dv);
 // Bytes per element of a host cache.
 static inline size_t kv_cache_esize(const kv_cache *c) { return c->bf16 ? 2 : 4; }
 // Rows per layer of a host cache's k and v: ctx, or the pool's when paged.

@@ -5,6 +5,9 @@
 #include <string.h>
 
 #include "host/util/hugemem.h"
+#ifdef VARENT_CUDA
+#include "kernels/ops_cuda.h"
+#endif
 
 size_t kv_pool_block_bytes(int n_layers, int kv_dim, int bf16, int block) {
     return 2 * (size_t)n_layers * block * kv_dim * (bf16 ? 2 : 4);
@@ -77,7 +80,28 @@ static int find(kv_pool *p, uint64_t key, uint64_t parent, const int *ids) {
 
 // ---- the pool --------------------------------------------------------------------
 
-int kv_pool_init(kv_pool *p, int n_layers, int kv_dim, int bf16, int block, int n_blocks, verr *err) {
+// The block tables, idle list and registry of a pool whose geometry is set.
+static int init_books(kv_pool *p, verr *err) {
+    int n_blocks = p->n_blocks, block = p->block;
+    p->n_buckets = 1;
+    while (p->n_buckets < n_blocks) p->n_buckets *= 2;
+    p->refs = calloc((size_t)n_blocks, sizeof(int));
+    p->prev = malloc(sizeof(int) * (size_t)n_blocks), p->next = malloc(sizeof(int) * (size_t)n_blocks);
+    p->key = calloc((size_t)n_blocks, sizeof(uint64_t)), p->parent = calloc((size_t)n_blocks, sizeof(uint64_t));
+    p->ids = malloc(sizeof(int) * (size_t)n_blocks * block);
+    p->chain = malloc(sizeof(int) * (size_t)n_blocks), p->bucket = malloc(sizeof(int) * (size_t)p->n_buckets);
+    if (!p->refs || !p->prev || !p->next || !p->key || !p->parent || !p->ids || !p->chain || !p->bucket) {
+        kv_pool_free(p);
+        return verr_set(err, "out of memory for the books of a KV pool of %d blocks", n_blocks);
+    }
+    p->head = p->tail = -1;
+    for (int b = 0; b < p->n_buckets; b++) p->bucket[b] = -1;
+    for (int b = n_blocks - 1; b >= 0; b--) p->chain[b] = -1, idle_push(p, b);  // block 0 first
+    return 0;
+}
+
+// The geometry (checked), before any storage.
+static int init_geometry(kv_pool *p, int n_layers, int kv_dim, int bf16, int block, int n_blocks, verr *err) {
     memset(p, 0, sizeof *p);
     int shift = 0;
     while ((1 << shift) < block && shift < 10) shift++;
@@ -86,29 +110,43 @@ int kv_pool_init(kv_pool *p, int n_layers, int kv_dim, int bf16, int block, int 
     p->n_layers = n_layers, p->kv_dim = kv_dim, p->bf16 = bf16 != 0, p->block = block, p->block_shift = shift;
     p->n_blocks = n_blocks;
     p->bytes = (size_t)n_layers * n_blocks * block * kv_dim * (bf16 ? 2 : 4);
-    p->n_buckets = 1;
-    while (p->n_buckets < n_blocks) p->n_buckets *= 2;
+    return 0;
+}
+
+int kv_pool_init(kv_pool *p, int n_layers, int kv_dim, int bf16, int block, int n_blocks, verr *err) {
+    if (init_geometry(p, n_layers, kv_dim, bf16, block, n_blocks, err)) return -1;
     p->k = huge_alloc(p->bytes), p->v = huge_alloc(p->bytes);
-    p->refs = calloc((size_t)n_blocks, sizeof(int));
-    p->prev = malloc(sizeof(int) * (size_t)n_blocks), p->next = malloc(sizeof(int) * (size_t)n_blocks);
-    p->key = calloc((size_t)n_blocks, sizeof(uint64_t)), p->parent = calloc((size_t)n_blocks, sizeof(uint64_t));
-    p->ids = malloc(sizeof(int) * (size_t)n_blocks * block);
-    p->chain = malloc(sizeof(int) * (size_t)n_blocks), p->bucket = malloc(sizeof(int) * (size_t)p->n_buckets);
-    if (!p->k || !p->v || !p->refs || !p->prev || !p->next || !p->key || !p->parent || !p->ids || !p->chain ||
-        !p->bucket) {
+    if (!p->k || !p->v) {
         size_t mib = 2 * p->bytes >> 20;
         kv_pool_free(p);
         return verr_set(err, "out of memory allocating a KV pool of %d blocks of %d positions (%zu MiB): lower "
                         "--kv-pool-mb", n_blocks, block, mib);
     }
-    p->head = p->tail = -1;
-    for (int b = 0; b < p->n_buckets; b++) p->bucket[b] = -1;
-    for (int b = n_blocks - 1; b >= 0; b--) p->chain[b] = -1, idle_push(p, b);  // block 0 first
-    return 0;
+    return init_books(p, err);
+}
+
+int kv_pool_init_cuda(kv_pool *p, struct cuda_ctx *cu, int n_layers, int kv_dim, int block, int n_blocks, verr *err) {
+#ifdef VARENT_CUDA
+    if (init_geometry(p, n_layers, kv_dim, 1, block, n_blocks, err)) return -1;
+    p->bf16 = 0;  // the caches' bf16 flag names host rows; device rows are always bf16
+    p->cu = cu;
+    char what[160];
+    snprintf(what, sizeof what, "a device KV pool of %d blocks of %d positions (lower --kv-pool-mb)", n_blocks, block);
+    if (cuda_activate(cu)) return verr_set(err, "%s", cu->err.msg);
+    if (cuda_malloc(&p->dk, p->bytes, what, err) || cuda_malloc(&p->dv, p->bytes, what, err)) {
+        kv_pool_free(p);
+        return -1;
+    }
+    return init_books(p, err);
+#else
+    (void)p, (void)cu, (void)n_layers, (void)kv_dim, (void)block, (void)n_blocks;
+    return verr_set(err, "this varent was built without CUDA: no device KV pool");
+#endif
 }
 
 void kv_pool_free(kv_pool *p) {
     huge_free(p->k, p->bytes), huge_free(p->v, p->bytes);
+    kv_cache_free_device(p->cu, p->dk, p->dv);
     free(p->refs), free(p->prev), free(p->next), free(p->key), free(p->parent), free(p->ids), free(p->chain);
     free(p->bucket);
     memset(p, 0, sizeof *p);
@@ -120,6 +158,7 @@ int kv_pool_open(kv_pool *p, kv_cache *c, int max_pos, verr *err) {
     if (!(c->table = malloc(sizeof(int) * (size_t)cap))) return verr_set(err, "out of memory");
     c->n_layers = p->n_layers, c->kv_dim = p->kv_dim, c->bf16 = p->bf16;
     c->k = p->k, c->v = p->v, c->layer_rows = (size_t)p->n_blocks * p->block;
+    c->dk = p->dk, c->dv = p->dv, c->cu = p->cu;
     c->table_cap = cap, c->block_shift = p->block_shift, c->pool = p;
     return 0;
 }
@@ -183,7 +222,21 @@ int kv_pool_copy_block(kv_pool *p, kv_cache *dst, const kv_cache *src, int i, ve
     if ((dst->ctx >> p->block_shift) >= dst->table_cap) return verr_set(err, "KV pool: the sequence's table is full");
     if (p->n_idle < 1) return verr_set(err, "KV pool full: no idle block to copy a prompt's last block into");
     int b = take(p), from = src->table[i];
-    size_t rows = (size_t)p->block * p->kv_dim * (p->bf16 ? 2 : 4), layer = (size_t)p->n_blocks * rows;
+    size_t rows = (size_t)p->block * p->kv_dim * (p->dk || p->bf16 ? 2 : 4), layer = (size_t)p->n_blocks * rows;
+#ifdef VARENT_CUDA
+    if (p->dk) {  // one pitched copy per K and V: a block's rows in every layer
+        if (cuda_activate(p->cu) ||
+            cuda_copy_2d(p->cu, (char *)p->dk + b * rows, layer, (char *)p->dk + from * rows, layer, rows,
+                         (size_t)p->n_layers) ||
+            cuda_copy_2d(p->cu, (char *)p->dv + b * rows, layer, (char *)p->dv + from * rows, layer, rows,
+                         (size_t)p->n_layers)) {
+            if (--p->refs[b] == 0) idle_push(p, b);
+            return verr_set(err, "%s", p->cu->err.msg);
+        }
+        map_next(p, dst, b);
+        return 0;
+    }
+#endif
     for (int l = 0; l < p->n_layers; l++) {
         memcpy((char *)p->k + l * layer + b * rows, (char *)p->k + l * layer + from * rows, rows);
         memcpy((char *)p->v + l * layer + b * rows, (char *)p->v + l * layer + from * rows, rows);

@@ -1,4 +1,4 @@
-// kv_pool.h: a paged KV cache on the host. One pool of fixed-size blocks of positions
+// kv_pool.h: a paged KV cache, on the host or on a GPU. One pool of fixed-size blocks of positions
 // serves every sequence; a sequence is a kv_cache whose block table maps its positions
 // to blocks (kv_cache.h, "Paged"), so the forward and the attention kernel read it
 // through the table, and memory goes to the positions sequences actually hold.
@@ -19,8 +19,10 @@ typedef struct kv_pool {
     int n_layers, kv_dim, bf16;
     int block, block_shift;   // positions per block (a power of two)
     int n_blocks;
-    void *k, *v;              // [n_layers, n_blocks * block, kv_dim], fp32 or bf16
-    size_t bytes;             // of k, and of v
+    void *k, *v;              // [n_layers, n_blocks * block, kv_dim], fp32 or bf16 (NULL on a device pool)
+    size_t bytes;             // of k, and of v (or dk, dv)
+    void *dk, *dv;            // a device pool (kv_pool_init_cuda): bf16 [n_layers, n_blocks * block, kv_dim]
+    struct cuda_ctx *cu;      // its context (stream); NULL on the host
     int *refs;                // [n_blocks] caches mapping each block
     int *prev, *next;         // [n_blocks] the idle list, least recently used first (-1 ends)
     int head, tail, n_idle;
@@ -40,6 +42,11 @@ size_t kv_pool_block_bytes(int n_layers, int kv_dim, int bf16, int block);
 // A pool of n_blocks blocks of `block` positions (a power of two, 1..1024). -1 with err
 // when the arguments are bad or memory is short (naming the size).
 int kv_pool_init(kv_pool *p, int n_layers, int kv_dim, int bf16, int block, int n_blocks, verr *err);
+// The same pool in bf16 on cu's GPU (CUDA builds; an error otherwise): the block tables
+// stay on the host, the forward uploads them (model/cuda/core.c), and its caches are
+// device caches that the CUDA forward reads through their tables. Block copies run on
+// cu's stream.
+int kv_pool_init_cuda(kv_pool *p, struct cuda_ctx *cu, int n_layers, int kv_dim, int block, int n_blocks, verr *err);
 void kv_pool_free(kv_pool *p);
 // Blocks nobody maps (free, or holding an idle prefix).
 static inline int kv_pool_idle(const kv_pool *p) { return p->n_idle; }

@@ -51,9 +51,9 @@ const cli_opt cli_opts_kv[] = {
 const cli_opt cli_opts_sched[] = {
     { "--parallel", "N", "performance", "what fits", "sequences decoded together, one forward for all of them per "
       "token (docs/server.md, The scheduler); 1: one after another. The output is the same", 0 },
-    { "--kv-pool-mb", "MB", "performance", "1024", "CPU: the paged KV cache the sequences share (a full pool queues "
-      "the next sequence)", 0 },
-    { "--kv-pool-tokens", "N", "performance", NULL, "CPU: the same pool given in positions instead", 0 },
+    { "--kv-pool-mb", "MB", "performance", "1024", "the paged KV cache the sequences share, in device memory "
+      "on CUDA (a full pool queues the next sequence)", 0 },
+    { "--kv-pool-tokens", "N", "performance", NULL, "the same pool given in positions instead", 0 },
     { "--no-prefix-cache", NULL, "performance", NULL, "prefill every prompt in full (no reuse of equal prompts or "
       "their whole --batch chunks)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },

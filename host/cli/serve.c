@@ -25,9 +25,9 @@ static const cli_opt serve_opts[] = {
     { "--port", "N", "server", "8080", "TCP port (0: any free port)", 0 },
     { "--parallel", "N", "server", "1", "sequences decoded together, one forward for all of them per token (the "
       "choices of every request; docs/server.md, The scheduler)", 0 },
-    { "--kv-pool-mb", "MB", "server", "--parallel contexts", "CPU: the paged KV cache the sequences share (a full "
-      "pool queues the next sequence)", 0 },
-    { "--kv-pool-tokens", "N", "server", NULL, "CPU: the same pool given in positions instead", 0 },
+    { "--kv-pool-mb", "MB", "server", "--parallel contexts", "the paged KV cache the sequences share, in device "
+      "memory on CUDA (a full pool queues the next sequence)", 0 },
+    { "--kv-pool-tokens", "N", "server", NULL, "the same pool given in positions instead", 0 },
     { "--no-prefix-cache", NULL, "server", NULL, "prefill every prompt in full (no reuse of earlier prompts' "
       "positions)", 0 },
     { "-a|--alias|--model-id", "NAME", "server", "-m's file or directory name", "the model's id in /v1/models and responses",

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "host/decode/sched_internal.h"
+#include "model/forward_cuda.h"
 
 static uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -34,9 +35,10 @@ static uint64_t seq_salt(const sched *q, const seq *x) {
 
 // ---- opening and closing ---------------------------------------------------------
 
+// The sequences' paged pool: host memory on the CPU, device memory (bf16) on CUDA.
 static int open_pool(sched *q, verr *err) {
     session *s = q->s;
-    int n_layers = s->m.cfg.n_layers, kv_dim = model_kv_dim(&s->m), bf16 = s->kv.bf16;
+    int n_layers = s->m.cfg.n_layers, kv_dim = model_kv_dim(&s->m), bf16 = s->cu ? 1 : s->kv.bf16;
     int block = SCHED_BLOCK;  // a power of two that divides the prefill chunk (prefix blocks lie in one chunk)
     while (q->chunk % block) block /= 2;
     size_t per_block = kv_pool_block_bytes(n_layers, kv_dim, bf16, block);
@@ -50,7 +52,9 @@ static int open_pool(sched *q, verr *err) {
     }
     if (blocks < 1) blocks = 1;
     if (blocks > (1L << 30) / block) return verr_set(err, "KV pool: %ld blocks is too many", blocks);
-    if (kv_pool_init(&q->pool, n_layers, kv_dim, bf16, block, (int)blocks, err)) return -1;
+    int rc = s->cu ? kv_pool_init_cuda(&q->pool, cuda_forward_ctx(s->cu), n_layers, kv_dim, block, (int)blocks, err)
+                   : kv_pool_init(&q->pool, n_layers, kv_dim, bf16, block, (int)blocks, err);
+    if (rc) return -1;
     q->pooled = 1;
     return 0;
 }
@@ -61,7 +65,7 @@ int sched_open(sched **out, session *s, const sched_opts *o, verr *err) {
     sched *q = calloc(1, sizeof *q);
     if (!q) return verr_set(err, "out of memory");
     q->s = s, q->o = *o, q->layer = -1, q->chunk = s->fw.max_T;
-    q->max_rows = o->parallel > 0 ? o->parallel : s->cu ? 8 : SCHED_MAX_ROWS;
+    q->max_rows = o->parallel > 0 ? o->parallel : SCHED_MAX_ROWS;
     size_t rows = (size_t)q->max_rows, vocab = (size_t)s->m.cfg.vocab_size;
     q->run = calloc(rows, sizeof *q->run);
     q->logits = malloc(sizeof(float) * rows * vocab);
@@ -73,7 +77,7 @@ int sched_open(sched **out, session *s, const sched_opts *o, verr *err) {
         sched_close(q);
         return verr_set(err, "out of memory for %d scheduler rows", q->max_rows);
     }
-    if (!s->cu && open_pool(q, err)) {
+    if (open_pool(q, err)) {
         sched_close(q);
         return -1;
     }

@@ -10,7 +10,9 @@
 // forward (forward_batch's row-exact products). So its tokens, records and metrics are
 // those of generate() alone on the same session, bit for bit.
 //
-// On the CPU the sequences' keys and values live in one paged pool (model/kv_pool.h).
+// The sequences' keys and values live in one paged pool (model/kv_pool.h): host memory
+// on the CPU, device memory on CUDA (the device forward reads each row's cache through
+// its block table, with the same kernels and bits as a contiguous cache).
 // A sequence is admitted when the pool can hold its worst case (prompt + max_new, at
 // most the context): a full pool queues the next sequence, and nothing running ever
 // runs out of blocks. Two reuses skip prefill work without changing a bit:
@@ -21,7 +23,7 @@
 //     the first chunk that differs (only whole chunks: a chunk is computed alike only
 //     when it is the same chunk).
 // Idle blocks keep their prefixes until the pool needs them (least recently used first).
-// On CUDA each sequence has its own device cache of the context (no pool, no reuse yet).
+// On CUDA a copied partial block is a device copy on the session's stream.
 #ifndef VARENT_SCHED_H
 #define VARENT_SCHED_H
 
@@ -33,8 +35,8 @@
 
 typedef struct {
     int parallel;         // sequences decoded together at most (0: as many as the pool holds, up to SCHED_MAX_ROWS)
-    long pool_tokens;     // CPU: the pool's positions (0: from pool_mb; both 0: SCHED_DEFAULT_POOL_MB)
-    long pool_mb;         // CPU: the pool's size in MiB
+    long pool_tokens;     // the pool's positions (0: from pool_mb; both 0: SCHED_DEFAULT_POOL_MB)
+    long pool_mb;         // the pool's size in MiB (host memory, or device memory on CUDA)
     int no_reuse;         // no prefix or whole-prompt reuse
     const volatile sig_atomic_t *interrupt;  // set: every sequence ends (interrupted) at its next token
 } sched_opts;
@@ -61,7 +63,7 @@ typedef struct sched sched;
 // Statistics for /metrics and --stats.
 typedef struct {
     int running, queued;      // sequences decoding or prefilling; waiting to start
-    int pool_blocks, pool_used, block;  // CPU pool: blocks, mapped ones, positions per block (0 on CUDA)
+    int pool_blocks, pool_used, block;  // the pool: blocks, mapped ones, positions per block
     long prompt_tokens, reused_tokens;  // prompt positions admitted; found in the caches instead of computed
     long generated;           // tokens generated
     long steps, rows;         // decode batches and their rows (rows / steps: the mean batch)

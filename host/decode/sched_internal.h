@@ -14,9 +14,9 @@ typedef struct seq {
     int state;
     int fed;             // prompt positions in kv
     int pending;         // the token the next batch feeds (-1: none)
-    kv_cache kv;         // paged (CPU) or the sequence's own device cache (CUDA)
+    kv_cache kv;         // paged: the pool's blocks (host or device)
     int open;            // kv is open
-    int worst;           // blocks its worst case maps (CPU)
+    int worst;           // blocks its worst case maps
     int reserve;         // of them, not mapped yet: the pool keeps that many idle for it
     gen_ctx c;
     int ctx_ok;          // c initialised
@@ -45,7 +45,7 @@ struct sched {
     session *s;
     sched_opts o;
     int max_rows;
-    int pooled;              // CPU: the pool below holds the sequences' caches
+    int pooled;              // the pool below holds the sequences' caches (always, once open)
     kv_pool pool;
     int reserved;            // the sum of the admitted sequences' reserves
     seq *head, *tail;        // the queue

@@ -19,7 +19,8 @@
 __global__ void attn_prefill_kernel(float *out, float *last_scores, const float *q,
                                     const uint16_t *k_trunk, const uint16_t *v_trunk,
                                     const uint16_t *k_tail, const uint16_t *v_tail, int n_trunk,
-                                    int n_keys, int T, int n_heads, int n_kv, int hd, float scale) {
+                                    const int *table, int shift, int n_keys, int T, int n_heads, int n_kv,
+                                    int hd, float scale) {
     extern __shared__ float smem[];
     float *q_s = smem, *p_s = smem + hd;
     int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
@@ -39,7 +40,7 @@ __global__ void attn_prefill_kernel(float *out, float *last_scores, const float 
         int n = min((int)blockDim.x, nk - k0);
         float s = -INFINITY;
         if (tid < n) {
-            const uint16_t *kr = kv_row(k_trunk, k_tail, n_trunk, k0 + tid, kv_dim) + (size_t)kvh * hd;
+            const uint16_t *kr = kv_row_pg(k_trunk, k_tail, n_trunk, k0 + tid, kv_dim, table, shift) + (size_t)kvh * hd;
             s = dot_q_k(q_s, kr, hd) * scale;
             if (write_scores) last_scores[(size_t)h * n_keys + k0 + tid] = s;
         }
@@ -62,7 +63,7 @@ __global__ void attn_prefill_kernel(float *out, float *last_scores, const float 
                 float a = acc[r] * corr;
                 for (int jj = 0; jj < n; jj++) {
                     const uint16_t *vr =
-                        kv_row(v_trunk, v_tail, n_trunk, k0 + jj, kv_dim) + (size_t)kvh * hd;
+                        kv_row_pg(v_trunk, v_tail, n_trunk, k0 + jj, kv_dim, table, shift) + (size_t)kvh * hd;
                     a = fmaf(p_s[jj], bf16_bits_to_f32(vr[d]), a);
                 }
                 acc[r] = a;
@@ -236,7 +237,16 @@ extern "C" int cuda_attention_validate(cuda_ctx *ctx, attn_shape s) { return sha
 
 extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span kv, int T,
                               attn_shape s, float *last_scores) {
+    kv_pages contiguous = { NULL, 0 };
+    return cuda_attention_paged(ctx, out, q, kv, contiguous, T, s, last_scores);
+}
+
+extern "C" int cuda_attention_paged(cuda_ctx *ctx, float *out, const float *q, kv_span kv, kv_pages pg, int T,
+                                    attn_shape s, float *last_scores) {
     int n_keys = kv.n_trunk + kv.n_tail;
+    CUDA_REQUIRE(ctx, !pg.blocks || (kv.n_tail == 0 && pg.shift >= 0 && pg.shift < 24),
+                 "cuda_attention: a paged trunk has no tail (n_tail=%d) and blocks of 2^0..2^23 positions (2^%d)",
+                 kv.n_tail, pg.shift);
     if (shape_check(ctx, s)) return -1;
     CUDA_REQUIRE(ctx, kv.n_trunk >= 0 && kv.n_tail >= 0 && T >= 1 && T <= n_keys,
                  "cuda_attention: T=%d queries need 1..%d keys (n_trunk=%d n_tail=%d)", T, n_keys,
@@ -247,13 +257,13 @@ extern "C" int cuda_attention(cuda_ctx *ctx, float *out, const float *q, kv_span
                           is_aligned(kv.k_tail, 16) && is_aligned(kv.v_tail, 16),
                  "cuda_attention: KV buffers must be 16-byte aligned");
     CUDA_REQUIRE(ctx, T <= 65535, "cuda_attention: T=%d exceeds the grid limit", T);
-    if (T == 1) return attn_decode_span(ctx, out, q, kv, s, last_scores);
+    if (T == 1) return attn_decode_span(ctx, out, q, kv, pg, s, last_scores);
     const uint16_t *kt = (const uint16_t *)kv.k_trunk, *vt = (const uint16_t *)kv.v_trunk;
     const uint16_t *kl = (const uint16_t *)kv.k_tail, *vl = (const uint16_t *)kv.v_tail;
     dim3 grid(T, s.n_heads);
     size_t smem = (size_t)(s.head_dim + ATT_THREADS) * sizeof(float);
     attn_prefill_kernel<<<grid, ATT_THREADS, smem, ctx->stream>>>(
-        out, last_scores, q, kt, vt, kl, vl, kv.n_trunk, n_keys, T, s.n_heads, s.n_kv_heads,
+        out, last_scores, q, kt, vt, kl, vl, kv.n_trunk, pg.blocks, pg.shift, n_keys, T, s.n_heads, s.n_kv_heads,
         s.head_dim, s.scale);
     CUDA_CHECK_LAUNCH(ctx, "attn_prefill_kernel");
     return 0;

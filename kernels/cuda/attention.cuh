@@ -15,6 +15,14 @@ __device__ __forceinline__ const uint16_t *kv_row(const uint16_t *trunk, const u
     return j < n_trunk ? trunk + (size_t)j * kv_dim : tail + (size_t)(j - n_trunk) * kv_dim;
 }
 
+// The same through a paged trunk's block table (cuda_kv_lens.table; NULL: kv_row).
+__device__ __forceinline__ const uint16_t *kv_row_pg(const uint16_t *trunk, const uint16_t *tail, int n_trunk, int j,
+                                                     int kv_dim, const int *table, int shift) {
+    if (!table) return kv_row(trunk, tail, n_trunk, j, kv_dim);
+    size_t row = ((size_t)table[j >> shift] << shift) + (size_t)(j & ((1 << shift) - 1));
+    return trunk + row * kv_dim;
+}
+
 // q[0..hd) (shared fp32) . k[0..hd) (bf16). hd % 8 == 0: 16-byte loads (rows are
 // 16-byte aligned then); otherwise one element at a time (e.g. head_dim 28).
 __device__ __forceinline__ float dot_q_k(const float *q, const uint16_t *k, int hd) {
@@ -37,7 +45,9 @@ __device__ __forceinline__ float dot_q_k(const float *q, const uint16_t *k, int 
 // attention_decode.cu. The decode part of the shape check: the GQA group fits one of the
 // decode kernels' shared memory (error in ctx->err, -1, otherwise 0).
 int attn_decode_shape_check(cuda_ctx *ctx, attn_shape s);
-// Decode (T == 1) over a kv_span given by value; the shape and span are checked.
-int attn_decode_span(cuda_ctx *ctx, float *out, const float *q, kv_span kv, attn_shape s, float *last_scores);
+// Decode (T == 1) over a kv_span given by value (a paged trunk with pg.blocks, device
+// memory); the shape and span are checked.
+int attn_decode_span(cuda_ctx *ctx, float *out, const float *q, kv_span kv, kv_pages pg, attn_shape s,
+                     float *last_scores);
 
 #endif

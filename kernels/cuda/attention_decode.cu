@@ -19,7 +19,9 @@
 //   attn_decode_split_kernel (any even head_dim, larger groups): one thread per
 //       (head, key) dot, one per (head, pair of dims) for o, the rows read directly.
 // The segments and lengths come either from kernel arguments (cuda_attention) or from
-// device records (cuda_attention_decode_dev / _rows, graph replay). The grid's split
+// device records (cuda_attention_decode_dev / _rows, graph replay). A paged trunk (the
+// scheduler's device pool) is read through its block table (cuda_kv_lens.table): the
+// same keys in the same order, so the same bits as the rows stored contiguously. The grid's split
 // count is a host value fixed by the longest length the caller supports; each step uses
 // as many of them as its live length needs (live_splits: one key tile a split by
 // default, VARENT_CUDA_ATT_SPLIT_KEYS), read on the device, and one split writes the
@@ -137,10 +139,11 @@ static int decode_launch(cuda_ctx *ctx, float *out, const float *q, cuda_kv_laye
     return 0;
 }
 
-int attn_decode_span(cuda_ctx *ctx, float *out, const float *q, kv_span kv, attn_shape s, float *last_scores) {
+int attn_decode_span(cuda_ctx *ctx, float *out, const float *q, kv_span kv, kv_pages pg, attn_shape s,
+                     float *last_scores) {
     int n_keys = kv.n_trunk + kv.n_tail;
     cuda_kv_layer L = {kv.k_trunk, kv.v_trunk, kv.k_tail, kv.v_tail, NULL, NULL};
-    cuda_kv_lens N = {kv.n_trunk, n_keys};
+    cuda_kv_lens N = {kv.n_trunk, n_keys, pg.blocks, pg.shift};
     rope_fuse none = { 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0.f };
     return decode_launch(ctx, out, q, L, N, NULL, NULL, 1, decode_splits(ctx->n_sm, n_keys, s), s, last_scores, 0,
                          none);
@@ -167,7 +170,7 @@ extern "C" int cuda_attention_decode_rows_rope(cuda_ctx *ctx, float *out, const 
         rf = (rope_fuse){ 1, rk->k, rk->v, rk->pos, rk->rows, rk->inv_freq, rk->q_norm, rk->k_norm, rk->eps };
     }
     cuda_kv_layer L = {NULL, NULL, NULL, NULL, NULL, NULL};
-    cuda_kv_lens N = {0, 0};
+    cuda_kv_lens N = {0, 0, NULL, 0};
     return decode_launch(ctx, out, q, L, N, d_layers, d_lens, B, decode_splits(ctx->n_sm, max_keys, s), s,
                          last_scores, (size_t)s.n_heads * max_keys, rf);
 }

@@ -248,7 +248,7 @@ __device__ bool decode_split(float *part, float *last_scores, const float *q, cu
             if (j == newest) {
                 s = dot_q_kn(q_s + g * hd, kn_s, hd) * scale;
             } else {
-                const uint16_t *kr = kv_row(kt, kl, n_trunk, j, kv_dim) + (size_t)kvh * hd;
+                const uint16_t *kr = kv_row_pg(kt, kl, n_trunk, j, kv_dim, N.table, N.shift) + (size_t)kvh * hd;
                 s = dot_q_k(q_s + g * hd, kr, hd) * scale;
             }
             sc[g * S + jj] = s;
@@ -269,7 +269,7 @@ __device__ bool decode_split(float *part, float *last_scores, const float *q, cu
                     v0 = vn_s[d];
                     v1 = vn_s[d + 1];
                 } else {
-                    const uint16_t *vr = kv_row(vt, vl, n_trunk, jt + jj, kv_dim) + (size_t)kvh * hd;
+                    const uint16_t *vr = kv_row_pg(vt, vl, n_trunk, jt + jj, kv_dim, N.table, N.shift) + (size_t)kvh * hd;
                     uint32_t u = *(const uint32_t *)(vr + d);  // d and hd even: 4-byte aligned
                     v0 = __uint_as_float(u << 16);
                     v1 = __uint_as_float(u & 0xffff0000u);
@@ -327,15 +327,17 @@ static inline bool flash_ok(attn_shape s) {
 // and V, 16-byte read-only loads, zeros past j1 (not loaded).
 template <int HD>
 __device__ __forceinline__ void flash_load(uint4 (&kr)[flash_geom<HD>::CH], uint4 (&vr)[flash_geom<HD>::CH],
-                                           const cuda_kv_layer &L, int n_trunk, int kv_dim, int kvh, int jt,
-                                           int j1, int rg, int c) {
+                                           const cuda_kv_layer &L, int n_trunk, const int *table, int shift,
+                                           int kv_dim, int kvh, int jt, int j1, int rg, int c) {
     constexpr int R = flash_geom<HD>::R, CH = flash_geom<HD>::CH;
 #pragma unroll
     for (int k = 0; k < CH; k++) {
         int j = jt + rg + R * k;
         if (j < j1) {
             bool tr = j < n_trunk;
-            size_t off = (size_t)(tr ? j : j - n_trunk) * kv_dim + (size_t)kvh * HD;
+            size_t row = (size_t)(tr ? j : j - n_trunk);
+            if (table) row = ((size_t)table[j >> shift] << shift) + (size_t)(j & ((1 << shift) - 1));  // paged trunk
+            size_t off = row * kv_dim + (size_t)kvh * HD;
             const uint16_t *kb = (const uint16_t *)(tr ? L.k_trunk : L.k_tail) + off;
             const uint16_t *vb = (const uint16_t *)(tr ? L.v_trunk : L.v_tail) + off;
             kr[k] = __ldg((const uint4 *)kb + c);
@@ -407,7 +409,7 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
     // newest row (cuda_kv_store), so the wait comes first.
     if (!rf.on) wait();
     uint4 kr[CH], vr[CH];  // the next tile, in flight
-    flash_load<HD>(kr, vr, L, n_trunk, kv_dim, kvh, j0, j1, rg, c);
+    flash_load<HD>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, j0, j1, rg, c);
     for (int g = 0; g < 2 * G; g++) ((float4 *)o_s)[g * ATT_THREADS + t] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int g = t; g < G; g += ATT_THREADS) {
         m_s[g] = -INFINITY;
@@ -427,7 +429,7 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
             ck[k] = kr[k];
             cv[k] = vr[k];
         }
-        if (jt + S < j1) flash_load<HD>(kr, vr, L, n_trunk, kv_dim, kvh, jt + S, j1, rg, c);
+        if (jt + S < j1) flash_load<HD>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c);
         if (own) {
 #pragma unroll
             for (int k = 0; k < CH; k++)

@@ -34,7 +34,9 @@ static size_t par_size(int n_layers, int max_T, int rows) {
     return par_lens(rows) + (size_t)n_layers * rows * sizeof(cuda_kv_layer) + 3 * (size_t)max_T * sizeof(int);
 }
 
-// Row b's records for T tokens appended to kv. Mirrors forward.c's kv_span.
+// Row b's records for T tokens appended to kv. Mirrors forward.c's kv_span. A paged
+// trunk (a sequence of the device pool) is one segment read through row b's block table
+// (uploaded by cuda_core_tables); its layer rows are the pool's.
 static void fill_row(cuda_core *f, step_params p, int b, const kv_view *kv, int T) {
     const model_config *c = &f->m->cfg;
     const kv_cache *tr = kv->trunk, *tl = kv->tail, *dst = tl ? tl : tr;
@@ -42,15 +44,19 @@ static void fill_row(cuda_core *f, step_params p, int b, const kv_view *kv, int 
     int n_trunk = tl ? kv->n_trunk : tr->len + T, n_tail = tl ? tl->len + T : 0;
     p.lens[b].n_trunk = n_trunk;
     p.lens[b].n_keys = n_trunk + n_tail;
+    p.lens[b].table = tr->table ? f->d_tables + (size_t)b * f->table_cap : NULL;
+    p.lens[b].shift = tr->table ? tr->block_shift : 0;
     f->last_keys = n_trunk + n_tail;
+    size_t tr_rows = kv_cache_layer_rows(tr), tl_rows = tl ? kv_cache_layer_rows(tl) : 0;
+    size_t dst_rows = kv_cache_layer_rows(dst);
     for (int l = 0; l < c->n_layers; l++) {
         cuda_kv_layer *L = &p.layers[(size_t)l * f->rows + b];
-        L->k_trunk = (const uint16_t *)tr->dk + (size_t)l * tr->ctx * kv_dim;
-        L->v_trunk = (const uint16_t *)tr->dv + (size_t)l * tr->ctx * kv_dim;
-        L->k_tail = tl ? (const uint16_t *)tl->dk + (size_t)l * tl->ctx * kv_dim : NULL;
-        L->v_tail = tl ? (const uint16_t *)tl->dv + (size_t)l * tl->ctx * kv_dim : NULL;
-        L->k_dst = (uint16_t *)dst->dk + (size_t)l * dst->ctx * kv_dim;
-        L->v_dst = (uint16_t *)dst->dv + (size_t)l * dst->ctx * kv_dim;
+        L->k_trunk = (const uint16_t *)tr->dk + (size_t)l * tr_rows * kv_dim;
+        L->v_trunk = (const uint16_t *)tr->dv + (size_t)l * tr_rows * kv_dim;
+        L->k_tail = tl ? (const uint16_t *)tl->dk + (size_t)l * tl_rows * kv_dim : NULL;
+        L->v_tail = tl ? (const uint16_t *)tl->dv + (size_t)l * tl_rows * kv_dim : NULL;
+        L->k_dst = (uint16_t *)dst->dk + (size_t)l * dst_rows * kv_dim;
+        L->v_dst = (uint16_t *)dst->dv + (size_t)l * dst_rows * kv_dim;
     }
 }
 
@@ -59,7 +65,8 @@ void cuda_core_fill_prefill(cuda_core *f, const kv_view *kv, const int *ids, int
     const kv_cache *dst = kv->tail ? kv->tail : kv->trunk;
     int pos0 = kv_view_len(kv);
     fill_row(f, p, 0, kv, T);
-    for (int t = 0; t < T; t++) p.ids[t] = ids[t], p.pos[t] = pos0 + t, p.rows[t] = dst->len + t;
+    for (int t = 0; t < T; t++)
+        p.ids[t] = ids[t], p.pos[t] = pos0 + t, p.rows[t] = (int)kv_cache_phys(dst, dst->len + t);
 }
 
 void cuda_core_fill_decode(cuda_core *f, const kv_view *views, const int *ids, int B) {
@@ -67,8 +74,35 @@ void cuda_core_fill_decode(cuda_core *f, const kv_view *views, const int *ids, i
     for (int b = 0; b < B; b++) {
         const kv_cache *dst = views[b].tail ? views[b].tail : views[b].trunk;
         fill_row(f, p, b, &views[b], 1);
-        p.ids[b] = ids[b], p.pos[b] = kv_view_len(&views[b]), p.rows[b] = dst->len;
+        p.ids[b] = ids[b], p.pos[b] = kv_view_len(&views[b]), p.rows[b] = (int)kv_cache_phys(dst, dst->len);
     }
+}
+
+// ---- block tables of paged caches ------------------------------------------------------------
+// Rows [0, B) of the table area hold the views' tables (row b at b * table_cap), copied
+// up before the step; the area grows to the widest table (the stream is idle then:
+// callers wait for the previous step first).
+int cuda_core_tables(cuda_core *f, const kv_view *views, int B, verr *err) {
+    int need = 0;
+    for (int b = 0; b < B; b++)
+        if (views[b].trunk->table && views[b].trunk->table_cap > need) need = views[b].trunk->table_cap;
+    if (need == 0) return 0;
+    if (need > f->table_cap) {
+        cuda_free(f->d_tables);
+        if (f->h_tables) cudaFreeHost(f->h_tables);
+        f->d_tables = NULL, f->h_tables = NULL, f->table_cap = 0;
+        size_t bytes = sizeof(int) * (size_t)f->rows * need;
+        if (cuda_malloc((void **)&f->d_tables, bytes, "KV block tables", err)) return -1;
+        CK(cudaHostAlloc((void **)&f->h_tables, bytes, cudaHostAllocDefault));
+        f->table_cap = need;
+    }
+    for (int b = 0; b < B; b++) {
+        const kv_cache *c = views[b].trunk;
+        if (c->table) memcpy(f->h_tables + (size_t)b * f->table_cap, c->table, sizeof(int) * (size_t)(c->ctx >> c->block_shift));
+    }
+    CK(cudaMemcpyAsync(f->d_tables, f->h_tables, sizeof(int) * (size_t)B * f->table_cap, cudaMemcpyHostToDevice,
+                       f->ctx.stream));
+    return 0;
 }
 
 // ---- statistics and errors -------------------------------------------------------------------
@@ -175,6 +209,9 @@ void cuda_core_free(cuda_core *f) {
         f->pin_logits = f->pin_scores = NULL;
     }
     if (f->h_par) cudaFreeHost(f->h_par);
+    if (f->h_tables) cudaFreeHost(f->h_tables);
+    cuda_free(f->d_tables);
+    f->h_tables = NULL, f->d_tables = NULL, f->table_cap = 0;
     if (f->h_stats) cudaFreeHost(f->h_stats);
     cuda_free(f->act);
     f->h_par = NULL, f->h_stats = NULL, f->act = NULL;

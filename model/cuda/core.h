@@ -84,6 +84,8 @@ typedef struct cuda_core {
     int sample_row;            // the logits row a draw reads
     int logits_stale;          // the last step's logits are on the device only (lazy_logits)
     int logits_valid;          // f->logits hold the last successful step's (0 after a failure)
+    int *d_tables, *h_tables;  // device, pinned [rows, table_cap]: the paged rows' block tables
+    int table_cap;             // blocks per row (0 until a paged cache is seen)
 } cuda_core;
 
 // Floats of padding x and y need past [max_T, dim]: the shard count, for the padded
@@ -111,6 +113,10 @@ void cuda_core_free(cuda_core *f);
 // a decode step of one token on each of B views (record b for row b).
 void cuda_core_fill_prefill(cuda_core *f, const kv_view *kv, const int *ids, int T);
 void cuda_core_fill_decode(cuda_core *f, const kv_view *views, const int *ids, int B);
+// Queues the upload of the block tables of the views' paged trunks (a sequence of the
+// device pool, model/kv_pool.h) for rows [0, B); nothing when none is paged. Call it
+// after the previous step's wait and before the fill (the records point into the area).
+int cuda_core_tables(cuda_core *f, const kv_view *views, int B, verr *err);
 // Queues the step's statistics: vocab stats of the B logits rows, attention stats of
 // each row's capture (row b's key count read from its record in dp).
 int cuda_core_stats(cuda_core *f, int B, step_params dp, verr *err);

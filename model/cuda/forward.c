@@ -233,13 +233,13 @@ static void advance(kv_view *kv, int T) {
 // one-token step draws inside its graph).
 static int run_chunk(cuda_forward *d, kv_view *kv, const int *ids, int T, int cap, int hk, int last, verr *err) {
     cuda_core *f = &d->core;
-    if (wait_params(d, err)) return -1;
+    if (wait_params(d, err) || cuda_core_tables(f, kv, 1, err)) return -1;
     int pos0 = kv_view_len(kv);
     if (T == 1) cuda_core_fill_decode(f, kv, ids, 1);
     else cuda_core_fill_prefill(f, kv, ids, T);
     f->par_pending = 1;
     long l0 = f->ctx.n_launches;
-    int drawn = 0, persistent = T == 1 ? cuda_persist_step(d, cap, hk, &drawn, err) : 0;
+    int drawn = 0, persistent = T == 1 && !kv->trunk->table ? cuda_persist_step(d, cap, hk, &drawn, err) : 0;
     if (persistent < 0) return -1;
     // an armed step's draws go in its graph, else after the step (cuda_arm_enqueue)
     int arm = !persistent && T == 1 && last && d->use_graph ? cuda_arm_graph_kind(&d->arm, d->tp.comm != NULL, cap) : 0;
@@ -269,6 +269,10 @@ static int check_view(const cuda_core *f, const kv_view *kv, verr *err) {
             return verr_set(err, "the KV cache %s does not belong to this model on CUDA device %d",
                             i ? "tail" : "trunk", f->ctx.device);
     }
+    if (kv->trunk->table && kv->tail)  // a pool's sequence is read as one paged trunk
+        return verr_set(err, "a paged KV cache (the scheduler's pool) takes no tail on CUDA device %d", f->ctx.device);
+    if (kv->tail && kv->tail->table)
+        return verr_set(err, "a paged KV cache (the scheduler's pool) cannot be a tail on CUDA device %d", f->ctx.device);
     return 0;
 }
 
@@ -425,7 +429,7 @@ static int check_batch(const cuda_core *f, const kv_view *views, const int *ids,
 static int run_rows(cuda_forward *d, kv_view *views, const int *ids, int B, int cap, float *logits, float *stats,
                     verr *err) {
     cuda_core *f = &d->core;
-    if (wait_params(d, err)) return -1;
+    if (wait_params(d, err) || cuda_core_tables(f, views, B, err)) return -1;
     cuda_core_fill_decode(f, views, ids, B);
     f->par_pending = 1;
     cuda_persist_skip(d, "a batch of rows");

@@ -102,7 +102,8 @@ static int prefill_layer(cuda_forward *d, int l, int T, int cap, int hk, verr *e
     OP(cuda_kv_store_dev(x, dl, k, v, dp.rows, T, kv_dim));
     kv_span span = { hl->k_trunk, hl->v_trunk, hp.lens[0].n_trunk, hl->k_tail, hl->v_tail,
                      hp.lens[0].n_keys - hp.lens[0].n_trunk, 1 };  // the device cache is bf16
-    OP(cuda_attention(x, f->att, q, span, T, sh, scores_of(d, cap, hk, l)));
+    kv_pages pg = { hp.lens[0].table, hp.lens[0].shift };             // a paged trunk's table (device)
+    OP(cuda_attention_paged(x, f->att, q, span, pg, T, sh, scores_of(d, cap, hk, l)));
     if (share_scores(d, cap, hk, l, err) || cuda_hooks_ablate(f, &d->hk, l, f->att, T, err)) return -1;
     OP(cuda_matmul(x, f->y, f->att, L->wo, T, q_dim, dim));
     if (cuda_lora_on(f, &d->lora, l, LORA_O) && cuda_lora_apply(f, &d->lora, l, LORA_O, f->y, f->att, T, 0, err)) return -1;

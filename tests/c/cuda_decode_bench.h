@@ -71,7 +71,7 @@ static void db_open(db_model *m, db_shape s, int keys, long l2_bytes) {
         rec[l] = (cuda_kv_layer){ L->k, L->v, NULL, NULL, L->k, L->v };
     }
     m->d_kv = dup_up(rec, sizeof *rec * (size_t)m->n_layers);
-    cuda_kv_lens lens = { keys, keys };
+    cuda_kv_lens lens = { keys, keys, NULL, 0 };
     m->d_lens = dup_up(&lens, sizeof lens);
     int pos = keys - 1;
     m->d_pos = dup_up(&pos, sizeof pos);

@@ -32,6 +32,21 @@ static inline void die_ctx(const char *what) {
             exit(1);                                                                             \
         }                                                                                        \
     } while (0)
+// A test program's start: 0 with C open on device 0; 1 after "SKIP name" (no device),
+// -1 after "FAIL cuda_init" (the program then exits 1).
+static inline int harness_open(const char *name) {
+    if (cuda_device_count() == 0) {
+        printf("SKIP %s: no CUDA device\n", name);
+        return 1;
+    }
+    verr e;
+    if (cuda_init(&C, 0, &e)) {
+        printf("FAIL cuda_init: %s\n", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
 static inline void *dalloc(size_t bytes) {
     void *p;
     verr e;

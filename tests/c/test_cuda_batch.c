@@ -393,7 +393,7 @@ static void attn_rows_case(int hd, int nkv, int G, int B, const int *trunk, cons
     cuda_kv_lens N[AR_MAX_B];
     for (int b = 0; b < B; b++) {
         L[b] = (cuda_kv_layer){dk[B], dv[B], dk[b], dv[b], NULL, NULL};
-        N[b] = (cuda_kv_lens){trunk[b], trunk[b] + tail[b]};
+        N[b] = (cuda_kv_lens){trunk[b], trunk[b] + tail[b], NULL, 0};
     }
     cuda_kv_layer *dL = dup_up(L, B * sizeof *L);
     cuda_kv_lens *dN = dup_up(N, B * sizeof *N);
@@ -475,7 +475,7 @@ static void fused_rope_case(int hd, int nkv, int G, int B, const int *trunk, con
         pos[b] = irand(5000);
         int newest_in_tail = tail[b] > 0;
         rows[b] = newest_in_tail ? tail[b] - 1 : trunk[b] - 1;
-        N[b] = (cuda_kv_lens){trunk[b], trunk[b] + tail[b]};
+        N[b] = (cuda_kv_lens){trunk[b], trunk[b] + tail[b], NULL, 0};
         for (int seg = 0; seg < 4; seg++) {
             int n = seg < 2 ? trunk[b] : tail[b], newest = (seg < 2) != newest_in_tail ? rows[b] : -1;
             uint16_t *h = malloc((size_t)n * kv_dim * 2 + 2);

@@ -290,7 +290,7 @@ static void attn_case(int hd, int nkv, int G, int nk, int n_tail, int T, float q
     close1(NAME("cuda_attn_stats interaction vs cpu attention %s", tag), g4[3], r4[3], 1e-4, 1e-3);
     if (T == 1) {  // the graph form: segments and lengths from device records, fixed grid
         cuda_kv_layer L = {dkt, dvt, dkl, dvl, NULL, NULL};
-        cuda_kv_lens N = {n_trunk, nk};
+        cuda_kv_lens N = {n_trunk, nk, NULL, 0};
         cuda_kv_layer *dL = dup_up(&L, sizeof L);
         cuda_kv_lens *dN = dup_up(&N, sizeof N);
         int max_keys = 3 * nk + 100;  // most splits see few or no keys
@@ -409,7 +409,7 @@ static void stats_case(int nh, int nk, int kind) {
     double ref[4], *ws = malloc(((size_t)nk + 2 * nh) * sizeof(double));
     cpu_attn_stats(ref, sc, nh, nk, ws);
     float *dsc = dup_up(sc, n * sizeof(float)), *d4 = dalloc(16), g[4];
-    cuda_kv_lens N = {0, nk};
+    cuda_kv_lens N = {0, nk, NULL, 0};
     cuda_kv_lens *dN = dup_up(&N, sizeof N);
     static const char *kinds[] = {"random", "wide", "same-heads", "constant"};
     for (int form = 0; form < 2; form++) {
@@ -435,7 +435,7 @@ static void test_attn_stats(void) {
         for (int ki = 0; ki < 8; ki++)
             for (int kind = 0; kind < 4; kind++) stats_case(heads[hi], keys[ki], kind);
     // No keys (d_lens->n_keys == 0): zeros, as cpu_attn_stats. Bad shapes are refused.
-    cuda_kv_lens N = {0, 0};
+    cuda_kv_lens N = {0, 0, NULL, 0};
     cuda_kv_lens *dN = dup_up(&N, sizeof N);
     float *dsc = dalloc(64 * sizeof(float)), *d4 = dalloc(16), g[4];
     OK(cuda_reserve_scratch(&C, cuda_attn_stats_scratch_bytes(&C, 4, 16)));

@@ -1,8 +1,9 @@
 // test_cuda_sched.c: tests/c/sched_cases.h on the CUDA backend (the emulated device in make test):
-// the scheduler's sequences each on their own device cache, batched through
-// cuda_forward_batch, must give generate()'s tokens, records and logits bit for bit.
-// The emulator is slow: one model, the first 10 sequences, 8 tokens each, every row and
-// 2 rows. Needs a GPU: prints "SKIP ..." without one.
+// the scheduler's sequences in one paged device pool, batched through cuda_forward_batch,
+// must give generate()'s tokens, records and logits bit for bit: every row at once and
+// one row at a time, with prefix and whole-prompt reuse, and a tiny pool that queues and
+// evicts. The emulator is slow: one model, the first 13 sequences, 8 tokens each. Needs
+// a GPU: prints "SKIP ..." without one.
 #include <stdio.h>
 
 #ifndef VARENT_CUDA

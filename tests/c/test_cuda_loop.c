@@ -1,13 +1,13 @@
 // test_cuda_loop.c: the device decode loop (model/cuda/loop.c, host/decode/devloop.c)
 // against generate()'s per-token loop, its reference (the same device steps, one host
-// round trip each). Per model (tiny presets in bf16 and stories260K), three sessions on
+// round trip each). Per model (llama3-tiny and qwen3-tiny in bf16, stories260K), three sessions on
 // one set of weights: the per-token loop (--lookahead 0), the device loop on the graph
 // path and on the persistent kernel (--lookahead 8):
 //   - 64 greedy and 64 sampled tokens (metrics on): tokens, records (position, metrics,
 //     quadrant, parameters) and statistics equal bit for bit, and the cache as long;
 //   - host syncs over the 64-token run are pinned: the prompt's wait, then one wait per
 //     4 tokens (half the look-ahead) for the 63 loop tokens: 1 + 16 = 17;
-//   - on llama3-tiny and stories260K also: a stop id and a stop callback (what a stop
+//   - on llama3-tiny also: a stop id and a stop callback (what a stop
 //     string does) inside the look-ahead: the same output and cache length, steps past
 //     the stop discarded, and a following turn in the same session gives the per-token
 //     loop's tokens and records; penalties make a run take the per-token loop, with the
@@ -254,7 +254,7 @@ static void kernels(void) {
                  cuda_malloc((void **)&dd, sizeof hd, "t", &e) || cuda_malloc((void **)&dst, sizeof stats, "t", &e) ||
                  cuda_malloc((void **)&dl, sizeof *dl, "t", &e) || cuda_malloc((void **)&dp, 3 * sizeof(int), "t", &e) ||
                  cuda_malloc((void **)&dcfgs, sizeof cfgs, "t", &e) || cuda_malloc((void **)&dpick, sizeof pick, "t", &e);
-        cuda_kv_lens hl = { lens[0], lens[1] };
+        cuda_kv_lens hl = { lens[0], lens[1], NULL, 0 };
         int hp[3] = { ids, pos, rows };
         rc = rc || cuda_upload(&C, ds, &hs, sizeof hs) || cuda_memset(&C, dring, 0xFF, sizeof href) ||
              cuda_upload(&C, dst, stats, sizeof stats) || cuda_upload(&C, dl, &hl, sizeof hl) ||
@@ -298,7 +298,11 @@ int main(int argc, char **argv) {
     char work[512], dir[600];
     snprintf(work, sizeof work, "%s/cuda_loop", env_or("TESTTMP", "tests/tmp"));
     mkdir(work, 0755);
-    static const char *const presets[] = { "llama3-tiny", "qwen2-tiny", "qwen3-tiny" };
+    // The loop's bookkeeping does not depend on the architecture: llama3-tiny takes every
+    // check, qwen3-tiny (q/k norms) and stories260K (llama2.c) the 64 greedy and sampled
+    // tokens; qwen2-tiny's forward is test_cuda_forward's and test_cuda_persist's (the
+    // emulated CI time is the limit here).
+    static const char *const presets[] = { "llama3-tiny", "qwen3-tiny" };
     for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
         if (!strstr(presets[i], only)) continue;
         if (gen_random_model(work, presets[i], "bf16", 13, dir, sizeof dir)) {
@@ -308,7 +312,7 @@ int main(int argc, char **argv) {
         run_model(dir, presets[i], i == 0);
     }
     if (!strstr("stories260K", only)) CHECK_DONE();
-    if (stories_bf16_dir(dir, sizeof dir) == 0) run_model(dir, "stories260K", 1);
+    if (stories_bf16_dir(dir, sizeof dir) == 0) run_model(dir, "stories260K", 0);  // the stops: llama3-tiny
     else SKIP("cuda_loop stories260K", "could not convert tests/data/stories260K (python3 and varent needed)");
     CHECK_DONE();
 }

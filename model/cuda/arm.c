@@ -209,7 +209,10 @@ int cuda_sample_draw(cuda_core *f, dev_sampler *s, dev_arm *a, dev_tp *t, const 
     if (n <= 0) return 0;
     OP(cuda_activate(&f->ctx));
     if (n > s->cap && sample_buffers(s, n, err)) return -1;
-    if (!f->logits_valid) return verr_set(err, "no logits to sample: the last forward pass failed");
+    if (!f->logits_valid)
+        return verr_set(err, f->logits_overrun ? "no logits to sample: the device decode loop ran past its stop "
+                                                 "(use --lookahead 0 to keep them)"
+                                               : "no logits to sample: the last forward pass failed");
     if (arm_take(a, cfg, n, out)) return check_draws(f, out, n, err);
     const float *row = f->logits + (size_t)f->sample_row * f->m->cfg.vocab_size;
     // Pinned staging: both copies are queued with the launch and one wait covers all three.

@@ -84,6 +84,7 @@ typedef struct cuda_core {
     int sample_row;            // the logits row a draw reads
     int logits_stale;          // the last step's logits are on the device only (lazy_logits)
     int logits_valid;          // f->logits hold the last successful step's (0 after a failure)
+    int logits_overrun;        // not valid because a device loop ran past its stop (not a failure)
     int *d_tables, *h_tables;  // device, pinned [rows, table_cap]: the paged rows' block tables
     int table_cap;             // blocks per row (0 until a paged cache is seen)
 } cuda_core;

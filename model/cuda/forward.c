@@ -368,7 +368,7 @@ int cuda_forward_run(cuda_forward *d, forward_state *fw, kv_view *kv, const int 
         int last = done + n == T;  // the attention hooks read the forward's last query
         rc = run_chunk(d, kv, ids + done, n, last ? cap : -1, last ? hk : hk & ~HK_ATTN, last, err);
     }
-    f->logits_stale = 0, f->logits_valid = 0;
+    f->logits_stale = 0, f->logits_valid = 0, f->logits_overrun = 0;
     if (rc == 0) rc = cuda_arm_enqueue(f, &d->arm, d->tp.comm != NULL, cap, err);  // an armed step not drawn in its graph draws here
     d->arm.armed = 0;
     if (rc == 0)
@@ -388,7 +388,10 @@ int cuda_forward_run(cuda_forward *d, forward_state *fw, kv_view *kv, const int 
 int cuda_forward_logits(cuda_forward *d, forward_state *fw, verr *err) {
     cuda_core *f = &d->core;
     if (!f->logits_stale) return 0;
-    if (!f->logits_valid) return verr_set(err, "no logits: the last forward pass failed");
+    if (!f->logits_valid)
+        return verr_set(err, f->logits_overrun ? "no logits: the device decode loop ran past its stop and the device "
+                                                 "holds a discarded step's (use --lookahead 0 to keep them)"
+                                               : "no logits: the last forward pass failed");
     OP(cuda_activate(&f->ctx));
     size_t V = (size_t)f->m->cfg.vocab_size;
     OP(cuda_download(&f->ctx, fw->logits, f->logits + (size_t)f->sample_row * V, V * sizeof(float)));
@@ -455,7 +458,7 @@ int cuda_forward_batch(cuda_forward *d, forward_state *fw, kv_view *views, const
         saved[2 * b] = (views[b].tail ? views[b].tail : views[b].trunk)->len;
         saved[2 * b + 1] = views[b].n_trunk;
     }
-    fw->dev_stats = 0, f->logits_stale = 0, f->logits_valid = 0;
+    fw->dev_stats = 0, f->logits_stale = 0, f->logits_valid = 0, f->logits_overrun = 0;
     d->arm.armed = d->arm.ready = 0;  // a batch is never armed
     size_t V = (size_t)f->m->cfg.vocab_size;
     int done = 0, n = 0, rc = 0;

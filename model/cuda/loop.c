@@ -92,7 +92,7 @@ int cuda_forward_loop_begin(cuda_forward *d, forward_state *fw, kv_view *kv, int
     L->on = 1;
     L->runs++;
     d->arm.armed = 0, d->arm.ready = 0;  // the loop draws itself
-    fw->dev_stats = 0, f->logits_stale = 0, f->logits_valid = 0;
+    fw->dev_stats = 0, f->logits_stale = 0, f->logits_valid = 0, f->logits_overrun = 0;
     return 0;
 }
 
@@ -224,6 +224,7 @@ int cuda_forward_loop_end(cuda_forward *d, forward_state *fw, kv_view *kv, int k
     // the device's logits are the last queued step's: the last kept one's only without overshoot
     f->sample_row = 0;
     f->logits_valid = rc == 0 && kept > 0 && kept == L->queued;
+    f->logits_overrun = rc == 0 && kept > 0 && kept < L->queued;
     f->logits_stale = f->logits_valid;
     return rc;
 }

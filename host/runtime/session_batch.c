@@ -78,16 +78,13 @@ static int forward_on_device(session *s, kv_view *views, const int *ids, int B, 
     if (s->tpl ? session_tpl_batch(s, views, ids, B, logits, stats, err)
                : cuda_forward_batch(s->cu, &s->fw, views, ids, B, logits, stats, err))
         return -1;
-    for (int b = 0; m && b < B; b++) {
-        if (capture) {
-            metrics_from_stats(&m[b], stats + 8 * b, stats + 8 * b + 4);
-            continue;
-        }
-        // no capture layer: the logit metrics on the host, attention metrics 0 (as on the CPU)
-        if (metrics_logits(ws, logits + (size_t)b * c->vocab_size, c->vocab_size, &m[b]) ||
-            metrics_attention(ws, NULL, c->n_heads, 0, &m[b]))
-            return verr_set(err, "out of memory computing metrics");
+    if (!m) return 0;
+    if (capture) {
+        for (int b = 0; b < B; b++) metrics_from_stats(&m[b], stats + 8 * b, stats + 8 * b + 4);
+        return 0;
     }
+    // no capture layer: the logit metrics on the host, attention metrics 0 (as on the CPU)
+    if (rows_metrics(c, logits, m, B, ws, NULL, 0)) return verr_set(err, "out of memory computing metrics");
     return 0;
 }
 

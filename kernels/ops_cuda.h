@@ -156,14 +156,15 @@ int cuda_matmul(cuda_ctx *ctx, float *out, const float *x, wref w, int T, int n_
 // Batch-1 matvec only: out[n_out] = w[n_out, n_in] @ x[n_in]
 int cuda_matvec(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out);
 // The matvec for B sequences of one token each (batched decode): row r of x [B, n_in]
-// times w, every weight read once per 8 rows. Each row is summed exactly as cuda_matvec
+// times w, every weight tile read once per 8 rows, and one launch for all B rows (its
+// passes of 8 over a tile run side by side, so the tile comes from DRAM once). Each row is summed exactly as cuda_matvec
 // sums it (same kernel shape for the same n_out and n_in), so a row's result does not
 // depend on B or on the other rows. The output is planar by segment: columns [0, s1),
 // [s1, s2) and [s2, n_out) of all rows are three row-major blocks one after the other,
 // [B, s1] then [B, s2 - s1] then [B, n_out - s2], so the q|k|v or gate|up parts of a
 // fused matrix come out as separate arrays (the prefill layout). s1 = s2 = n_out gives
 // plain [B, n_out]; with B == 1 every split is the plain layout.
-#define CUDA_MATVEC_ROWS 8  // rows one launch of cuda_matvec_rows serves (more: passes)
+#define CUDA_MATVEC_ROWS 8  // rows one weight load serves (more rows: passes of 8 in the same launch)
 int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out, int B, int s1,
                      int s2);
 // What a decode matvec can do besides the product (NULL: nothing). norm (device f32
@@ -291,6 +292,10 @@ int cuda_argmax(cuda_ctx *ctx, int *out, const float *logits, int rows, int n);
 // device arrays [n_cfg], so a caller uploads the configurations (uniforms included)
 // and downloads the results around it. Same tokens as cpu_sample.
 int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg, int n_cfg);
+// One draw from each row of logits [rows, ld] (row r's n logits at logits + r * ld, ld >= n)
+// with cfg[r] into out[r]: row r's token is cuda_sample's (and cpu_sample's) on that row.
+int cuda_sample_rows(cuda_ctx *ctx, sample_out *out, const float *logits, size_t ld, int n, const sample_cfg *cfg,
+                     int rows);
 // The greedy draw of a matvec's argmax epilogue (cuda_mv_fuse.amax over logits[n]): out
 // as cuda_sample writes a greedy draw (token, 1 kept, its logit; token 0 when every
 // logit was NaN), and *amax zeroed for the next step. One launch of one thread.
@@ -381,8 +386,9 @@ typedef struct {
     int shift;              // log2 of the positions per block
     int max_keys;           // the longest row the launch supports
 } cuda_paged_kv;
-// The rows a decode step launches for `rows` live sequences: 8, then multiples of 16,
-// so graphs are captured per bucket and the batched kernels work in tiles of 8 or 16.
+// The rows of a padded decode step of more than 8 live sequences: multiples of 16 (8
+// for 8 or fewer), so graphs are captured per bucket (model/cuda/forward.c: up to 8
+// rows run unpadded) and the batched kernels work in tiles of 8.
 int cuda_row_bucket(int rows);
 // Row b's fp32 k[b], v[b] ([B, kv_dim]) stored as bf16 at its position pos[b] (device
 // int [B]) through its table; padding rows store nothing.

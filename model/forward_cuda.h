@@ -6,7 +6,8 @@
 // forward_state the session already has, plus, with a capture layer, 8 floats of
 // entropix statistics computed on the device (fw->logit_stats, fw->attn_stats); the
 // captured scores only with fw->copy_scores. T == 1 steps are captured once in a CUDA
-// graph and replayed; so is a batch of B rows (cuda_forward_batch), one graph per B.
+// graph and replayed; so is a batch of B rows (cuda_forward_batch), one graph per B up
+// to 8 and one per row bucket (16, 32, 48, 64: padding rows) above.
 // Only functional in builds with VARENT_CUDA; otherwise every call reports that.
 #ifndef VARENT_FORWARD_CUDA_H
 #define VARENT_FORWARD_CUDA_H
@@ -65,8 +66,10 @@ int cuda_forward_logits(cuda_forward *f, forward_state *fw, verr *err);
 int cuda_forward_wait(cuda_forward *f, verr *err);
 // B sequences decode one token each in one pass, the device twin of forward_batch: row
 // b appends ids[b] to views[b] (each row writing its own cache: a tail, or its own
-// trunk); logits [B, vocab] (host) receives every row's. The matvecs read each weight
-// once per 8 rows (more rows run in passes of 8), and each row's logits equal those of a
+// trunk); logits [B, vocab] (host) receives every row's (NULL: they stay on the device,
+// for cuda_forward_sample_rows or session_logits' last row). Up to cuda_forward_rows
+// rows run as one step (more: steps of that many); the matvecs read each weight tile
+// once per 8 rows, in one launch, and each row's logits equal those of a
 // one-token cuda_forward_run on its view (the same kernels sum every row alike). With a
 // capture layer and stats != NULL, stats [B, 8] (host) receives each row's device
 // statistics {max, lse, entropy, varentropy, attn_entropy, attn_varentropy, agreement,
@@ -88,6 +91,12 @@ int cuda_forward_set_lora(cuda_forward *f, const lora_use *u, int n, verr *err);
 // stay on the device. An armed step's draws are returned without a launch when cfg is
 // what the device drew with.
 int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_out *out, verr *err);
+// One draw from each row of the last cuda_forward_batch (B rows, at most
+// cuda_forward_rows: one step): row b with cfg[b] into out[b], as cuda_forward_sample on
+// that row alone would draw (cuda_sample_rows), with only the draws crossing the bus.
+// Not under tensor parallelism. The rows a batch step takes at most:
+int cuda_forward_sample_rows(cuda_forward *f, const sample_cfg *cfg, int B, sample_out *out, verr *err);
+int cuda_forward_rows(const cuda_forward *f);
 struct entropix_config_s;  // kernels/entropix_core.h
 // Arms the next cuda_forward_run (one token or a prompt, with a capture layer, not
 // sharded): right after its statistics the device decides as entropix_decide does

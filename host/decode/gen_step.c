@@ -185,6 +185,24 @@ int gen_ctx_step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_recor
     return 1;
 }
 
+int gen_ctx_device_draw(const gen_ctx *c) {
+    const gen_opts *o = c->o;
+    return o->sampler != GEN_ENTROPIX && gen_raw_draws(o) && !o->need_logits;
+}
+
+sample_cfg gen_ctx_next_cfg(gen_ctx *c) { return gen_draw_cfg(c->o->sp, &c->r); }
+
+void gen_ctx_step_drawn(gen_ctx *c, const sample_out *d, gen_record *one, int *one_tok) {
+    memset(one, 0, sizeof *one);
+    one->pos = c->row_pos, one->q = Q_STANDARD;
+    if (c->metrics) {
+        one->m = c->row_m;
+        one->q = entropix_classify(c->o->ex, &one->m);
+    }
+    one->sp = gen_std_params(c->o);
+    one->token = *one_tok = d->token;
+}
+
 static void count(gen_stats *st, const gen_ctx *c, const gen_record *r) {
     if (!c->metrics) return;
     st->quadrant_count[r->q]++;

@@ -49,6 +49,15 @@ sample_cfg gen_draw_cfg(sampler_params p, rng *r);
 // One step: fills *toks / *recs (one / one_tok, or a committed branch's) and returns
 // how many tokens (> 1 only for a committed LEHV branch), -1 with err.
 int gen_ctx_step(gen_ctx *c, int n_gen, int **toks, gen_record **recs, gen_record *one, int *one_tok, verr *err);
+// A step whose one draw is made elsewhere (the scheduler's device draws over a batch):
+// gen_ctx_device_draw says whether this sequence's steps allow it (the standard sampler
+// on the raw logits, which nothing on the host reads), gen_ctx_next_cfg takes the draw's
+// configuration (its uniform from the sequence's stream, as gen_ctx_step would), and
+// gen_ctx_step_drawn makes the step of its result d: the record gen_ctx_step would make
+// for that token, from the row's metrics (c->row_m, c->row_pos), with no host logits.
+int gen_ctx_device_draw(const gen_ctx *c);
+sample_cfg gen_ctx_next_cfg(gen_ctx *c);
+void gen_ctx_step_drawn(gen_ctx *c, const sample_out *d, gen_record *one, int *one_tok);
 // Emits a step's tokens in order (stop ids, callbacks, max_new). 1 when generation is
 // over, 0 to go on, -1 on error.
 int gen_ctx_emit(gen_ctx *c, gen_stats *st, const int *toks, gen_record *recs, int n);

@@ -73,7 +73,9 @@ int sched_open(sched **out, session *s, const sched_opts *o, verr *err) {
     q->views = calloc(rows, sizeof *q->views);
     q->ids = calloc(rows, sizeof *q->ids);
     q->rows = calloc(rows, sizeof *q->rows);
-    if (!q->run || !q->logits || !q->m || !q->views || !q->ids || !q->rows) {
+    q->cfg = calloc(rows, sizeof *q->cfg);
+    q->drawn = calloc(rows, sizeof *q->drawn);
+    if (!q->run || !q->logits || !q->m || !q->views || !q->ids || !q->rows || !q->cfg || !q->drawn) {
         sched_close(q);
         return verr_set(err, "out of memory for %d scheduler rows", q->max_rows);
     }
@@ -129,6 +131,7 @@ void sched_close(sched *q) {
     metrics_ws_free(&q->ws);
     batch_ws_free(&q->bw);
     free(q->run), free(q->logits), free(q->m), free(q->views), free(q->ids), free(q->rows);
+    free(q->cfg), free(q->drawn);
     free(q);
 }
 
@@ -251,9 +254,9 @@ static int grow(sched *q, seq *x, int n, verr *err) {
     return 0;
 }
 
-// One step of x from logits row (and its metrics m when it needs them): its next
-// token, or its end.
-static void sample(sched *q, seq *x, const float *row, const token_metrics *m) {
+// One step of x from logits row (and its metrics m when it needs them), or from the
+// device's draw d (row NULL): its next token, or its end.
+static void sample(sched *q, seq *x, const float *row, const token_metrics *m, const sample_out *d) {
     verr err = { { 0 } };
     if (q->o.interrupt && *q->o.interrupt) {
         x->st.interrupted = 1;
@@ -263,7 +266,13 @@ static void sample(sched *q, seq *x, const float *row, const token_metrics *m) {
     if (m) x->c.row_m = *m;
     int *toks = NULL, one_tok;
     gen_record *recs = NULL, one;
-    int n = gen_ctx_step(&x->c, x->st.n_gen, &toks, &recs, &one, &one_tok, &err);
+    int n = 1;
+    if (d) {
+        gen_ctx_step_drawn(&x->c, d, &one, &one_tok);
+        toks = &one_tok, recs = &one;
+    } else {
+        n = gen_ctx_step(&x->c, x->st.n_gen, &toks, &recs, &one, &one_tok, &err);
+    }
     int rc = n < 0 ? -1 : gen_ctx_emit(&x->c, &x->st, toks, recs, n);
     if (rc) return finish(q, x, rc < 0 ? -1 : 0, rc < 0 ? err.msg : NULL);
     if (x->kv.len >= q->s->ctx) {
@@ -280,7 +289,7 @@ static void prefilled(sched *q, seq *x, const float *row, const token_metrics *m
     x->t_decode = now;
     x->state = SEQ_DECODE;
     if (x->r.g->max_new <= 0) return finish(q, x, 0, NULL);
-    sample(q, x, row, m);
+    sample(q, x, row, m, NULL);
 }
 
 // The next chunk of x's prompt; returns the positions computed (0 when x ended or all
@@ -338,6 +347,16 @@ static int same_lora(const sched *q, const seq *x, const seq *y) {
     return lora_equal(ux, nx, uy, ny);
 }
 
+// Whether the device draws the B rows (CUDA): every row's sequence takes plain draws
+// from the raw logits, and its metrics come from the device's statistics. Then only the
+// tokens cross the bus, not B rows of logits.
+static int device_draws(const sched *q, int B, int want_m) {
+    if (!session_batch_draws(q->s, B) || (want_m && q->s->fw.attn_layer < 0)) return 0;
+    for (int b = 0; b < B; b++)
+        if (!gen_ctx_device_draw(&q->rows[b]->c)) return 0;
+    return 1;
+}
+
 // One batch: rows [0, B) of q->rows, all with the same adapters.
 static void decode_rows(sched *q, int B) {
     verr err = { { 0 } };
@@ -350,15 +369,22 @@ static void decode_rows(sched *q, int B) {
         q->ids[b] = x->pending;
         x->pending = -1;
     }
-    if (use_lora(q, q->rows[0], &err) == 0 &&
-        session_forward_batch(s, q->views, q->ids, B, q->logits, want_m ? q->m : NULL, &q->ws, &q->bw, &err) == 0)
-        ok = 1;
+    int dev = device_draws(q, B, want_m);
+    for (int b = 0; dev && b < B; b++) q->cfg[b] = gen_ctx_next_cfg(&q->rows[b]->c);  // each row's own stream
+    if (use_lora(q, q->rows[0], &err) == 0) {
+        token_metrics *m = want_m ? q->m : NULL;
+        ok = dev ? session_forward_batch_draw(s, q->views, q->ids, B, q->cfg, q->drawn, m, &q->bw, &err) == 0
+                 : session_forward_batch(s, q->views, q->ids, B, q->logits, m, &q->ws, &q->bw, &err) == 0;
+    }
     q->st.steps++, q->st.rows += B;
+    q->st.device_draws += dev ? B : 0;
     if (B > q->st.widest) q->st.widest = B;
     size_t vocab = (size_t)s->m.cfg.vocab_size;
     for (int b = 0; b < B; b++) {
+        const token_metrics *m = want_m ? &q->m[b] : NULL;
         if (!ok) finish(q, q->rows[b], -1, err.msg);
-        else sample(q, q->rows[b], q->logits + b * vocab, want_m ? &q->m[b] : NULL);
+        else if (dev) sample(q, q->rows[b], NULL, m, &q->drawn[b]);
+        else sample(q, q->rows[b], q->logits + b * vocab, m, NULL);
     }
 }
 
@@ -439,5 +465,6 @@ void sched_report(const sched *q, FILE *f) {
     fprintf(f, "scheduler: %ld batches of %.1f rows on average (widest %d), %ld of %ld prompt positions reused", st.steps,
             st.steps ? (double)st.rows / st.steps : 0.0, st.widest, st.reused_tokens, st.prompt_tokens);
     if (st.block) fprintf(f, ", KV pool of %d blocks of %d positions", st.pool_blocks, st.block);
+    if (st.device_draws) fprintf(f, ", %ld of %ld rows drawn on the device", st.device_draws, st.rows);
     fputc('\n', f);
 }

@@ -68,6 +68,7 @@ typedef struct {
     long generated;           // tokens generated
     long steps, rows;         // decode batches and their rows (rows / steps: the mean batch)
     int widest;               // the most rows of one batch
+    long device_draws;        // rows whose draw the device made (CUDA: only the token came back)
     long evictions;           // idle prefix blocks handed out again
 } sched_stats;
 

@@ -59,6 +59,8 @@ struct sched {
     kv_view *views;          // [max_rows]
     int *ids;                // [max_rows]
     seq **rows;              // [max_rows] the sequence of each row
+    sample_cfg *cfg;         // [max_rows] the rows' draws, when the device makes them
+    sample_out *drawn;       // [max_rows] their results
     metrics_ws ws;
     batch_ws bw;
     sched_entry entries[SCHED_ENTRIES];

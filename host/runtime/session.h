@@ -165,11 +165,20 @@ void batch_ws_free(batch_ws *w);
 // logits + b * vocab (host memory); with m (then bw too) also its entropix metrics m[b],
 // which need a capture layer (s->fw.attn_layer) for the attention ones. CPU: one
 // forward_batch per max_T rows (weights read once per step). CUDA: cuda_forward_batch
-// (passes of 8 rows, each weight read once per pass; metrics from the device's
+// (steps of up to 64 rows, one launch per matvec; metrics from the device's
 // statistics). s->fw.logits is left undefined.
 // host/runtime/session_batch.c.
 int session_forward_batch(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
                           metrics_ws *ws, batch_ws *bw, verr *err);
+// CUDA: the rows whose draws session_forward_batch_draw can make on the device (one
+// device step of B rows, no tensor parallelism); 0 elsewhere.
+int session_batch_draws(const session *s, int B);
+// session_forward_batch, then one draw from each row with cfg[b] into out[b] on the
+// device (cuda_forward_sample_rows: the token session_sample would draw from that row
+// alone), so the logits never cross the bus. Needs session_batch_draws(s, B); metrics m
+// (optional) need a capture layer (they come from the device's statistics).
+int session_forward_batch_draw(session *s, kv_view *views, const int *ids, int B, const sample_cfg *cfg,
+                               sample_out *out, token_metrics *m, batch_ws *bw, verr *err);
 // Ids that end generation: config eos ids plus the tokenizer's eos.
 int session_is_stop(const session *s, int id);
 // Adds an id that ends generation; -1 when the table is full.

@@ -1,7 +1,7 @@
 // session_batch.c: session_forward_batch (see session.h). Decode is memory-bound, so
 // one pass over the weights serves every row: on the CPU the B rows go through
 // forward_batch together, max_T at a time; on CUDA through cuda_forward_batch, whose
-// kernels take 8 rows per pass and each row's own KV segments.
+// steps take up to 64 rows, each with its own KV segments.
 #include "host/runtime/session.h"
 #include "model/forward_cuda.h"
 
@@ -66,8 +66,8 @@ static int forward_on_cpu(session *s, kv_view *views, const int *ids, int B, flo
     return 0;
 }
 
-// All rows in one device batch (cuda_forward_batch: passes of 8 rows, weights read once
-// per pass); the metrics come from the device's statistics, 8 floats per row.
+// All rows in one device batch (cuda_forward_batch: steps of up to 64 rows, one launch
+// per matvec); the metrics come from the device's statistics, 8 floats per row.
 static int forward_on_device(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
                              metrics_ws *ws, batch_ws *bw, verr *err) {
     const model_config *c = &s->m.cfg;
@@ -98,6 +98,23 @@ static int forward_batch_rows(session *s, kv_view *views, const int *ids, int B,
             return -1;
     }
     return 0;
+}
+
+int session_batch_draws(const session *s, int B) {
+    return s->cu && !s->tpl && !s->fw.comm && B >= 1 && B <= cuda_forward_rows(s->cu);
+}
+
+int session_forward_batch_draw(session *s, kv_view *views, const int *ids, int B, const sample_cfg *cfg,
+                               sample_out *out, token_metrics *m, batch_ws *bw, verr *err) {
+    if (!session_batch_draws(s, B))
+        return verr_set(err, "session_forward_batch_draw: %d rows are not one device step here", B);
+    if (m && !(s->fw.attn_layer >= 0 && s->fw.attn_layer < s->m.cfg.n_layers))
+        return verr_set(err, "session_forward_batch_draw: metrics without a capture layer read the logits on the host");
+    if (session_turn_begin(s, err)) return -1;
+    int rc = forward_on_device(s, views, ids, B, NULL, m, NULL, bw, err);
+    if (rc == 0) rc = cuda_forward_sample_rows(s->cu, cfg, B, out, err);
+    session_turn_end(s);
+    return rc;
 }
 
 int session_forward_batch(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,

@@ -2,45 +2,60 @@
 // T == 1 (decode): hand-written matvec, one warp per output row (four rows per warp
 // for tall matrices), 16-byte weight loads (8 bf16/f16 or 2x4 f32), fp32
 // accumulation, warp-shuffle reduction. The weight matrix is streamed once, so this
-// is bound by memory bandwidth. cuda_matvec_rows runs the same kernels for up to 8
-// sequences at once (batched decode), each weight load serving every row.
+// is bound by memory bandwidth. cuda_matvec_rows runs the same kernels for B sequences
+// at once (batched decode): each weight load serves up to 8 rows, and one launch covers
+// all B rows in passes of 8 (mv_pass).
 // T > 1 (prefill): cuBLAS GEMM. Activations are rounded to the weight's 16-bit type
 // into scratch (cublasGemmEx needs matching A/B types), fp32 compute, fp32 output.
 #include <cublas_v2.h>
 #include "kernels/cuda/blas.cuh"
 #include "kernels/cuda/matvec.cuh"
 
-// grid (cdiv(n_out, MV_WARPS)), block 32*MV_WARPS
+// One launch serves every row of the batch in passes of R rows: block i takes pass
+// i % passes of tile i / passes, so the passes over one weight tile are neighbours in
+// the grid, run together, and the tile comes from DRAM once (the others hit L2). Each
+// row's sum is the R == 1 sum whatever its pass, so a row's bits do not depend on B.
+// p covers rows [0, p.B) (r0 0, x row 0); the pass's rows are set here.
+template <int R>
+__device__ __forceinline__ int mv_pass(mv_rows &p, int n_in, int passes) {
+    int pass = (int)(blockIdx.x % (unsigned)passes);
+    p.r0 = pass * R;
+    p.nr = min(R, p.B - p.r0);
+    p.x += (size_t)p.r0 * n_in;
+    return (int)(blockIdx.x / (unsigned)passes);
+}
+
+// grid (passes * cdiv(n_out, MV_WARPS)), block 32*MV_WARPS
 template <int WT, int R>
-__global__ void matvec_vec_kernel(mv_rows p, const void *w, int n_in, int n_out) {
+__global__ void matvec_vec_kernel(mv_rows p, const void *w, int n_in, int n_out, int passes) {
     pdl_trigger();
-    int row = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    int row = mv_pass<R>(p, n_in, passes) * MV_WARPS + (threadIdx.x >> 5);
     if (row >= n_out) return;  // whole warp exits together
     mv_vec_row<WT, R>(p, w, n_in, n_out, row, pdl_waiter{true});
 }
 
-// grid (cdiv(n_out, 4*MV_WARPS)), block 32*MV_WARPS
+// grid (passes * cdiv(n_out, 4*MV_WARPS)), block 32*MV_WARPS
 template <int WT, int R>
-__global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out) {
+__global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out, int passes) {
     pdl_trigger();
-    int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * 4;
+    int row0 = (mv_pass<R>(p, n_in, passes) * MV_WARPS + (threadIdx.x >> 5)) * 4;
     if (row0 >= n_out) return;  // whole warp exits together
     mv_vec4_rows<WT, R>(p, w, n_in, n_out, row0, pdl_waiter{true});
 }
 
-// grid (cdiv(hid, 2*MV_WARPS)), block 32*MV_WARPS
+// grid (passes * cdiv(hid, 2*MV_WARPS)), block 32*MV_WARPS
 template <int WT, int R>
-__global__ void matvec_glu_kernel(mv_rows p, const void *w, int n_in, int hid) {
+__global__ void matvec_glu_kernel(mv_rows p, const void *w, int n_in, int hid, int passes) {
     pdl_trigger();
-    int j0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * 2;
+    int j0 = (mv_pass<R>(p, n_in, passes) * MV_WARPS + (threadIdx.x >> 5)) * 2;
     if (j0 >= hid) return;  // whole warp exits together
     mv_glu_pair<WT, R>(p, w, n_in, hid, j0, pdl_waiter{true});
 }
 
 template <int R>
-__global__ void matvec_scalar_kernel(mv_rows p, const void *w, int wt, int n_in, int n_out) {
+__global__ void matvec_scalar_kernel(mv_rows p, const void *w, int wt, int n_in, int n_out, int passes) {
     pdl_trigger();
-    int row = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    int row = mv_pass<R>(p, n_in, passes) * MV_WARPS + (threadIdx.x >> 5);
     if (row >= n_out) return;
     mv_scalar_row<R>(p, w, wt, n_in, n_out, row, pdl_waiter{true});
 }
@@ -48,28 +63,29 @@ __global__ void matvec_scalar_kernel(mv_rows p, const void *w, int wt, int n_in,
 
 template <int R>
 static cudaError_t mv_launch(cuda_ctx *ctx, int kind, const mv_rows &p, wref w, int n_in, int n_out) {
-    unsigned block = 32 * MV_WARPS, grid = cdiv_u(n_out, MV_WARPS), grid4 = cdiv_u(n_out, 4 * MV_WARPS);
+    int ps = (p.B + R - 1) / R;
+    unsigned block = 32 * MV_WARPS, grid = ps * cdiv_u(n_out, MV_WARPS), grid4 = ps * cdiv_u(n_out, 4 * MV_WARPS);
     if (kind == MV_SCALAR)
-        return LAUNCH_PDL(ctx, matvec_scalar_kernel<R>, grid, block, 0, p, w.data, (int)w.type, n_in, n_out);
+        return LAUNCH_PDL(ctx, matvec_scalar_kernel<R>, grid, block, 0, p, w.data, (int)w.type, n_in, n_out, ps);
     if (kind == MV_VEC4) {
-        if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_BF16, R>), grid4, block, 0, p, w.data, n_in, n_out);
-        if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F16, R>), grid4, block, 0, p, w.data, n_in, n_out);
-        return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F32, R>), grid4, block, 0, p, w.data, n_in, n_out);
+        if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_BF16, R>), grid4, block, 0, p, w.data, n_in, n_out, ps);
+        if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F16, R>), grid4, block, 0, p, w.data, n_in, n_out, ps);
+        return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F32, R>), grid4, block, 0, p, w.data, n_in, n_out, ps);
     }
-    if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_BF16, R>), grid, block, 0, p, w.data, n_in, n_out);
-    if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_F16, R>), grid, block, 0, p, w.data, n_in, n_out);
-    return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_F32, R>), grid, block, 0, p, w.data, n_in, n_out);
+    if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_BF16, R>), grid, block, 0, p, w.data, n_in, n_out, ps);
+    if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_F16, R>), grid, block, 0, p, w.data, n_in, n_out, ps);
+    return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_F32, R>), grid, block, 0, p, w.data, n_in, n_out, ps);
 }
 
-static mv_rows mv_rows_of(float *out, const float *x, int r0, int nr, int B, int s1, int s2,
-                          const cuda_mv_fuse *fz) {
-    mv_rows p = { out, x, r0, nr, B, s1, s2, NULL, 0.f, 0, NULL, 0, NULL };
+// Every row of the batch (the kernels pick their pass's rows, mv_pass).
+static mv_rows mv_rows_of(float *out, const float *x, int B, int s1, int s2, const cuda_mv_fuse *fz) {
+    mv_rows p = { out, x, 0, B, B, s1, s2, NULL, 0.f, 0, NULL, 0, NULL };
     if (fz) {
         p.nw = fz->norm;
         p.eps = fz->eps;
         p.add = fz->add;
         p.bias = fz->bias;
-        p.amax = r0 == 0 ? fz->amax : NULL;
+        p.amax = fz->amax;  // row 0's only (mv_store)
     }
     return p;
 }
@@ -86,16 +102,13 @@ extern "C" int cuda_matvec_rows_fused(cuda_ctx *ctx, float *out, const float *x,
                  "cuda_matvec_rows: the argmax epilogue needs the plain layout (s1 = s2 = n_out)");
     int kind = mv_kind(ctx, w.data, x, n_in, n_out, fz ? fz->norm : NULL);
     static_assert(CUDA_MATVEC_ROWS == 8, "mv_launch instantiates R = 1, 2, 4, 8");
-    for (int r0 = 0; r0 < B; r0 += CUDA_MATVEC_ROWS) {
-        int nr = B - r0 < CUDA_MATVEC_ROWS ? B - r0 : CUDA_MATVEC_ROWS;
-        mv_rows p = mv_rows_of(out, x + (size_t)r0 * n_in, r0, nr, B, s1, s2, fz);
-        cudaError_t rc = nr == 1   ? mv_launch<1>(ctx, kind, p, w, n_in, n_out)
-                         : nr == 2 ? mv_launch<2>(ctx, kind, p, w, n_in, n_out)
-                         : nr <= 4 ? mv_launch<4>(ctx, kind, p, w, n_in, n_out)
-                                   : mv_launch<8>(ctx, kind, p, w, n_in, n_out);
-        CUDA_CHECK_LAUNCH_RC(ctx, kind == MV_SCALAR ? "matvec_scalar_kernel"
-                                  : kind == MV_VEC4 ? "matvec_vec4_kernel" : "matvec_vec_kernel", rc);
-    }
+    mv_rows p = mv_rows_of(out, x, B, s1, s2, fz);
+    cudaError_t rc = B == 1   ? mv_launch<1>(ctx, kind, p, w, n_in, n_out)
+                     : B == 2 ? mv_launch<2>(ctx, kind, p, w, n_in, n_out)
+                     : B <= 4 ? mv_launch<4>(ctx, kind, p, w, n_in, n_out)
+                              : mv_launch<8>(ctx, kind, p, w, n_in, n_out);
+    CUDA_CHECK_LAUNCH_RC(ctx, kind == MV_SCALAR ? "matvec_scalar_kernel"
+                              : kind == MV_VEC4 ? "matvec_vec4_kernel" : "matvec_vec_kernel", rc);
     return 0;
 }
 
@@ -106,10 +119,11 @@ extern "C" int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref 
 
 template <int R>
 static cudaError_t glu_launch(cuda_ctx *ctx, const mv_rows &p, wref w, int n_in, int hid) {
-    unsigned grid = cdiv_u(hid, 2 * MV_WARPS), block = 32 * MV_WARPS;
-    if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_BF16, R>), grid, block, 0, p, w.data, n_in, hid);
-    if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_F16, R>), grid, block, 0, p, w.data, n_in, hid);
-    return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_F32, R>), grid, block, 0, p, w.data, n_in, hid);
+    int ps = (p.B + R - 1) / R;
+    unsigned grid = ps * cdiv_u(hid, 2 * MV_WARPS), block = 32 * MV_WARPS;
+    if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_BF16, R>), grid, block, 0, p, w.data, n_in, hid, ps);
+    if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_F16, R>), grid, block, 0, p, w.data, n_in, hid, ps);
+    return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_F32, R>), grid, block, 0, p, w.data, n_in, hid, ps);
 }
 
 extern "C" int cuda_matvec_glu_rows(cuda_ctx *ctx, float *out, float *tmp, const float *x, wref w, int n_in,
@@ -123,15 +137,12 @@ extern "C" int cuda_matvec_glu_rows(cuda_ctx *ctx, float *out, float *tmp, const
         if (cuda_matvec_rows_fused(ctx, tmp, x, w, n_in, 2 * hid, B, hid, 2 * hid, fz)) return -1;
         return cuda_swiglu(ctx, out, tmp, tmp + (size_t)B * hid, (size_t)B * hid);
     }
-    for (int r0 = 0; r0 < B; r0 += CUDA_MATVEC_ROWS) {
-        int nr = B - r0 < CUDA_MATVEC_ROWS ? B - r0 : CUDA_MATVEC_ROWS;
-        mv_rows p = mv_rows_of(out, x + (size_t)r0 * n_in, r0, nr, B, hid, hid, fz);
-        cudaError_t rc = nr == 1   ? glu_launch<1>(ctx, p, w, n_in, hid)
-                         : nr == 2 ? glu_launch<2>(ctx, p, w, n_in, hid)
-                         : nr <= 4 ? glu_launch<4>(ctx, p, w, n_in, hid)
-                                   : glu_launch<8>(ctx, p, w, n_in, hid);
-        CUDA_CHECK_LAUNCH_RC(ctx, "matvec_glu_kernel", rc);
-    }
+    mv_rows p = mv_rows_of(out, x, B, hid, hid, fz);
+    cudaError_t rc = B == 1   ? glu_launch<1>(ctx, p, w, n_in, hid)
+                     : B == 2 ? glu_launch<2>(ctx, p, w, n_in, hid)
+                     : B <= 4 ? glu_launch<4>(ctx, p, w, n_in, hid)
+                              : glu_launch<8>(ctx, p, w, n_in, hid);
+    CUDA_CHECK_LAUNCH_RC(ctx, "matvec_glu_kernel", rc);
     return 0;
 }
 

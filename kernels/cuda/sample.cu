@@ -1,6 +1,7 @@
 // sample.cu: exact sampling on the device, any number of configurations drawn from the
-// same row of logits (the agents draw 8+ per step), in three launches, the first two
-// spread over the whole GPU:
+// same row of logits (the agents draw 8+ per step), or one from each row of a batch
+// (cuda_sample_rows: the scheduler's rows), in three launches, the first two spread over
+// the whole GPU:
 //   1. sample_argmax_kernel: argmax and finite-minimum partials, one block per 1024
 //      tokens; it also clears the histograms the next launch fills;
 //   2. sample_mass_kernel, (2048-token chunks x configurations): every token's mass once
@@ -207,14 +208,17 @@ __device__ int block_amax_pairs(const float *pv, const int *pi, int np, float *s
     return block_amax_finish(bv, bi, sv, si);
 }
 
-// Block b < nb: the argmax and the smallest finite value of tokens [b * 1024, ...) as
-// partials. Every block clears a share of the histograms (n_words 32-bit words).
+// Block (b < nb, r): the argmax and the smallest finite value of row r's tokens
+// [b * 1024, ...) as partials (row r: x + r * ld, its partials at r * nb). The blocks of
+// row 0 clear a share of the histograms each (n_words 32-bit words).
 __global__ void __launch_bounds__(SAMPLE_PREP_THREADS)
-    sample_argmax_kernel(const float *__restrict__ x, int n, int nb, float *part_v, int *part_i, float *part_lo,
-                         unsigned *hist_words, size_t n_words) {
+    sample_argmax_kernel(const float *__restrict__ x, size_t ld, int n, int nb, float *part_v, int *part_i,
+                         float *part_lo, unsigned *hist_words, size_t n_words) {
     __shared__ float sv[33];
     __shared__ float sm[32];
     __shared__ int si[33];
+    x += blockIdx.y * ld;
+    part_v += blockIdx.y * nb, part_i += blockIdx.y * nb, part_lo += blockIdx.y * nb;
     int base = blockIdx.x * SAMPLE_MAX_CHUNK;
     if ((int)blockIdx.x < nb) {  // uniform over the block
         float v[SAMPLE_MAX_CHUNK / SAMPLE_PREP_THREADS], bv = -INFINITY, lo = INFINITY;
@@ -233,8 +237,22 @@ __global__ void __launch_bounds__(SAMPLE_PREP_THREADS)
         lo = -block_max(-lo, sm);
         if (threadIdx.x == 0) part_v[blockIdx.x] = x[am], part_i[blockIdx.x] = am, part_lo[blockIdx.x] = lo;
     }
+    if (blockIdx.y != 0) return;
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t w = (size_t)blockIdx.x * blockDim.x + threadIdx.x; w < n_words; w += stride) hist_words[w] = 0;
+}
+
+// Configuration c's row: c's own (x + c * ld, partials at c * nb) when the
+// configurations draw from one row each (ld > 0), else the one row.
+struct sample_row {
+    const float *x, *part_v, *part_lo;
+    const int *part_i;
+};
+
+__device__ sample_row row_of(const float *x, size_t ld, const float *pv, const int *pi, const float *pl, int nb,
+                             int c) {
+    size_t r = ld ? (size_t)c : 0;
+    return sample_row{ x + r * ld, pv + r * nb, pl + r * nb, pi + r * nb };
 }
 
 // ---- launch 2: masses, buckets and histograms --------------------------------------
@@ -252,8 +270,8 @@ __device__ float row_min(const float *part_lo, int nb, float *sm) {
 // (integer atomics: exact in any order). Greedy configurations and rows with no finite
 // maximum have none (sample_kernel takes the argmax).
 __global__ void __launch_bounds__(SAMPLE_PREP_THREADS)
-    sample_mass_kernel(const float *__restrict__ x, int n, const float *part_v, const int *part_i,
-                       const float *part_lo, int nb, const sample_cfg *cfgs, sample_hist *hists,
+    sample_mass_kernel(const float *__restrict__ x0, size_t ld, int n, const float *part_v0, const int *part_i0,
+                       const float *part_lo0, int nb, const sample_cfg *cfgs, sample_hist *hists,
                        unsigned short *buckets, size_t stride) {
     enum { PER = SAMPLE_MASS_CHUNK / SAMPLE_PREP_THREADS };
     __shared__ unsigned hc[SAMPLE_BUCKETS];
@@ -262,6 +280,9 @@ __global__ void __launch_bounds__(SAMPLE_PREP_THREADS)
     __shared__ float sv[33];
     __shared__ int si[33];
     const sample_cfg cfg = cfgs[blockIdx.y];
+    const sample_row r = row_of(x0, ld, part_v0, part_i0, part_lo0, nb, (int)blockIdx.y);
+    const float *x = r.x, *part_v = r.part_v, *part_lo = r.part_lo;
+    const int *part_i = r.part_i;
     float mx = x[block_amax_pairs(part_v, part_i, nb, sv, si)];
     if (!(cfg.temperature > 0) || !isfinite(mx)) return;
     double inv_t = 1.0 / (double)cfg.temperature, s = sample_scale(mx, row_min(part_lo, nb, sv), inv_t);
@@ -450,12 +471,15 @@ __device__ u64 hist_find(sample_sh &sh, sample_members &m, search_ctx &c, hist2 
 
 // One block per configuration: the truncations and the draw over its histogram.
 __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_kernel(sample_out *out, const float *__restrict__ x, int n, const sample_cfg *cfgs, const float *part_v,
-                  const int *part_i, int nb, const sample_hist *hists, const unsigned short *buckets, size_t stride,
-                  u64 *keys, u64 *qs, u64 *es) {
+    sample_kernel(sample_out *out, const float *__restrict__ x0, size_t ld, int n, const sample_cfg *cfgs,
+                  const float *part_v0, const int *part_i0, int nb, const sample_hist *hists,
+                  const unsigned short *buckets, size_t stride, u64 *keys, u64 *qs, u64 *es) {
     __shared__ sample_sh sh;
     __shared__ sample_members m;
     const sample_cfg cfg = cfgs[blockIdx.x];
+    const sample_row r = row_of(x0, ld, part_v0, part_i0, part_v0, nb, (int)blockIdx.x);  // (no minimum needed)
+    const float *x = r.x, *part_v = r.part_v;
+    const int *part_i = r.part_i;
     sample_out *o = out + blockIdx.x;
     int am = block_amax_pairs(part_v, part_i, nb, sh.redf, sh.redi);
     if (!(cfg.temperature > 0) || !isfinite(x[am])) {  // greedy, or no finite logit
@@ -508,15 +532,16 @@ struct sample_layout {
 
 static size_t align256(size_t b) { return (b + 255) & ~(size_t)255; }
 
-static sample_layout sample_plan(char *base, int n, int n_cfg) {
+// (rows: the logits rows, 1 or n_cfg, each with its own partials.)
+static sample_layout sample_plan(char *base, int n, int n_cfg, int rows) {
     sample_layout L;
     L.nb = (n + SAMPLE_MAX_CHUNK - 1) / SAMPLE_MAX_CHUNK;
     L.stride = ((size_t)n + 7) & ~(size_t)7;
-    size_t off_hist = align256((size_t)L.nb * 12), off_bk = off_hist + (size_t)n_cfg * sizeof(sample_hist);
+    size_t off_hist = align256((size_t)L.nb * rows * 12), off_bk = off_hist + (size_t)n_cfg * sizeof(sample_hist);
     size_t off_keys = align256(off_bk + (size_t)n_cfg * L.stride * 2), per = (size_t)n_cfg * n;
     L.part_v = (float *)base;
-    L.part_lo = L.part_v + L.nb;
-    L.part_i = (int *)(L.part_lo + L.nb);
+    L.part_lo = L.part_v + (size_t)L.nb * rows;
+    L.part_i = (int *)(L.part_lo + (size_t)L.nb * rows);
     L.hist = (sample_hist *)(base + off_hist);
     L.bk = (unsigned short *)(base + off_bk);
     L.keys = (u64 *)(base + off_keys);
@@ -529,7 +554,7 @@ static sample_layout sample_plan(char *base, int n, int n_cfg) {
 // The sampler's device arrays for n tokens and n_cfg configurations, grown (never
 // shrunk) on the first call that needs more.
 static int sample_reserve(cuda_ctx *ctx, int n, int n_cfg) {
-    size_t need = sample_plan(NULL, n, n_cfg).bytes;
+    size_t need = sample_plan(NULL, n, n_cfg, n_cfg).bytes;  // room for a draw per row too
     if (need <= ctx->sample_bytes) return 0;
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));  // queued draws may use the old arrays
     if (ctx->sample_buf) CUDA_CHECK(ctx, cudaFree(ctx->sample_buf));
@@ -562,23 +587,38 @@ extern "C" int cuda_argmax_finish(cuda_ctx *ctx, sample_out *out, const float *l
     return 0;
 }
 
-extern "C" int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg,
-                           int n_cfg) {
+// ld == 0: every configuration from the row at logits; ld > 0: configuration c from
+// row c (logits + c * ld).
+static int sample_launch(cuda_ctx *ctx, sample_out *out, const float *logits, size_t ld, int n, const sample_cfg *cfg,
+                         int n_cfg) {
     CUDA_REQUIRE(ctx, n > 0 && n <= SAMPLE_MAX_VOCAB && n_cfg >= 0 && n_cfg <= 65535,
                  "cuda_sample: bad shape n=%d n_cfg=%d", n, n_cfg);
+    CUDA_REQUIRE(ctx, ld == 0 || ld >= (size_t)n, "cuda_sample_rows: row stride %zu under the row's %d logits", ld, n);
     if (n_cfg == 0) return 0;
     if (sample_reserve(ctx, n, n_cfg)) return -1;
-    sample_layout L = sample_plan((char *)ctx->sample_buf, n, n_cfg);
+    int rows = ld ? n_cfg : 1;
+    sample_layout L = sample_plan((char *)ctx->sample_buf, n, n_cfg, rows);
     int nb2 = (n + SAMPLE_MASS_CHUNK - 1) / SAMPLE_MASS_CHUNK, grid1 = L.nb > n_cfg ? L.nb : n_cfg;
     size_t words = (size_t)n_cfg * sizeof(sample_hist) / 4;
-    sample_argmax_kernel<<<grid1, SAMPLE_PREP_THREADS, 0, ctx->stream>>>(logits, n, L.nb, L.part_v, L.part_i,
-                                                                          L.part_lo, (unsigned *)L.hist, words);
+    sample_argmax_kernel<<<dim3(grid1, rows), SAMPLE_PREP_THREADS, 0, ctx->stream>>>(
+        logits, ld, n, L.nb, L.part_v, L.part_i, L.part_lo, (unsigned *)L.hist, words);
     CUDA_CHECK_LAUNCH(ctx, "sample_argmax_kernel");
     sample_mass_kernel<<<dim3(nb2, n_cfg), SAMPLE_PREP_THREADS, 0, ctx->stream>>>(
-        logits, n, L.part_v, L.part_i, L.part_lo, L.nb, cfg, L.hist, L.bk, L.stride);
+        logits, ld, n, L.part_v, L.part_i, L.part_lo, L.nb, cfg, L.hist, L.bk, L.stride);
     CUDA_CHECK_LAUNCH(ctx, "sample_mass_kernel");
-    sample_kernel<<<n_cfg, SAMPLE_THREADS, 0, ctx->stream>>>(out, logits, n, cfg, L.part_v, L.part_i, L.nb, L.hist,
-                                                             L.bk, L.stride, L.keys, L.qs, L.es);
+    sample_kernel<<<n_cfg, SAMPLE_THREADS, 0, ctx->stream>>>(out, logits, ld, n, cfg, L.part_v, L.part_i, L.nb,
+                                                             L.hist, L.bk, L.stride, L.keys, L.qs, L.es);
     CUDA_CHECK_LAUNCH(ctx, "sample_kernel");
     return 0;
+}
+
+extern "C" int cuda_sample(cuda_ctx *ctx, sample_out *out, const float *logits, int n, const sample_cfg *cfg,
+                           int n_cfg) {
+    return sample_launch(ctx, out, logits, 0, n, cfg, n_cfg);
+}
+
+extern "C" int cuda_sample_rows(cuda_ctx *ctx, sample_out *out, const float *logits, size_t ld, int n,
+                                const sample_cfg *cfg, int rows) {
+    CUDA_REQUIRE(ctx, ld > 0, "cuda_sample_rows: row stride 0 (cuda_sample draws from one row)");
+    return sample_launch(ctx, out, logits, ld, n, cfg, rows);
 }

@@ -44,6 +44,14 @@ int cuda_forward_sample(cuda_forward *f, const sample_cfg *cfg, int n, sample_ou
     (void)f, (void)cfg, (void)n, (void)out;
     return verr_set(err, NO_CUDA);
 }
+int cuda_forward_sample_rows(cuda_forward *f, const sample_cfg *cfg, int B, sample_out *out, verr *err) {
+    (void)f, (void)cfg, (void)B, (void)out;
+    return verr_set(err, NO_CUDA);
+}
+int cuda_forward_rows(const cuda_forward *f) {
+    (void)f;
+    return 0;
+}
 int cuda_forward_set_lora(cuda_forward *f, const lora_use *u, int n, verr *err) {
     (void)f, (void)u, (void)n;
     return verr_set(err, NO_CUDA);

@@ -228,6 +228,26 @@ int cuda_sample_draw(cuda_core *f, dev_sampler *s, dev_arm *a, dev_tp *t, const 
     return check_draws(f, out, n, err);
 }
 
+int cuda_sample_rows_draw(cuda_core *f, dev_sampler *s, const sample_cfg *cfg, int B, sample_out *out, verr *err) {
+    if (B <= 0) return 0;
+    OP(cuda_activate(&f->ctx));
+    if (!f->logits_valid || f->batch_rows != B)
+        return verr_set(err, "cuda_forward_sample_rows: the last forward was not one step of %d rows (%d rows of "
+                             "logits on the device)", B, f->logits_valid ? f->batch_rows : 0);
+    if (B > s->cap && sample_buffers(s, B, err)) return -1;
+    size_t V = (size_t)f->m->cfg.vocab_size;
+    cudaStream_t st = f->ctx.stream;
+    memcpy(s->h_cfg, cfg, sizeof *cfg * (size_t)B);
+    CK(cudaMemcpyAsync(s->d_cfg, s->h_cfg, sizeof *cfg * (size_t)B, cudaMemcpyHostToDevice, st));
+    OP(cuda_sample_rows(&f->ctx, s->d_out, f->logits, V, (int)V, s->d_cfg, B));
+    CK(cudaMemcpyAsync(s->h_out, s->d_out, sizeof *out * (size_t)B, cudaMemcpyDeviceToHost, st));
+    f->ctx.n_syncs++;
+    CK(cudaStreamSynchronize(st));
+    f->par_pending = 0;
+    memcpy(out, s->h_out, sizeof *out * (size_t)B);
+    return check_draws(f, out, B, err);
+}
+
 #else
 typedef int cuda_arm_unused;  // nothing to build without CUDA
 #endif

@@ -78,6 +78,23 @@ void cuda_core_fill_decode(cuda_core *f, const kv_view *views, const int *ids, i
     }
 }
 
+void cuda_core_fill_pad(cuda_core *f, int B, int nb) {
+    step_params p = cuda_core_params(f, f->h_par);
+    size_t kv_dim = (size_t)model_kv_dim(f->m), layer = (size_t)f->rows * kv_dim;
+    const uint16_t *v0 = f->pad_kv + (size_t)f->m->cfg.n_layers * layer;
+    for (int b = B; b < nb; b++) {
+        p.lens[b] = (cuda_kv_lens){ 1, 1, NULL, 0 };
+        for (int l = 0; l < f->m->cfg.n_layers; l++) {
+            cuda_kv_layer *L = &p.layers[(size_t)l * f->rows + b];
+            size_t at = (size_t)l * layer + (size_t)b * kv_dim;
+            L->k_trunk = f->pad_kv + at, L->v_trunk = v0 + at;
+            L->k_tail = NULL, L->v_tail = NULL;
+            L->k_dst = f->pad_kv + at, L->v_dst = (uint16_t *)v0 + at;
+        }
+        p.ids[b] = 0, p.pos[b] = 0, p.rows[b] = 0;
+    }
+}
+
 // ---- block tables of paged caches ------------------------------------------------------------
 // Rows [0, B) of the table area hold the views' tables (row b at b * table_cap), copied
 // up before the step; the area grows to the widest table (the stream is idle then:
@@ -125,6 +142,8 @@ int cuda_core_nonfinite(const cuda_core *f, int pos, int id, float v, verr *err)
 int cuda_core_init(cuda_core *f, const model *m, forward_state *fw, int device, verr *err) {
     f->m = m, f->fw = fw, f->max_T = fw->max_T, f->max_ctx = fw->ctx;
     f->rows = fw->max_T < CUDA_ROWS ? fw->max_T : CUDA_ROWS;
+    size_t row_scores = (size_t)m->cfg.n_heads * fw->ctx * sizeof(float);
+    while (f->rows > CUDA_MATVEC_ROWS && (size_t)f->rows * row_scores > ((size_t)CUDA_ROWS_SCORES_MB << 20)) f->rows /= 2;
     return cuda_init(&f->ctx, device, err);
 }
 
@@ -135,13 +154,16 @@ int cuda_core_alloc(cuda_core *f, verr *err) {
     size_t qkv_dim = q_dim + 2 * (size_t)t->n_kv_heads * c->head_dim;
     // x (decode) and y (prefill) are also the all-reduce's buffers: padded for the
     // reduce-scatter's equal shares
-    size_t sizes[10] = { T * c->dim + cuda_core_pad(f), T * c->dim, T * c->dim + cuda_core_pad(f), T * qkv_dim,
-                         T * q_dim, T * 2 * t->n_ffn, R * c->vocab_size, R * c->n_heads * f->max_ctx, 8 * R, 0 };
+    // (the padding rows' caches: 2 bf16 [n_layers, rows, kv_dim] = that many floats)
+    size_t pad_kv = (size_t)c->n_layers * R * model_kv_dim(f->m);
+    size_t sizes[11] = { T * c->dim + cuda_core_pad(f), T * c->dim, T * c->dim + cuda_core_pad(f), T * qkv_dim,
+                         T * q_dim, T * 2 * t->n_ffn, R * c->vocab_size, R * c->n_heads * f->max_ctx, 8 * R, pad_kv,
+                         0 };
     f->par_bytes = par_size(c->n_layers, f->max_T, f->rows);
-    size_t off[10], total = 0;
-    for (int i = 0; i < 10; i++) {
+    size_t off[11], total = 0;
+    for (int i = 0; i < 11; i++) {
         off[i] = total;
-        total = align256(total + (i < 9 ? sizes[i] * sizeof(float) : f->par_bytes));
+        total = align256(total + (i < 10 ? sizes[i] * sizeof(float) : f->par_bytes));
     }
     if (cuda_malloc(&f->act, total, "activations", err)) {
         char msg[sizeof err->msg];
@@ -152,7 +174,9 @@ int cuda_core_alloc(cuda_core *f, verr *err) {
     f->x = (float *)(a + off[0]), f->xb = (float *)(a + off[1]), f->y = (float *)(a + off[2]);
     f->qkv = (float *)(a + off[3]), f->att = (float *)(a + off[4]), f->hb = (float *)(a + off[5]);
     f->logits = (float *)(a + off[6]), f->scores = (float *)(a + off[7]), f->stats = (float *)(a + off[8]);
-    f->d_par = a + off[9];
+    f->pad_kv = (uint16_t *)(a + off[9]);
+    CK(cudaMemset(f->pad_kv, 0, pad_kv * sizeof(float)));  // finite keys before a padding row's first store
+    f->d_par = a + off[10];
     CK(cudaHostAlloc(&f->h_par, f->par_bytes, cudaHostAllocDefault));
     memset(f->h_par, 0, f->par_bytes);
     void *hs = NULL;

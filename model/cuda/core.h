@@ -56,7 +56,8 @@ typedef struct {
     int *ids, *pos, *rows;     // [max_T] each: the chunk's tokens, or one per decode row
 } step_params;
 
-#define CUDA_ROWS CUDA_MATVEC_ROWS  // decode rows per pass (the batched matvec's widest launch)
+#define CUDA_ROWS 64               // decode rows per step at most (the scheduler's --parallel default)
+#define CUDA_ROWS_SCORES_MB 256     // ...fewer (halved, down to 8) where [rows, n_heads, ctx] captures outgrow this
 #define CUDA_SAMPLE_RESERVE 16      // draws per launch the sampler's arrays are sized for at open
 
 typedef struct cuda_core {
@@ -67,7 +68,7 @@ typedef struct cuda_core {
     float *fw_logits, *fw_scores;    // fw's own buffers, put back on close
     float *pin_logits, *pin_scores;  // page-locked [vocab], [n_heads, max_ctx]
     int max_T, max_ctx;
-    int rows;                  // decode rows per pass: min(CUDA_ROWS, max_T)
+    int rows;                  // decode rows per step: min(CUDA_ROWS, max_T), less at long contexts
     void *act;                 // activation arena
     float *x, *xb, *y;         // [max_T, dim] (x and y padded by cuda_core_pad for the TP reduce-scatter)
     float *qkv;                // [max_T, q_dim + 2*kv_dim]
@@ -85,6 +86,8 @@ typedef struct cuda_core {
     int logits_stale;          // the last step's logits are on the device only (lazy_logits)
     int logits_valid;          // f->logits hold the last successful step's (0 after a failure)
     int logits_overrun;        // not valid because a device loop ran past its stop (not a failure)
+    int batch_rows;            // rows of the last batch whose logits are all in f->logits (0: none)
+    uint16_t *pad_kv;          // device bf16 [2][n_layers][rows][kv_dim]: each padding row's one-key cache
     int *d_tables, *h_tables;  // device, pinned [rows, table_cap]: the paged rows' block tables
     int table_cap;             // blocks per row (0 until a paged cache is seen)
 } cuda_core;
@@ -114,6 +117,11 @@ void cuda_core_free(cuda_core *f);
 // a decode step of one token on each of B views (record b for row b).
 void cuda_core_fill_prefill(cuda_core *f, const kv_view *kv, const int *ids, int T);
 void cuda_core_fill_decode(cuda_core *f, const kv_view *views, const int *ids, int B);
+// Rows [B, nb) of the host step block as padding rows of a step padded to nb rows (a
+// captured graph per row bucket): token 0 at position 0, stored into and read from the
+// row's own key of f->pad_kv, so they touch no sequence's cache; their results are
+// never read.
+void cuda_core_fill_pad(cuda_core *f, int B, int nb);
 // Queues the upload of the block tables of the views' paged trunks (a sequence of the
 // device pool, model/kv_pool.h) for rows [0, B); nothing when none is paged. Call it
 // after the previous step's wait and before the fill (the records point into the area).

@@ -110,6 +110,13 @@ int cuda_forward_sample(cuda_forward *d, const sample_cfg *cfg, int n, sample_ou
     return cuda_sample_draw(&d->core, &d->smp, &d->arm, &d->tp, cfg, n, out, err);
 }
 
+int cuda_forward_sample_rows(cuda_forward *d, const sample_cfg *cfg, int B, sample_out *out, verr *err) {
+    if (d->tp.comm) return verr_set(err, "cuda_forward_sample_rows: not under tensor parallelism");
+    return cuda_sample_rows_draw(&d->core, &d->smp, cfg, B, out, err);
+}
+
+int cuda_forward_rows(const cuda_forward *d) { return d->core.rows; }
+
 int cuda_forward_arm_entropix(cuda_forward *d, const struct entropix_config_s *c, const double *u, int k,
                               int prev_token, int clarifier, verr *err) {
     return cuda_arm_entropix(&d->core, &d->arm, &d->tp, c, u, k, prev_token, clarifier, err);
@@ -368,7 +375,7 @@ int cuda_forward_run(cuda_forward *d, forward_state *fw, kv_view *kv, const int 
         int last = done + n == T;  // the attention hooks read the forward's last query
         rc = run_chunk(d, kv, ids + done, n, last ? cap : -1, last ? hk : hk & ~HK_ATTN, last, err);
     }
-    f->logits_stale = 0, f->logits_valid = 0, f->logits_overrun = 0;
+    f->logits_stale = 0, f->logits_valid = 0, f->logits_overrun = 0, f->batch_rows = 0;
     if (rc == 0) rc = cuda_arm_enqueue(f, &d->arm, d->tp.comm != NULL, cap, err);  // an armed step not drawn in its graph draws here
     d->arm.armed = 0;
     if (rc == 0)
@@ -428,15 +435,25 @@ static int check_batch(const cuda_core *f, const kv_view *views, const int *ids,
     return 0;
 }
 
-// Rows [0, B) of one pass (B <= f->rows): queue, fetch, advance the views.
+// The rows a captured step of B live rows launches: B up to one matvec tile, then the
+// row bucket (multiples of 16), so any batch replays one of at most 8 + rows / 16
+// graphs; the rows past B are padding (cuda_core_fill_pad).
+static int step_rows(const cuda_core *f, int B) {
+    int nb = B <= CUDA_MATVEC_ROWS ? B : cuda_row_bucket(B);
+    return nb < f->rows ? nb : f->rows;
+}
+
+// Rows [0, B) of one step (B <= f->rows): queue, fetch, advance the views.
 static int run_rows(cuda_forward *d, kv_view *views, const int *ids, int B, int cap, float *logits, float *stats,
                     verr *err) {
     cuda_core *f = &d->core;
     if (wait_params(d, err) || cuda_core_tables(f, views, B, err)) return -1;
     cuda_core_fill_decode(f, views, ids, B);
+    int nb = d->use_graph ? step_rows(f, B) : B;  // without graphs nothing is gained by padding
+    cuda_core_fill_pad(f, B, nb);
     f->par_pending = 1;
     cuda_persist_skip(d, "a batch of rows");
-    int rc = d->use_graph ? cuda_graph_decode(d, B, cap, 0, 0, err) : cuda_step_decode(d, B, cap, 0, err);
+    int rc = d->use_graph ? cuda_graph_decode(d, nb, cap, 0, 0, err) : cuda_step_decode(d, nb, cap, 0, err);
     if (rc == 0 && cap >= 0 && d->tp.comm) rc = cuda_step_tp_stats(d, B, err);
     if (rc || fetch(d, logits, B, cap, 0, err)) return -1;
     for (int b = 0; b < B; b++) {
@@ -458,7 +475,7 @@ int cuda_forward_batch(cuda_forward *d, forward_state *fw, kv_view *views, const
         saved[2 * b] = (views[b].tail ? views[b].tail : views[b].trunk)->len;
         saved[2 * b + 1] = views[b].n_trunk;
     }
-    fw->dev_stats = 0, f->logits_stale = 0, f->logits_valid = 0, f->logits_overrun = 0;
+    fw->dev_stats = 0, f->logits_stale = 0, f->logits_valid = 0, f->logits_overrun = 0, f->batch_rows = 0;
     d->arm.armed = d->arm.ready = 0;  // a batch is never armed
     size_t V = (size_t)f->m->cfg.vocab_size;
     int done = 0, n = 0, rc = 0;
@@ -473,8 +490,9 @@ int cuda_forward_batch(cuda_forward *d, forward_state *fw, kv_view *views, const
             views[b].n_trunk = saved[2 * b + 1];
         }
     } else {  // as forward_batch: fw->logits (and a requested capture) are the last row's
-        memmove(fw->logits, logits + (size_t)(B - 1) * V, V * sizeof(float));
-        f->sample_row = n - 1, f->logits_valid = 1;
+        if (logits) memmove(fw->logits, logits + (size_t)(B - 1) * V, V * sizeof(float));
+        f->sample_row = n - 1, f->logits_valid = 1, f->logits_stale = !logits;  // (no logits: they stay on the device)
+        f->batch_rows = B <= f->rows ? B : 0;
         if (cap >= 0) set_fw_stats(f, fw, n - 1);
         if (cap >= 0 && fw->copy_scores) {
             const model_config *c = &f->m->cfg;

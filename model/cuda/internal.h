@@ -66,7 +66,7 @@ struct cuda_forward {
     cuda_core core;            // context, weights, buffers, step block
     dev_weights own;           // uploaded here (arena NULL when borrowed: core.w is the sharer's)
     struct dev_lora_reg *own_lora;  // the LoRA registry of own (NULL when borrowed)
-    graph_slot graphs[CUDA_ROWS + 1];  // [B]: the decode step of B rows
+    graph_slot graphs[CUDA_ROWS + 1];  // [nb]: the decode step of nb rows (padded: forward.c, step_rows)
     graph_slot armed_graph;    // the one-row step with its draws (dev_arm), kept apart from
                                // graphs[1] so steps that alternate replay both
     graph_slot greedy_graph;   // the one-row step with an ARM_GREEDY draw (the lm_head's argmax)

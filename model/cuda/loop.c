@@ -92,7 +92,7 @@ int cuda_forward_loop_begin(cuda_forward *d, forward_state *fw, kv_view *kv, int
     L->on = 1;
     L->runs++;
     d->arm.armed = 0, d->arm.ready = 0;  // the loop draws itself
-    fw->dev_stats = 0, f->logits_stale = 0, f->logits_valid = 0, f->logits_overrun = 0;
+    fw->dev_stats = 0, f->logits_stale = 0, f->logits_valid = 0, f->logits_overrun = 0, f->batch_rows = 0;
     return 0;
 }
 

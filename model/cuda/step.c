@@ -7,7 +7,7 @@
 // wq/wk/wv and gate/up are concatenated at upload, so a decode step runs one matvec for
 // each pair; prefill runs cuBLAS on the row blocks of the same matrices.
 // A decode step is B rows (B sequences of one token each, B == 1 for plain decode): the
-// matvecs read each weight once for up to 8 rows, the attention takes every row's own
+// matvecs read each weight tile once per 8 rows (one launch for all), the attention takes every row's own
 // KV segments from its device record. Prefill chunks (T > 1 tokens of one sequence) take
 // the GEMM path. The hooks' captures and interventions, LoRA's deltas and tensor
 // parallelism's collectives join the launches here (hooks.h, lora.h, tp.h).

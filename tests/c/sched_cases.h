@@ -135,7 +135,9 @@ static void bind(gen_opts *g, outcome *o, int vocab) {
     g->on_token = on_token, g->ud = o, g->on_record = on_record, g->record_ud = o;
 }
 
-static int same_outcome(const outcome *a, const outcome *b, char *why, size_t len) {
+// logits 0: the records' logits are not compared (without need_logits a step's logits
+// reach the host only where they happen to: the first token's, after the prefill).
+static int same_outcome(const outcome *a, const outcome *b, int logits, char *why, size_t len) {
     if (a->rc != b->rc) return snprintf(why, len, "rc %d, want %d (%s)", a->rc, b->rc, a->why), 0;
     if (a->n != b->n || memcmp(a->tok, b->tok, sizeof(int) * (size_t)a->n))
         return snprintf(why, len, "%d tokens, want %d (or other ids)", a->n, b->n), 0;
@@ -146,7 +148,7 @@ static int same_outcome(const outcome *a, const outcome *b, char *why, size_t le
             memcmp(&x->sp, &y->sp, sizeof x->sp) || x->score != y->score)
             return snprintf(why, len, "record %d differs (pos %d/%d, entropy %.17g/%.17g)", i, x->pos, y->pos,
                             x->m.entropy, y->m.entropy), 0;
-        if (a->lhash[i] != b->lhash[i]) return snprintf(why, len, "record %d: other logits", i), 0;
+        if (logits && a->lhash[i] != b->lhash[i]) return snprintf(why, len, "record %d: other logits", i), 0;
     }
     const gen_stats *s = &a->st, *t = &b->st;
     if (s->n_gen != t->n_gen || s->n_prompt != t->n_prompt || s->hit_eos != t->hit_eos || s->hit_ctx != t->hit_ctx ||
@@ -173,20 +175,22 @@ typedef struct {
     int parallel, no_reuse;
     long pool_tokens;
     const char *name;
+    int subset;  // the device-draw jobs: no reuse counts, no logits in the records
 } setting;
 
-// Runs every job through a scheduler; checks each against the reference.
-static void run_setting(const char *tag, session *s, job *jobs, const outcome *ref, const setting *cfg) {
+// Runs jobs [0, n_jobs) through a scheduler; checks each against the reference. Returns
+// the rows the device drew.
+static long run_setting(const char *tag, session *s, job *jobs, const outcome *ref, const setting *cfg, int n_jobs) {
     verr err = { { 0 } };
     sched_opts so = { .parallel = cfg->parallel, .pool_tokens = cfg->pool_tokens, .no_reuse = cfg->no_reuse };
     sched *q;
     if (sched_open(&q, s, &so, &err)) {
         CHECK(0, NAME("%s %s: opens", tag, cfg->name), "%s", err.msg);
-        return;
+        return 0;
     }
     outcome got[N_SEQ];
     int ok = 1, most = 0, steps = 0;
-    for (int i = 0; i < n_seq && ok; i++) {
+    for (int i = 0; i < n_jobs && ok; i++) {
         bind(&jobs[i].g, &got[i], s->m.cfg.vocab_size);
         sched_seq r = { jobs[i].prompt, jobs[i].n_prompt, &jobs[i].g, NULL, 0, on_done, &got[i] };
         if (sched_submit(q, &r, &err)) ok = 0;
@@ -200,26 +204,26 @@ static void run_setting(const char *tag, session *s, job *jobs, const outcome *r
         steps++;
     }
     CHECK(ok && sched_pending(q) == 0, NAME("%s %s: ends", tag, cfg->name), "%s (%d steps)", err.msg, steps);
-    int want = cfg->parallel > 0 ? cfg->parallel : n_seq;
+    int want = cfg->parallel > 0 ? cfg->parallel : n_jobs;
     CHECK(most <= want, NAME("%s %s: at most %d rows", tag, cfg->name, want), "%d ran at once", most);
     sched_stats st;
     sched_get_stats(q, &st);
-    if (cfg->parallel == 0 && !cfg->pool_tokens && n_seq == N_SEQ)  // past the 8 rows of the multi-row matvec
+    if (cfg->parallel == 0 && !cfg->pool_tokens && n_jobs == N_SEQ)  // past the 8 rows of the multi-row matvec
         CHECK(st.widest > 8, NAME("%s %s: batches of more than 8 rows", tag, cfg->name), "widest %d", st.widest);
     int n_same = 0;
     char why[600] = "";
-    for (int i = 0; i < n_seq; i++) {
+    for (int i = 0; i < n_jobs; i++) {
         char w[512];
         if (got[i].done != 1) {
             if (!why[0]) snprintf(why, sizeof why, "sequence %d ended %d times", i, got[i].done);
-        } else if (!same_outcome(&got[i], &ref[i], w, sizeof w)) {
+        } else if (!same_outcome(&got[i], &ref[i], !cfg->subset, w, sizeof w)) {
             if (!why[0]) snprintf(why, sizeof why, "sequence %d: %s", i, w);
         } else n_same++;
     }
-    CHECK(n_same == n_seq, NAME("%s %s: generate()'s tokens, records and logits", tag, cfg->name), "%d of %d differ; %s",
-          n_seq - n_same, n_seq, why);
+    CHECK(n_same == n_jobs, NAME("%s %s: generate()'s tokens, records%s", tag, cfg->name, cfg->subset ? "" : " and logits"), "%d of %d differ; %s",
+          n_jobs - n_same, n_jobs, why);
     sched_get_stats(q, &st);
-    if (!cfg->no_reuse && st.block) {
+    if (!cfg->no_reuse && !cfg->subset && st.block) {
         // whole prompts: 10, 11 (6's), 12 (2's); whole chunks: 7..9 share 3 chunks of 6's
         long least = 50 + 50 + 8 + 3 * 3 * CHUNK;
         if (!cfg->pool_tokens)
@@ -235,6 +239,7 @@ static void run_setting(const char *tag, session *s, job *jobs, const outcome *r
               st.running, st.queued);
     }
     sched_close(q);
+    return st.device_draws;
 }
 
 // A sequence whose worst case is larger than the whole pool is refused at once.
@@ -286,6 +291,32 @@ static void test_interrupt(const char *tag, session *s, job *jobs) {
     sched_close(q);
 }
 
+// CUDA: the sequences whose draws the device can make (plain samplers on the raw logits,
+// nothing reading them on the host) draw there, row by row over each batch
+// (session_forward_batch_draw), and still give generate()'s tokens and records.
+static void test_device_draws(const char *tag, session *s, const job *all) {
+    static job jobs[N_SEQ];
+    static outcome ref[N_SEQ];
+    int n = 0;
+    verr err = { { 0 } };
+    for (int i = 0; i < n_seq; i++) {
+        const gen_opts *g = &all[i].g;
+        if (g->sampler == GEN_ENTROPIX || g->n_bias > 0 || sampler_penalties_active(&g->pen)) continue;
+        jobs[n] = all[i];
+        jobs[n].g.need_logits = 0;
+        bind(&jobs[n].g, &ref[n], s->m.cfg.vocab_size);
+        kv_cache_truncate(&s->kv, 0);
+        if (generate(s, jobs[n].prompt, jobs[n].n_prompt, &jobs[n].g, &ref[n].st, &err)) {
+            CHECK(0, NAME("%s device draws: reference", tag), "%s", err.msg);
+            return;
+        }
+        ref[n++].done = 1;
+    }
+    setting all_rows = { 0, 0, 0, "device draws", 1 };
+    long drawn = run_setting(tag, s, jobs, ref, &all_rows, n);
+    CHECK(drawn > 0, NAME("%s device draws: rows drawn on the device", tag), "%ld of the batches' rows", drawn);
+}
+
 static void test_model(const char *tag, const char *dir, const char *device, int first) {
     session s;
     verr err = { { 0 } };
@@ -324,8 +355,8 @@ static void test_model(const char *tag, const char *dir, const char *device, int
     printf("note: %s: %d sequences end on a stop id, %d at the context's end\n", tag, eos, ctx_end);
     // The tiny pool: about one worst case (job 13: 80 + 40 > 112 positions) and 3 blocks.
     setting settings[] = {
-        { 0, 0, 0, "all rows" }, { 1, 0, 0, "1 row" },        { 2, 0, 0, "2 rows" },
-        { 5, 1, 0, "5 rows, no reuse" }, { 0, 0, CTX + 48, "tiny pool" },
+        { 0, 0, 0, "all rows", 0 }, { 1, 0, 0, "1 row", 0 },        { 2, 0, 0, "2 rows", 0 },
+        { 5, 1, 0, "5 rows, no reuse", 0 }, { 0, 0, CTX + 48, "tiny pool", 0 },
     };
     for (size_t k = 0; k < sizeof settings / sizeof *settings; k++) {
         if (s.cu && (settings[k].no_reuse || settings[k].parallel == 2))
@@ -333,8 +364,9 @@ static void test_model(const char *tag, const char *dir, const char *device, int
         // The row settings do not depend on the architecture: the first model runs them
         // all, the others every row at once and the tiny pool (CI runs this under ASan too).
         if (!first && settings[k].parallel != 0) continue;
-        run_setting(tag, &s, jobs, ref, &settings[k]);
+        run_setting(tag, &s, jobs, ref, &settings[k], n_seq);
     }
+    if (s.cu) test_device_draws(tag, &s, jobs);
     test_refusals(tag, &s, jobs);
     test_interrupt(tag, &s, jobs);
     session_close(&s);

@@ -1,6 +1,6 @@
 // test_cuda_batch.c: the batched-decode CUDA ops (B sequences of one token each) against
 // their CPU twins, and each row against the B == 1 op on that row alone, bit for bit:
-// cuda_matvec_rows (planar-by-segment output), cuda_matvec_glu_rows, cuda_kv_store_rows and
+// cuda_matvec_rows (planar-by-segment output; B up to 19, passes of 8 in one launch), cuda_matvec_glu_rows, cuda_kv_store_rows and
 // cuda_attention_decode_rows. Same conventions as test_cuda_kernels.c: fixed-seed
 // random inputs, outputs poisoned with NaN first, |gpu - ref| <= tol + |ref| * eps.
 // Usage: test_cuda_batch    (SKIP without a device)
@@ -26,7 +26,7 @@ int main(void) {
 #include "cuda_harness.h"
 
 // ---- cuda_matvec_rows --------------------------------------------------------------------
-enum { MV_MAX_B = 11 };  // > 8: more than one pass over the weights
+enum { MV_MAX_B = 19 };  // > 16: three passes of 8 rows in one launch, the last one partial
 
 // Index of row r, column o in the planar layout: [B, s1] | [B, s2 - s1] | [B, n_out - s2].
 static size_t planar_at(int B, int n_out, int s1, int s2, int r, int o) {
@@ -37,7 +37,7 @@ static size_t planar_at(int B, int n_out, int s1, int s2, int r, int o) {
 
 // One weight: rows of every B against cpu_matmul and against cuda_matvec on the row alone.
 static void matvec_rows_case(wtype t, int n_in, int n_out, int s1, int s2) {
-    static const int Bs[] = {1, 2, 3, 5, 8, MV_MAX_B};
+    static const int Bs[] = {1, 2, 3, 5, 8, 11, MV_MAX_B};
     size_t nw = (size_t)n_out * n_in, nx = (size_t)MV_MAX_B * n_in, ny = (size_t)MV_MAX_B * n_out;
     void *raw = wmake(t, nw, 1.f / sqrtf((float)n_in));
     float *x = fvec(nx, 1.f), *ref = malloc(ny * 4), *single = malloc(ny * 4), *plain = malloc(ny * 4);
@@ -50,7 +50,7 @@ static void matvec_rows_case(wtype t, int n_in, int n_out, int s1, int s2) {
         OK(cuda_matvec(&C, dout, dx + (size_t)r * n_in, w, n_in, n_out));
         OK(cuda_download(&C, single + (size_t)r * n_out, dout, (size_t)n_out * 4));
     }
-    for (int bi = 0; bi < 6; bi++) {
+    for (int bi = 0; bi < 7; bi++) {
         int B = Bs[bi];
         OK(cuda_memset(&C, dout, 0xFF, ny * 4));
         OK(cuda_matvec_rows(&C, dout, dx, w, n_in, n_out, B, s1, s2));
@@ -247,7 +247,7 @@ static void test_fused_rows(void) {
 // against B == 1, and bit for bit against the two launches it replaces where those take
 // the four-rows-per-warp kernel (tall), or the fallback (n_in % 8 != 0).
 static void glu_rows_case(wtype t, int n_in, int hid, int exact, int norm) {
-    static const int Bs[] = {1, 2, 3, 5, 8, MV_MAX_B};
+    static const int Bs[] = {1, 2, 3, 5, 8, 11, MV_MAX_B};
     size_t nw = (size_t)2 * hid * n_in, nx = (size_t)MV_MAX_B * n_in, ny = (size_t)MV_MAX_B * hid;
     void *raw = wmake(t, nw, 1.f / sqrtf((float)n_in));
     float *x = fvec(nx, 1.f), *gu = malloc(2 * ny * 4), *ref = malloc(ny * 4), *single = malloc(ny * 4);
@@ -266,7 +266,7 @@ static void glu_rows_case(wtype t, int n_in, int hid, int exact, int norm) {
         OK(cuda_matvec_glu_rows(&C, dout, dtmp, dx + (size_t)r * n_in, w, n_in, hid, 1, pf));
         OK(cuda_download(&C, single + (size_t)r * hid, dout, (size_t)hid * 4));
     }
-    for (int bi = 0; bi < 6; bi++) {
+    for (int bi = 0; bi < 7; bi++) {
         int B = Bs[bi];
         char tag[128];
         snprintf(tag, sizeof tag, "%s B=%d n_in=%d hid=%d%s", wtype_name(t), B, n_in, hid, norm ? " norm" : "");

@@ -1,7 +1,7 @@
 // test_cuda_forward_batch.c: the CUDA batched decode (cuda_forward_batch, through
-// session_forward_batch: B sequences, one token each, one device pass per 8 rows) on
+// session_forward_batch: B sequences, one token each, one device step for up to 64 rows) on
 // random checkpoints of tools/gen_random_checkpoint.py's tiny presets. Per model, 11 rows
-// (two passes: 8 + 3): row 0 appends to the trunk, rows 1..10 to their own device tails
+// (a 16-row bucket with 5 padding rows under graphs): row 0 appends to the trunk, rows 1..10 to their own device tails
 // holding 0..3 tokens over a shared 12-token trunk. Checks:
 //   - each row's logits and entropix metrics equal a one-token session_forward +
 //     session_metrics on that row alone, bit for bit (the same kernels sum every row
@@ -10,7 +10,10 @@
 //     bf16 tolerance of test_cuda_forward, metrics within its bf16 bound;
 //   - lengths advance by one; a draw after the batch reads the last row's logits;
 //   - bad input (two rows on one tail, an id out of range, a host cache, a full tail)
-//     fails and leaves every length untouched.
+//     fails and leaves every length untouched;
+//   - every row bucket (llama3-tiny): 9 to 64 rows padded under graphs equal the eager
+//     batch, one capture per bucket, and the 64-row batch's rows at tile and bucket
+//     edges equal the row decoded alone.
 // Needs a GPU: prints "SKIP cuda_forward_batch: ..." without one.
 #include <math.h>
 #include <stdio.h>
@@ -268,6 +271,68 @@ static void test_model(const char *tag, const char *dir, double tol, int bf16) {
     side_close(&g), side_close(&c);
 }
 
+// Every row bucket: batches of 9 to 64 rows (padded to 16, 32, 48 and 64 rows under
+// graphs, forward.c's step_rows) equal the eager, unpadded batch of the same rows bit for
+// bit, with one capture per bucket; rows of the 64-row batch equal each row decoded alone.
+enum { WIDE = 64 };
+static void test_buckets(const char *tag, const char *dir) {
+    verr err = { 0 };
+    session s;
+    session_opts o = { .model_dir = dir, .ctx = CTX, .max_batch = WIDE, .device = "cuda" };
+    if (session_open(&s, &o, &err)) {
+        CHECK(0, NAME("%s buckets: session opens", tag), "%s", err.msg);
+        return;
+    }
+    s.fw.attn_layer = s.m.cfg.n_layers - 1;  // the padding rows' captures too
+    size_t V = (size_t)s.m.cfg.vocab_size;
+    kv_cache *tails = calloc(WIDE, sizeof *tails);
+    kv_view *views = calloc(WIDE, sizeof *views);
+    float *graph = malloc(sizeof(float) * WIDE * V), *eager = malloc(sizeof(float) * WIDE * V);
+    int prompt[P_LEN], ids[WIDE], rc = !tails || !views || !graph || !eager;
+    for (int t = 0; t < P_LEN; t++) prompt[t] = (31 * t + 5) % (int)V;
+    kv_view trunk = kv_view_of(&s.kv);
+    if (rc == 0) rc = session_forward(&s, &trunk, prompt, P_LEN, &err);
+    for (int r = 0; rc == 0 && r < WIDE; r++) {
+        rc = kv_cache_init_like(&tails[r], &s.kv, 4, &err);
+        views[r] = (kv_view){ &s.kv, P_LEN, &tails[r] };
+        ids[r] = (13 * r + 7) % (int)V;
+    }
+    CHECK(rc == 0, NAME("%s buckets: %d rows set up", tag, WIDE), "%s", err.msg);
+    static const int widths[] = { 9, 16, 17, 33, WIDE };
+    cuda_step_counts c0, c1;
+    cuda_forward_counts(s.cu, &c0);
+    int same = 1, worst = 0;
+    for (int i = 0; rc == 0 && i < 5; i++) {
+        int w = widths[i];
+        rc = session_forward_batch(&s, views, ids, w, graph, NULL, NULL, NULL, &err);
+        for (int r = 0; r < w; r++) kv_cache_truncate(&tails[r], 0);
+        cuda_forward_set_graphs(s.cu, 0);
+        if (rc == 0) rc = session_forward_batch(&s, views, ids, w, eager, NULL, NULL, NULL, &err);
+        cuda_forward_set_graphs(s.cu, 1);
+        if (i + 1 < 5)
+            for (int r = 0; r < w; r++) kv_cache_truncate(&tails[r], 0);
+        if (rc == 0 && memcmp(graph, eager, sizeof(float) * w * V) != 0) same = 0, worst = w;
+    }
+    cuda_forward_counts(s.cu, &c1);
+    CHECK(rc == 0 && same, NAME("%s buckets: 9, 16, 17, 33, 64 rows padded equal the unpadded batch", tag),
+          "rc %d, %d rows differ: %s", rc, worst, err.msg);
+    CHECK(c1.captures - c0.captures == 4, NAME("%s buckets: one graph per bucket (16, 32, 48, 64)", tag),
+          "%ld captures", c1.captures - c0.captures);
+    int alone = 1, bad = -1;
+    static const int probe[] = { 0, 8, 15, 16, 31, 33, 47, 48, 63 };  // tile and bucket edges
+    for (int i = 0; rc == 0 && i < 9; i++) {
+        int r = probe[i];
+        kv_cache_truncate(&tails[r], 0);
+        rc = session_forward(&s, &views[r], &ids[r], 1, &err);
+        if (rc == 0 && memcmp(s.fw.logits, graph + r * V, V * sizeof(float)) != 0) alone = 0, bad = r;
+    }
+    CHECK(rc == 0 && alone, NAME("%s buckets: rows at the tile and bucket edges of 64 equal each row decoded alone", tag), "rc %d, row %d: %s",
+          rc, bad, err.msg);
+    for (int r = 0; tails && r < WIDE; r++) kv_cache_free(&tails[r]);
+    free(tails), free(views), free(graph), free(eager);
+    session_close(&s);
+}
+
 int main(void) {
     if (cuda_device_count() == 0) {
         SKIP("cuda_forward_batch", "no CUDA device");
@@ -288,6 +353,7 @@ int main(void) {
                 continue;
             }
             test_model(tag, dir, f32 ? 2e-2 : 1e-2, !f32);  // f32 matrices are rounded to bf16 on the GPU
+            if (p == 0 && !f32) test_buckets(tag, dir);
         }
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);

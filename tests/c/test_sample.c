@@ -199,6 +199,55 @@ static int device_row(cuda_ctx *C, const float *x, int n, const char *label, int
     return 0;
 }
 
+// cuda_sample_rows: one draw from each row of a batch (the scheduler's device draws),
+// rows of every kind with a stride past n, each configuration its own, against the twin
+// on that row alone. The scratch is poisoned first, as above.
+static int device_rows(cuda_ctx *C, int n) {
+    enum { PER_KIND = 3, ROWS = DEV_ROW_KINDS * PER_KIND };
+    size_t ld = (size_t)n + 5;
+    float *x = malloc(sizeof(float) * ld * ROWS);
+    sample_cfg cfg[ROWS];
+    sample_out want[ROWS], got[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        make_row(x + r * ld, n, r % DEV_ROW_KINDS);
+        for (size_t j = n; j < ld; j++) x[r * ld + j] = 1e30f;  // past the row: would win every draw if read
+        cfg[r] = to_cfg(dev_cfg((r * 7) % N_DEV_CFG), urand());
+        cpu_sample(&want[r], x + r * ld, n, &cfg[r], 1);
+    }
+    float *dx;
+    sample_cfg *dc;
+    sample_out *dout;
+    verr e;
+    if (cuda_malloc((void **)&dx, sizeof(float) * ld * ROWS, "logits", &e) ||
+        cuda_malloc((void **)&dc, sizeof cfg, "cfg", &e) || cuda_malloc((void **)&dout, sizeof got, "out", &e)) {
+        CHECK(0, "cuda_sample_rows alloc", "%s", e.msg);
+        return -1;
+    }
+    if (cuda_upload(C, dx, x, sizeof(float) * ld * ROWS) || cuda_upload(C, dc, cfg, sizeof cfg) ||
+        cuda_reserve_sample(C, n, ROWS) || cuda_memset(C, C->sample_buf, 0xFF, C->sample_bytes) ||
+        cuda_memset(C, dout, 0xFF, sizeof got) || cuda_sample_rows(C, dout, dx, ld, n, dc, ROWS) ||
+        cuda_download(C, got, dout, sizeof got))
+        return dev_fail(C, "cuda_sample_rows run");
+    int bad = 0, first = -1;
+    for (int r = 0; r < ROWS; r++) {
+        int ok = got[r].token == want[r].token && got[r].n_kept == want[r].n_kept && got[r].logit == want[r].logit &&
+                 fabs(got[r].entropy - want[r].entropy) <= 1e-9 + 1e-9 * want[r].entropy;
+        if (!ok && !bad++) first = r;
+    }
+    char name[96];
+    snprintf(name, sizeof name, "cuda_sample_rows n=%d, %d rows of every kind, one draw each", n, ROWS);
+    if (first >= 0)
+        CHECK(0, name, "%d mismatches; first row %d (%s): gpu %d/%d twin %d/%d", bad, first,
+              row_name[first % DEV_ROW_KINDS], got[first].token, got[first].n_kept, want[first].token,
+              want[first].n_kept);
+    else CHECK(1, name, "%s", "");
+    CHECK(cuda_sample_rows(C, dout, dx, 0, n, dc, ROWS) != 0 && strstr(C->err.msg, "stride"),
+          "cuda_sample_rows: a row stride of 0 is refused", "%s", C->err.msg);
+    cuda_free(dx), cuda_free(dc), cuda_free(dout);
+    free(x);
+    return 0;
+}
+
 // One timed configuration: the median of 31 launches of cuda_sample over logits x[n].
 static double bench_one(cuda_ctx *C, const float *x, int n, const sample_cfg *cfg, int n_cfg) {
     float *dx;
@@ -351,6 +400,7 @@ static void test_device(int bench) {
         }
         free(x);
     }
+    for (int i = 0; i < (emu ? 2 : 3); i++) device_rows(&C, (int[]){ 513, 20011, 128256 }[i]);
     device_entropix(&C);
     if (bench) bench_device(&C);
     cuda_destroy(&C);

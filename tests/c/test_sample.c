@@ -159,6 +159,18 @@ static int dev_fail(cuda_ctx *C, const char *what) {
     return -1;
 }
 
+// Draws that differ from the twin's (token, kept count and logit exactly, entropy within
+// 1e-9); *first: the first of them.
+static int count_mismatches(const sample_out *got, const sample_out *want, int n, int *first) {
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        int ok = got[i].token == want[i].token && got[i].n_kept == want[i].n_kept && got[i].logit == want[i].logit &&
+                 fabs(got[i].entropy - want[i].entropy) <= 1e-9 + 1e-9 * want[i].entropy;
+        if (!ok && !bad++) *first = i;
+    }
+    return bad;
+}
+
 // All configurations x draws of one row in one launch, against the twin. The sampler's
 // scratch (histograms, buckets) is poisoned first: every launch must clear what it sums.
 // draws: configurations per draw of the table (16 on a GPU, fewer on the emulated one)
@@ -183,12 +195,7 @@ static int device_row(cuda_ctx *C, const float *x, int n, const char *label, int
         cuda_memset(C, dout, 0xFF, sizeof got) || cuda_sample(C, dout, dx, n, dc, nc) ||
         cuda_download(C, got, dout, sizeof got))
         return dev_fail(C, "cuda_sample run");
-    int bad = 0, first = -1;
-    for (int i = 0; i < nc; i++) {
-        int ok = got[i].token == want[i].token && got[i].n_kept == want[i].n_kept && got[i].logit == want[i].logit &&
-                 fabs(got[i].entropy - want[i].entropy) <= 1e-9 + 1e-9 * want[i].entropy;
-        if (!ok && !bad++) first = i;
-    }
+    int first = -1, bad = count_mismatches(got, want, nc, &first);
     char name[96];
     snprintf(name, sizeof name, "cuda_sample %s n=%d (%d configs, one launch)", label, n, nc);
     if (first >= 0)
@@ -228,12 +235,7 @@ static int device_rows(cuda_ctx *C, int n) {
         cuda_memset(C, dout, 0xFF, sizeof got) || cuda_sample_rows(C, dout, dx, ld, n, dc, ROWS) ||
         cuda_download(C, got, dout, sizeof got))
         return dev_fail(C, "cuda_sample_rows run");
-    int bad = 0, first = -1;
-    for (int r = 0; r < ROWS; r++) {
-        int ok = got[r].token == want[r].token && got[r].n_kept == want[r].n_kept && got[r].logit == want[r].logit &&
-                 fabs(got[r].entropy - want[r].entropy) <= 1e-9 + 1e-9 * want[r].entropy;
-        if (!ok && !bad++) first = r;
-    }
+    int first = -1, bad = count_mismatches(got, want, ROWS, &first);
     char name[96];
     snprintf(name, sizeof name, "cuda_sample_rows n=%d, %d rows of every kind, one draw each", n, ROWS);
     if (first >= 0)

@@ -45,7 +45,9 @@ static int on_record(void *ud, const gen_record *rec) {
     batch_job *c = ud;
     batch_result *r = c->r;
     // ln p from the step's own log-partition (its metrics are always computed here)
-    c->logp = rec->logits ? (double)rec->logits[rec->token] - rec->m.log_z : NAN;
+    c->logp = rec->logits     ? (double)rec->logits[rec->token] - rec->m.log_z
+              : rec->has_logit ? (double)rec->logit - rec->m.log_z
+                               : NAN;
     const token_metrics *m = &rec->m;
     double v[M_COUNT] = { m->entropy, m->varentropy, m->attn_entropy, m->attn_varentropy, m->agreement,
                           m->interaction_strength };

@@ -201,6 +201,7 @@ void gen_ctx_step_drawn(gen_ctx *c, const sample_out *d, gen_record *one, int *o
     }
     one->sp = gen_std_params(c->o);
     one->token = *one_tok = d->token;
+    one->has_logit = 1, one->logit = d->logit;  // the row's raw logit, as logits[token] would be
 }
 
 static void count(gen_stats *st, const gen_ctx *c, const gen_record *r) {

@@ -23,6 +23,8 @@ typedef struct {
     const float *logits;      // [vocab] the raw logits it was drawn from, host memory, valid
                               // during on_record; NULL when they stayed on the device (CUDA
                               // without need_logits) or for a branch's tokens
+    int has_logit;            // logit holds the token's raw logit though logits is NULL (a
+    float logit;              // draw the device made from a batch row: the scheduler)
 } gen_record;
 
 typedef struct {

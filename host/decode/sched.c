@@ -388,9 +388,11 @@ static void decode_rows(sched *q, int B) {
     }
 }
 
-// Every decoding sequence's pending token, one batch per adapter set.
+// Every decoding sequence's pending token, one batch per adapter set and device step
+// (CUDA: at most session_step_rows rows, so each batch is one step whose draws the
+// device can make).
 static void decode(sched *q) {
-    int n = 0;
+    int n = 0, cap = session_step_rows(q->s);
     seq *todo[q->n_run > 0 ? q->n_run : 1];
     for (int i = 0; i < q->n_run; i++)
         if (q->run[i]->state == SEQ_DECODE && q->run[i]->pending >= 0) todo[n++] = q->run[i];
@@ -398,7 +400,7 @@ static void decode(sched *q) {
         int B = 0, k = 0;
         for (int i = 0; i < n; i++) {
             seq *x = todo[i];
-            if (!same_lora(q, todo[0], x)) {
+            if (!same_lora(q, todo[0], x) || (cap > 0 && B == cap)) {
                 todo[k++] = x;
                 continue;
             }

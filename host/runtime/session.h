@@ -170,6 +170,9 @@ void batch_ws_free(batch_ws *w);
 // host/runtime/session_batch.c.
 int session_forward_batch(session *s, kv_view *views, const int *ids, int B, float *logits, token_metrics *m,
                           metrics_ws *ws, batch_ws *bw, verr *err);
+// CUDA: the most rows one device step of session_forward_batch takes (more run as
+// several steps); 0 where a batch has no such limit (the CPU).
+int session_step_rows(const session *s);
 // CUDA: the rows whose draws session_forward_batch_draw can make on the device (one
 // device step of B rows, no tensor parallelism); 0 elsewhere.
 int session_batch_draws(const session *s, int B);

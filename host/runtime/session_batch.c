@@ -100,6 +100,8 @@ static int forward_batch_rows(session *s, kv_view *views, const int *ids, int B,
     return 0;
 }
 
+int session_step_rows(const session *s) { return s->cu && !s->tpl ? cuda_forward_rows(s->cu) : 0; }
+
 int session_batch_draws(const session *s, int B) {
     return s->cu && !s->tpl && !s->fw.comm && B >= 1 && B <= cuda_forward_rows(s->cu);
 }

@@ -103,7 +103,8 @@ static int forward_batch_rows(session *s, kv_view *views, const int *ids, int B,
 int session_step_rows(const session *s) { return s->cu && !s->tpl ? cuda_forward_rows(s->cu) : 0; }
 
 int session_batch_draws(const session *s, int B) {
-    return s->cu && !s->tpl && !s->fw.comm && B >= 1 && B <= cuda_forward_rows(s->cu);
+    int rows = session_step_rows(s);
+    return rows > 0 && !s->fw.comm && B >= 1 && B <= rows;
 }
 
 int session_forward_batch_draw(session *s, kv_view *views, const int *ids, int B, const sample_cfg *cfg,

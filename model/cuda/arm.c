@@ -204,22 +204,18 @@ static int sample_buffers(dev_sampler *s, int n, verr *err) {
     return 0;
 }
 
-int cuda_sample_draw(cuda_core *f, dev_sampler *s, dev_arm *a, dev_tp *t, const sample_cfg *cfg, int n,
-                     sample_out *out, verr *err) {
-    if (n <= 0) return 0;
-    OP(cuda_activate(&f->ctx));
+// n draws through s's pinned staging: the configurations up, the launch (cfg c from
+// row c of logits when ld > 0, else every cfg from the one row), the results back, one
+// wait for all three.
+static int draw_staged(cuda_core *f, dev_sampler *s, dev_tp *t, const sample_cfg *cfg, int n, const float *logits,
+                       size_t ld, sample_out *out, verr *err) {
     if (n > s->cap && sample_buffers(s, n, err)) return -1;
-    if (!f->logits_valid)
-        return verr_set(err, f->logits_overrun ? "no logits to sample: the device decode loop ran past its stop "
-                                                 "(use --lookahead 0 to keep them)"
-                                               : "no logits to sample: the last forward pass failed");
-    if (arm_take(a, cfg, n, out)) return check_draws(f, out, n, err);
-    const float *row = f->logits + (size_t)f->sample_row * f->m->cfg.vocab_size;
-    // Pinned staging: both copies are queued with the launch and one wait covers all three.
+    int V = f->m->cfg.vocab_size;
     cudaStream_t st = f->ctx.stream;
     memcpy(s->h_cfg, cfg, sizeof *cfg * (size_t)n);
     CK(cudaMemcpyAsync(s->d_cfg, s->h_cfg, sizeof *cfg * (size_t)n, cudaMemcpyHostToDevice, st));
-    OP(cuda_sample(&f->ctx, s->d_out, row, f->m->cfg.vocab_size, s->d_cfg, n));
+    if (ld) OP(cuda_sample_rows(&f->ctx, s->d_out, logits, ld, V, s->d_cfg, n));
+    else OP(cuda_sample(&f->ctx, s->d_out, logits, V, s->d_cfg, n));
     CK(cudaMemcpyAsync(s->h_out, s->d_out, sizeof *out * (size_t)n, cudaMemcpyDeviceToHost, st));
     f->ctx.n_syncs++;
     if (cuda_tp_wait(f, t, err)) return -1;
@@ -228,24 +224,27 @@ int cuda_sample_draw(cuda_core *f, dev_sampler *s, dev_arm *a, dev_tp *t, const 
     return check_draws(f, out, n, err);
 }
 
-int cuda_sample_rows_draw(cuda_core *f, dev_sampler *s, const sample_cfg *cfg, int B, sample_out *out, verr *err) {
+int cuda_sample_draw(cuda_core *f, dev_sampler *s, dev_arm *a, dev_tp *t, const sample_cfg *cfg, int n,
+                     sample_out *out, verr *err) {
+    if (n <= 0) return 0;
+    OP(cuda_activate(&f->ctx));
+    if (!f->logits_valid)
+        return verr_set(err, f->logits_overrun ? "no logits to sample: the device decode loop ran past its stop "
+                                                 "(use --lookahead 0 to keep them)"
+                                               : "no logits to sample: the last forward pass failed");
+    if (arm_take(a, cfg, n, out)) return check_draws(f, out, n, err);
+    const float *row = f->logits + (size_t)f->sample_row * f->m->cfg.vocab_size;
+    return draw_staged(f, s, t, cfg, n, row, 0, out, err);
+}
+
+int cuda_sample_rows_draw(cuda_core *f, dev_sampler *s, dev_tp *t, const sample_cfg *cfg, int B, sample_out *out,
+                          verr *err) {
     if (B <= 0) return 0;
     OP(cuda_activate(&f->ctx));
     if (!f->logits_valid || f->batch_rows != B)
         return verr_set(err, "cuda_forward_sample_rows: the last forward was not one step of %d rows (%d rows of "
                              "logits on the device)", B, f->logits_valid ? f->batch_rows : 0);
-    if (B > s->cap && sample_buffers(s, B, err)) return -1;
-    size_t V = (size_t)f->m->cfg.vocab_size;
-    cudaStream_t st = f->ctx.stream;
-    memcpy(s->h_cfg, cfg, sizeof *cfg * (size_t)B);
-    CK(cudaMemcpyAsync(s->d_cfg, s->h_cfg, sizeof *cfg * (size_t)B, cudaMemcpyHostToDevice, st));
-    OP(cuda_sample_rows(&f->ctx, s->d_out, f->logits, V, (int)V, s->d_cfg, B));
-    CK(cudaMemcpyAsync(s->h_out, s->d_out, sizeof *out * (size_t)B, cudaMemcpyDeviceToHost, st));
-    f->ctx.n_syncs++;
-    CK(cudaStreamSynchronize(st));
-    f->par_pending = 0;
-    memcpy(out, s->h_out, sizeof *out * (size_t)B);
-    return check_draws(f, out, B, err);
+    return draw_staged(f, s, t, cfg, B, f->logits, (size_t)f->m->cfg.vocab_size, out, err);
 }
 
 #else

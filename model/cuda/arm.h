@@ -87,7 +87,8 @@ int cuda_sample_draw(cuda_core *f, dev_sampler *s, dev_arm *a, dev_tp *t, const 
                      sample_out *out, verr *err);
 // One draw from each of the last batch's B rows (all its rows, one step): row b with
 // cfg[b] into out[b], on the device, only the draws crossing the bus.
-int cuda_sample_rows_draw(cuda_core *f, dev_sampler *s, const sample_cfg *cfg, int B, sample_out *out, verr *err);
+int cuda_sample_rows_draw(cuda_core *f, dev_sampler *s, dev_tp *t, const sample_cfg *cfg, int B, sample_out *out,
+                          verr *err);
 void cuda_sampler_free(dev_sampler *s);
 
 #endif

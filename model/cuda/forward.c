@@ -112,7 +112,7 @@ int cuda_forward_sample(cuda_forward *d, const sample_cfg *cfg, int n, sample_ou
 
 int cuda_forward_sample_rows(cuda_forward *d, const sample_cfg *cfg, int B, sample_out *out, verr *err) {
     if (d->tp.comm) return verr_set(err, "cuda_forward_sample_rows: not under tensor parallelism");
-    return cuda_sample_rows_draw(&d->core, &d->smp, cfg, B, out, err);
+    return cuda_sample_rows_draw(&d->core, &d->smp, &d->tp, cfg, B, out, err);
 }
 
 int cuda_forward_rows(const cuda_forward *d) { return d->core.rows; }

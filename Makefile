@@ -271,7 +271,7 @@ ASAN_SAN   := -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-rec
 ASAN_DEV_SAN := -fno-omit-frame-pointer
 test-asan: deps test-deps
 	ASAN_OPTIONS=abort_on_error=1:detect_leaks=1 LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp):print_suppressions=0 \
-	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 EMU_SCHEDULES=forward \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 EMU_SCHEDULES=forward EMU_WHOLE_MODEL_ONLY=1 \
 	$(MAKE) CUDA=0 BUILD=$(ASAN_BUILD) BIN=$(ASAN_BUILD)/varent OPT=-O1 SAN="$(ASAN_SAN)" EMU_DEV_SAN="$(ASAN_DEV_SAN)" test
 
 # libFuzzer targets (tests/fuzz/): `make fuzz FUZZ_SECONDS=N` runs each for N seconds,

@@ -8,6 +8,9 @@
 # programs under the first only (EMU_FIRST_ONLY); none may skip.
 # EMU_SCHEDULES overrides the list (make test-asan runs forward only: memory errors do
 # not depend on the order, and the sanitizers make each run several times slower).
+# EMU_WHOLE_MODEL_ONLY=1 (make test-asan) runs only the whole-model programs on the
+# emulated device: the kernel harnesses' kernels and the emulator are built without
+# sanitizers there, so ASan would watch only the harness, at CI's cost.
 # Usage: tests/run.sh [--emu-only] [filter]   (only programs whose name contains filter)
 set -u
 cd "$(dirname "$0")/.."
@@ -51,9 +54,13 @@ run_emu() {  # name, schedule, program: a skip on the emulated device is a failu
 # The whole-model programs run the kernels the kernel programs test under every schedule,
 # so they take the first schedule only (the random one cost CI about 4 minutes).
 EMU_FIRST_ONLY=" test_cuda_forward test_cuda_forward_batch test_cuda_sched test_cuda_lora test_cuda_hooks test_cuda_loop "
+# The persistent kernel's grid-wide steps are tested only in test_cuda_persist: both
+# schedules, and it counts as a whole-model program for EMU_WHOLE_MODEL_ONLY.
+EMU_WHOLE_MODEL="$EMU_FIRST_ONLY test_cuda_persist "
 for t in "$EMU_BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     n=$(basename "$t"); [[ -z "$filter" || "$n" == *"$filter"* ]] || continue
+    [[ "${EMU_WHOLE_MODEL_ONLY:-0}" = 1 && "$EMU_WHOLE_MODEL" != *" $n "* ]] && continue
     scheds=${EMU_SCHEDULES:-forward random:${EMU_SEED:-1}}
     [[ "$EMU_FIRST_ONLY" == *" $n "* ]] && scheds=${scheds%% *}
     for sched in $scheds; do

@@ -3,10 +3,10 @@
 // round trip each). Per model (llama3-tiny and qwen3-tiny in bf16, stories260K), three sessions on
 // one set of weights: the per-token loop (--lookahead 0), the device loop on the graph
 // path and on the persistent kernel (--lookahead 8):
-//   - 64 greedy and 64 sampled tokens (metrics on): tokens, records (position, metrics,
+//   - 32 greedy and 32 sampled tokens (metrics on): tokens, records (position, metrics,
 //     quadrant, parameters) and statistics equal bit for bit, and the cache as long;
-//   - host syncs over the 64-token run are pinned: the prompt's wait, then one wait per
-//     4 tokens (half the look-ahead) for the 63 loop tokens: 1 + 16 = 17;
+//   - host syncs over the 32-token run are pinned: the prompt's wait, then one wait per
+//     4 tokens (half the look-ahead) for the 31 loop tokens: 1 + 8 = 9 (SYNCS);
 //   - on llama3-tiny also: a stop id and a stop callback (what a stop
 //     string does) inside the look-ahead: the same output and cache length, steps past
 //     the stop discarded, and a following turn in the same session gives the per-token
@@ -43,7 +43,8 @@ int main(void) {
 }
 #else
 
-#define STEPS 64
+#define STEPS 32  // 8 look-ahead windows (depth 8, a wait per 4); 64 cost CI twice the time
+#define SYNCS (1 + (STEPS - 1 + 3) / 4)
 #define MAXT 160
 
 // What one generate() run gave.
@@ -165,7 +166,7 @@ static int first_new(const outcome *o, int *at) {
     return -1;
 }
 
-// full 0: the 64 greedy and 64 sampled tokens only.
+// full 0: the STEPS greedy and sampled tokens only.
 static void run_model(const char *dir, const char *mname, int full) {
     trio t;
     verr err = { { 0 } };
@@ -180,18 +181,19 @@ static void run_model(const char *dir, const char *mname, int full) {
     int prompt[6] = { 1, 403, 407, 261, 378, 22 }, prompt2[3] = { 13, 287, 99 };
     gen_opts g = { .max_new = STEPS, .sp = { 0, 0, 1, 0 }, .seed = 5, .ex = &ex, .want_metrics = 1, .ignore_eos = 1 };
     three(&t, 1, prompt, 6, &g, 0, out);
-    check_same(mname, "64 greedy tokens", out);
+    check_same(mname, "the greedy tokens", out);
     for (int i = 1; i < 3; i++)
-        CHECK(out[i].syncs == 17 && out[i].st.loop_steps == STEPS - 1 && out[i].st.loop_discarded == 0,
-              NAME("cuda_loop %s: %s, 64 greedy tokens in 17 host syncs (the prompt's, then 1 per 4 tokens)", mname,
-                   KIND[i]),
+        CHECK(out[i].syncs == SYNCS && out[i].st.loop_steps == STEPS - 1 && out[i].st.loop_discarded == 0,
+              NAME("cuda_loop %s: %s, %d greedy tokens in %d host syncs (the prompt's, then 1 per 4 tokens)", mname,
+                   KIND[i], STEPS, SYNCS),
               "%ld syncs (per-token loop: %ld), %d steps, %d discarded", out[i].syncs, out[0].syncs,
               out[i].st.loop_steps, out[i].st.loop_discarded);
     gen_opts sm = g;
     sm.sp = (sampler_params){ 0.9f, 40, 0.95f, 0.02f };
     three(&t, 1, prompt, 6, &sm, 0, out);
-    check_same(mname, "64 sampled tokens", out);
-    CHECK(out[1].syncs == 17, NAME("cuda_loop %s: 64 sampled tokens in 17 host syncs", mname), "%ld", out[1].syncs);
+    check_same(mname, "the sampled tokens", out);
+    CHECK(out[1].syncs == SYNCS, NAME("cuda_loop %s: %d sampled tokens in %d host syncs", mname, STEPS, SYNCS), "%ld",
+          out[1].syncs);
     int at = -1, stop = first_new(&out[0], &at);
     if (!full) {
         trio_close(&t);
@@ -299,7 +301,7 @@ int main(int argc, char **argv) {
     snprintf(work, sizeof work, "%s/cuda_loop", env_or("TESTTMP", "tests/tmp"));
     mkdir(work, 0755);
     // The loop's bookkeeping does not depend on the architecture: llama3-tiny takes every
-    // check, qwen3-tiny (q/k norms) and stories260K (llama2.c) the 64 greedy and sampled
+    // check, qwen3-tiny (q/k norms) and stories260K (llama2.c) the 32 greedy and sampled
     // tokens; qwen2-tiny's forward is test_cuda_forward's and test_cuda_persist's (the
     // emulated CI time is the limit here).
     static const char *const presets[] = { "llama3-tiny", "qwen3-tiny" };

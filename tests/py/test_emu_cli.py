@@ -96,8 +96,8 @@ def test_stories(model):
 
 def agents_log(binary, model, tmp, name, devices):
     log = os.path.join(tmp, name + ".jsonl")
-    r = run(binary, "agents", "-m", model, "-p", "Once upon a time", "-n", "12", "--seed", "5", "--devices", devices,
-            "--check-every", "4", "--log", log, "--force")
+    r = run(binary, "agents", "-m", model, "-p", "Once upon a time", "-n", "8", "--seed", "5", "--devices", devices,
+            "--check-every", "4", "--rollback", "2", "--log", log, "--force")
     if r.returncode != 0:
         return None, r.stderr.strip()[-300:]
     return [json.loads(x) for x in open(log)], ""
@@ -281,8 +281,15 @@ def test_armed_draws(model):
     bit: the same text with arming on and off (VARENT_CUDA_ARM=0), and most draws armed
     (the per-token loop: --lookahead 0); and the device decode loop's text is the same."""
     import subprocess
-    for name, flags in (("temp1", ["--temp", "1.0"]), ("temp07_top_p09", ["--temp", "0.7", "--top-p", "0.9"]),
-                        ("entropix", ["--sampler", "entropix"])):
+    sets = (("temp1", ["--temp", "1.0"]), ("temp07_top_p09", ["--temp", "0.7", "--top-p", "0.9"]),
+            ("entropix", ["--sampler", "entropix"]))
+    if os.environ.get("ASAN_OPTIONS"):
+        # make test-asan: one sampler takes the armed, unarmed and device-loop paths; make
+        # test runs the other two (about 30 s of CI's emulated time each under ASan)
+        for name, _ in sets[:1] + sets[2:]:
+            skip(f"emu_armed_draws_equal_unarmed_{name}", "under ASan (make test runs it)")
+        sets = sets[1:2]
+    for name, flags in sets:
         out = {}
         for arm in ("1", "0", "loop"):
             e = dict(os.environ, VARENT_CUDA_ARM="1" if arm == "loop" else arm)

@@ -118,7 +118,7 @@ def text(cmd):
 
 
 def test_greedy(model, mpi):
-    base = ["run", "-m", model, "--temp", "0", "-n", 64, "-p", "Once upon a time"]
+    base = ["run", "-m", model, "--temp", "0", "-n", 32, "-p", "Once upon a time"]
     one, why = text([EMU, *base, "--device", "cuda"])
     loc, why2 = text([EMU, *base, "--devices", "0,1", "--tp", 2])
     check(one is not None and loc == one, "emu_tp_greedy_stories260K_devices_0_1", why or why2 or f"{loc[:80]!r}")
@@ -170,7 +170,7 @@ def test_metrics(model, tmp, mpi):
 
 
 def test_branches(model, tmp):
-    base = ["run", "-m", model, "-p", "Once upon a time", "-n", 40, "--seed", 5, "--sampler", "entropix", "--branch",
+    base = ["run", "-m", model, "-p", "Once upon a time", "-n", 24, "--seed", 5, "--sampler", "entropix", "--branch",
             "3:8", "--set", "order=LEHV", "--set", "LEHV.entropy.max=inf", "--set", "LEHV.varentropy.min=-1"]
     t1, m1, why = metrics([EMU, *base, "--device", "cuda"], os.path.join(tmp, "b1.jsonl"))
     t2, m2, why2 = metrics([EMU, *base, "--devices", "0,1", "--tp", 2], os.path.join(tmp, "b2.jsonl"))

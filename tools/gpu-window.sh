@@ -23,6 +23,11 @@
 #             the graph bench at a tiny shape, to run its code
 #   llamacpp  llama.cpp's llama-bench (CUDA build carried in the bundle) pp512/tg128 on
 #             the same shapes, beside varent bench
+#   streams   issue 35's GPU row: STREAMS_MODEL (llama-3.2-1b) decoding STREAMS (32)
+#             prompts together on the scheduler (varent run --prompts --parallel 32,
+#             greedy, so every row is drawn on the device) against the same prompts one
+#             by one (--parallel 1), interleaved: aggregate tok/s and the ratio (the
+#             goal: 15x), with the scheduler's batch widths and device draws
 #   big       Llama-3.1-8B shapes, if time is left
 # A GPU machine runs the bundle of tools/gpu-bundle.sh (.gpu/bundle.tar.xz: the current
 # build, the baseline build, the tracer and libcupti, llama.cpp when it fit). --emulated
@@ -38,7 +43,9 @@
 #      test programs; not VARENT, which make test sets to its own build), BASE_VARENT (the
 #      baseline binary; default the bundle's), GUARD_TESTS (the guard's programs), WEIGHTS (/tmp/weights), PYTHON,
 #      PLANT_HANG=STAGE (the stage sleeps first: the deadline's own test), AB_VARIANTS
-#      ("LABEL ENV=V... --flag V...;...": the current build again with each, per model).
+#      ("LABEL ENV=V... --flag V...;...": the current build again with each, per model;
+#      on hardware "persistent --decode-kernel persistent" unless set), STREAMS_MODEL,
+#      STREAMS, STREAMS_N, STREAMS_ONE, STREAMS_CTX (the streams stage).
 set -u
 cd "$(dirname "$0")/.."
 export ROOT=$PWD
@@ -68,6 +75,8 @@ if [ $emulated = 1 ]; then
     export BASE_VARENT=${BASE_VARENT:-}
     export GUARD_TESTS=${GUARD_TESTS:-test_cudaemu_checks}  # fast; make test runs every CUDA program there
     export WEIGHTS=${WEIGHTS:-$WORK/weights}
+    # 9 rows: past the 8 exact row counts, so a padded row bucket (16) runs
+    export STREAMS_MODEL=${STREAMS_MODEL:-stories260K} STREAMS=${STREAMS:-9} STREAMS_N=${STREAMS_N:-4} STREAMS_ONE=${STREAMS_ONE:-2}
 else
     export DEADLINE=${DEADLINE:-480} ROUNDS=${ROUNDS:-3} N=${N:-256} PROMPT=${PROMPT:-512}
     export MODELS=${MODELS:-smollm2-135m qwen3-0.6b llama-3.2-1b} BIG_MODEL=${BIG_MODEL:-llama-3.1-8b}
@@ -87,9 +96,65 @@ else
     # window's guard share ran out inside it, before test_cuda_forward had run.
     export GUARD_TESTS=${GUARD_TESTS:-test_cuda_kernels test_cuda_batch test_cuda_forward test_cuda_persist test_sample}
     export WEIGHTS=${WEIGHTS:-/tmp/weights}
+    # issue 34's persistent decode kernel against the graph path on every window (set
+    # AB_VARIANTS= to run none)
+    export AB_VARIANTS=${AB_VARIANTS-persistent --decode-kernel persistent}
+    export STREAMS_MODEL=${STREAMS_MODEL:-llama-3.2-1b} STREAMS=${STREAMS:-32} STREAMS_N=${STREAMS_N:-128} STREAMS_ONE=${STREAMS_ONE:-4}
 fi
+export STREAMS_CTX=${STREAMS_CTX:-512}
 export PLANT_HANG=${PLANT_HANG:-}
-ALL_STAGES="facts guard ab trace ncu kbench llamacpp big"
+# Many streams on the scheduler (issue 35): one `run --prompts` of P prompts of STREAMS_N
+# tokens each, --parallel ROWS; its `batch:` line (--stats) gives the tokens and seconds.
+streams_run() {  # OUTFILE ROWS PROMPTS_FILE MODEL_DIR
+    "$CUR_VARENT" run --device cuda -m "$4" --prompts "$3" --parallel "$2" -n "$STREAMS_N" --temp 0 \
+        --ignore-eos --raw --ctx "$STREAMS_CTX" --stats >/dev/null 2>"$1"
+    local rc=$?
+    [ $rc -eq 0 ] || note "FAILED (rc $rc): run --prompts --parallel $2: $(tail -1 "$1")"
+    return $rc
+}
+# "batch: 4 prompts, 64 tokens in 0.15 s | seed ...": tokens over seconds
+streams_tps() { awk '$1 == "batch:" { for (i = 2; i < NF; i++) { if ($i == "tokens") t = $(i - 1); if ($i == "in") s = $(i + 1) } } END { if (s > 0) printf "%.1f", t / s; else print "-" }' "$1"; }
+# Text prompts need a tokenizer, which the random checkpoints lack: the preset's weights
+# beside tests/data's Llama 3 tokenizer (its vocabulary is llama-3.2-1b's); emulated,
+# stories260K converted from tests/data (a vocabulary of 512, for a model that small).
+streams_model_dir() {
+    local d=$WEIGHTS/$STREAMS_MODEL-text src f
+    if [ "$STREAMS_MODEL" = stories260K ]; then
+        [ -f "$d/tokenizer.json" ] && { echo "$d"; return 0; }
+        xz -dc tests/data/stories260K/stories260K.bin.xz >"$WORK/stories260K.bin" || return 1
+        "$CUR_VARENT" convert llama2c "$WORK/stories260K.bin" tests/data/stories260K/tok512.bin "$d" --dtype bf16 \
+            >>"$WORK/models.log" 2>&1 || return 1
+        echo "$d"
+        return 0
+    fi
+    src=$(model_dir "$STREAMS_MODEL") || return 1
+    mkdir -p "$d"
+    for f in "$src"/*; do ln -sf "$f" "$d/"; done
+    [ -f "$d/tokenizer.json" ] || xz -dc tests/data/tokenizers/llama3/tokenizer.json.xz >"$d/tokenizer.json" || return 1
+    cp tests/data/tokenizers/llama3/tokenizer_config.json "$d/" || return 1
+    echo "$d"
+}
+stage_streams() {
+    local m=$STREAMS_MODEL rows=$STREAMS d r i p1=$WORK/streams-one.txt pn=$WORK/streams-many.txt
+    d=$(streams_model_dir) || { note "$m: could not write the checkpoint with a tokenizer (models.log)"; return 1; }
+    : >"$pn"
+    for i in $(seq 1 "$rows"); do echo "Stream $i: once upon a time, in a land of $i rivers," >>"$pn"; done
+    head -n "$STREAMS_ONE" "$pn" >"$p1"  # one stream's rate needs only a few of them
+    for r in $(seq 1 "$ROUNDS"); do  # ABAB...: drift hits both alike
+        streams_run "$WORK/streams-1-$r.txt" 1 "$p1" "$d" || return 1
+        streams_run "$WORK/streams-$rows-$r.txt" "$rows" "$pn" "$d" || return 1
+        printf '%s\t%s\t%s\t%s\n' "$r" "$(streams_tps "$WORK/streams-1-$r.txt")" \
+            "$(streams_tps "$WORK/streams-$rows-$r.txt")" "$(grep -h '^scheduler:' "$WORK/streams-$rows-$r.txt" | head -1)" \
+            >>"$WORK/streams.tsv"
+    done
+    local one many
+    one=$(cut -f2 "$WORK/streams.tsv" | median)
+    many=$(cut -f3 "$WORK/streams.tsv" | median)
+    note "$m: $STREAMS_N tokens a stream, greedy: 1 stream $one tok/s, $rows streams $many tok/s aggregate: $(ratio "$many" "$one")x (medians of $ROUNDS, interleaved; issue 35's goal 15x)"
+    note "$(grep -h '^scheduler:' "$WORK/streams-$rows-1.txt" | head -1)"  # batch widths, rows drawn on the device
+}
+
+ALL_STAGES="facts guard ab trace ncu kbench llamacpp streams big"
 STAGES=${STAGES:-$ALL_STAGES}
 
 # Each stage's share of the deadline (per mille of it when every stage runs).
@@ -97,8 +162,8 @@ share_of() {  # per mille; SHARE_<stage>=N overrides one (a window that needs mo
     local v="SHARE_$1"
     [ -n "${!v:-}" ] && { echo "${!v}"; return; }
     case $1 in
-    facts) echo 60 ;; guard) echo 160 ;; ab) echo 200 ;; trace) echo 150 ;; ncu) echo 110 ;;
-    kbench) echo 100 ;; llamacpp) echo 120 ;; big) echo 100 ;; *) echo 0 ;;
+    facts) echo 60 ;; guard) echo 160 ;; ab) echo 200 ;; trace) echo 140 ;; ncu) echo 100 ;;
+    kbench) echo 90 ;; llamacpp) echo 120 ;; streams) echo 80 ;; big) echo 50 ;; *) echo 0 ;;
     esac
 }
 

@@ -115,14 +115,14 @@ ok gpu_window_runs $? "rc $rc: $(tail -5 "$TMP/window.log")"
 ok gpu_window_within_deadline $? "took $took s for a deadline of $deadline s"
 
 stages=$(sed -n 's/^stage \([a-z]*\):.*/\1/p' "$S" | tr '\n' ' ')
-[ "$stages" = "facts guard ab trace ncu kbench llamacpp big " ]
+[ "$stages" = "facts guard ab trace ncu kbench llamacpp streams big " ]
 ok gpu_window_every_stage_reported $? "stages in the summary: $stages"
 grep -Eq '^stage facts: timed out \(after ([0-9]+) s' "$S"
 ok gpu_window_hang_cut_at_its_share $? "$(grep '^stage facts' "$S")"
 cut_after=$(sed -n 's/^stage facts: timed out (after \([0-9]*\) s.*/\1/p' "$S")
 [ -n "$cut_after" ] && [ "$cut_after" -le $((deadline * 60 / 1000 + 6)) ]
 ok gpu_window_hang_costs_only_its_share $? "facts ran $cut_after s; its share is $((deadline * 60 / 1000)) s"
-for s in guard ab trace kbench; do
+for s in guard ab trace kbench streams; do
     grep -q "^stage $s: done (" "$S"
     ok "gpu_window_later_stage_runs_$s" $? "$(grep "^stage $s" "$S")"
 done
@@ -143,9 +143,18 @@ ok gpu_window_ab_variant_takes_its_env $? "$(grep 'variant' "$S")"
 grep -Eq "the current timed the baseline's way \(VARENT_BENCH_PREFILL_WAIT=0\): prefill [0-9.]+ tok/s, baseline [0-9.]+ tok/s: [0-9.]+x" "$S"
 ok gpu_window_ab_prefill_timed_alike $? "$(grep -i 'prefill' "$S")"
 
-# The trace: one row per graph node of each step kind, as varent bench counted them.
+# every raw log of the window
 mkdir -p "$TMP/logs"
 tar -xzf "$TMP/out/logs.tar.gz" -C "$TMP/logs" 2>/dev/null
+
+# Many streams (issue 35): 9 prompts decoded together (past the 8 exact row counts: a
+# padded bucket) against one by one, interleaved, every row drawn on the device.
+n_streams=$(awk -F'\t' '$2 + 0 > 0 && $3 + 0 > 0' "$TMP/logs/streams.tsv" 2>/dev/null | wc -l)
+[ "$n_streams" -ge 2 ] && grep -Eq 'stories260K: 4 tokens a stream, greedy: 1 stream [0-9.]+ tok/s, 9 streams [0-9.]+ tok/s aggregate: [0-9.]+x' "$S" &&
+    grep -Eq '^  scheduler: .*\(widest 9\).* ([0-9]+) of \1 rows drawn on the device' "$S"
+ok gpu_window_streams_ratio $? "$n_streams rounds; $(grep -A3 '^stage streams' "$S")"
+
+# The trace: one row per graph node of each step kind, as varent bench counted them.
 T=$TMP/out/decode-trace.tsv
 want_greedy=$(sed -n 's/^decode step .* \([0-9]*\) graph nodes.*/\1/p' "$TMP/logs/trace-greedy-bench.txt" 2>/dev/null)
 want_armed=$(sed -n 's/^sampler *standard .* \([0-9]*\) graph nodes.*/\1/p' "$TMP/logs/trace-armed-temp1-bench.txt" 2>/dev/null)

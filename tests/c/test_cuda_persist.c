@@ -260,15 +260,19 @@ int main(int argc, char **argv) {
         { "qwen3-tiny", 4, 9 },  { "llama-hd64-tiny", 6, 3 },  { "qwen3-hd128-tiny", 2, 5 },
     };
     int prompt[6] = { 1, 403, 407, 261, 378, 22 };
+    // under ASan two models: qwen2-tiny (biases) and qwen3-hd128-tiny (q/k norms, the tiled attention)
+    int asan = test_under_asan();
+    if (asan) printf("NOTE cuda_persist: under ASan qwen2-tiny and qwen3-hd128-tiny only (make test runs all 7)\n");
     for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
         if (!strstr(models[i].preset, only)) continue;
+        if (asan && strcmp(models[i].preset, "qwen2-tiny") && strcmp(models[i].preset, "qwen3-hd128-tiny")) continue;
         if (gen_random_model(work, models[i].preset, "bf16", 13, dir, sizeof dir)) {
             CHECK(0, NAME("cuda_persist %s: checkpoint", models[i].preset), "tools/gen_random_checkpoint.py failed");
             continue;
         }
         run_model(dir, models[i].preset, models[i].grid0, models[i].grid1, prompt, 6);
     }
-    if (!strstr("stories260K", only)) CHECK_DONE();
+    if (!strstr("stories260K", only) || asan) CHECK_DONE();
     if (stories_bf16_dir(dir, sizeof dir) == 0) run_model(dir, "stories260K", 4, 11, prompt, 6);
     else SKIP("cuda_persist stories260K", "could not convert tests/data/stories260K (python3 and varent needed)");
     CHECK_DONE();

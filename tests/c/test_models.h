@@ -11,6 +11,14 @@ static inline const char *env_or(const char *name, const char *dflt) {
     return v && *v ? v : dflt;
 }
 
+// make test-asan (ASAN_OPTIONS set): the whole-model programs on the emulated device take
+// fewer models there. Their host code is the same for every preset, the emulator and the
+// kernels are not sanitized, and make test runs every model without ASan (CI's time).
+static inline int test_under_asan(void) {
+    const char *e = getenv("ASAN_OPTIONS");
+    return e && *e;
+}
+
 // Writes preset (e.g. llama3-tiny) in dtype (f32, bf16) to workdir/preset-dtype; its
 // path goes to dir. 0 on success.
 static inline int gen_random_model(const char *workdir, const char *preset, const char *dtype, int seed, char *dir,

@@ -140,6 +140,7 @@ stage_streams() {
     : >"$pn"
     for i in $(seq 1 "$rows"); do echo "Stream $i: once upon a time, in a land of $i rivers," >>"$pn"; done
     head -n "$STREAMS_ONE" "$pn" >"$p1"  # one stream's rate needs only a few of them
+    : >"$WORK/streams.tsv"  # this window's rounds only (WORK may hold an earlier window's)
     for r in $(seq 1 "$ROUNDS"); do  # ABAB...: drift hits both alike
         streams_run "$WORK/streams-1-$r.txt" 1 "$p1" "$d" || return 1
         streams_run "$WORK/streams-$rows-$r.txt" "$rows" "$pn" "$d" || return 1

@@ -57,7 +57,7 @@ PRESETS = (("llama3-tiny", "bf16", 11), ("llama-mha-untied", "f32", 12),
 
 def run(binary, *args, timeout=300):
     import subprocess
-    if os.environ.get("ASAN_OPTIONS"):  # make test-asan: the emulated device runs several times slower
+    if vtest.UNDER_ASAN:  # make test-asan: the emulated device runs several times slower
         timeout *= 3
     return subprocess.run([binary, *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
@@ -283,7 +283,7 @@ def test_armed_draws(model):
     import subprocess
     sets = (("temp1", ["--temp", "1.0"]), ("temp07_top_p09", ["--temp", "0.7", "--top-p", "0.9"]),
             ("entropix", ["--sampler", "entropix"]))
-    if os.environ.get("ASAN_OPTIONS"):
+    if vtest.UNDER_ASAN:
         # make test-asan: one sampler takes the armed, unarmed and device-loop paths; make
         # test runs the other two (about 30 s of CI's emulated time each under ASan)
         for name, _ in sets[:1] + sets[2:]:
@@ -396,7 +396,7 @@ def main():
     test_step_counts(tmp)
     test_stories(model)
     test_armed_draws(model)
-    if os.environ.get("ASAN_OPTIONS"):
+    if vtest.UNDER_ASAN:
         # make test-asan: the emulated device under ASan took over 10 minutes for one of the
         # agents' runs on the 2-core machine; make test runs these two without ASan
         skip("emu_agents_two_devices", "under ASan (make test runs it)")
@@ -405,7 +405,7 @@ def main():
         test_agents(model, tmp)
     test_branches(model, tmp)
     test_serve(model)
-    if not os.environ.get("ASAN_OPTIONS"):
+    if not vtest.UNDER_ASAN:
         test_parallel(model, tmp)
     test_nonfinite(model, tmp)
     vtest.done()

@@ -78,7 +78,7 @@ def compare(tmp, name, d, args, extra=()):
 def active_presets():
     """make test-asan: llama3-tiny and qwen2-tiny (biases) only; the host code is the same
     for every preset and make test runs all four (CI's time)."""
-    return (PRESETS[0], PRESETS[2]) if os.environ.get("ASAN_OPTIONS") else PRESETS
+    return (PRESETS[0], PRESETS[2]) if vtest.UNDER_ASAN else PRESETS
 
 
 def test_presets(tmp):

@@ -9,6 +9,9 @@ ROOT = os.environ.get("ROOT", os.path.dirname(os.path.dirname(os.path.dirname(os
 VARENT = os.environ.get("VARENT", os.path.join(ROOT, "varent"))
 TESTDATA = os.environ.get("TESTDATA", os.path.join(ROOT, "tests", "data"))
 TESTTMP = os.environ.get("TESTTMP", os.path.join(ROOT, "tests", "tmp"))
+# make test-asan sets ASAN_OPTIONS: the emulated-device tests leave out there what make
+# test runs without ASan (the emulated device is several times slower under it)
+UNDER_ASAN = bool(os.environ.get("ASAN_OPTIONS"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 

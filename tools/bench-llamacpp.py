@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench-llamacpp.py: varent against llama.cpp on the same BF16 weights, the same threads and
-the same OpenMP spin count (GOMP_SPINCOUNT=1000, varent's default, unless OMP_WAIT_POLICY
-or GOMP_SPINCOUNT is set), interleaved, with medians and ratios (issue 19):
+the same OpenMP spin count (varent's default GOMP_SPINCOUNT, 30 us of pause rounds on this
+CPU as `varent version` prints it, unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set), interleaved, with medians and ratios (issue 19):
 
     pp512                     prefill of 512 tokens
     tg128 @ depth 0/512/4096  128 single-token decode steps after a prefill of that many
@@ -289,6 +289,18 @@ def machine():
     return f"{name}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
 
 
+def default_spin(varent):
+    """Sets GOMP_SPINCOUNT to the spin varent picks on this CPU (host/cli/main.c: 30 us of
+    pause rounds; `varent version` prints it), unless the caller chose a policy for both."""
+    if os.environ.get("OMP_WAIT_POLICY") or os.environ.get("GOMP_SPINCOUNT"):
+        return
+    out = subprocess.run([varent, "version"], capture_output=True, text=True).stdout
+    m = re.search(r"^openmp: GOMP_SPINCOUNT=(\d+)$", out, re.M)
+    if not m:
+        die(f"{varent} version printed no GOMP_SPINCOUNT line:\n{out}")
+    os.environ["GOMP_SPINCOUNT"] = m.group(1)
+
+
 def omp_env():
     return ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if os.environ.get(k))
 
@@ -349,10 +361,8 @@ def main():
     for path, what in ((args.model, "--model"), (args.source_gguf, "--source-gguf"), (args.varent, "--varent")):
         if not os.path.exists(path):
             die(f"{what} {path} does not exist (make run fetches SmolLM2 into weights/; make builds varent)")
-    # Both engines use libgomp: give llama.cpp the spin count varent runs with by default
-    # (host/cli/main.c), unless the caller chose a policy for both.
-    if not os.environ.get("OMP_WAIT_POLICY") and not os.environ.get("GOMP_SPINCOUNT"):
-        os.environ["GOMP_SPINCOUNT"] = "1000"
+    # Both engines use libgomp: give llama.cpp the spin count varent runs with by default.
+    default_spin(args.varent)
     try:
         import llama_cpp  # noqa: F401  (inside the venv)
     except ImportError:

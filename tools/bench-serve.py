@@ -269,7 +269,8 @@ def machine():
 def report(args, res, pre, load_before):
     names = {"varent": "varent serve", "llama": "llama-server"}
     lines = [f"Date {datetime.date.today()}; machine: {machine()}; {args.threads} threads per server; model "
-             f"{os.path.basename(os.path.normpath(args.model))}; {args.tokens} tokens per stream, --batch {args.batch}.",
+             f"{os.path.basename(os.path.normpath(args.model))}; {args.tokens} tokens per stream, --batch {args.batch}; OpenMP: "
+             f"{bench_llamacpp().omp_env()}.",
              f"Command: `{' '.join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])}`; {args.reps} interleaved "
              f"repetitions, medians; load average {load_before} before, {os.getloadavg()[0]:.1f} after.", "",
              "| engine | streams | aggregate tok/s | x one stream | TTFT p50 / p90 (ms) | ITL p50 / p90 / p99 (ms) |",
@@ -330,8 +331,7 @@ def main():
     WORK = args.work
     os.makedirs(WORK, exist_ok=True)
     args.eos = eos_id(args.model)
-    if not os.environ.get("OMP_WAIT_POLICY") and not os.environ.get("GOMP_SPINCOUNT"):
-        os.environ["GOMP_SPINCOUNT"] = "1000"  # varent's default, for llama.cpp's libgomp too
+    bench_llamacpp().default_spin(args.varent)  # varent's default spin, for llama.cpp's libgomp too
     if "llama" in args.engines:
         try:
             import gguf  # noqa: F401  (the GGUF writer: inside tools/bench-llamacpp.py's venv)

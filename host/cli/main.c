@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "host/cli/commands.h"
@@ -73,18 +74,55 @@ static void version(void) {
     printf("\ncuda devices: %d", n);
 #endif
     printf("\n");
+    // the OpenMP wait the forward threads run with (omp_short_spin's, or the user's)
+    const char *pol = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+    if (pol) printf("openmp: OMP_WAIT_POLICY=%s\n", pol);
+    if (spin) printf("openmp: GOMP_SPINCOUNT=%s\n", spin);
 }
 
 // OpenMP teams spin at every barrier (libgomp: 300000 rounds) before sleeping. When
 // another process or another of our own threads (server slots, agent replicas) holds a
 // core, a spinning team can fall off a cliff: SmolLM2 decode on two cores, one of them
-// busy, measured 3 to 27 tok/s by default, about 33 with a 1000-round spin and 43
-// passive; on an idle machine 1000 rounds costs nothing (82 tok/s) where passive costs
-// 17% (see docs/benchmarks.md). libgomp reads its settings before main runs, so unless
-// the user chose a policy, re-exec once with GOMP_SPINCOUNT=1000; if exec fails, go on.
+// busy, measured 3 to 27 tok/s by default and about 33 with a 30 us spin. A spin much
+// shorter than the serial gaps between a step's parallel regions costs a futex wake per
+// region instead: 10 us cost 30% of an idle decode on a machine whose pause takes 10 ns
+// (docs/benchmarks.md). libgomp counts rounds of the pause instruction, whose cost varies
+// 10-fold between CPUs, so the spin is set as a time: OMP_SPIN_NS over one pause's
+// measured cost. libgomp reads its settings before main runs, so unless the user chose
+// a policy, re-exec once with GOMP_SPINCOUNT set; if exec fails, go on.
+#define OMP_SPIN_NS 30000.0
+#define OMP_SPIN_MIN 1000
+#define OMP_SPIN_MAX 30000
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+// The spin rounds of OMP_SPIN_NS: the fastest of a few timed runs of pauses (about 0.2 ms
+// in all), as libgomp's spin loop issues them.
+static long omp_spin_rounds(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    double best = 0;
+    for (int run = 0; run < 5; run++) {
+        double t0 = now_ns();
+        for (int i = 0; i < 2000; i++) __builtin_ia32_pause();
+        double ns = (now_ns() - t0) / 2000;
+        if (run == 0 || ns < best) best = ns;
+    }
+    long n = best > 0 ? (long)(OMP_SPIN_NS / best) : OMP_SPIN_MIN;
+    return n < OMP_SPIN_MIN ? OMP_SPIN_MIN : n > OMP_SPIN_MAX ? OMP_SPIN_MAX : n;
+#else
+    return OMP_SPIN_MIN;
+#endif
+}
+
 static void omp_short_spin(char **argv) {
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-    if (setenv("GOMP_SPINCOUNT", "1000", 1) != 0) return;
+    char v[32];
+    snprintf(v, sizeof v, "%ld", omp_spin_rounds());
+    if (setenv("GOMP_SPINCOUNT", v, 1) != 0) return;
     execv("/proc/self/exe", argv);
 }
 

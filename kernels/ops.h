@@ -92,6 +92,9 @@ void cpu_add_bias(float *x, wref b, int T, int n);
 // interleaved=0: HF rotate-half pairs (i, i+hd/2); 1: adjacent pairs (2i, 2i+1).
 void cpu_rope(float *x, const int *pos, int T, int n_heads, int head_dim,
               const float *inv_freq, int interleaved);
+// The RoPE table of positions [0, n_pos): tab[p][i] = (cos, sin) of the fp32 angle
+// p * inv_freq[i], i < half (cpu_rope's angles), as [n_pos, half, 2] floats.
+void cpu_rope_table(float *tab, const float *inv_freq, int half, int n_pos);
 // Causal GQA attention. q[T, n_heads*hd] holds queries at positions
 // kv.n_trunk + kv.n_tail - T + t (the newest T positions, already in kv).
 // out[T, n_heads*hd]. If last_scores != NULL it receives the scaled pre-softmax

@@ -197,6 +197,11 @@ int cuda_add_bias(cuda_ctx *ctx, float *x, wref b, int T, int n);
 // inv_freq: device float[head_dim/2]. interleaved as in cpu_rope.
 int cuda_rope(cuda_ctx *ctx, float *x, const int *pos, int T, int n_heads, int head_dim,
               const float *inv_freq, int interleaved);
+// The decode kernels' RoPE table (cpu_rope_table): tab (device [n_pos, half, 2] floats)
+// = (cos, sin) of pos * inv_freq[i], by the sincosf cuda_rope calls, so a rotation read
+// from it has cuda_rope's bits. The decode step's kernels read one position's row
+// instead of computing half sines and cosines per head (and carry no sincosf slow path).
+int cuda_rope_table(cuda_ctx *ctx, float *tab, const float *inv_freq, int half, int n_pos);
 // Causal GQA attention over a bf16 kv_span, as cpu_attention. T == 1 runs the
 // split-KV (flash-decoding) kernel; T > 1 the prefill kernel.
 // last_scores (device [n_heads, n_keys], may be NULL): scaled pre-softmax scores of
@@ -237,12 +242,13 @@ int cuda_kv_store_rows(cuda_ctx *ctx, const cuda_kv_layer *d_layers, const float
 // A decode step's rope and KV store in one launch: q [B, n_heads*hd] rotated in place
 // (HF rotate-half, positions pos[b]), k [B, kv_dim] rotated and v [B, kv_dim] stored as
 // bf16 at cache row rows[b] of record d_layers[b]: the same bits as cuda_rope on q and
-// k, then cuda_kv_store_rows (k is left unrotated: the attention reads the cache). With
+// k, then cuda_kv_store_rows (k is left unrotated: the attention reads the cache);
+// rope_tab: cuda_rope_table's, covering every pos[b]. With
 // q_norm and k_norm (device f32 [hd], Qwen3; NULL: none) each head is RMS-normalised
 // first, as cuda_rmsnorm over heads would (within rounding: the sum runs in another order).
 int cuda_rope_kv_store_rows(cuda_ctx *ctx, float *q, const float *k, const float *v, const int *pos,
                             const int *rows, const cuda_kv_layer *d_layers, int B, int n_heads, int n_kv,
-                            int head_dim, const float *inv_freq, const float *q_norm, const float *k_norm, float eps);
+                            int head_dim, const float *rope_tab, const float *q_norm, const float *k_norm, float eps);
 // The splits a decode step of n_keys keys uses when the attention's grid is sized for
 // max_keys (1: the split block writes the output, no partials and no combine).
 int cuda_attention_live_splits(const cuda_ctx *ctx, int n_keys, int max_keys, attn_shape s);
@@ -264,12 +270,12 @@ int cuda_attention_decode_rows(cuda_ctx *ctx, float *out, const float *q, const 
                                float *last_scores);
 // The step's RoPE and KV store for cuda_attention_decode_rows_rope (device pointers):
 // k, v [B, kv_dim] as the qkv matvec wrote them, positions pos[B], cache rows rows[B]
-// (relative to each record's k_dst / v_dst), the RoPE table, and Qwen3's per-head
-// q_norm / k_norm ([head_dim] each, or both NULL).
+// (relative to each record's k_dst / v_dst), the RoPE table (cuda_rope_table, covering
+// every position), and Qwen3's per-head q_norm / k_norm ([head_dim] each, or both NULL).
 typedef struct {
     const float *k, *v;
     const int *pos, *rows;
-    const float *inv_freq, *q_norm, *k_norm;
+    const float *rope_tab, *q_norm, *k_norm;
     float eps;
 } cuda_rope_kv;
 // cuda_attention_decode_rows with cuda_rope_kv_store_rows fused in (rk NULL: without):
@@ -343,7 +349,8 @@ typedef struct {
     float eps, scale;
     int wt;                                  // WT_BF16 or WT_F16: every matrix
     const void *embed, *lm_head;
-    const float *final_norm, *inv_freq;
+    const float *final_norm;
+    const float *rope_tab;                   // device [max_ctx, head_dim/2, 2] (cuda_rope_table)
     const cuda_persist_layer *layers;        // device [n_layers]
     const int *ids, *pos, *rows;             // device: the step's token, position, cache row (row 0)
     const cuda_kv_layer *kv;                 // device: layer l's record at kv[l * kv_stride]

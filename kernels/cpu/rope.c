@@ -3,6 +3,16 @@
 
 #include "kernels/ops.h"
 
+void cpu_rope_table(float *tab, const float *inv_freq, int half, int n_pos) {
+    for (int p = 0; p < n_pos; p++)
+        for (int i = 0; i < half; i++) {
+            float angle = (float)p * inv_freq[i];
+            float *e = tab + ((size_t)p * half + i) * 2;
+            e[0] = cosf(angle);
+            e[1] = sinf(angle);
+        }
+}
+
 void cpu_rope(float *x, const int *pos, int T, int n_heads, int head_dim, const float *inv_freq,
               int interleaved) {
     int half = head_dim / 2;

@@ -164,10 +164,10 @@ extern "C" int cuda_attention_decode_rows_rope(cuda_ctx *ctx, float *out, const 
                  max_keys);
     rope_fuse rf = { 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0.f };
     if (rk) {
-        CUDA_REQUIRE(ctx, rk->k && rk->v && rk->pos && rk->rows && rk->inv_freq && !rk->q_norm == !rk->k_norm,
-                     "cuda_attention_decode_rows_rope: needs k, v, pos, rows and inv_freq (q_norm and k_norm "
+        CUDA_REQUIRE(ctx, rk->k && rk->v && rk->pos && rk->rows && rk->rope_tab && !rk->q_norm == !rk->k_norm,
+                     "cuda_attention_decode_rows_rope: needs k, v, pos, rows and rope_tab (q_norm and k_norm "
                      "go together)");
-        rf = (rope_fuse){ 1, rk->k, rk->v, rk->pos, rk->rows, rk->inv_freq, rk->q_norm, rk->k_norm, rk->eps };
+        rf = (rope_fuse){ 1, rk->k, rk->v, rk->pos, rk->rows, rk->rope_tab, rk->q_norm, rk->k_norm, rk->eps };
     }
     cuda_kv_layer L = {NULL, NULL, NULL, NULL, NULL, NULL};
     cuda_kv_lens N = {0, 0, NULL, 0};

@@ -77,7 +77,7 @@ struct rope_fuse {
     int on;
     const float *k, *v;
     const int *pos, *rows;
-    const float *inv_freq, *q_norm, *k_norm;
+    const float *tab, *q_norm, *k_norm;  // tab: the RoPE table (cuda_rope_table)
     float eps;
 };
 
@@ -101,7 +101,7 @@ static __device__ void rope_fuse_prologue(const rope_fuse &rf, const float *qg, 
         size_t dst = (size_t)rf.rows[b] * n_kv * hd + (size_t)kvh * hd;
         for (int j = lane; j < half; j += 32) {
             float y0, y1;
-            rope_head_pair(src, j, half, inv, nwt, pos, rf.inv_freq, y0, y1);
+            rope_head_pair(src, j, half, inv, nwt, pos, rf.tab, y0, y1);
             if (!is_k) {
                 q_s[g * hd + j] = y0;
                 q_s[g * hd + j + half] = y1;

@@ -165,17 +165,18 @@ __device__ __forceinline__ void rope_rotate(float x0, float x1, float s, float c
 }
 
 // Rotated pair (j, j + half) of one head at src for position pos, RMS-normalised first
-// with inv (head_inv_rms) and the weights nw when nw is set (Qwen3's q/k norm).
+// with inv (head_inv_rms) and the weights nw when nw is set (Qwen3's q/k norm). The
+// angle's cosine and sine come from the RoPE table (cuda_rope_table: [n_pos, half] of
+// (cos, sin), written before the step by rope_kernel's sincosf, so the same bits).
 __device__ __forceinline__ void rope_head_pair(const float *src, int j, int half, float inv, const float *nw,
-                                               int pos, const float *inv_freq, float &y0, float &y1) {
+                                               int pos, const float *tab, float &y0, float &y1) {
     float x0 = __ldcg(src + j), x1 = __ldcg(src + j + half);  // L2: src may be the running kernel's output
     if (nw) {
         x0 = __fmul_rn(__fmul_rn(x0, inv), nw[j]);
         x1 = __fmul_rn(__fmul_rn(x1, inv), nw[j + half]);
     }
-    float s, c;
-    sincosf((float)pos * inv_freq[j], &s, &c);
-    rope_rotate(x0, x1, s, c, y0, y1);
+    float2 cs = __ldg((const float2 *)tab + (size_t)pos * half + j);
+    rope_rotate(x0, x1, cs.y, cs.x, y0, y1);
 }
 
 // ---- reductions (blockDim.x a multiple of 32, at most 1024) ------------------------

@@ -111,6 +111,30 @@ extern "C" int cuda_rope(cuda_ctx *ctx, float *x, const int *pos, int T, int n_h
     return 0;
 }
 
+// ---- rope table: (cos, sin) of p * inv_freq[i], [n_pos, half] --------------------------
+// The angle and sincosf are rope_kernel's, so the decode kernels that read the table
+// rotate with cuda_rope's bits.
+__global__ void rope_table_kernel(float2 *tab, const float *inv_freq, int half, size_t n) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    int i = (int)(idx % half);
+    float ang = (float)(int)(idx / half) * inv_freq[i];
+    float s, c;
+    sincosf(ang, &s, &c);
+    tab[idx] = make_float2(c, s);
+}
+
+extern "C" int cuda_rope_table(cuda_ctx *ctx, float *tab, const float *inv_freq, int half, int n_pos) {
+    CUDA_REQUIRE(ctx, half > 0 && n_pos >= 0, "cuda_rope_table: bad shape half=%d n_pos=%d", half, n_pos);
+    CUDA_REQUIRE(ctx, tab && inv_freq, "cuda_rope_table: no table or inv_freq");
+    CUDA_REQUIRE(ctx, is_aligned(tab, 8), "cuda_rope_table: the table is not 8-byte aligned");
+    size_t n = (size_t)n_pos * half;
+    if (n == 0) return 0;
+    rope_table_kernel<<<cdiv_u(n, 256), 256, 0, ctx->stream>>>((float2 *)tab, inv_freq, half, n);
+    CUDA_CHECK_LAUNCH(ctx, "rope_table_kernel");
+    return 0;
+}
+
 // ---- kv_store: bf16 cache rows pos[t] <- fp32 k[t], v[t] ------------------------------
 // grid (cdiv(kv_dim, 256), T). With L set, the cache buffers come from the device record
 // L[t * L_step] (L_step 0: one record for every token; 1: one per row, batched decode).
@@ -166,7 +190,7 @@ extern "C" int cuda_kv_store_rows(cuda_ctx *ctx, const cuda_kv_layer *d_layers, 
 // q and k, then cuda_kv_store_rows. k is not written back (the attention reads the cache).
 #define RKV_WARPS 8
 __global__ void rope_kv_store_kernel(float *q, const float *k, const float *v, const int *pos, const int *rows,
-                                     const cuda_kv_layer *L, int n_heads, int n_kv, int hd, const float *inv_freq,
+                                     const cuda_kv_layer *L, int n_heads, int n_kv, int hd, const float *tab,
                                      const float *qn, const float *kn, float eps) {
     int b = blockIdx.y, lane = threadIdx.x & 31, half = hd / 2, kv_dim = n_kv * hd;
     int h = blockIdx.x * RKV_WARPS + (threadIdx.x >> 5);
@@ -179,7 +203,7 @@ __global__ void rope_kv_store_kernel(float *q, const float *k, const float *v, c
     size_t dst = (size_t)rows[b] * kv_dim + (size_t)hk * hd;
     for (int j = lane; j < half; j += 32) {
         float y0, y1;
-        rope_head_pair(src, j, half, inv, nw, pos[b], inv_freq, y0, y1);
+        rope_head_pair(src, j, half, inv, nw, pos[b], tab, y0, y1);
         if (is_q) {
             float *hx = q + ((size_t)b * n_heads + h) * hd;
             hx[j] = y0;
@@ -198,16 +222,17 @@ __global__ void rope_kv_store_kernel(float *q, const float *k, const float *v, c
 
 extern "C" int cuda_rope_kv_store_rows(cuda_ctx *ctx, float *q, const float *k, const float *v, const int *pos,
                                        const int *rows, const cuda_kv_layer *d_layers, int B, int n_heads, int n_kv,
-                                       int head_dim, const float *inv_freq, const float *q_norm, const float *k_norm,
+                                       int head_dim, const float *rope_tab, const float *q_norm, const float *k_norm,
                                        float eps) {
     CUDA_REQUIRE(ctx, B >= 1 && B <= 65535 && n_heads > 0 && n_kv > 0 && head_dim > 0 && head_dim % 2 == 0,
                  "cuda_rope_kv_store_rows: bad shape B=%d n_heads=%d n_kv=%d head_dim=%d", B, n_heads, n_kv,
                  head_dim);
     CUDA_REQUIRE(ctx, d_layers != NULL, "cuda_rope_kv_store_rows: no device records");
+    CUDA_REQUIRE(ctx, rope_tab != NULL && is_aligned(rope_tab, 8), "cuda_rope_kv_store_rows: no 8-byte aligned RoPE table");
     CUDA_REQUIRE(ctx, !q_norm == !k_norm, "cuda_rope_kv_store_rows: q_norm and k_norm go together");
     dim3 grid(cdiv_u(n_heads + n_kv, RKV_WARPS), B);
     rope_kv_store_kernel<<<grid, 32 * RKV_WARPS, 0, ctx->stream>>>(q, k, v, pos, rows, d_layers, n_heads, n_kv,
-                                                                  head_dim, inv_freq, q_norm, k_norm, eps);
+                                                                  head_dim, rope_tab, q_norm, k_norm, eps);
     CUDA_CHECK_LAUNCH(ctx, "rope_kv_store_kernel");
     return 0;
 }

@@ -163,7 +163,7 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
     const cuda_persist_plan &p = a.p;
     const cuda_persist_layer &L = p.layers[l];
     int G = p.n_heads / p.n_kv, hd = p.head_dim, q_dim = p.n_heads * hd, kv_dim = p.n_kv * hd;
-    rope_fuse rf = { 1, p.qkv + q_dim, p.qkv + q_dim + kv_dim, p.pos, p.rows, p.inv_freq, L.q_norm, L.k_norm, p.eps };
+    rope_fuse rf = { 1, p.qkv + q_dim, p.qkv + q_dim + kv_dim, p.pos, p.rows, p.rope_tab, L.q_norm, L.k_norm, p.eps };
     cuda_kv_layer kvl = p.kv[(size_t)l * p.kv_stride];
     cuda_kv_lens N = p.lens[0];
     float *scores = l == p.cap ? p.scores : NULL;

@@ -156,14 +156,15 @@ int cuda_core_alloc(cuda_core *f, verr *err) {
     // reduce-scatter's equal shares
     // (the padding rows' caches: 2 bf16 [n_layers, rows, kv_dim] = that many floats)
     size_t pad_kv = (size_t)c->n_layers * R * model_kv_dim(f->m);
-    size_t sizes[11] = { T * c->dim + cuda_core_pad(f), T * c->dim, T * c->dim + cuda_core_pad(f), T * qkv_dim,
+    size_t half = (size_t)c->head_dim / 2;
+    size_t sizes[12] = { T * c->dim + cuda_core_pad(f), T * c->dim, T * c->dim + cuda_core_pad(f), T * qkv_dim,
                          T * q_dim, T * 2 * t->n_ffn, R * c->vocab_size, R * c->n_heads * f->max_ctx, 8 * R, pad_kv,
-                         0 };
+                         (size_t)f->max_ctx * half * 2, 0 };
     f->par_bytes = par_size(c->n_layers, f->max_T, f->rows);
-    size_t off[11], total = 0;
-    for (int i = 0; i < 11; i++) {
+    size_t off[12], total = 0;
+    for (int i = 0; i < 12; i++) {
         off[i] = total;
-        total = align256(total + (i < 10 ? sizes[i] * sizeof(float) : f->par_bytes));
+        total = align256(total + (i < 11 ? sizes[i] * sizeof(float) : f->par_bytes));
     }
     if (cuda_malloc(&f->act, total, "activations", err)) {
         char msg[sizeof err->msg];
@@ -176,7 +177,11 @@ int cuda_core_alloc(cuda_core *f, verr *err) {
     f->logits = (float *)(a + off[6]), f->scores = (float *)(a + off[7]), f->stats = (float *)(a + off[8]);
     f->pad_kv = (uint16_t *)(a + off[9]);
     CK(cudaMemset(f->pad_kv, 0, pad_kv * sizeof(float)));  // finite keys before a padding row's first store
-    f->d_par = a + off[10];
+    // every position a cache of max_ctx holds (the steps' keys never outnumber it)
+    f->rope_tab = (float *)(a + off[10]);
+    if (cuda_rope_table(&f->ctx, f->rope_tab, f->w->inv_freq, (int)half, f->max_ctx))
+        return verr_set(err, "%s", f->ctx.err.msg);
+    f->d_par = a + off[11];
     CK(cudaHostAlloc(&f->h_par, f->par_bytes, cudaHostAllocDefault));
     memset(f->h_par, 0, f->par_bytes);
     void *hs = NULL;

@@ -76,6 +76,7 @@ typedef struct cuda_core {
     float *hb;                 // [max_T, 2*hidden]
     float *logits;             // [rows, vocab]
     float *scores;             // [rows, n_heads, max_ctx] attention captures
+    float *rope_tab;           // [max_ctx, head_dim/2, 2]: (cos, sin) of each position's angles (cuda_rope_table)
     float *stats;              // [8 * rows]: vocab stats [rows, 4] {max, lse, H, V}, then attention [rows, 4]
     float *h_stats;            // pinned [8 * rows], their host copy
     void *d_par, *h_par;       // step block: device, pinned host

@@ -65,7 +65,7 @@ static cuda_persist_plan plan_of(const cuda_forward *d, int cap) {
     p.eps = c->norm_eps, p.scale = 1.0f / sqrtf((float)c->head_dim);
     p.wt = (int)w->layers[0].wqkv.type;
     p.embed = w->embed.data, p.lm_head = w->lm_head.data;
-    p.final_norm = (const float *)w->final_norm.data, p.inv_freq = w->inv_freq;
+    p.final_norm = (const float *)w->final_norm.data, p.rope_tab = f->rope_tab;
     p.layers = d->persist.d_layers;
     p.ids = dp.ids, p.pos = dp.pos, p.rows = dp.rows, p.kv = dp.layers, p.kv_stride = f->rows, p.lens = dp.lens;
     p.x = f->x, p.qkv = f->qkv, p.att = f->att, p.hb = f->hb, p.logits = f->logits;

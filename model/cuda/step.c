@@ -240,7 +240,7 @@ static int decode_layer(cuda_forward *d, int l, int B, int cap, int hk, step_par
     if (decode_lora_qkv(d, l, B, q, k, v, err)) return -1;
     const cuda_kv_layer *dl = &dp.layers[(size_t)l * f->rows];
     // Qwen3's per-head q/k RMSNorm, RoPE and the KV store run inside the attention launch.
-    const cuda_rope_kv rk = { k, v, dp.pos, dp.rows, w->inv_freq, (const float *)L->q_norm.data,
+    const cuda_rope_kv rk = { k, v, dp.pos, dp.rows, f->rope_tab, (const float *)L->q_norm.data,
                               (const float *)L->k_norm.data, eps };
     OP(cuda_attention_decode_rows_rope(x, f->att, q, &rk, dl, dp.lens, B, f->max_ctx, sh,
                                        scores_of(d, cap, hk, l)));

@@ -32,7 +32,7 @@ typedef struct {
     cuda_kv_layer *d_kv;  // [n_layers] records (device)
     cuda_kv_lens *d_lens;
     int *d_pos, *d_rows;
-    float *x, *qkv, *att, *hb, *logits, *inv_freq, *final_norm;
+    float *x, *qkv, *att, *hb, *logits, *inv_freq, *rope_tab, *final_norm;
     uint16_t *lm_head;
 } db_model;
 
@@ -79,6 +79,8 @@ static void db_open(db_model *m, db_shape s, int keys, long l2_bytes) {
     float *inv = malloc(sizeof(float) * (size_t)s.head_dim / 2);
     for (int i = 0; i < s.head_dim / 2; i++) inv[i] = powf(10000.f, -2.f * i / s.head_dim);
     m->inv_freq = dup_up(inv, sizeof(float) * (size_t)s.head_dim / 2);
+    m->rope_tab = dalloc(sizeof(float) * (size_t)keys * s.head_dim);  // positions [0, keys): [keys, hd/2, 2]
+    OK(cuda_rope_table(&C, m->rope_tab, m->inv_freq, s.head_dim / 2, keys));
     float *x = fvec((size_t)D, 1.f);
     m->x = dup_up(x, sizeof(float) * (size_t)D);
     m->qkv = dalloc(sizeof(float) * (size_t)(q + 2 * kv));
@@ -101,6 +103,7 @@ static void db_close(db_model *m) {
     }
     free(m->L);
     cuda_free(m->d_kv), cuda_free(m->d_lens), cuda_free(m->d_pos), cuda_free(m->d_rows), cuda_free(m->inv_freq);
+    cuda_free(m->rope_tab);
     cuda_free(m->x), cuda_free(m->qkv), cuda_free(m->att), cuda_free(m->hb), cuda_free(m->logits);
     cuda_free(m->final_norm), cuda_free(m->lm_head);
 }
@@ -118,7 +121,7 @@ static void db_op(db_model *m, int op, int l) {
     cuda_mv_fuse add = { NULL, 0, 1, NULL, NULL }, fin = { m->final_norm, 1e-5f, 0, NULL, NULL };
     attn_shape sh = { s->n_heads, s->n_kv, s->head_dim, 1.f / sqrtf((float)s->head_dim) };
     float *k = m->qkv + q, *v = k + kv;
-    cuda_rope_kv rk = { k, v, m->d_pos, m->d_rows, m->inv_freq, NULL, NULL, 1e-5f };
+    cuda_rope_kv rk = { k, v, m->d_pos, m->d_rows, m->rope_tab, NULL, NULL, 1e-5f };
     switch (op) {
     case DB_QKV:
         OK(cuda_matvec_rows_fused(&C, m->qkv, m->x, (wref){ L->wqkv, WT_BF16 }, D, q + 2 * kv, 1, q, q + kv, &attn_norm));

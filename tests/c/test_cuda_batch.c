@@ -98,6 +98,23 @@ static void test_matvec_rows(void) {
 }
 
 // ---- cuda_rope_kv_store_rows ----------------------------------------------------------------
+// The RoPE table of head_dim hd (inv_freq 10000^(-2i/hd)) for positions [0, ROPE_POS):
+// built once per head_dim by cuda_rope_table (test_cuda_kernels checks it), as the
+// forward builds its own.
+#define ROPE_POS 1200
+static float *rope_tab(int hd) {
+    static float *tabs[257];
+    if (!tabs[hd]) {
+        float inv[128], *dinv;
+        for (int i = 0; i < hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / hd);
+        dinv = dup_up(inv, (size_t)hd / 2 * 4);
+        tabs[hd] = dalloc((size_t)ROPE_POS * hd * 4);
+        OK(cuda_rope_table(&C, tabs[hd], dinv, hd / 2, ROPE_POS));
+        cuda_free(dinv);
+    }
+    return tabs[hd];
+}
+
 // Against cuda_rope (q, k) + cuda_kv_store_rows on the same inputs, whole caches compared
 // (untouched rows stay 0xFFFF), bit for bit; with Qwen3's q/k norms against cuda_rmsnorm
 // over heads first (within rounding: the sums of squares run in another order). And
@@ -107,7 +124,7 @@ static void rope_kv_case(int B, int nh, int nkv, int hd, int norm) {
     int kv_dim = nkv * hd, pos[MAX_B], rows[MAX_B];
     size_t nq = (size_t)B * nh * hd, nk = (size_t)B * kv_dim, nc = (size_t)N_POS * kv_dim;
     for (int b = 0; b < B; b++) {
-        pos[b] = irand(5000);
+        pos[b] = irand(ROPE_POS);
         rows[b] = irand(N_POS);
     }
     float inv[256];
@@ -126,7 +143,7 @@ static void rope_kv_case(int B, int nh, int nkv, int hd, int norm) {
         OK(cuda_memset(&C, L2[b].k_dst, 0xFF, nc * 2)); OK(cuda_memset(&C, L2[b].v_dst, 0xFF, nc * 2));
     }
     cuda_kv_layer *dL1 = dup_up(L1, B * sizeof *L1), *dL2 = dup_up(L2, B * sizeof *L2);
-    OK(cuda_rope_kv_store_rows(&C, dq1, dk, dv, dpos, drows, dL1, B, nh, nkv, hd, dinv, norm ? dqw : NULL,
+    OK(cuda_rope_kv_store_rows(&C, dq1, dk, dv, dpos, drows, dL1, B, nh, nkv, hd, rope_tab(hd), norm ? dqw : NULL,
                                norm ? dkw : NULL, 1e-6f));
     if (norm) {
         OK(cuda_rmsnorm(&C, dq2, dq2, (wref){dqw, WT_F32}, B * nh, hd, 1e-6f));
@@ -463,16 +480,14 @@ static void fused_rope_case(int hd, int nkv, int G, int B, const int *trunk, con
     attn_shape s = {nh, nkv, hd, 1.f / sqrtf((float)hd)};
     int max_keys = 2 * max_nk + 50;
     size_t nq = (size_t)B * nh * hd, nk = (size_t)B * kv_dim, nsc = (size_t)nh * max_keys;
-    float inv[256];
-    for (int i = 0; i < hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / hd);
     float *q = fvec(nq, 2.f), *k = fvec(nk, 2.f), *v = fvec(nk, 2.f), *qw = fvec((size_t)hd, 1.f), *kw = fvec((size_t)hd, 1.f);
     float *dqa = dup_up(q, nq * 4), *dqb = dup_up(q, nq * 4), *dk = dup_up(k, nk * 4), *dv = dup_up(v, nk * 4);
-    float *dinv = dup_up(inv, (size_t)hd / 2 * 4), *dqw = dup_up(qw, (size_t)hd * 4), *dkw = dup_up(kw, (size_t)hd * 4);
+    float *dqw = dup_up(qw, (size_t)hd * 4), *dkw = dup_up(kw, (size_t)hd * 4);
     void *buf[2][AR_MAX_B][4];  // [path][row][k trunk, v trunk, k tail, v tail]
     cuda_kv_layer L[2][AR_MAX_B];
     cuda_kv_lens N[AR_MAX_B];
     for (int b = 0; b < B; b++) {
-        pos[b] = irand(5000);
+        pos[b] = irand(ROPE_POS);
         int newest_in_tail = tail[b] > 0;
         rows[b] = newest_in_tail ? tail[b] - 1 : trunk[b] - 1;
         N[b] = (cuda_kv_lens){trunk[b], trunk[b] + tail[b], NULL, 0};
@@ -496,9 +511,9 @@ static void fused_rope_case(int hd, int nkv, int G, int B, const int *trunk, con
     float *outa = dalloc(nq * 4), *outb = dalloc(nq * 4), *sca = dalloc((size_t)B * nsc * 4), *scb = dalloc((size_t)B * nsc * 4);
     OK(cuda_reserve_scratch(&C, cuda_attention_rows_scratch_bytes(&C, max_keys, s, B)));
     const float *qn = norm ? dqw : NULL, *kn = norm ? dkw : NULL;
-    OK(cuda_rope_kv_store_rows(&C, dqa, dk, dv, dpos, drows, dLa, B, nh, nkv, hd, dinv, qn, kn, 1e-6f));
+    OK(cuda_rope_kv_store_rows(&C, dqa, dk, dv, dpos, drows, dLa, B, nh, nkv, hd, rope_tab(hd), qn, kn, 1e-6f));
     OK(cuda_attention_decode_rows(&C, outa, dqa, dLa, dN, B, max_keys, s, sca));
-    cuda_rope_kv rk = {dk, dv, dpos, drows, dinv, qn, kn, 1e-6f};
+    cuda_rope_kv rk = {dk, dv, dpos, drows, rope_tab(hd), qn, kn, 1e-6f};
     OK(cuda_attention_decode_rows_rope(&C, outb, dqb, &rk, dLb, dN, B, max_keys, s, scb));
     char tag[160];
     snprintf(tag, sizeof tag, "hd=%d kv=%d G=%d B=%d%s", hd, nkv, G, B, norm ? " q/k norm" : "");
@@ -533,7 +548,7 @@ static void fused_rope_case(int hd, int nkv, int G, int B, const int *trunk, con
         for (int b = 0; b < B; b++)
             for (int seg = 0; seg < 4; seg++) cuda_free(buf[path][b][seg]);
     free(q); free(k); free(v); free(qw); free(kw); free(ga); free(gb); free(qb); free(g2);
-    cuda_free(dqa); cuda_free(dqb); cuda_free(dk); cuda_free(dv); cuda_free(dinv); cuda_free(dqw); cuda_free(dkw);
+    cuda_free(dqa); cuda_free(dqb); cuda_free(dk); cuda_free(dv); cuda_free(dqw); cuda_free(dkw);
     cuda_free(dLa); cuda_free(dLb); cuda_free(dN); cuda_free(dpos); cuda_free(drows);
     cuda_free(outa); cuda_free(outb); cuda_free(sca); cuda_free(scb);
 }

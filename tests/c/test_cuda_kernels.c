@@ -155,6 +155,47 @@ static void test_rope(void) {
         }
 }
 
+// cuda_rope_table against cpu_rope_table (poisoned table, odd halves and lengths, up to
+// position 4099: large angles), and against cuda_rope itself: rotating the pair (1, 0)
+// gives (cos, sin), so at every checked position the table's entries must be the bits
+// cuda_rope rotates with (the decode kernels read the table instead of sincosf).
+static void test_rope_table(void) {
+    int halves[] = {1, 4, 32, 45}, lens[] = {1, 7, 4100, 300};
+    for (int c = 0; c < 4; c++) {
+        int half = halves[c], n_pos = lens[c], hd = 2 * half;
+        float inv[64];
+        for (int i = 0; i < half; i++) inv[i] = powf(500000.f, -(float)i / half);
+        size_t n = (size_t)n_pos * half * 2;
+        float *want = malloc(n * 4), *dinv = dup_up(inv, (size_t)half * 4), *dtab = dalloc(n * 4 + 8);
+        OK(cuda_memset(&C, dtab, 0xFF, n * 4 + 8));  // NaN: a missed entry shows, and so does a write past the end
+        OK(cuda_rope_table(&C, dtab, dinv, half, n_pos));
+        cpu_rope_table(want, inv, half, n_pos);
+        float *got = fdown(dtab, n + 2);
+        cmp(NAME("cuda_rope_table half=%d positions=%d", half, n_pos), got, want, (long)n, 2e-6f, 2e-6f);
+        CHECK(isnan(got[n]) && isnan(got[n + 1]), NAME("cuda_rope_table half=%d writes no further", half), "it did");
+        enum { NP = 6 };  // the first, the last and a few between
+        int pos[NP] = {0, n_pos - 1, n_pos / 2, n_pos / 3, n_pos / 5, n_pos - 2 > 0 ? n_pos - 2 : 0};
+        float *x = calloc((size_t)NP * hd, 4);
+        for (int t = 0; t < NP; t++)
+            for (int i = 0; i < half; i++) x[(size_t)t * hd + i] = 1.f;
+        float *dx = dup_up(x, (size_t)NP * hd * 4);
+        int *dpos = dup_up(pos, sizeof pos);
+        OK(cuda_rope(&C, dx, dpos, NP, 1, hd, dinv, 0));
+        float *r = fdown(dx, (size_t)NP * hd);
+        int same = 1;
+        for (int t = 0; t < NP; t++)
+            for (int i = 0; i < half; i++) {
+                const float *e = got + ((size_t)pos[t] * half + i) * 2;
+                same &= !memcmp(&r[(size_t)t * hd + i], &e[0], 4) && !memcmp(&r[(size_t)t * hd + half + i], &e[1], 4);
+            }
+        CHECK(same, NAME("cuda_rope_table half=%d == cuda_rope's cos and sin", half), "an entry differs");
+        free(want); free(got); free(x); free(r);
+        cuda_free(dinv); cuda_free(dtab); cuda_free(dx); cuda_free(dpos);
+    }
+    CHECK(cuda_rope_table(&C, NULL, NULL, 4, 2) != 0 && strstr(C.err.msg, "cuda_rope_table"),
+          "cuda_rope_table refuses a missing table", "%s", C.err.msg);
+}
+
 static void test_kv_store(void) {
     int T = 4, kv_dim = 520, n_pos = 11, pos[4] = {0, 7, 3, 10};
     size_t n = (size_t)T * kv_dim, nc = (size_t)n_pos * kv_dim;
@@ -738,6 +779,7 @@ int main(int argc, char **argv) {
     test_rmsnorm();
     test_pointwise();
     test_rope();
+    test_rope_table();
     test_kv_store();
     test_copy_2d();
     test_matmul();

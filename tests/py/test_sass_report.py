@@ -152,11 +152,15 @@ def test_trig_stack():
                 "    if (N) helper(x);\n}\n__global__ void near_k(float *x) { x[0] = 2.f; }\n")
     got = sr.trig_kernels(d)
     check(got == {"rope_k", "deep_k"}, "sass_trig_kernels_through_helpers", f"{got}")
-    rows = [dict(kernel="r", base="rope_k", trig=True, local=0, spills=5, in_flight=None),
-            dict(kernel="p", base="plain_k", trig=False, local=0, spills=5, in_flight=None),
-            dict(kernel="l", base="rope_k", trig=True, local=16, spills=5, in_flight=None)]
+    rows = [dict(kernel="r", base="rope_k", trig=True, local=0, stack=32, spills=5, in_flight=None),
+            dict(kernel="p", base="plain_k", trig=False, local=0, stack=32, spills=5, in_flight=None),
+            dict(kernel="l", base="rope_k", trig=True, local=16, stack=32, spills=5, in_flight=None),
+            # trig in the source, but a 288-byte stack: spills beside the reduction array
+            dict(kernel="s", base="rope_k", trig=True, local=0, stack=288, spills=251, in_flight=None)]
     p = sr.problems(rows)
-    check(len(p) == 2 and p[0].startswith("p:") and p[1].startswith("l:"), "sass_trig_stack_not_a_spill", f"{p}")
+    check(len(p) == 3 and p[0].startswith("p:") and p[1].startswith("l:") and p[2].startswith("s:"),
+          "sass_trig_stack_not_a_spill", f"{p}")
+    check("288 bytes of stack" in p[2], "sass_spill_names_the_stack", p[2])
 
 
 test_in_flight()

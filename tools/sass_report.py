@@ -126,6 +126,29 @@ def loads_in_flight(insns, start, end, base):
     return n
 
 
+def steady_in_flight(insns, start, end, base):
+    """loads_in_flight of a loop in its steady state: the loads outstanding at the first
+    instruction that reads one of them, counted in the first pass over the body and
+    again in the second, where the loads a pipelined loop issues at its bottom for the
+    next iteration (nvcc rotates them there) are in flight across the back edge. A
+    load whose registers a later load rewrites is dead and no longer counted."""
+    body = insns[start:end + 1]
+    best = 0
+    pending = []  # registers of each outstanding load
+    for pass_ in range(2):
+        for _, op, ops in body:
+            reads = source_regs(op, ops)
+            if any(r & reads for r in pending):
+                best = max(best, len(pending))
+                if pass_ == 1:
+                    return best
+                pending = [r for r in pending if not r & reads]
+            if is_wide_load(op) and base in (None, load_base(ops)):
+                w = written_regs(op, ops)
+                pending = [r for r in pending if not r & w] + [w]
+    return best
+
+
 def every_in_flight(insns):
     """[(all, fewest)] of every loop with a 128-bit global load, in code order: a kernel's
     best loop can hide a shallow one (a short row's tail, a second phase)."""
@@ -133,7 +156,7 @@ def every_in_flight(insns):
     for s, e in loops(insns):
         bases = {load_base(ops) for _, op, ops in insns[s:e + 1] if is_wide_load(op)} - {None}
         if bases:
-            out.append((loads_in_flight(insns, s, e, None), min(loads_in_flight(insns, s, e, b) for b in bases)))
+            out.append((steady_in_flight(insns, s, e, None), min(steady_in_flight(insns, s, e, b) for b in bases)))
     return out
 
 
@@ -147,8 +170,8 @@ def max_in_flight(insns):
     for s, e in loops(insns):
         bases = {load_base(ops) for _, op, ops in insns[s:e + 1] if is_wide_load(op)} - {None}
         if bases:
-            every = loads_in_flight(insns, s, e, None)
-            fewest = min(loads_in_flight(insns, s, e, b) for b in bases)
+            every = steady_in_flight(insns, s, e, None)
+            fewest = min(steady_in_flight(insns, s, e, b) for b in bases)
             best = (every, fewest) if best is None else max(best, (every, fewest))
     return best
 

@@ -25,31 +25,33 @@ __device__ __forceinline__ int mv_pass(mv_rows &p, int n_in, int passes) {
     return (int)(blockIdx.x / (unsigned)passes);
 }
 
+// The vector kernels are instantiated per weight type WT, rows per pass R and fusion
+// flags F (matvec.cuh: MV_NORM when p.nw is set; never MV_COHERENT here).
 // grid (passes * cdiv(n_out, MV_WARPS)), block 32*MV_WARPS
-template <int WT, int R>
+template <int WT, int R, int F>
 __global__ void matvec_vec_kernel(mv_rows p, const void *w, int n_in, int n_out, int passes) {
     pdl_trigger();
     int row = mv_pass<R>(p, n_in, passes) * MV_WARPS + (threadIdx.x >> 5);
     if (row >= n_out) return;  // whole warp exits together
-    mv_vec_row<WT, R>(p, w, n_in, n_out, row, pdl_waiter{true});
+    mv_vec_row<WT, R, F>(p, w, n_in, n_out, row, pdl_waiter{true});
 }
 
 // grid (passes * cdiv(n_out, 4*MV_WARPS)), block 32*MV_WARPS
-template <int WT, int R>
+template <int WT, int R, int F>
 __global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out, int passes) {
     pdl_trigger();
     int row0 = (mv_pass<R>(p, n_in, passes) * MV_WARPS + (threadIdx.x >> 5)) * 4;
     if (row0 >= n_out) return;  // whole warp exits together
-    mv_vec4_rows<WT, R>(p, w, n_in, n_out, row0, pdl_waiter{true});
+    mv_vec4_rows<WT, R, F>(p, w, n_in, n_out, row0, pdl_waiter{true});
 }
 
 // grid (passes * cdiv(hid, 2*MV_WARPS)), block 32*MV_WARPS
-template <int WT, int R>
+template <int WT, int R, int F>
 __global__ void matvec_glu_kernel(mv_rows p, const void *w, int n_in, int hid, int passes) {
     pdl_trigger();
     int j0 = (mv_pass<R>(p, n_in, passes) * MV_WARPS + (threadIdx.x >> 5)) * 2;
     if (j0 >= hid) return;  // whole warp exits together
-    mv_glu_pair<WT, R>(p, w, n_in, hid, j0, pdl_waiter{true});
+    mv_glu_pair<WT, R, F>(p, w, n_in, hid, j0, pdl_waiter{true});
 }
 
 template <int R>
@@ -61,20 +63,28 @@ __global__ void matvec_scalar_kernel(mv_rows p, const void *w, int wt, int n_in,
 }
 
 
-template <int R>
-static cudaError_t mv_launch(cuda_ctx *ctx, int kind, const mv_rows &p, wref w, int n_in, int n_out) {
+template <int R, int F>
+static cudaError_t mv_launch_f(cuda_ctx *ctx, int kind, const mv_rows &p, wref w, int n_in, int n_out) {
     int ps = (p.B + R - 1) / R;
     unsigned block = 32 * MV_WARPS, grid = ps * cdiv_u(n_out, MV_WARPS), grid4 = ps * cdiv_u(n_out, 4 * MV_WARPS);
-    if (kind == MV_SCALAR)
-        return LAUNCH_PDL(ctx, matvec_scalar_kernel<R>, grid, block, 0, p, w.data, (int)w.type, n_in, n_out, ps);
     if (kind == MV_VEC4) {
-        if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_BF16, R>), grid4, block, 0, p, w.data, n_in, n_out, ps);
-        if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F16, R>), grid4, block, 0, p, w.data, n_in, n_out, ps);
-        return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F32, R>), grid4, block, 0, p, w.data, n_in, n_out, ps);
+        if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_BF16, R, F>), grid4, block, 0, p, w.data, n_in, n_out, ps);
+        if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F16, R, F>), grid4, block, 0, p, w.data, n_in, n_out, ps);
+        return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F32, R, F>), grid4, block, 0, p, w.data, n_in, n_out, ps);
     }
-    if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_BF16, R>), grid, block, 0, p, w.data, n_in, n_out, ps);
-    if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_F16, R>), grid, block, 0, p, w.data, n_in, n_out, ps);
-    return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_F32, R>), grid, block, 0, p, w.data, n_in, n_out, ps);
+    if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_BF16, R, F>), grid, block, 0, p, w.data, n_in, n_out, ps);
+    if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_F16, R, F>), grid, block, 0, p, w.data, n_in, n_out, ps);
+    return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_F32, R, F>), grid, block, 0, p, w.data, n_in, n_out, ps);
+}
+
+template <int R>
+static cudaError_t mv_launch(cuda_ctx *ctx, int kind, const mv_rows &p, wref w, int n_in, int n_out) {
+    if (kind == MV_SCALAR) {
+        int ps = (p.B + R - 1) / R;
+        unsigned grid = ps * cdiv_u(n_out, MV_WARPS);
+        return LAUNCH_PDL(ctx, matvec_scalar_kernel<R>, grid, 32 * MV_WARPS, 0, p, w.data, (int)w.type, n_in, n_out, ps);
+    }
+    return p.nw ? mv_launch_f<R, MV_NORM>(ctx, kind, p, w, n_in, n_out) : mv_launch_f<R, 0>(ctx, kind, p, w, n_in, n_out);
 }
 
 // Every row of the batch (the kernels pick their pass's rows, mv_pass).
@@ -117,13 +127,18 @@ extern "C" int cuda_matvec_rows(cuda_ctx *ctx, float *out, const float *x, wref 
     return cuda_matvec_rows_fused(ctx, out, x, w, n_in, n_out, B, s1, s2, NULL);
 }
 
-template <int R>
-static cudaError_t glu_launch(cuda_ctx *ctx, const mv_rows &p, wref w, int n_in, int hid) {
+template <int R, int F>
+static cudaError_t glu_launch_f(cuda_ctx *ctx, const mv_rows &p, wref w, int n_in, int hid) {
     int ps = (p.B + R - 1) / R;
     unsigned grid = ps * cdiv_u(hid, 2 * MV_WARPS), block = 32 * MV_WARPS;
-    if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_BF16, R>), grid, block, 0, p, w.data, n_in, hid, ps);
-    if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_F16, R>), grid, block, 0, p, w.data, n_in, hid, ps);
-    return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_F32, R>), grid, block, 0, p, w.data, n_in, hid, ps);
+    if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_BF16, R, F>), grid, block, 0, p, w.data, n_in, hid, ps);
+    if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_F16, R, F>), grid, block, 0, p, w.data, n_in, hid, ps);
+    return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_F32, R, F>), grid, block, 0, p, w.data, n_in, hid, ps);
+}
+
+template <int R>
+static cudaError_t glu_launch(cuda_ctx *ctx, const mv_rows &p, wref w, int n_in, int hid) {
+    return p.nw ? glu_launch_f<R, MV_NORM>(ctx, p, w, n_in, hid) : glu_launch_f<R, 0>(ctx, p, w, n_in, hid);
 }
 
 extern "C" int cuda_matvec_glu_rows(cuda_ctx *ctx, float *out, float *tmp, const float *x, wref w, int n_in,

@@ -10,6 +10,12 @@
 
 #define MV_WARPS 4  // warps per block
 
+// The fusions the hot loops test, as template parameters F (no branch on them inside a
+// loop): MV_NORM, a folded RMSNorm (p.nw set); MV_COHERENT, x written by other blocks
+// of the running kernel (the persistent kernel). The vector kernels take F; the scalar
+// fallback, the bias, the residual add and the argmax (once per row) read mv_rows.
+enum { MV_NORM = 1, MV_COHERENT = 2 };
+
 __device__ __forceinline__ float dot8(const float f[8], float4 a, float4 b) {
     float s = f[0] * a.x;
     s = fmaf(f[1], a.y, s); s = fmaf(f[2], a.z, s); s = fmaf(f[3], a.w, s);
@@ -42,7 +48,8 @@ struct mv_rows {
     unsigned long long *amax;
 };
 
-__device__ __forceinline__ float4 mv_ldx(const mv_rows &p, const float4 *a) { return p.coherent ? __ldcg(a) : __ldg(a); }
+template <int F>
+__device__ __forceinline__ float4 mv_ldx(const float4 *a) { return (F & MV_COHERENT) ? __ldcg(a) : __ldg(a); }
 
 __device__ __forceinline__ const float *mv_x(const mv_rows &p, int r, int n_in) {
     return p.x + (size_t)min(r, p.nr - 1) * n_in;
@@ -58,9 +65,12 @@ __device__ __forceinline__ float mv_sq8(float ss, float4 a, float4 b) {
 }
 
 // 1 / rms of a row from each lane's partial sum of squares; 1 without a folded norm.
-__device__ __forceinline__ float mv_inv_from_ss(const mv_rows &p, float ss, int n_in) {
-    if (!p.nw) return 1.f;
+__device__ __forceinline__ float mv_inv_rms(const mv_rows &p, float ss, int n_in) {
     return rsqrtf(warp_sum(ss) / (float)n_in + p.eps);
+}
+template <int F>
+__device__ __forceinline__ float mv_inv_from_ss(const mv_rows &p, float ss, int n_in) {
+    return (F & MV_NORM) ? mv_inv_rms(p, ss, n_in) : 1.f;
 }
 
 // f[0..8) *= the norm's weights g of chunk i (vector kernels; nw 16-byte aligned).
@@ -71,8 +81,9 @@ __device__ __forceinline__ void mv_norm8(const mv_rows &p, size_t i, float g[8])
     g[4] = b.x; g[5] = b.y; g[6] = b.z; g[7] = b.w;
 }
 
+template <int F>
 __device__ __forceinline__ void mv_scale8(const mv_rows &p, size_t i, float f[8]) {
-    if (!p.nw) return;
+    if (!(F & MV_NORM)) return;
     float g[8];
     mv_norm8(p, i, g);
 #pragma unroll
@@ -129,17 +140,17 @@ __device__ __forceinline__ void widen_w8(const uint4 raw[2], float f[8]) {
 
 // acc += w chunk i (raw, widened and norm-scaled here) . x chunk i of each row; ss[r]
 // gathers row r's squares when a norm is folded.
-template <int WT, int R>
+template <int WT, int R, int F>
 __device__ __forceinline__ void mv_chunk(const mv_rows &p, const uint4 raw[2], const float4 *const x4[R], int i,
                                          float acc[R], float ss[R]) {
     float f[8];
     widen_w8<WT>(raw, f);
-    mv_scale8(p, i, f);
+    mv_scale8<F>(p, i, f);
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float4 xa = mv_ldx(p, x4[r] + 2 * i), xb = mv_ldx(p, x4[r] + 2 * i + 1);
+        float4 xa = mv_ldx<F>(x4[r] + 2 * i), xb = mv_ldx<F>(x4[r] + 2 * i + 1);
         acc[r] += dot8(f, xa, xb);
-        if (p.nw) ss[r] = mv_sq8(ss[r], xa, xb);
+        if (F & MV_NORM) ss[r] = mv_sq8(ss[r], xa, xb);
     }
 }
 
@@ -151,7 +162,7 @@ __device__ __forceinline__ void mv_chunk(const mv_rows &p, const uint4 raw[2], c
 // any arithmetic. The first loads go out before wait() (the kernel ahead, in a PDL
 // launch; the producing phase, in the persistent kernel), the activations are read
 // after it. One output row of a warp (lane 0 stores).
-template <int WT, int R, typename Wait>
+template <int WT, int R, int F, typename Wait>
 __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int n_in, int n_out, int row,
                                            const Wait &wait) {
     int lane = threadIdx.x & 31;
@@ -180,7 +191,7 @@ __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int 
     wait();
     while (full) {
 #pragma unroll
-        for (int c = 0; c < MV_INFLIGHT; c++) mv_chunk<WT, R>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
+        for (int c = 0; c < MV_INFLIGHT; c++) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
         i += 32 * MV_INFLIGHT;
         full = i + 32 * (MV_INFLIGHT - 1) < nv;
         if (full) {
@@ -194,10 +205,10 @@ __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int 
     }
 #pragma unroll
     for (int c = 0; c < MV_INFLIGHT - 1; c++)  // the last 0-3 chunks of the lane
-        if (i + 32 * c < nv) mv_chunk<WT, R>(p, raw[c], x4, i + 32 * c, acc[0], ss);
+        if (i + 32 * c < nv) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[0], ss);
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float acc_r = __fmul_rn(warp_sum(acc[0][r] + acc[1][r]), mv_inv_from_ss(p, ss[r], n_in));
+        float acc_r = __fmul_rn(warp_sum(acc[0][r] + acc[1][r]), mv_inv_from_ss<F>(p, ss[r], n_in));
         if (lane == 0) mv_store(p, r, row, n_out, acc_r);
     }
 }
@@ -207,7 +218,7 @@ __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int 
 // 16-byte weight loads are in flight. The order of the sums is fixed (one accumulator
 // per row and x row, lane chunks in order), so results do not depend on R. ss[r]: the
 // lane's sum of squares of x row r when a norm is folded.
-template <int WT, int R, typename Wait>
+template <int WT, int R, int F, typename Wait>
 __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const size_t rb[4], int n_in,
                                          float acc[4][R], float ss[R], const Wait &wait) {
     int lane = threadIdx.x & 31, nv = n_in / 8;
@@ -233,7 +244,7 @@ __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const 
         }
 #pragma unroll
         for (int q = 0; q < 4; q++) widen_w8<WT>(raw[q], f[q]);
-        if (p.nw) {  // the four rows share chunk i's norm weights: one load
+        if (F & MV_NORM) {  // the four rows share chunk i's norm weights: one load
             float g[8];
             mv_norm8(p, i, g);
 #pragma unroll
@@ -243,17 +254,17 @@ __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const 
         }
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float4 xa = mv_ldx(p, x4[r] + 2 * i), xb = mv_ldx(p, x4[r] + 2 * i + 1);
+            float4 xa = mv_ldx<F>(x4[r] + 2 * i), xb = mv_ldx<F>(x4[r] + 2 * i + 1);
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[q][r] += dot8(f[q], xa, xb);
-            if (p.nw) ss[r] = mv_sq8(ss[r], xa, xb);
+            if (F & MV_NORM) ss[r] = mv_sq8(ss[r], xa, xb);
         }
     }
 }
 
 // Four weight rows per warp for tall matrices (gate/up, lm_head): rows row0..row0+3 of a
 // warp. Weight rows past n_out read row n_out-1 (valid memory) and are not written.
-template <int WT, int R, typename Wait>
+template <int WT, int R, int F, typename Wait>
 __device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, int n_in, int n_out, int row0,
                                              const Wait &wait) {
     int lane = threadIdx.x & 31;
@@ -261,9 +272,9 @@ __device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, in
 #pragma unroll
     for (int q = 0; q < 4; q++) rb[q] = (size_t)min(row0 + q, n_out - 1) * (n_in / 8);
     float acc[4][R], ss[R], inv[R];
-    mv4_dots<WT, R>(p, w, rb, n_in, acc, ss, wait);
+    mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait);
 #pragma unroll
-    for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss(p, ss[r], n_in);
+    for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss<F>(p, ss[r], n_in);
 #pragma unroll
     for (int q = 0; q < 4; q++)
 #pragma unroll
@@ -278,7 +289,7 @@ __device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, in
 // and writes silu(gate) * up, [B, hid]. The dots are mv4_dots' and the product
 // swiglu_kernel's: the same bits as the four-rows-per-warp matvec and swiglu_kernel
 // in two launches. Rows past hid read row hid-1 and are not written.
-template <int WT, int R, typename Wait>
+template <int WT, int R, int F, typename Wait>
 __device__ __forceinline__ void mv_glu_pair(const mv_rows &p, const void *w, int n_in, int hid, int j0,
                                             const Wait &wait) {
     int lane = threadIdx.x & 31;
@@ -289,9 +300,9 @@ __device__ __forceinline__ void mv_glu_pair(const mv_rows &p, const void *w, int
         rb[2 + q] = (size_t)(hid + min(j0 + q, hid - 1)) * (n_in / 8);
     }
     float acc[4][R], ss[R], inv[R];
-    mv4_dots<WT, R>(p, w, rb, n_in, acc, ss, wait);
+    mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait);
 #pragma unroll
-    for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss(p, ss[r], n_in);
+    for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss<F>(p, ss[r], n_in);
 #pragma unroll
     for (int q = 0; q < 2; q++)
 #pragma unroll
@@ -329,7 +340,7 @@ __device__ __forceinline__ void mv_scalar_row(const mv_rows &p, const void *w, i
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float a = __fmul_rn(warp_sum(acc[r]), mv_inv_from_ss(p, ss[r], n_in));
+        float a = __fmul_rn(warp_sum(acc[r]), p.nw ? mv_inv_rms(p, ss[r], n_in) : 1.f);
         if (lane == 0) mv_store(p, r, row, n_out, a);
     }
 }

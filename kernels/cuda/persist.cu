@@ -92,7 +92,7 @@ __device__ inline int pk_group(const cuda_persist_plan &p, int row) {
 // for *ready >= target before its first unit (once its first weights are in flight);
 // after each unit lane 0, which stored the rows, releases them: to rel, or (groups) to
 // the qkv counter of the rows' KV group.
-template <int WT>
+template <int WT, int F>
 __device__ void pk_matvec(const cuda_persist_plan &p, int kind, const mv_rows &m, const void *w, int n_in,
                           int n_out, const unsigned *ready, unsigned target, unsigned *rel, bool groups) {
     int lane = threadIdx.x & 31, per = kind == MV_VEC4 ? 4 : 1;
@@ -102,8 +102,8 @@ __device__ void pk_matvec(const cuda_persist_plan &p, int kind, const mv_rows &m
     warp_waiter wait = { ready, target, &first };
     for (int u = gw; u < units; u += nw) {
         int row0 = u * per;
-        if (kind == MV_VEC4) mv_vec4_rows<WT, 1>(m, w, n_in, n_out, row0, wait);
-        else if (kind == MV_VEC) mv_vec_row<WT, 1>(m, w, n_in, n_out, row0, wait);
+        if (kind == MV_VEC4) mv_vec4_rows<WT, 1, F>(m, w, n_in, n_out, row0, wait);
+        else if (kind == MV_VEC) mv_vec_row<WT, 1, F>(m, w, n_in, n_out, row0, wait);
         else mv_scalar_row<1>(m, w, WT, n_in, n_out, row0, wait);
         if (lane == 0) red_release_gpu(groups ? rel + pk_group(p, row0) : rel, (unsigned)min(per, n_out - row0));
     }
@@ -122,7 +122,7 @@ __device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const 
     warp_waiter wait = { ready, (unsigned)p.dim, &first };
     if (a.k_gu != MV_SCALAR) {
         for (int u = gw; u < (hid + 1) / 2; u += nw) {
-            mv_glu_pair<WT, 1>(m, w, p.dim, hid, 2 * u, wait);
+            mv_glu_pair<WT, 1, MV_NORM | MV_COHERENT>(m, w, p.dim, hid, 2 * u, wait);
             if (lane == 0) red_release_gpu(rel, (unsigned)min(2, hid - 2 * u));
         }
         return;
@@ -199,8 +199,8 @@ __device__ void pk_lm_head(const pk_args &a) {
     unsigned long long best = 0;
     for (int u = gw; u * per < p.vocab; u += nw) {
         int row0 = u * per;
-        if (a.k_lm == MV_VEC4) mv_vec4_rows<WT, 1>(m, p.lm_head, p.dim, p.vocab, row0, wait);
-        else if (a.k_lm == MV_VEC) mv_vec_row<WT, 1>(m, p.lm_head, p.dim, p.vocab, row0, wait);
+        if (a.k_lm == MV_VEC4) mv_vec4_rows<WT, 1, MV_NORM | MV_COHERENT>(m, p.lm_head, p.dim, p.vocab, row0, wait);
+        else if (a.k_lm == MV_VEC) mv_vec_row<WT, 1, MV_NORM | MV_COHERENT>(m, p.lm_head, p.dim, p.vocab, row0, wait);
         else mv_scalar_row<1>(m, p.lm_head, WT, p.dim, p.vocab, row0, wait);
         if (lane == 0 && p.argmax)
             for (int r = row0; r < row0 + per && r < p.vocab; r++) {
@@ -249,15 +249,15 @@ __global__ void __launch_bounds__(PK_THREADS, 4) persist_decode_kernel(pk_args a
         const cuda_persist_layer &L = p.layers[l];
         const unsigned *x_ready = pk_x_ready(p, l);
         mv_rows qkv = { p.qkv, p.x, 0, 1, 1, q_dim, q_dim + p.n_kv * hd, L.attn_norm, p.eps, 0, L.bqkv, 1 };
-        pk_matvec<WT>(p, a.k_qkv, qkv, L.wqkv, p.dim, qkv_dim, x_ready, (unsigned)p.dim, pk_ctr(p, l, 0), true);
+        pk_matvec<WT, MV_NORM | MV_COHERENT>(p, a.k_qkv, qkv, L.wqkv, p.dim, qkv_dim, x_ready, (unsigned)p.dim, pk_ctr(p, l, 0), true);
         pk_attention<HD>(a, l, pk_smem, &last);
         mv_rows o = { p.x, p.att, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
-        pk_matvec<WT>(p, a.k_o, o, L.wo, q_dim, p.dim, pk_layer(p, l, PK_ATT), (unsigned)p.n_heads,
+        pk_matvec<WT, MV_COHERENT>(p, a.k_o, o, L.wo, q_dim, p.dim, pk_layer(p, l, PK_ATT), (unsigned)p.n_heads,
                       pk_layer(p, l, PK_O), false);
         mv_rows gu = { p.hb, p.x, 0, 1, 1, p.hidden, p.hidden, L.ffn_norm, p.eps, 0, NULL, 1 };
         pk_glu<WT>(a, gu, L.w_gu, pk_layer(p, l, PK_O), pk_layer(p, l, PK_GLU));
         mv_rows down = { p.x, p.hb, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
-        pk_matvec<WT>(p, a.k_down, down, L.w_down, p.hidden, p.dim, pk_layer(p, l, PK_GLU), (unsigned)p.hidden,
+        pk_matvec<WT, MV_COHERENT>(p, a.k_down, down, L.w_down, p.hidden, p.dim, pk_layer(p, l, PK_GLU), (unsigned)p.hidden,
                       pk_layer(p, l, PK_DOWN), false);
     }
     pk_lm_head<WT>(a);
@@ -296,6 +296,8 @@ extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int
     attn_shape s = pk_shape(p);
     int q_dim = p->n_heads * p->head_dim;
     CUDA_REQUIRE(ctx, p->wt == WT_BF16 || p->wt == WT_F16, "the weights are not all bf16 or all f16");
+    // the norm-folding instances (MV_NORM) of qkv, gate|up and the lm_head read them
+    CUDA_REQUIRE(ctx, p->final_norm != NULL, "no final norm weights");
     // four qkv rows a warp must not straddle two KV groups (their counters)
     CUDA_REQUIRE(ctx, p->head_dim % 4 == 0 || mv_kind_rows(ctx, q_dim + 2 * p->n_kv * p->head_dim) != MV_VEC4,
                  "head_dim %d is not a multiple of 4", p->head_dim);

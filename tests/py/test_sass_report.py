@@ -50,6 +50,26 @@ STRAIGHT = ["LDG.E.128 R4, desc[UR4][R30.64]", "FADD R5, R4, R4", "STG.E desc[UR
 STORE_USE = ["LDG.E.128 R4, desc[UR4][R30.64]", "STG.E desc[UR4][R8.64], R6",
              "LDG.E.128 R12, desc[UR4][R30.64+0x10]", "@P0 BRA 0x0", "EXIT"]
 SPILL = ["STL [R1+0x4], R7", "LDL R7, [R1+0x4]", "EXIT"]
+# nvcc's pipelined loop: the next iteration's four weight loads at the bottom, before the
+# back edge, used at the top after one activation load: 5 in flight in the steady state,
+# though from the loop head only the activation load comes before a use.
+ROTATED = [
+    "LDG.E.128.CONSTANT R12, desc[UR4][R6.64]",        # 0x00: the first iteration's, before the loop
+    "LDG.E.128.CONSTANT R16, desc[UR4][R6.64+0x200]",
+    "LDG.E.128.CONSTANT R20, desc[UR4][R6.64+0x400]",
+    "LDG.E.128.CONSTANT R24, desc[UR4][R6.64+0x600]",
+    "LDG.E.128.CONSTANT R28, desc[UR4][R36.64]",       # 0x40: loop head, an activation chunk
+    "FFMA R2, R12, R28, R2",
+    "FFMA R2, R16, R29, R2",
+    "FFMA R2, R20, R30, R2",
+    "FFMA R2, R24, R31, R2",
+    "LDG.E.128.CONSTANT R12, desc[UR4][R6.64+0x800]",  # the next iteration's weights
+    "LDG.E.128.CONSTANT R16, desc[UR4][R6.64+0xa00]",
+    "LDG.E.128.CONSTANT R20, desc[UR4][R6.64+0xc00]",
+    "LDG.E.128.CONSTANT R24, desc[UR4][R6.64+0xe00]",
+    "@P0 BRA 0x40",
+    "EXIT",
+]
 
 RES = """
 Resource usage:
@@ -86,6 +106,11 @@ def test_in_flight():
     check(sr.loads_in_flight(f["store_use"], 0, 3, None) == 1, "sass_store_reads_all_operands",
           f"{sr.loads_in_flight(f['store_use'], 0, 3, None)}")
     check(sr.spill_insns(sr.parse_sass(sass("spill", SPILL))["spill"]) == 2, "sass_spill_count")
+    rot = sr.parse_sass(sass("rot", ROTATED))["rot"]
+    check(sr.loops(rot) == [(4, 13)] and sr.loads_in_flight(rot, 4, 13, None) == 1, "sass_rotated_loop_from_head",
+          f"{sr.loops(rot)} {sr.loads_in_flight(rot, 4, 13, None)}")
+    check(sr.every_in_flight(rot) == [(5, 1)] and sr.steady_in_flight(rot, 4, 13, "R6") == 4,
+          "sass_rotated_loop_steady_state", f"{sr.every_in_flight(rot)} {sr.steady_in_flight(rot, 4, 13, 'R6')}")
 
 
 def test_res_usage():

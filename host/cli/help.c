@@ -102,6 +102,11 @@ static const char conventions[] =
     "- Exit status: 0 done, 1 a runtime error (a file, the model, a write), 2 a usage error (an option or "
     "its value), 130 interrupted by Ctrl-C (what was finished is kept). Messages go to stderr and start "
     "with `varent CMD:`.\n"
+    "- Threads: `-t` CPU threads share each step's work (OpenMP). Between a step's parallel regions they "
+    "spin for about 30 us before they sleep (`GOMP_SPINCOUNT`, set as a time from the CPU's pause cost; "
+    "`varent version` prints it): on an idle machine a shorter spin cost SmolLM2 decode 30%. On a machine "
+    "whose cores are busy with other work, `GOMP_SPINCOUNT=1000` or `OMP_WAIT_POLICY=passive` (varent leaves "
+    "either as set) gives the cores back sooner (docs/benchmarks.md).\n"
     "- llama.cpp's names work too: `-c/--ctx-size`, `-f/--file`, `-s/--seed`, `-b/--batch-size`, "
     "`-sys/--system-prompt`, `-r/--reverse-prompt`, `--ignore-eos`, `-cnv/-i` (the interactive chat), "
     "`--no-display-prompt`, `-v/--verbose`, `--temperature`, `--n-predict`.\n";

@@ -105,6 +105,12 @@ void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s,
 // result is bit for bit that of the same rows stored contiguously.
 void cpu_attention_paged(float *out, const float *q, kv_span kv, kv_pages pg, int T, attn_shape s,
                          float *last_scores);
+// B sequences' decode rows in one call: row b (query q + b * n_heads * head_dim, output
+// likewise) attends over kv[b] / pg[b] with its capture at last_scores[b] (last_scores or
+// an entry NULL: none), the bits of cpu_attention_paged with T = 1 on that row, with
+// every row's work in one parallel region.
+void cpu_attention_rows(float *out, const float *q, const kv_span *kv, const kv_pages *pg, int B, attn_shape s,
+                        float *const *last_scores);
 // Entropix's attention metrics of one query's scaled scores[n_heads, n_keys] (filled
 // keys only), in double, logs base 2: out4 = {attn_entropy, attn_varentropy (population,
 // over heads), agreement, interaction_strength}; zeros when n_keys == 0. ws: scratch of

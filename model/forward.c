@@ -180,6 +180,31 @@ static void attend(forward_state *s, float *out, const float *q, kv_span span, k
     tp_gather_rows(s, s->tp_scores, 1, (size_t)tp->max_heads * keys, 1, keys, cap, (size_t)c->n_heads * keys);
 }
 
+// A batch's decode rows (one per sequence, no tensor parallelism) in one
+// cpu_attention_rows call: 0 when there is no memory for its lists (attend them one by one).
+static int attend_rows(forward_state *s, const chunk *ch, int l) {
+    const model_config *c = &s->m->cfg;
+    const tp_shard *tp = &s->m->tp;
+    int B = ch->n_seq;
+    attn_shape shape = { tp->n_heads, tp->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim) };
+    kv_span *spans = malloc(sizeof *spans * (size_t)B);
+    kv_pages *pgs = malloc(sizeof *pgs * (size_t)B);
+    float **caps = malloc(sizeof *caps * (size_t)B);
+    if (!spans || !pgs || !caps) {
+        free(spans), free(pgs), free(caps);
+        return 0;
+    }
+    for (int i = 0; i < B; i++) {
+        spans[i] = span_of(&ch->views[i], l, 1);
+        pgs[i] = (kv_pages){ ch->views[i].trunk->table, ch->views[i].trunk->block_shift };
+        caps[i] = l == s->attn_layer && ch->scores ? ch->scores + (size_t)i * c->n_heads * s->ctx : NULL;
+        if (caps[i]) ch->keys[i] = spans[i].n_trunk + spans[i].n_tail;
+    }
+    cpu_attention_rows(s->att, s->q, spans, pgs, B, shape, caps);
+    free(spans), free(pgs), free(caps);
+    return 1;
+}
+
 // One position's keys and values [kv_dim] into position `at` of cache d at layer l.
 static void store_kv_row(kv_cache *d, int l, int at, const float *k, const float *v) {
     size_t n = (size_t)d->kv_dim, off = kv_cache_phys(d, at) * n;
@@ -190,6 +215,23 @@ static void store_kv_row(kv_cache *d, int l, int at, const float *k, const float
     }
     uint16_t *kh = (uint16_t *)kv_cache_k(d, l) + off, *vh = (uint16_t *)kv_cache_v(d, l) + off;
     for (size_t i = 0; i < n; i++) kh[i] = f32_to_bf16(k[i]), vh[i] = f32_to_bf16(v[i]);
+}
+
+// Each sequence's n = T / n_seq rows, one attention call each, with the hooks' capture.
+static void attend_each(forward_state *s, const chunk *ch, int l, int T) {
+    const model_config *c = &s->m->cfg;
+    int n = T / ch->n_seq, q_dim = s->m->tp.n_heads * c->head_dim;
+    float *hcap = hook_attn(s, ch, l) ? s->hooks->attn_buf : NULL;  // n_seq == 1
+    for (int i = 0; i < ch->n_seq; i++) {
+        kv_span span = span_of(&ch->views[i], l, n);
+        float *cap = l == s->attn_layer && ch->scores ? ch->scores + (size_t)i * c->n_heads * s->ctx : NULL;
+        if (cap && hcap) hcap = cap;  // one capture serves both
+        size_t off = (size_t)i * n * q_dim;
+        kv_pages pg = { ch->views[i].trunk->table, ch->views[i].trunk->block_shift };
+        attend(s, s->att + off, s->q + off, span, pg, n, cap ? cap : hcap);
+        if (cap) ch->keys[i] = span.n_trunk + span.n_tail;
+        if (hcap) s->hooks->on_attn(s->hooks->ud, l, hcap, span.n_trunk + span.n_tail);
+    }
 }
 
 static void attention_block(forward_state *s, const layer_weights *w, int l, const chunk *ch, int T) {
@@ -229,18 +271,8 @@ static void attention_block(forward_state *s, const layer_weights *w, int l, con
         store_kv_row(d, l, d->len + (batch ? 0 : t), s->k + (size_t)t * kv_dim, s->v + (size_t)t * kv_dim);
     }
 
-    int n = T / ch->n_seq;  // rows per sequence
-    float *hcap = hook_attn(s, ch, l) ? s->hooks->attn_buf : NULL;  // n_seq == 1
-    for (int i = 0; i < ch->n_seq; i++) {
-        kv_span span = span_of(&ch->views[i], l, n);
-        float *cap = l == s->attn_layer && ch->scores ? ch->scores + (size_t)i * c->n_heads * s->ctx : NULL;
-        if (cap && hcap) hcap = cap;  // one capture serves both
-        size_t off = (size_t)i * n * q_dim;
-        kv_pages pg = { ch->views[i].trunk->table, ch->views[i].trunk->block_shift };
-        attend(s, s->att + off, s->q + off, span, pg, n, cap ? cap : hcap);
-        if (cap) ch->keys[i] = span.n_trunk + span.n_tail;
-        if (hcap) s->hooks->on_attn(s->hooks->ud, l, hcap, span.n_trunk + span.n_tail);
-    }
+    // a batch's decode rows together, in one parallel region (the bits of one call per row)
+    if (!batch || s->comm || T != ch->n_seq || !attend_rows(s, ch, l)) attend_each(s, ch, l, T);
     if (s->hooks && s->hooks->ablate) ablate_heads(s, l, s->att, T);
     mm(s, s->xb, s->att, w->wo, T, q_dim, c->dim);  // the block's output; the caller adds it
     if (s->n_lora) lora_apply(s->lora, s->n_lora, l, LORA_O, s->xb, s->att, T, q_dim, c->dim, s->lora_tmp, s->lora_dy, s->rows_exact);

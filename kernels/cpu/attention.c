@@ -249,6 +249,61 @@ void cpu_attention_paged(float *out, const float *q, kv_span kv, kv_pages pg, in
     free(part);
 }
 
+// B decode rows of B sequences, one query each: row b is cpu_attention_paged(out + b *
+// q_dim, q + b * q_dim, kv[b], pg[b], 1, s, last_scores[b]) bit for bit (the same plan and
+// jobs per row), but every row's jobs share one parallel region. A row's short context is
+// one job, which cpu_attention_paged runs on the calling thread alone; here the rows'
+// jobs spread over the team.
+void cpu_attention_rows(float *out, const float *q, const kv_span *kv, const kv_pages *pg, int B, attn_shape s,
+                        float *const *last_scores) {
+    size_t q_dim = (size_t)s.n_heads * s.head_dim, stride = (size_t)ATT_MAX_ROWS * (2 + s.head_dim);
+    attn_plan *p = malloc(sizeof *p * (size_t)B);
+    attn_args *a = malloc(sizeof *a * (size_t)B);
+    int *first = malloc(sizeof(int) * ((size_t)B + 1));
+    size_t *part_at = malloc(sizeof(size_t) * (size_t)B);
+    if (!p || !a || !first || !part_at) {  // no memory: row by row
+        free(p), free(a), free(first), free(part_at);
+        for (int b = 0; b < B; b++)
+            cpu_attention_paged(out + b * q_dim, q + b * q_dim, kv[b], pg[b], 1, s, last_scores ? last_scores[b] : NULL);
+        return;
+    }
+    size_t parts = 0;
+    first[0] = 0;
+    for (int b = 0; b < B; b++) {
+        a[b] = (attn_args){ kv[b], s, s.n_kv_heads * s.head_dim, pg[b] };
+        p[b] = attn_make_plan(1, kv[b].n_trunk + kv[b].n_tail, s);
+        part_at[b] = parts;
+        if (p[b].splits > 1) parts += (size_t)p[b].jobs * stride;
+        first[b + 1] = first[b] + p[b].jobs;
+    }
+    float *part = parts ? malloc(sizeof(float) * parts) : NULL;
+    for (int b = 0; parts && !part && b < B; b++)  // no memory for partials: no splits, as cpu_attention_paged
+        if (p[b].splits > 1) p[b].splits = 1, p[b].jobs = p[b].sweep ? 1 : s.n_kv_heads * p[b].head_chunks;
+    if (parts && !part) {
+        first[0] = 0;
+        for (int b = 0; b < B; b++) first[b + 1] = first[b] + p[b].jobs;
+    }
+    attn_tile_fn *tile_fn = attn_pick();
+    size_t scratch_floats = 2 * ATT_MAX_ROWS + ATT_MAX_ROWS * ATT_BK + (size_t)(2 * ATT_MAX_ROWS + 2 * ATT_BK) * s.head_dim;
+#pragma omp parallel if (first[B] > 1)
+    {
+        float *scratch = malloc(sizeof(float) * scratch_floats);
+#pragma omp for schedule(dynamic, 1)
+        for (int job = 0; job < first[B]; job++) {
+            int b = 0;
+            while (first[b + 1] <= job) b++;
+            float *rp = p[b].splits > 1 ? part + part_at[b] : NULL;
+            if (scratch)
+                attn_run_job(out + b * q_dim, q + b * q_dim, &a[b], &p[b], last_scores ? last_scores[b] : NULL, tile_fn,
+                             job - first[b], scratch, rp);
+        }
+        free(scratch);
+    }
+    for (int b = 0; part && b < B; b++)
+        if (p[b].splits > 1) attn_merge(out + b * q_dim, q + b * q_dim, &p[b], s, part + part_at[b]);
+    free(part), free(p), free(a), free(first), free(part_at);
+}
+
 // ---- entropix attention statistics -------------------------------------------------------
 // Natural-log partition function of x[n] (max-shifted), in double.
 static double log_sum_exp(const float *x, int n) {

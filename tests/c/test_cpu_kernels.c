@@ -128,6 +128,50 @@ static void test_attention(int n_heads, int n_kv, int hd, int n_keys, int T, int
     CHECK(ok, name, "captured scores differ");
 }
 
+// cpu_attention_rows against one cpu_attention_paged call per row, bit for bit: rows of 1
+// to 1100 keys (the long ones split their keys into jobs and merge them), a row with a
+// tail, a paged row (blocks of 16 positions, in reverse), captures on some rows.
+static void test_attention_rows(int n_heads, int n_kv, int hd) {
+    enum { B = 5, MAXK = 1104 };
+    attn_shape s = { n_heads, n_kv, hd, 1.0f / sqrtf((float)hd) };
+    int kvd = n_kv * hd, keys[B] = { 1, 37, 300, 1100, 77 }, qd = n_heads * hd;
+    float *k = malloc(sizeof(float) * (size_t)B * MAXK * kvd), *v = malloc(sizeof(float) * (size_t)B * MAXK * kvd);
+    float *q = malloc(sizeof(float) * (size_t)B * qd), *out = malloc(sizeof(float) * (size_t)B * qd);
+    float *ref = malloc(sizeof(float) * (size_t)B * qd), *sc = malloc(sizeof(float) * (size_t)B * n_heads * MAXK);
+    float *sc_ref = malloc(sizeof(float) * (size_t)B * n_heads * MAXK);
+    fill(k, (size_t)B * MAXK * kvd), fill(v, (size_t)B * MAXK * kvd), fill(q, (size_t)B * qd);
+    poison(out, (size_t)B * qd), poison(ref, (size_t)B * qd);
+    poison(sc, (size_t)B * n_heads * MAXK), poison(sc_ref, (size_t)B * n_heads * MAXK);
+    static int blocks[MAXK / 16];
+    kv_span sp[B];
+    kv_pages pg[B];
+    float *caps[B], *caps_ref[B];
+    for (int b = 0; b < B; b++) {
+        float *kb = k + (size_t)b * MAXK * kvd, *vb = v + (size_t)b * MAXK * kvd;
+        int tail = b == 2 ? 9 : 0;  // row 2: the last 9 keys in a tail buffer
+        sp[b] = (kv_span){ kb, vb, keys[b] - tail, tail ? kb + (size_t)(keys[b] - tail) * kvd : NULL,
+                           tail ? vb + (size_t)(keys[b] - tail) * kvd : NULL, tail, 0 };
+        pg[b] = (kv_pages){ NULL, 0 };
+        caps[b] = b % 2 ? NULL : sc + (size_t)b * n_heads * MAXK;
+        caps_ref[b] = b % 2 ? NULL : sc_ref + (size_t)b * n_heads * MAXK;
+    }
+    int nblk = (keys[4] + 15) / 16;  // row 4 paged: logical block i is physical block nblk - 1 - i
+    for (int i = 0; i < nblk; i++) blocks[i] = nblk - 1 - i;
+    pg[4] = (kv_pages){ blocks, 4 };
+    cpu_attention_rows(out, q, sp, pg, B, s, caps);
+    for (int b = 0; b < B; b++)
+        cpu_attention_paged(ref + (size_t)b * qd, q + (size_t)b * qd, sp[b], pg[b], 1, s, caps_ref[b]);
+    char name[96];
+    snprintf(name, sizeof name, "attention_rows_h%d_kv%d_hd%d == one call per row", n_heads, n_kv, hd);
+    CHECK(!memcmp(out, ref, sizeof(float) * (size_t)B * qd), name, "an output differs");
+    int same = 1;
+    for (int b = 0; b < B; b += 2)
+        same &= !memcmp(caps[b], caps_ref[b], sizeof(float) * (size_t)n_heads * keys[b]);
+    snprintf(name, sizeof name, "attention_rows_h%d_kv%d_hd%d captures", n_heads, n_kv, hd);
+    CHECK(same, name, "a captured score differs");
+    free(k), free(v), free(q), free(out), free(ref), free(sc), free(sc_ref);
+}
+
 static void test_conversions(void) {
     CHECK(f16_to_f32(0x3c00) == 1.0f && f16_to_f32(0xc000) == -2.0f && f16_to_f32(0x0001) == 5.9604644775390625e-8f &&
           f16_to_f32(0x7bff) == 65504.0f, "f16_decode_known_values", "wrong");
@@ -219,5 +263,8 @@ int main(void) {
     test_attention(8, 8, 64, 129, 3, 100);
     test_attention(16, 2, 128, 300, 8, 290);
     test_attention(4, 1, 64, 50, 1, 49);
+    test_attention_rows(9, 3, 64);   // SmolLM2's heads: the sweep plan
+    test_attention_rows(4, 1, 64);   // one KV head: the tile plan
+    test_attention_rows(8, 8, 16);
     CHECK_DONE();
 }

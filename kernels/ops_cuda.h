@@ -364,13 +364,15 @@ typedef struct {
     sample_out *draw;                        // device: the greedy draw as cuda_sample writes it (NULL: none)
     unsigned *ctr;                           // device [cuda_persist_counters], zero before the first launch
     int grid;                                // blocks (0: as many as the device holds at once)
+    int ring;                                // the weight ring's bytes a block (-1: as many as fit; 0: none)
 } cuda_persist_plan;
 
 // Counters the plan needs (each launch leaves them at zero for the next).
 size_t cuda_persist_counters(const cuda_persist_plan *p);
-// The shape checks (-1 with ctx->err saying why the step falls back to the graph path)
-// and the grid: the co-resident block count, at most p->grid when set.
-int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int *grid);
+// The shape checks (-1 with ctx->err saying why the step falls back to the graph path),
+// the grid (the co-resident block count, at most p->grid when set) and the weight ring's
+// bytes a block (p->ring, or as many as fit beside the attention's shared memory).
+int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int *grid, int *ring);
 // Queues the step on ctx->stream (one launch; ctx->scratch holds the attention partials,
 // ctx->att_count the combine counters, as for cuda_attention_decode_rows).
 int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p);

@@ -45,6 +45,7 @@ typedef struct {
     long persist_steps, persist_fallbacks;  // so far: steps it ran, and steps that took the
                                             // graph path while it was chosen (diff readings)
     const char *fallback_why;  // the last fallback's reason (NULL: none; valid until close)
+    int persist_ring;          // the last persistent step's weight ring, bytes a block (0: none)
 } cuda_step_counts;
 void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out);
 // The decode kernel of one-row steps (--decode-kernel): the graph path (0, the default)
@@ -52,6 +53,11 @@ void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out);
 // steps it does not support yet take the graph path, counted in cuda_step_counts).
 // grid: the persistent kernel's blocks (0: as many as the device holds at once).
 void cuda_forward_set_decode_kernel(cuda_forward *f, int persistent, int grid);
+// The persistent kernel's weight ring (docs/cuda.md): bytes of shared memory a block for
+// the next phase's weights, copied while the phase before runs (-1, the default: as many
+// as fit beside the attention's at 4 blocks an SM; 0: none, every weight loaded as it is
+// used). The bits are the same either way.
+void cuda_forward_set_persist_ring(cuda_forward *f, int bytes);
 // As forward(): appends T tokens to the sequence in kv (device caches of this forward's
 // device) and leaves the last token's logits in fw->logits. When fw->attn_layer is a
 // layer: fw->attn_keys, the device statistics in fw->logit_stats / fw->attn_stats with

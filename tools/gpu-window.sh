@@ -44,7 +44,8 @@
 #      baseline binary; default the bundle's), GUARD_TESTS (the guard's programs), WEIGHTS (/tmp/weights), PYTHON,
 #      PLANT_HANG=STAGE (the stage sleeps first: the deadline's own test), AB_VARIANTS
 #      ("LABEL ENV=V... --flag V...;...": the current build again with each, per model;
-#      on hardware "persistent --decode-kernel persistent" unless set), STREAMS_MODEL,
+#      on hardware "persistent --decode-kernel persistent;persistent-noring
+#      VARENT_CUDA_PERSIST_RING=0 --decode-kernel persistent" unless set), STREAMS_MODEL,
 #      STREAMS, STREAMS_N, STREAMS_ONE, STREAMS_CTX (the streams stage).
 set -u
 cd "$(dirname "$0")/.."
@@ -98,7 +99,7 @@ else
     export WEIGHTS=${WEIGHTS:-/tmp/weights}
     # issue 34's persistent decode kernel against the graph path on every window (set
     # AB_VARIANTS= to run none)
-    export AB_VARIANTS=${AB_VARIANTS-persistent --decode-kernel persistent}
+    export AB_VARIANTS=${AB_VARIANTS-persistent --decode-kernel persistent;persistent-noring VARENT_CUDA_PERSIST_RING=0 --decode-kernel persistent}
     export STREAMS_MODEL=${STREAMS_MODEL:-llama-3.2-1b} STREAMS=${STREAMS:-32} STREAMS_N=${STREAMS_N:-128} STREAMS_ONE=${STREAMS_ONE:-4}
 fi
 export STREAMS_CTX=${STREAMS_CTX:-512}

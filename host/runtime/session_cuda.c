@@ -57,6 +57,15 @@ int session_cuda_open(session *s, int device, const session *base, verr *err) {
     const char *pg = getenv("VARENT_CUDA_PERSIST_GRID");
     int persistent = base ? base->decode_persistent : s->decode_persistent;
     cuda_forward_set_decode_kernel(s->cu, persistent, pg ? atoi(pg) : 0);
+    // Its weight ring: VARENT_CUDA_PERSIST_RING KiB a block (0: none; unset: as many as fit).
+    const char *pr = getenv("VARENT_CUDA_PERSIST_RING");
+    if (pr && *pr) {
+        char *end;
+        long kib = strtol(pr, &end, 10);
+        if (*end || kib < 0 || kib > 227)
+            return verr_set(err, "VARENT_CUDA_PERSIST_RING=%s: KiB of shared memory a block, 0 to 227 (0: no ring)", pr);
+        cuda_forward_set_persist_ring(s->cu, (int)kib * 1024);
+    }
     s->decode_persistent = persistent;
     const model_config *c = &s->m.cfg;
     if (kv_cache_init_cuda(&s->kv, cuda_forward_ctx(s->cu), c->n_layers, s->ctx, model_kv_dim(&s->m), err)) return -1;

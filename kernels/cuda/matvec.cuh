@@ -7,6 +7,8 @@
 #define VARENT_CUDA_MATVEC_CUH
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/sync.cuh"
+#include <type_traits>
 
 #define MV_WARPS 4  // warps per block
 
@@ -134,6 +136,61 @@ __device__ __forceinline__ void widen_w8(const uint4 raw[2], float f[8]) {
     }
 }
 
+// ---- the weight ring (the persistent kernel's cross-phase prefetch, docs/cuda.md) ----
+// A warp's slice of shared memory. The first unit of each matvec phase copies the first
+// chunks of its weight rows there (cp_async16) before it waits for its inputs, so those
+// bytes stream while the phase before is still running; after the wait the unit reads
+// them from the slice and the rest of each row from memory as before. The values are
+// the same, and so are the bits. A unit's rows share the slice: row q's first n chunks
+// at s[q * n + j], each chunk copied and read by the same lane (no warp barrier).
+struct mv_ring {
+    uint4 *s;  // shared [cap] 16-byte chunks, this warp's (NULL: no prefetch)
+    int cap;
+};
+// The graph path's: no ring, and every test of one folds away at compile time.
+struct mv_noring {};
+
+// Copies the first n chunks of each of the rows at rb[0..rows) (chunk offsets) into the
+// slice, asynchronously; returns n (0: nothing copied).
+template <int WT>
+__device__ __forceinline__ int ring_fill(const mv_noring &, const void *, const size_t *, int, int) {
+    return 0;
+}
+template <int WT>
+__device__ __forceinline__ int ring_fill(const mv_ring &r, const void *w, const size_t *rb, int rows, int nv) {
+    if (WT == WT_F32 || !r.s) return 0;  // an f32 chunk is two loads: no ring
+    int n = min(nv, r.cap / rows), lane = threadIdx.x & 31;
+    for (int q = 0; q < rows; q++)
+        for (int j = lane; j < n; j += 32) cp_async16(r.s + q * n + j, (const uint4 *)w + rb[q] + j);
+    return n;
+}
+// The lane's copies have landed (after the unit's input wait).
+__device__ __forceinline__ void ring_land(const mv_noring &) {}
+__device__ __forceinline__ void ring_land(const mv_ring &) { cp_async_wait_all(); }
+__device__ __forceinline__ uint4 ring_get(const mv_noring &, int) { return make_uint4(0, 0, 0, 0); }
+// Whether chunk i of a row is in the ring (n: ring_fill's); false at compile time without one.
+__device__ __forceinline__ bool ring_has(const mv_noring &, int, int) { return false; }
+__device__ __forceinline__ bool ring_has(const mv_ring &, int n, int i) { return i < n; }
+__device__ __forceinline__ uint4 ring_get(const mv_ring &r, int k) { return r.s[k]; }
+
+// Zeroes raw with a ring only: every chunk is loaded or taken from the ring before its
+// use, which gcc (the emulated device) cannot see; the graph path's code stays as it was.
+template <typename Ring, int N>
+__device__ __forceinline__ void ring_clear(uint4 (&raw)[N][2]) {
+    if constexpr (!std::is_same<Ring, mv_noring>::value) {
+#pragma unroll
+        for (int c = 0; c < N; c++) raw[c][0] = raw[c][1] = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// Chunk i of a row, at chunk `at` of w: from the ring when it holds it (i < n; the row's
+// chunks start at ring chunk k there), else from memory.
+template <int WT, typename Ring>
+__device__ __forceinline__ void mv_ld(const Ring &ring, int n, int k, const void *w, size_t at, int i, uint4 raw[2]) {
+    if (ring_has(ring, n, i)) raw[0] = ring_get(ring, k + i);
+    else ld_w8<WT>(w, at, raw);
+}
+
 // Chunks in flight per lane in the one-row-per-warp kernel: one or two 16-byte loads per
 // lane left the weight stream latency-bound on rows of 2K-8K elements.
 #define MV_INFLIGHT 4
@@ -162,9 +219,9 @@ __device__ __forceinline__ void mv_chunk(const mv_rows &p, const uint4 raw[2], c
 // any arithmetic. The first loads go out before wait() (the kernel ahead, in a PDL
 // launch; the producing phase, in the persistent kernel), the activations are read
 // after it. One output row of a warp (lane 0 stores).
-template <int WT, int R, int F, typename Wait>
+template <int WT, int R, int F, typename Wait, typename Ring = mv_noring>
 __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int n_in, int n_out, int row,
-                                           const Wait &wait) {
+                                           const Wait &wait, const Ring &ring = Ring()) {
     int lane = threadIdx.x & 31;
     int nv = n_in / 8;         // 8-element chunks per row
     size_t rbase = (size_t)row * nv;
@@ -177,18 +234,27 @@ __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int 
         acc[1][r] = 0.f;
         ss[r] = 0.f;
     }
+    int n = ring_fill<WT>(ring, w, &rbase, 1, nv);  // chunks [0, n) come from the ring
     int i = lane;
     uint4 raw[MV_INFLIGHT][2];
+    ring_clear<Ring>(raw);
     bool full = i + 32 * (MV_INFLIGHT - 1) < nv;
     if (full) {
 #pragma unroll
-        for (int c = 0; c < MV_INFLIGHT; c++) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
+        for (int c = 0; c < MV_INFLIGHT; c++)
+            if (!ring_has(ring, n, i + 32 * c)) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
     } else {  // the lane's 0-3 chunks, all in flight
 #pragma unroll
         for (int c = 0; c < MV_INFLIGHT - 1; c++)
-            if (i + 32 * c < nv) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
+            if (i + 32 * c < nv && !ring_has(ring, n, i + 32 * c)) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
     }
     wait();
+    if (n > 0) {
+        ring_land(ring);
+#pragma unroll
+        for (int c = 0; c < MV_INFLIGHT; c++)
+            if (ring_has(ring, n, i + 32 * c)) raw[c][0] = ring_get(ring, i + 32 * c);
+    }
     while (full) {
 #pragma unroll
         for (int c = 0; c < MV_INFLIGHT; c++) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
@@ -196,11 +262,11 @@ __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int 
         full = i + 32 * (MV_INFLIGHT - 1) < nv;
         if (full) {
 #pragma unroll
-            for (int c = 0; c < MV_INFLIGHT; c++) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
+            for (int c = 0; c < MV_INFLIGHT; c++) mv_ld<WT>(ring, n, 0, w, rbase + i + 32 * c, i + 32 * c, raw[c]);
         } else {
 #pragma unroll
             for (int c = 0; c < MV_INFLIGHT - 1; c++)
-                if (i + 32 * c < nv) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
+                if (i + 32 * c < nv) mv_ld<WT>(ring, n, 0, w, rbase + i + 32 * c, i + 32 * c, raw[c]);
         }
     }
 #pragma unroll
@@ -218,9 +284,9 @@ __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int 
 // 16-byte weight loads are in flight. The order of the sums is fixed (one accumulator
 // per row and x row, lane chunks in order), so results do not depend on R. ss[r]: the
 // lane's sum of squares of x row r when a norm is folded.
-template <int WT, int R, int F, typename Wait>
+template <int WT, int R, int F, typename Wait, typename Ring>
 __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const size_t rb[4], int n_in,
-                                         float acc[4][R], float ss[R], const Wait &wait) {
+                                         float acc[4][R], float ss[R], const Wait &wait, const Ring &ring) {
     int lane = threadIdx.x & 31, nv = n_in / 8;
     const float4 *x4[R];
 #pragma unroll
@@ -230,17 +296,26 @@ __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const 
 #pragma unroll
         for (int q = 0; q < 4; q++) acc[q][r] = 0.f;
     }
+    int n = ring_fill<WT>(ring, w, rb, 4, nv);  // chunks [0, n) of each row come from the ring
     uint4 raw[4][2];
-    if (lane < nv) {  // the first chunks go out before the wait
+    ring_clear<Ring>(raw);
+    if (lane < nv && !ring_has(ring, n, lane)) {  // the first chunks go out before the wait
 #pragma unroll
         for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + lane, raw[q]);
     }
     wait();
+    if (n > 0) {
+        ring_land(ring);
+        if (ring_has(ring, n, lane)) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) raw[q][0] = ring_get(ring, q * n + lane);
+        }
+    }
     for (int i = lane; i < nv; i += 32) {
         float f[4][8];
         if (i != lane) {
 #pragma unroll
-            for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + i, raw[q]);
+            for (int q = 0; q < 4; q++) mv_ld<WT>(ring, n, q * n, w, rb[q] + i, i, raw[q]);
         }
 #pragma unroll
         for (int q = 0; q < 4; q++) widen_w8<WT>(raw[q], f[q]);
@@ -264,15 +339,15 @@ __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const 
 
 // Four weight rows per warp for tall matrices (gate/up, lm_head): rows row0..row0+3 of a
 // warp. Weight rows past n_out read row n_out-1 (valid memory) and are not written.
-template <int WT, int R, int F, typename Wait>
+template <int WT, int R, int F, typename Wait, typename Ring = mv_noring>
 __device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, int n_in, int n_out, int row0,
-                                             const Wait &wait) {
+                                             const Wait &wait, const Ring &ring = Ring()) {
     int lane = threadIdx.x & 31;
     size_t rb[4];
 #pragma unroll
     for (int q = 0; q < 4; q++) rb[q] = (size_t)min(row0 + q, n_out - 1) * (n_in / 8);
     float acc[4][R], ss[R], inv[R];
-    mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait);
+    mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait, ring);
 #pragma unroll
     for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss<F>(p, ss[r], n_in);
 #pragma unroll
@@ -289,9 +364,9 @@ __device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, in
 // and writes silu(gate) * up, [B, hid]. The dots are mv4_dots' and the product
 // swiglu_kernel's: the same bits as the four-rows-per-warp matvec and swiglu_kernel
 // in two launches. Rows past hid read row hid-1 and are not written.
-template <int WT, int R, int F, typename Wait>
+template <int WT, int R, int F, typename Wait, typename Ring = mv_noring>
 __device__ __forceinline__ void mv_glu_pair(const mv_rows &p, const void *w, int n_in, int hid, int j0,
-                                            const Wait &wait) {
+                                            const Wait &wait, const Ring &ring = Ring()) {
     int lane = threadIdx.x & 31;
     size_t rb[4];
 #pragma unroll
@@ -300,7 +375,7 @@ __device__ __forceinline__ void mv_glu_pair(const mv_rows &p, const void *w, int
         rb[2 + q] = (size_t)(hid + min(j0 + q, hid - 1)) * (n_in / 8);
     }
     float acc[4][R], ss[R], inv[R];
-    mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait);
+    mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait, ring);
 #pragma unroll
     for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss<F>(p, ss[r], n_in);
 #pragma unroll

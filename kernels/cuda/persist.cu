@@ -17,7 +17,10 @@
 // computed by the graph path's own device functions (matvec.cuh, attention_decode.cuh),
 // so the logits are the graph path's bits. While a warp waits for its first unit's
 // inputs, that unit's first weight chunks are already in flight (the matvec's loads
-// before wait()), and an attention split's first K/V tile (old cache rows). The last
+// before wait()), and an attention split's first K/V tile (old cache rows); and each
+// warp's first unit of a matvec phase copies the first chunks of its weight rows into
+// the warp's slice of a shared-memory ring (cp.async, matvec.cuh's mv_ring) before its
+// wait, so the next phase's weights stream while the phase before still runs. The last
 // block to finish turns the packed argmax into the greedy draw and sets every counter
 // back to zero for the next launch. Only what other blocks of the launch wrote is read
 // through L2 (ld.global.cg), never the non-coherent path.
@@ -26,6 +29,8 @@
 #include "kernels/cuda/sync.cuh"
 
 #define PK_THREADS 128  // ATT_THREADS == 32 * MV_WARPS: a block is an attention split or 4 matvec warps
+#define PK_MIN_BLOCKS 4  // blocks an SM holds (__launch_bounds__; the ring's share of shared memory)
+#define PK_STATIC_SMEM 256  // bytes of static shared memory set aside (the kernel's flags)
 static_assert(PK_THREADS == ATT_THREADS && PK_THREADS == 32 * MV_WARPS, "one block shape for every phase");
 
 // What the host works out for the kernel beside the plan.
@@ -36,7 +41,16 @@ struct pk_args {
     int kps;                       // keys per live split (split_keys)
     float *part;                   // attention partials (ctx->scratch)
     unsigned *count;               // the attention's combine counters (ctx->att_count)
+    int ring_off, ring_cap;        // the weight ring: bytes into the dynamic shared memory, and
+                                   // 16-byte chunks a warp (0: none)
 };
+
+// This warp's slice of the weight ring (s NULL: none).
+__device__ inline mv_ring pk_ring(const pk_args &a, float4 *smem4) {
+    if (!a.ring_cap) return mv_ring{ NULL, 0 };
+    uint4 *base = (uint4 *)((char *)smem4 + a.ring_off);
+    return mv_ring{ base + (size_t)(threadIdx.x >> 5) * a.ring_cap, a.ring_cap };
+}
 
 // Counters: per layer [qkv of each KV group | heads combined | o rows | h outputs | down
 // rows], then embedded elements, then finished blocks.
@@ -91,10 +105,11 @@ __device__ inline int pk_group(const cuda_persist_plan &p, int row) {
 // MV_SCALAR) or rows 4u..4u+3 (MV_VEC4), the graph path's kernel's work of one warp. The warp waits
 // for *ready >= target before its first unit (once its first weights are in flight);
 // after each unit lane 0, which stored the rows, releases them: to rel, or (groups) to
-// the qkv counter of the rows' KV group.
+// the qkv counter of the rows' KV group. The first unit prefetches through the ring.
 template <int WT, int F>
 __device__ void pk_matvec(const cuda_persist_plan &p, int kind, const mv_rows &m, const void *w, int n_in,
-                          int n_out, const unsigned *ready, unsigned target, unsigned *rel, bool groups) {
+                          int n_out, const unsigned *ready, unsigned target, unsigned *rel, bool groups,
+                          const mv_ring &ring) {
     int lane = threadIdx.x & 31, per = kind == MV_VEC4 ? 4 : 1;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
     int units = (n_out + per - 1) / per;
@@ -102,8 +117,9 @@ __device__ void pk_matvec(const cuda_persist_plan &p, int kind, const mv_rows &m
     warp_waiter wait = { ready, target, &first };
     for (int u = gw; u < units; u += nw) {
         int row0 = u * per;
-        if (kind == MV_VEC4) mv_vec4_rows<WT, 1, F>(m, w, n_in, n_out, row0, wait);
-        else if (kind == MV_VEC) mv_vec_row<WT, 1, F>(m, w, n_in, n_out, row0, wait);
+        mv_ring r = first ? ring : mv_ring{ NULL, 0 };
+        if (kind == MV_VEC4) mv_vec4_rows<WT, 1, F>(m, w, n_in, n_out, row0, wait, r);
+        else if (kind == MV_VEC) mv_vec_row<WT, 1, F>(m, w, n_in, n_out, row0, wait, r);
         else mv_scalar_row<1>(m, w, WT, n_in, n_out, row0, wait);
         if (lane == 0) red_release_gpu(groups ? rel + pk_group(p, row0) : rel, (unsigned)min(per, n_out - row0));
     }
@@ -114,7 +130,8 @@ __device__ void pk_matvec(const cuda_persist_plan &p, int kind, const mv_rows &m
 // launches do: gate row j and up row j by the scalar kernel into the planar
 // [gate | up] halves of hb, then silu(gate) * up into hb[j], one output a warp.
 template <int WT>
-__device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const unsigned *ready, unsigned *rel) {
+__device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const unsigned *ready, unsigned *rel,
+                       const mv_ring &ring) {
     const cuda_persist_plan &p = a.p;
     int lane = threadIdx.x & 31, hid = p.hidden;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
@@ -122,7 +139,8 @@ __device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const 
     warp_waiter wait = { ready, (unsigned)p.dim, &first };
     if (a.k_gu != MV_SCALAR) {
         for (int u = gw; u < (hid + 1) / 2; u += nw) {
-            mv_glu_pair<WT, 1, MV_NORM | MV_COHERENT>(m, w, p.dim, hid, 2 * u, wait);
+            mv_ring r = first ? ring : mv_ring{ NULL, 0 };
+            mv_glu_pair<WT, 1, MV_NORM | MV_COHERENT>(m, w, p.dim, hid, 2 * u, wait, r);
             if (lane == 0) red_release_gpu(rel, (unsigned)min(2, hid - 2 * u));
         }
         return;
@@ -189,7 +207,7 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
 
 // lm_head rows; lane 0 of each warp keeps its best row and adds it to the packed argmax.
 template <int WT>
-__device__ void pk_lm_head(const pk_args &a) {
+__device__ void pk_lm_head(const pk_args &a, const mv_ring &ring) {
     const cuda_persist_plan &p = a.p;
     mv_rows m = { p.logits, p.x, 0, 1, 1, p.vocab, p.vocab, p.final_norm, p.eps, 0, NULL, 1 };
     int lane = threadIdx.x & 31, per = a.k_lm == MV_VEC4 ? 4 : 1;
@@ -199,8 +217,11 @@ __device__ void pk_lm_head(const pk_args &a) {
     unsigned long long best = 0;
     for (int u = gw; u * per < p.vocab; u += nw) {
         int row0 = u * per;
-        if (a.k_lm == MV_VEC4) mv_vec4_rows<WT, 1, MV_NORM | MV_COHERENT>(m, p.lm_head, p.dim, p.vocab, row0, wait);
-        else if (a.k_lm == MV_VEC) mv_vec_row<WT, 1, MV_NORM | MV_COHERENT>(m, p.lm_head, p.dim, p.vocab, row0, wait);
+        mv_ring r = first ? ring : mv_ring{ NULL, 0 };
+        if (a.k_lm == MV_VEC4)
+            mv_vec4_rows<WT, 1, MV_NORM | MV_COHERENT>(m, p.lm_head, p.dim, p.vocab, row0, wait, r);
+        else if (a.k_lm == MV_VEC)
+            mv_vec_row<WT, 1, MV_NORM | MV_COHERENT>(m, p.lm_head, p.dim, p.vocab, row0, wait, r);
         else mv_scalar_row<1>(m, p.lm_head, WT, p.dim, p.vocab, row0, wait);
         if (lane == 0 && p.argmax)
             for (int r = row0; r < row0 + per && r < p.vocab; r++) {
@@ -236,11 +257,12 @@ __device__ void pk_finish(const cuda_persist_plan &p) {
 
 // grid: every block co-resident (cooperative launch), block PK_THREADS.
 template <int WT, int HD>
-__global__ void __launch_bounds__(PK_THREADS, 4) persist_decode_kernel(pk_args a) {
+__global__ void __launch_bounds__(PK_THREADS, PK_MIN_BLOCKS) persist_decode_kernel(pk_args a) {
     extern __shared__ float4 pk_smem[];
     __shared__ unsigned last;
     const cuda_persist_plan &p = a.p;
     int hd = p.head_dim, q_dim = p.n_heads * hd, qkv_dim = q_dim + 2 * p.n_kv * hd;
+    mv_ring ring = pk_ring(a, pk_smem);
     // The previous launch's argmax is cleared before this block's first release, which
     // every later phase waits for (block 0, warp 0 always has the first embed unit).
     if (blockIdx.x == 0 && threadIdx.x == 0 && p.argmax) *p.argmax = 0ull;
@@ -249,18 +271,19 @@ __global__ void __launch_bounds__(PK_THREADS, 4) persist_decode_kernel(pk_args a
         const cuda_persist_layer &L = p.layers[l];
         const unsigned *x_ready = pk_x_ready(p, l);
         mv_rows qkv = { p.qkv, p.x, 0, 1, 1, q_dim, q_dim + p.n_kv * hd, L.attn_norm, p.eps, 0, L.bqkv, 1 };
-        pk_matvec<WT, MV_NORM | MV_COHERENT>(p, a.k_qkv, qkv, L.wqkv, p.dim, qkv_dim, x_ready, (unsigned)p.dim, pk_ctr(p, l, 0), true);
+        pk_matvec<WT, MV_NORM | MV_COHERENT>(p, a.k_qkv, qkv, L.wqkv, p.dim, qkv_dim, x_ready, (unsigned)p.dim,
+                                             pk_ctr(p, l, 0), true, ring);
         pk_attention<HD>(a, l, pk_smem, &last);
         mv_rows o = { p.x, p.att, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
         pk_matvec<WT, MV_COHERENT>(p, a.k_o, o, L.wo, q_dim, p.dim, pk_layer(p, l, PK_ATT), (unsigned)p.n_heads,
-                      pk_layer(p, l, PK_O), false);
+                                   pk_layer(p, l, PK_O), false, ring);
         mv_rows gu = { p.hb, p.x, 0, 1, 1, p.hidden, p.hidden, L.ffn_norm, p.eps, 0, NULL, 1 };
-        pk_glu<WT>(a, gu, L.w_gu, pk_layer(p, l, PK_O), pk_layer(p, l, PK_GLU));
+        pk_glu<WT>(a, gu, L.w_gu, pk_layer(p, l, PK_O), pk_layer(p, l, PK_GLU), ring);
         mv_rows down = { p.x, p.hb, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
-        pk_matvec<WT, MV_COHERENT>(p, a.k_down, down, L.w_down, p.hidden, p.dim, pk_layer(p, l, PK_GLU), (unsigned)p.hidden,
-                      pk_layer(p, l, PK_DOWN), false);
+        pk_matvec<WT, MV_COHERENT>(p, a.k_down, down, L.w_down, p.hidden, p.dim, pk_layer(p, l, PK_GLU),
+                                   (unsigned)p.hidden, pk_layer(p, l, PK_DOWN), false, ring);
     }
-    pk_lm_head<WT>(a);
+    pk_lm_head<WT>(a, ring);
     pk_finish(p);
 }
 
@@ -288,11 +311,26 @@ static pk_kernel pk_pick(const cuda_persist_plan *p, attn_shape s, const char **
 
 static attn_shape pk_shape(const cuda_persist_plan *p) { return { p->n_heads, p->n_kv, p->head_dim, p->scale }; }
 
-static size_t pk_smem_bytes(attn_shape s) {
-    return flash_ok(s) ? flash_smem(s.n_heads / s.n_kv_heads, s.head_dim) : decode_smem(s, decode_tile(s));
+// The attention's dynamic shared memory, rounded up to the ring's 16-byte chunks.
+static size_t pk_att_smem(attn_shape s) {
+    size_t b = flash_ok(s) ? flash_smem(s.n_heads / s.n_kv_heads, s.head_dim) : decode_smem(s, decode_tile(s));
+    return (b + 15) / 16 * 16;
 }
 
-extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int *grid) {
+// The weight ring's bytes a block, a whole number of 16-byte chunks a warp: p->ring when
+// set (0: none), else what an SM's shared memory leaves each of PK_MIN_BLOCKS blocks
+// after the attention's (an SM has 1 KiB beyond the opt-in a block may ask for, sm_80 and
+// sm_90, and sets 1 KiB aside per block), in 2 KiB steps; never above the opt-in.
+static size_t pk_ring_bytes(const cuda_ctx *ctx, const cuda_persist_plan *p, attn_shape s) {
+    long att = (long)pk_att_smem(s), optin = ctx->smem_optin > 0 ? ctx->smem_optin : 48 << 10;
+    long want = p->ring;
+    if (want < 0) want = ((optin + 1024) / PK_MIN_BLOCKS - 1024 - PK_STATIC_SMEM - att) / 2048 * 2048;
+    if (want > optin - PK_STATIC_SMEM - att) want = optin - PK_STATIC_SMEM - att;
+    want = want / (16 * MV_WARPS) * (16 * MV_WARPS);
+    return want > 0 ? (size_t)want : 0;
+}
+
+extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int *grid, int *ring) {
     attn_shape s = pk_shape(p);
     int q_dim = p->n_heads * p->head_dim;
     CUDA_REQUIRE(ctx, p->wt == WT_BF16 || p->wt == WT_F16, "the weights are not all bf16 or all f16");
@@ -308,18 +346,22 @@ extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int
     CUDA_REQUIRE(ctx, ctx->att_count && ctx->att_count_n >= p->n_kv, "no attention combine counters");
     const char *name;
     pk_kernel k = pk_pick(p, s, &name);
+    size_t rb = pk_ring_bytes(ctx, p, s), smem = pk_att_smem(s) + rb;
+    if (smem > (48 << 10))  // above the default limit: opted in (the ring)
+        CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
-    CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, PK_THREADS, pk_smem_bytes(s)));
-    CUDA_REQUIRE(ctx, per_sm >= 1, "the kernel does not fit an SM (%zu bytes of shared memory)", pk_smem_bytes(s));
+    CUDA_CHECK(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, PK_THREADS, smem));
+    CUDA_REQUIRE(ctx, per_sm >= 1, "the kernel does not fit an SM (%zu bytes of shared memory)", smem);
     int g = per_sm * (ctx->n_sm > 0 ? ctx->n_sm : 1);
     if (p->grid > 0 && p->grid < g) g = p->grid;
     *grid = g;
+    *ring = (int)rb;
     return 0;
 }
 
 extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p) {
-    int grid = 0;
-    if (cuda_persist_check(ctx, p, &grid)) return -1;
+    int grid = 0, ring = 0;
+    if (cuda_persist_check(ctx, p, &grid, &ring)) return -1;
     attn_shape s = pk_shape(p);
     pk_args a;
     a.p = *p;
@@ -336,10 +378,12 @@ extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p)
     a.tile = flash_ok(s) ? 0 : decode_tile(s);
     a.part = (float *)ctx->scratch;
     a.count = ctx->att_count;
+    a.ring_off = (int)pk_att_smem(s);
+    a.ring_cap = ring / 16 / MV_WARPS;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;
-    cudaLaunchConfig_t cfg = { dim3(grid), dim3(PK_THREADS), pk_smem_bytes(s), ctx->stream, attr, 1 };
+    cudaLaunchConfig_t cfg = { dim3(grid), dim3(PK_THREADS), (size_t)a.ring_off + (size_t)ring, ctx->stream, attr, 1 };
     const char *name;
     pk_kernel k = pk_pick(p, s, &name);
 #ifdef VARENT_EMU_DEVICE

@@ -1,6 +1,7 @@
 // sync.cuh: counters between the blocks of one grid, with release/acquire semantics at
 // GPU scope (the persistent decode kernel's dataflow, docs/cuda.md), and programmatic
-// dependent launch. On a GPU these are PTX; on the emulated device (VARENT_EMU_DEVICE,
+// dependent launch, and asynchronous copies into shared memory (cp.async: the
+// persistent kernel's weight ring, matvec.cuh). On a GPU these are PTX; on the emulated device (VARENT_EMU_DEVICE,
 // tests/cudaemu/) each acquire is a point where the running block yields to the other
 // co-resident blocks, and a wait parks it until the counter arrives, so a missing
 // release or a wrong target shows as a reported deadlock (docs/cuda.md "The emulated
@@ -28,6 +29,10 @@ static inline void red_release_gpu(unsigned *p, unsigned v) {
     emu::progress++;
     __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
 }
+// 16 bytes from global src to shared dst, asynchronously: dst holds them only after this
+// thread's cp_async_wait_all (tests/cudaemu/async.cpp poisons it until then).
+#define cp_async16(dst, src) emu::cp_async((dst), (src), 16, __FILE__, __LINE__)
+#define cp_async_wait_all() emu::cp_async_wait_all(__FILE__, __LINE__)
 
 #else
 
@@ -43,6 +48,12 @@ __device__ __forceinline__ void wait_counter_gpu(const unsigned *p, unsigned tar
 __device__ __forceinline__ void red_release_gpu(unsigned *p, unsigned v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+// cp.async.cg: through L2 only (weights streamed once, as the matvec's loads).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 #endif
 

@@ -23,6 +23,7 @@ void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out) {
     *out = (cuda_step_counts){ 0, 0, 0, 0, 0, 0, 0, NULL };
 }
 void cuda_forward_set_decode_kernel(cuda_forward *f, int persistent, int grid) { (void)f, (void)persistent, (void)grid; }
+void cuda_forward_set_persist_ring(cuda_forward *f, int bytes) { (void)f, (void)bytes; }
 int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err) {
     (void)f, (void)fw, (void)kv, (void)ids, (void)T;
     return verr_set(err, NO_CUDA);

@@ -30,6 +30,7 @@ int cuda_forward_open(cuda_forward **out, const model *m, forward_state *fw, int
     if (!d) return verr_set(err, "out of memory");
     cuda_core *f = &d->core;
     d->use_graph = 1;
+    d->persist.ring = -1;  // the weight ring as large as fits
     if (cuda_core_init(f, m, fw, device, err)) {
         free(d);
         return -1;
@@ -94,12 +95,15 @@ void cuda_forward_counts(const cuda_forward *d, cuda_step_counts *out) {
     out->persist_steps = d->persist.steps;
     out->persist_fallbacks = d->persist.fallbacks;
     out->fallback_why = d->persist.fallbacks ? d->persist.why : NULL;
+    out->persist_ring = d->persist.ring_used;
 }
 
 void cuda_forward_set_decode_kernel(cuda_forward *d, int persistent, int grid) {
     d->persist.on = persistent;
     d->persist.grid = grid > 0 ? grid : 0;
 }
+
+void cuda_forward_set_persist_ring(cuda_forward *d, int bytes) { d->persist.ring = bytes < 0 ? -1 : bytes; }
 
 // ---- the parts' public calls -------------------------------------------------------------------
 int cuda_forward_set_lora(cuda_forward *d, const lora_use *u, int n, verr *err) {
@@ -214,7 +218,7 @@ int cuda_graph_decode(cuda_forward *d, int B, int cap, int hk, int arm, verr *er
     CK(cudaGraphLaunch(g->exec, f->ctx.stream));
     if (arm == ARM_GREEDY) cuda_arm_greedy_cfg(&d->arm);  // the host's record of what the replay draws with
     if (arm && arm < ARM_LOOP_GREEDY) d->arm.ready = -1;  // the draws come back with the step's wait
-    if (B == 1) d->step = (cuda_step_counts){ g->launches, g->nodes, 0, 0, 0, 0, 0, NULL };
+    if (B == 1) d->step = (cuda_step_counts){ .launches = g->launches, .graph_nodes = g->nodes };
     return 0;
 }
 
@@ -255,7 +259,7 @@ static int run_chunk(cuda_forward *d, kv_view *kv, const int *ids, int T, int ca
              : d->use_graph ? cuda_graph_decode(d, 1, cap, hk, arm, err)
                             : cuda_step_decode(d, 1, cap, hk, err);
     if (rc == 0 && T == 1 && (persistent || !d->use_graph))
-        d->step = (cuda_step_counts){ f->ctx.n_launches - l0, 0, 0, 0, persistent, 0, 0, NULL };
+        d->step = (cuda_step_counts){ .launches = f->ctx.n_launches - l0, .persistent = persistent };
     if (rc == 0 && T == 1 && cap >= 0 && d->tp.comm) rc = cuda_step_tp_stats(d, 1, err);
     if (rc || cuda_hooks_deliver(f, &d->hk, &d->tp, hk, T, pos0, f->last_keys, err)) return -1;
     advance(kv, T);

@@ -35,6 +35,8 @@ typedef struct {
 typedef struct {
     int on;                    // --decode-kernel persistent
     int grid;                  // blocks (0: as many as the device holds at once)
+    int ring;                  // the weight ring's bytes a block asked for (-1: as many as fit; 0: none)
+    int ring_used;             // the last persistent step's (cuda_persist_check's choice)
     cuda_persist_layer *d_layers;  // device [n_layers] (NULL until the first persistent step)
     unsigned *ctr;             // device dataflow counters
     unsigned long long *argmax;    // device: the packed greedy token

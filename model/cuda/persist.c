@@ -73,6 +73,7 @@ static cuda_persist_plan plan_of(const cuda_forward *d, int cap) {
     p.max_ctx = f->max_ctx;
     p.argmax = d->persist.argmax, p.ctr = d->persist.ctr;
     p.grid = d->persist.grid;
+    p.ring = d->persist.ring;
     return p;
 }
 
@@ -131,8 +132,9 @@ static int ready(cuda_forward *d, int cap, int hk, cuda_persist_plan *plan, verr
         return fall_back(d, "matrices of more than one type");
     if (setup(d, err)) return -1;
     *plan = plan_of(d, cap);
-    int grid = 0;
-    if (cuda_persist_check(&f->ctx, plan, &grid)) return fall_back(d, f->ctx.err.msg);
+    int grid = 0, ring = 0;
+    if (cuda_persist_check(&f->ctx, plan, &grid, &ring)) return fall_back(d, f->ctx.err.msg);
+    p->ring_used = ring;
     return 1;
 }
 

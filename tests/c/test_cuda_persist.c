@@ -10,7 +10,9 @@
 //     the same tokens;
 //   - each plain greedy step is one launch (the kernel: its argmax is the armed draw)
 //     and takes no extra host wait;
-//   - the grid changes half-way (and is 1 block for one model): the bits do not move;
+//   - the grid changes half-way (and is 1 block for one model), and the weight ring
+//     shrinks from as large as fits (whole rows) to 8 chunks a warp (rows partly from
+//     it): the bits do not move;
 //   - with a capture layer the device statistics equal the graph path's;
 //   - a step with forward hooks takes the graph path, counted with its reason, and a
 //     batch likewise.
@@ -42,6 +44,7 @@ int main(void) {
 #else
 
 #define STEPS 64
+#define RING_SMALL 512  // the weight ring of the second half: 8 chunks a warp
 
 typedef struct {
     session cpu, g, p;  // the CPU reference, the graph path, the persistent kernel (g's weights)
@@ -180,10 +183,21 @@ static void run_model(const char *dir, const char *name, int grid0, int grid1, c
     tally y = { 0 };
     y.first_bad = -1;
     int tok = prompt[n_prompt - 1];
+    cuda_step_counts c;
+    int ring0 = 0;
     for (int j = 0; rc == 0 && j < STEPS; j++) {
-        if (j == STEPS / 2) cuda_forward_set_decode_kernel(t.p.cu, 1, grid1);
+        if (j == STEPS / 2) {  // a new grid, and a ring of 8 chunks a warp: most rows partly from it
+            cuda_forward_counts(t.p.cu, &c);
+            ring0 = c.persist_ring;
+            cuda_forward_set_decode_kernel(t.p.cu, 1, grid1);
+            cuda_forward_set_persist_ring(t.p.cu, RING_SMALL);
+        }
         rc = step(&t, j, tok, &tok, &y, &err);
     }
+    cuda_forward_counts(t.p.cu, &c);
+    CHECK(rc == 0 && ring0 >= 2048 && c.persist_ring == RING_SMALL,
+          NAME("cuda_persist %s: the weight ring in use (as large as fits, then %d bytes a block)", name, RING_SMALL),
+          "rc %d, rings of %d and %d bytes", rc, ring0, c.persist_ring);
     CHECK(rc == 0 && y.steps == STEPS && y.bad_tok == 0 && y.bad_bits == 0,
           NAME("cuda_persist %s: %d greedy steps, the graph path's tokens and logits bit for bit (grid %d, then %d)",
                name, STEPS, grid0, grid1),
@@ -258,6 +272,7 @@ int main(int argc, char **argv) {
     } models[] = {
         { "llama3-tiny", 5, 1 }, { "llama-mha-untied", 3, 8 }, { "qwen2-tiny", 7, 2 },
         { "qwen3-tiny", 4, 9 },  { "llama-hd64-tiny", 6, 3 },  { "qwen3-hd128-tiny", 2, 5 },
+        { "llama-wide-tiny", 3, 6 },
     };
     int prompt[6] = { 1, 403, 407, 261, 378, 22 };
     // under ASan two models: qwen2-tiny (biases) and qwen3-hd128-tiny (q/k norms, the tiled attention)

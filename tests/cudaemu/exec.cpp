@@ -223,6 +223,7 @@ void thread_main(void *arg) {
     block &b = *self;
     fiber_entered(b.sched);
     b.L->ops->run(b.L->closure.get());
+    async_thread_end(t->ctx);
     t->state = T_DONE;
     b.n_done++;
     progress++;
@@ -743,6 +744,11 @@ void *shared_static(const void *key, size_t bytes, size_t align) {
 }
 
 void *shared_dynamic(void) { return self->shared; }
+
+bool shared_range(const void *p, size_t n) {
+    const char *c = (const char *)p, *s = self->shared;
+    return c >= s && c + n <= s + self->dyn + self->static_used;
+}
 
 void spin_yield(const void *p, uint64_t value, const char *file, int line) {
     block &b = *self;

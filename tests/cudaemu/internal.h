@@ -58,6 +58,11 @@ void exec_finish(const launch_rec &L, early_start *e);
 int exec_max_blocks_per_sm(const launch_rec &L);
 // The kernel this OS thread is running ("" when none): for the memcheck report.
 const char *exec_running_kernel(void);
+// Whether [p, p + n) lies in the running block's shared memory (dynamic and static).
+bool shared_range(const void *p, size_t n);
+// The running thread ends: its asynchronous copies must all have been waited for
+// (async.cpp; reported otherwise).
+void async_thread_end(thread_ctx &t);
 // The dynamic shared memory limit set with cudaFuncSetAttribute (0: default 48 KiB).
 int func_max_dynamic_smem(const void *func);
 

@@ -65,6 +65,22 @@ __global__ void read_unwritten_shared(float *out) {
     out[threadIdx.x] = sh[threadIdx.x];
 }
 __global__ void fill(float *out, float v) { out[threadIdx.x] = v; }
+// Asynchronous copies into shared memory (cp_async16, as the persistent kernel's weight
+// ring): each thread copies 4 floats of x into sh and stores them doubled. The planted
+// bugs: 1 the copy read before its wait; 2 never waited for; 3 a destination in global
+// memory; 4 a source not 16-byte aligned.
+enum { AS_RIGHT, AS_READ_EARLY, AS_UNWAITED, AS_GLOBAL_DST, AS_MISALIGNED };
+__global__ void async_copy(float *out, const float *x, int mode) {
+    __shared__ float4 sh[32];
+    int t = threadIdx.x;
+    void *dst = mode == AS_GLOBAL_DST ? (void *)(out + 4 * t) : (void *)&sh[t];
+    cp_async16(dst, mode == AS_MISALIGNED ? x + 4 * t + 1 : x + 4 * t);
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mode == AS_READ_EARLY) v = sh[t];
+    if (mode != AS_UNWAITED) cp_async_wait_all();
+    if (mode != AS_READ_EARLY) v = sh[t];
+    out[4 * t] = 2.f * v.x, out[4 * t + 1] = 2.f * v.y, out[4 * t + 2] = 2.f * v.z, out[4 * t + 3] = 2.f * v.w;
+}
 
 // Co-resident blocks in two phases, as the persistent decode kernel's dataflow: block b
 // works through barrier-separated steps, writes its slot and releases the counter;
@@ -168,6 +184,21 @@ static int run_phases(int mode, int G, int cooperative) {
     return 0;
 }
 
+// async_copy() on one warp: 0 when every output is twice its input (x[i] = i + 1), 3 when not.
+static int run_async(const char *name, float *out) {
+    int mode = !strcmp(name, "async_read_early") ? AS_READ_EARLY
+               : !strcmp(name, "async_unwaited")  ? AS_UNWAITED
+               : !strcmp(name, "async_global_dst") ? AS_GLOBAL_DST
+               : !strcmp(name, "async_misaligned") ? AS_MISALIGNED
+                                                   : AS_RIGHT;
+    float *x = dev_floats(129, 1.f), h[128];
+    async_copy<<<1, 32>>>(out, x, mode);
+    cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 128; i++)
+        if (h[i] != 2.f * (float)(i + 1)) return 3;
+    return 0;
+}
+
 // exit status: 0 = the bug went unnoticed, 3 = noticed by this scenario's own check
 static int scenario(const char *name) {
     if (!strcmp(name, "pdl_right")) return run_pdl(0, 0) | run_pdl(0, 1);
@@ -182,6 +213,7 @@ static int scenario(const char *name) {
     if (!strcmp(name, "coop_too_large")) return run_phases(PH_RIGHT, 132 * 32 + 1, 1) == 4 ? 3 : 0;
     float *out;
     cudaMalloc((void **)&out, 256 * sizeof(float));
+    if (!strncmp(name, "async_", 6)) return run_async(name, out);
     if (!strcmp(name, "reduce") || !strcmp(name, "reduce_ok")) {
         float *x = dev_floats(256, 1.f), got = 0;
         if (!strcmp(name, "reduce")) reduce_no_sync<<<1, 256>>>(out, x);
@@ -343,5 +375,15 @@ int main(int argc, char **argv) {
     expect(self, "pdl_read_early", "forward", NULL);
     expect(self, "pdl_read_early", "random:1", NULL);
     expect(self, "pdl_read_early_graph", "forward", NULL);
+    // asynchronous copies into shared memory: the destination holds the data only after
+    // the issuing thread's wait; a read before it sees the poison, a copy never waited
+    // for, into global memory or from a misaligned source is reported
+    check(run_child(self, "async_right", "forward", err, sizeof err) == 0 &&
+              run_child(self, "async_right", "random:1", err, sizeof err) == 0,
+          "cudaemu_async_copy_after_wait_is_right", err);
+    expect(self, "async_read_early", "forward", NULL);
+    expect(self, "async_unwaited", "forward", "asynchronous copies never waited for");
+    expect(self, "async_global_dst", "forward", "the destination is not the block's shared memory");
+    expect(self, "async_misaligned", "forward", "an operand not aligned to its size");
     return failures ? 1 : 0;
 }

@@ -14,6 +14,8 @@ the CPU. Checked against the CPU backend and the published texts:
   - LEHV branches (--branch) decode on the device (session_forward_batch ->
     cuda_forward_batch) and the run logs BRANCH steps;
   - serve --device cuda answers a chat request;
+  - --decode-kernel persistent gives the graph path's greedy text, with its weight ring
+    and without (VARENT_CUDA_PERSIST_RING=0), and --stats reports both;
   - the scheduler on the device: batch records, compare rows and eval trials with
     --parallel 3 equal --parallel 1's, and a --parallel 3 server answers 3 requests at once as it does one at a time;
   - non-finite logits on the device (NaN weights, an overflowing norm) are an error
@@ -308,6 +310,38 @@ def test_armed_draws(model):
               f"rc {loop[0]}, same text {loop[1] == on[1]}: {loop[3]}")
 
 
+def test_persistent(model):
+    """--decode-kernel persistent from the CLI: greedy stories260K gives the graph path's
+    text, --stats reports the steps and the weight ring (as large as fits, or none with
+    VARENT_CUDA_PERSIST_RING=0, the same text), and a bad VARENT_CUDA_PERSIST_RING is an
+    error naming it."""
+    import subprocess
+    base = ["run", "-m", model, "-p", "Once upon a time", "-n", 24, "--temp", 0, "--device", "cuda", "--stats",
+            "--ignore-eos"]
+    out = {}
+    for name, ring, kernel in (("graph", None, "graph"), ("ring", None, "persistent"), ("noring", "0", "persistent"),
+                               ("bad", "12kb", "persistent")):
+        e = dict(os.environ, VARENT_CUDA_PERSIST_GRID="4")
+        e.pop("VARENT_CUDA_PERSIST_RING", None)
+        if ring is not None:
+            e["VARENT_CUDA_PERSIST_RING"] = ring
+        r = subprocess.run([EMU, *map(str, base), "--decode-kernel", kernel], capture_output=True, text=True,
+                           timeout=300 * (3 if vtest.UNDER_ASAN else 1), env=e)
+        m = re.search(r"decode kernel: persistent, (\d+) steps \(weight ring (\d+) KiB a block\); (\d+) on the graph",
+                      r.stderr)
+        out[name] = (r.returncode, r.stdout, tuple(int(x) for x in m.groups()) if m else None, r.stderr.strip()[-300:])
+    g, on, off, bad = out["graph"], out["ring"], out["noring"], out["bad"]
+    ok = g[0] == 0 and on[0] == 0 and on[1] == g[1] and on[2] is not None and on[2][0] >= 20 and on[2][1] > 0 \
+        and on[2][2] == 0
+    check(ok, "emu_persistent_text_equal_graph_with_ring", f"rc {g[0]}/{on[0]}, same text {on[1] == g[1]}, "
+          f"(steps, ring KiB, fallbacks) {on[2]}: {on[3]}")
+    ok = off[0] == 0 and off[1] == g[1] and off[2] is not None and off[2][1] == 0 and off[2][0] >= 20
+    check(ok, "emu_persistent_text_equal_graph_without_ring", f"rc {off[0]}, same text {off[1] == g[1]}, {off[2]}: "
+          f"{off[3]}")
+    ok = bad[0] != 0 and "VARENT_CUDA_PERSIST_RING=12kb: KiB of shared memory a block" in bad[3] and not bad[1]
+    check(ok, "emu_persistent_bad_ring_is_an_error", f"rc {bad[0]}: {bad[3]}")
+
+
 def test_nonfinite(model, tmp):
     import shutil
     for name, tensor, value in (("nan", "model.layers.1.mlp.down_proj.weight", float("nan")),
@@ -396,6 +430,7 @@ def main():
     test_step_counts(tmp)
     test_stories(model)
     test_armed_draws(model)
+    test_persistent(model)
     if vtest.UNDER_ASAN:
         # make test-asan: the emulated device under ASan took over 10 minutes for one of the
         # agents' runs on the 2-core machine; make test runs these two without ASan

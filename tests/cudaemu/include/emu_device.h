@@ -60,6 +60,7 @@ struct thread_ctx {
     uint3 tid, bid;
     uint3 bdim, gdim;
     int linear;  // threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)
+    struct async_copies *copies;  // cp.async copies not yet waited for (async.cpp; NULL: none)
 };
 extern thread_local thread_ctx *cur;
 
@@ -100,6 +101,14 @@ void spin_yield(const void *p, uint64_t value, const char *file, int line);
 void wait_geq(const unsigned *p, unsigned target, const char *file, int line);
 void grid_dep_sync(const char *file, int line);
 extern thread_local unsigned long progress;
+
+// Asynchronous copies into shared memory (cp.async; kernels/cuda/sync.cuh), as a GPU
+// may carry them out at the latest (tests/cudaemu/async.cpp): the source is read at the
+// issue and its destination poisoned, and the data lands at the issuing thread's
+// cp_async_wait_all. A read of the destination before that wait sees NaN, and a thread
+// that ends with copies it never waited for is reported.
+void cp_async(void *dst, const void *src, size_t bytes, const char *file, int line);
+void cp_async_wait_all(const char *file, int line);
 
 template <typename... P>
 struct closure {

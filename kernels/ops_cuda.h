@@ -365,6 +365,8 @@ typedef struct {
     unsigned *ctr;                           // device [cuda_persist_counters], zero before the first launch
     int grid;                                // blocks (0: as many as the device holds at once)
     int ring;                                // the weight ring's bytes a block (-1: as many as fit; 0: none)
+    int min_blocks;                          // blocks an SM: 3 (168 registers a thread; 0: 3) or 4 (128)
+    int sleep_ns;                            // a counter wait's pause between polls (0: none)
 } cuda_persist_plan;
 
 // Counters the plan needs (each launch leaves them at zero for the next).

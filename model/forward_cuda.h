@@ -58,6 +58,10 @@ void cuda_forward_set_decode_kernel(cuda_forward *f, int persistent, int grid);
 // as fit beside the attention's at 4 blocks an SM; 0: none, every weight loaded as it is
 // used). The bits are the same either way.
 void cuda_forward_set_persist_ring(cuda_forward *f, int bytes);
+// Its blocks an SM (3, the default: 168 registers a thread and no spills; 4: 128, with
+// spills) and its counter waits' pause between polls in ns (0, the default: none). The
+// bits are the same.
+void cuda_forward_set_persist_tuning(cuda_forward *f, int min_blocks, int sleep_ns);
 // As forward(): appends T tokens to the sequence in kv (device caches of this forward's
 // device) and leaves the last token's logits in fw->logits. When fw->attn_layer is a
 // layer: fw->attn_keys, the device statistics in fw->logit_stats / fw->attn_stats with

@@ -44,8 +44,8 @@
 #      baseline binary; default the bundle's), GUARD_TESTS (the guard's programs), WEIGHTS (/tmp/weights), PYTHON,
 #      PLANT_HANG=STAGE (the stage sleeps first: the deadline's own test), AB_VARIANTS
 #      ("LABEL ENV=V... --flag V...;...": the current build again with each, per model;
-#      on hardware "persistent --decode-kernel persistent;persistent-noring
-#      VARENT_CUDA_PERSIST_RING=0 --decode-kernel persistent" unless set), STREAMS_MODEL,
+#      on hardware the persistent kernel and three of its switches, the weight ring off,
+#      4 blocks an SM and a pause between counter polls, unless set), STREAMS_MODEL,
 #      STREAMS, STREAMS_N, STREAMS_ONE, STREAMS_CTX (the streams stage).
 set -u
 cd "$(dirname "$0")/.."
@@ -97,9 +97,14 @@ else
     # window's guard share ran out inside it, before test_cuda_forward had run.
     export GUARD_TESTS=${GUARD_TESTS:-test_cuda_kernels test_cuda_batch test_cuda_forward test_cuda_persist test_sample}
     export WEIGHTS=${WEIGHTS:-/tmp/weights}
-    # issue 34's persistent decode kernel against the graph path on every window (set
-    # AB_VARIANTS= to run none)
-    export AB_VARIANTS=${AB_VARIANTS-persistent --decode-kernel persistent;persistent-noring VARENT_CUDA_PERSIST_RING=0 --decode-kernel persistent}
+    # issue 34's persistent decode kernel against the graph path on every window, and each
+    # of its switches against it: the weight ring off, 4 blocks an SM (128 registers, with
+    # spills) instead of 3, a 100 ns pause between counter polls (set AB_VARIANTS= to run none)
+    pk_ab="persistent --decode-kernel persistent"
+    pk_ab+=";persistent-noring VARENT_CUDA_PERSIST_RING=0 --decode-kernel persistent"
+    pk_ab+=";persistent-4blocks VARENT_CUDA_PERSIST_BLOCKS=4 --decode-kernel persistent"
+    pk_ab+=";persistent-sleep VARENT_CUDA_PERSIST_SLEEP=100 --decode-kernel persistent"
+    export AB_VARIANTS=${AB_VARIANTS-$pk_ab}
     export STREAMS_MODEL=${STREAMS_MODEL:-llama-3.2-1b} STREAMS=${STREAMS:-32} STREAMS_N=${STREAMS_N:-128} STREAMS_ONE=${STREAMS_ONE:-4}
 fi
 export STREAMS_CTX=${STREAMS_CTX:-512}

@@ -44,6 +44,32 @@ int session_cuda_devices(void) {
 #endif
 }
 
+// An integer environment variable in [lo, hi]: 1 and *v when set, 0 when unset or empty,
+// -1 (err says which and what it takes) when not such a number.
+static int env_int(const char *name, long lo, long hi, const char *what, long *v, verr *err) {
+    const char *e = getenv(name);
+    if (!e || !*e) return 0;
+    char *end;
+    *v = strtol(e, &end, 10);
+    if (*end || *v < lo || *v > hi) return verr_set(err, "%s=%s: %s, %ld to %ld", name, e, what, lo, hi);
+    return 1;
+}
+
+// The persistent kernel's tuning (docs/cuda.md), for the GPU window's A/B: its weight ring
+// (VARENT_CUDA_PERSIST_RING KiB a block; 0: none; unset: as many as fit), blocks an SM
+// (VARENT_CUDA_PERSIST_BLOCKS 3 or 4) and the pause between counter polls
+// (VARENT_CUDA_PERSIST_SLEEP ns).
+static int persist_env(session *s, verr *err) {
+    long kib = -1, blocks = 3, ns = 0;
+    int r = env_int("VARENT_CUDA_PERSIST_RING", 0, 227, "KiB of shared memory a block (0: no ring)", &kib, err);
+    if (r < 0 || env_int("VARENT_CUDA_PERSIST_BLOCKS", 3, 4, "blocks an SM", &blocks, err) < 0 ||
+        env_int("VARENT_CUDA_PERSIST_SLEEP", 0, 100000, "ns between counter polls", &ns, err) < 0)
+        return -1;
+    cuda_forward_set_persist_ring(s->cu, r ? (int)kib * 1024 : -1);
+    cuda_forward_set_persist_tuning(s->cu, (int)blocks, (int)ns);
+    return 0;
+}
+
 int session_cuda_open(session *s, int device, const session *base, verr *err) {
     if (cuda_forward_open(&s->cu, &s->m, &s->fw, device, base ? base->cu : NULL, err)) return -1;
     const char *g = getenv("VARENT_CUDA_GRAPHS");
@@ -57,15 +83,7 @@ int session_cuda_open(session *s, int device, const session *base, verr *err) {
     const char *pg = getenv("VARENT_CUDA_PERSIST_GRID");
     int persistent = base ? base->decode_persistent : s->decode_persistent;
     cuda_forward_set_decode_kernel(s->cu, persistent, pg ? atoi(pg) : 0);
-    // Its weight ring: VARENT_CUDA_PERSIST_RING KiB a block (0: none; unset: as many as fit).
-    const char *pr = getenv("VARENT_CUDA_PERSIST_RING");
-    if (pr && *pr) {
-        char *end;
-        long kib = strtol(pr, &end, 10);
-        if (*end || kib < 0 || kib > 227)
-            return verr_set(err, "VARENT_CUDA_PERSIST_RING=%s: KiB of shared memory a block, 0 to 227 (0: no ring)", pr);
-        cuda_forward_set_persist_ring(s->cu, (int)kib * 1024);
-    }
+    if (persist_env(s, err)) return -1;
     s->decode_persistent = persistent;
     const model_config *c = &s->m.cfg;
     if (kv_cache_init_cuda(&s->kv, cuda_forward_ctx(s->cu), c->n_layers, s->ctx, model_kv_dim(&s->m), err)) return -1;

@@ -29,7 +29,8 @@
 #include "kernels/cuda/sync.cuh"
 
 #define PK_THREADS 128  // ATT_THREADS == 32 * MV_WARPS: a block is an attention split or 4 matvec warps
-#define PK_MIN_BLOCKS 4  // blocks an SM holds (__launch_bounds__; the ring's share of shared memory)
+#define PK_CTR_STRIDE 32  // unsigneds between counters: one 128-byte line each, so the warps polling
+                         // one counter do not share its line with the adds to another
 #define PK_STATIC_SMEM 256  // bytes of static shared memory set aside (the kernel's flags)
 static_assert(PK_THREADS == ATT_THREADS && PK_THREADS == 32 * MV_WARPS, "one block shape for every phase");
 
@@ -43,6 +44,7 @@ struct pk_args {
     unsigned *count;               // the attention's combine counters (ctx->att_count)
     int ring_off, ring_cap;        // the weight ring: bytes into the dynamic shared memory, and
                                    // 16-byte chunks a warp (0: none)
+    unsigned sleep_ns;             // a counter wait's pause between polls (0: none)
 };
 
 // This warp's slice of the weight ring (s NULL: none).
@@ -53,10 +55,10 @@ __device__ inline mv_ring pk_ring(const pk_args &a, float4 *smem4) {
 }
 
 // Counters: per layer [qkv of each KV group | heads combined | o rows | h outputs | down
-// rows], then embedded elements, then finished blocks.
+// rows], then embedded elements, then finished blocks; PK_CTR_STRIDE apart.
 __host__ __device__ inline int pk_per_layer(const cuda_persist_plan &p) { return p.n_kv + 4; }
 __device__ inline unsigned *pk_ctr(const cuda_persist_plan &p, int l, int slot) {
-    return p.ctr + (size_t)l * pk_per_layer(p) + slot;
+    return p.ctr + ((size_t)l * pk_per_layer(p) + slot) * PK_CTR_STRIDE;
 }
 enum { PK_ATT = 0, PK_O = 1, PK_GLU = 2, PK_DOWN = 3 };  // after the n_kv group counters
 __device__ inline unsigned *pk_layer(const cuda_persist_plan &p, int l, int what) {
@@ -75,10 +77,11 @@ struct warp_waiter {
     const unsigned *ctr;
     unsigned target;
     bool *first;  // true until the warp's first unit has waited
+    unsigned sleep_ns;
     __device__ __forceinline__ void operator()() const {
         if (!*first) return;
         *first = false;
-        if ((threadIdx.x & 31) == 0) wait_counter_gpu(ctr, target);
+        if ((threadIdx.x & 31) == 0) wait_counter_gpu(ctr, target, sleep_ns);
         __syncwarp();
     }
 };
@@ -87,8 +90,9 @@ struct warp_waiter {
 struct block_waiter {
     const unsigned *ctr;
     unsigned target;
+    unsigned sleep_ns;
     __device__ __forceinline__ void operator()() const {
-        if (threadIdx.x == 0) wait_counter_gpu(ctr, target);
+        if (threadIdx.x == 0) wait_counter_gpu(ctr, target, sleep_ns);
         __syncthreads();
     }
 };
@@ -107,21 +111,25 @@ __device__ inline int pk_group(const cuda_persist_plan &p, int row) {
 // after each unit lane 0, which stored the rows, releases them: to rel, or (groups) to
 // the qkv counter of the rows' KV group. The first unit prefetches through the ring.
 template <int WT, int F>
-__device__ void pk_matvec(const cuda_persist_plan &p, int kind, const mv_rows &m, const void *w, int n_in,
+__device__ void pk_matvec(const pk_args &a, int kind, const mv_rows &m, const void *w, int n_in,
                           int n_out, const unsigned *ready, unsigned target, unsigned *rel, bool groups,
                           const mv_ring &ring) {
+    const cuda_persist_plan &p = a.p;
     int lane = threadIdx.x & 31, per = kind == MV_VEC4 ? 4 : 1;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
     int units = (n_out + per - 1) / per;
     bool first = true;
-    warp_waiter wait = { ready, target, &first };
+    warp_waiter wait = { ready, target, &first, a.sleep_ns };
     for (int u = gw; u < units; u += nw) {
         int row0 = u * per;
         mv_ring r = first ? ring : mv_ring{ NULL, 0 };
         if (kind == MV_VEC4) mv_vec4_rows<WT, 1, F>(m, w, n_in, n_out, row0, wait, r);
         else if (kind == MV_VEC) mv_vec_row<WT, 1, F>(m, w, n_in, n_out, row0, wait, r);
         else mv_scalar_row<1>(m, w, WT, n_in, n_out, row0, wait);
-        if (lane == 0) red_release_gpu(groups ? rel + pk_group(p, row0) : rel, (unsigned)min(per, n_out - row0));
+        if (lane == 0) {
+            unsigned *c = groups ? rel + (size_t)pk_group(p, row0) * PK_CTR_STRIDE : rel;
+            red_release_gpu(c, (unsigned)min(per, n_out - row0));
+        }
     }
 }
 
@@ -136,7 +144,7 @@ __device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const 
     int lane = threadIdx.x & 31, hid = p.hidden;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
     bool first = true;
-    warp_waiter wait = { ready, (unsigned)p.dim, &first };
+    warp_waiter wait = { ready, (unsigned)p.dim, &first, a.sleep_ns };
     if (a.k_gu != MV_SCALAR) {
         for (int u = gw; u < (hid + 1) / 2; u += nw) {
             mv_ring r = first ? ring : mv_ring{ NULL, 0 };
@@ -188,7 +196,7 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
     int ns = live_splits(a.n_splits, N.n_keys, a.kps);  // the units the live length needs
     for (int u = blockIdx.x; u < p.n_kv * ns; u += gridDim.x) {
         int kvh = u / ns, split = u - kvh * ns;
-        block_waiter wait = { pk_ctr(p, l, kvh), (unsigned)((G + 2) * hd) };
+        block_waiter wait = { pk_ctr(p, l, kvh), (unsigned)((G + 2) * hd), a.sleep_ns };
         bool combined;
         if constexpr (HD != 0) {
             combined = flash_split<HD>(a.part, scores, p.qkv, kvl, N, 0, split, kvh, a.n_splits, a.kps, p.n_heads,
@@ -213,7 +221,7 @@ __device__ void pk_lm_head(const pk_args &a, const mv_ring &ring) {
     int lane = threadIdx.x & 31, per = a.k_lm == MV_VEC4 ? 4 : 1;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
     bool first = true;
-    warp_waiter wait = { pk_x_ready(p, p.n_layers), (unsigned)p.dim, &first };
+    warp_waiter wait = { pk_x_ready(p, p.n_layers), (unsigned)p.dim, &first, a.sleep_ns };
     unsigned long long best = 0;
     for (int u = gw; u * per < p.vocab; u += nw) {
         int row0 = u * per;
@@ -252,12 +260,14 @@ __device__ void pk_finish(const cuda_persist_plan &p) {
         *p.draw = o;
     }
     size_t n = (size_t)p.n_layers * pk_per_layer(p) + 2;
-    for (size_t i = 0; i < n; i++) p.ctr[i] = 0;
+    for (size_t i = 0; i < n; i++) p.ctr[i * PK_CTR_STRIDE] = 0;
 }
 
-// grid: every block co-resident (cooperative launch), block PK_THREADS.
-template <int WT, int HD>
-__global__ void __launch_bounds__(PK_THREADS, PK_MIN_BLOCKS) persist_decode_kernel(pk_args a) {
+// grid: every block co-resident (cooperative launch), block PK_THREADS; MINB blocks an
+// SM (__launch_bounds__: 3, the default, leaves 168 registers a thread and ptxas spills
+// nothing; 4 leaves 128, and the attention phase spills 160-168 bytes).
+template <int WT, int HD, int MINB>
+__global__ void __launch_bounds__(PK_THREADS, MINB) persist_decode_kernel(pk_args a) {
     extern __shared__ float4 pk_smem[];
     __shared__ unsigned last;
     const cuda_persist_plan &p = a.p;
@@ -271,16 +281,16 @@ __global__ void __launch_bounds__(PK_THREADS, PK_MIN_BLOCKS) persist_decode_kern
         const cuda_persist_layer &L = p.layers[l];
         const unsigned *x_ready = pk_x_ready(p, l);
         mv_rows qkv = { p.qkv, p.x, 0, 1, 1, q_dim, q_dim + p.n_kv * hd, L.attn_norm, p.eps, 0, L.bqkv, 1 };
-        pk_matvec<WT, MV_NORM | MV_COHERENT>(p, a.k_qkv, qkv, L.wqkv, p.dim, qkv_dim, x_ready, (unsigned)p.dim,
+        pk_matvec<WT, MV_NORM | MV_COHERENT>(a, a.k_qkv, qkv, L.wqkv, p.dim, qkv_dim, x_ready, (unsigned)p.dim,
                                              pk_ctr(p, l, 0), true, ring);
         pk_attention<HD>(a, l, pk_smem, &last);
         mv_rows o = { p.x, p.att, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
-        pk_matvec<WT, MV_COHERENT>(p, a.k_o, o, L.wo, q_dim, p.dim, pk_layer(p, l, PK_ATT), (unsigned)p.n_heads,
+        pk_matvec<WT, MV_COHERENT>(a, a.k_o, o, L.wo, q_dim, p.dim, pk_layer(p, l, PK_ATT), (unsigned)p.n_heads,
                                    pk_layer(p, l, PK_O), false, ring);
         mv_rows gu = { p.hb, p.x, 0, 1, 1, p.hidden, p.hidden, L.ffn_norm, p.eps, 0, NULL, 1 };
         pk_glu<WT>(a, gu, L.w_gu, pk_layer(p, l, PK_O), pk_layer(p, l, PK_GLU), ring);
         mv_rows down = { p.x, p.hb, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
-        pk_matvec<WT, MV_COHERENT>(p, a.k_down, down, L.w_down, p.hidden, p.dim, pk_layer(p, l, PK_GLU),
+        pk_matvec<WT, MV_COHERENT>(a, a.k_down, down, L.w_down, p.hidden, p.dim, pk_layer(p, l, PK_GLU),
                                    (unsigned)p.hidden, pk_layer(p, l, PK_DOWN), false, ring);
     }
     pk_lm_head<WT>(a, ring);
@@ -289,22 +299,26 @@ __global__ void __launch_bounds__(PK_THREADS, PK_MIN_BLOCKS) persist_decode_kern
 
 // ---- host -----------------------------------------------------------------------------
 extern "C" size_t cuda_persist_counters(const cuda_persist_plan *p) {
-    return (size_t)p->n_layers * pk_per_layer(*p) + 2;
+    return ((size_t)p->n_layers * pk_per_layer(*p) + 2) * PK_CTR_STRIDE;
 }
 
 typedef void (*pk_kernel)(pk_args);
 
-// The instance for the weight type and head_dim (0: the generic attention split), and
-// its name (the emulated device's reports).
+static int pk_min_blocks(const cuda_persist_plan *p) { return p->min_blocks == 4 ? 4 : 3; }
+
+// The instance for the weight type, head_dim (0: the generic attention split) and blocks
+// an SM (p->min_blocks: 4, else 3), and its name (the emulated device's reports).
+#define PK_NAMES(WT, MB) "persist_decode_kernel<" WT ", 64, " MB ">", "persist_decode_kernel<" WT ", 128, " MB ">", \
+                         "persist_decode_kernel<" WT ", 0, " MB ">"
+#define PK_KERNELS(WT, MB) persist_decode_kernel<WT, 64, MB>, persist_decode_kernel<WT, 128, MB>, \
+                           persist_decode_kernel<WT, 0, MB>
 static pk_kernel pk_pick(const cuda_persist_plan *p, attn_shape s, const char **name) {
     int hd = flash_ok(s) ? s.head_dim : 0;
-    static const char *names[6] = { "persist_decode_kernel<WT_BF16, 64>", "persist_decode_kernel<WT_BF16, 128>",
-                                    "persist_decode_kernel<WT_BF16, 0>", "persist_decode_kernel<WT_F16, 64>",
-                                    "persist_decode_kernel<WT_F16, 128>", "persist_decode_kernel<WT_F16, 0>" };
-    static const pk_kernel ks[6] = { persist_decode_kernel<WT_BF16, 64>, persist_decode_kernel<WT_BF16, 128>,
-                                     persist_decode_kernel<WT_BF16, 0>, persist_decode_kernel<WT_F16, 64>,
-                                     persist_decode_kernel<WT_F16, 128>, persist_decode_kernel<WT_F16, 0> };
-    int i = (p->wt == WT_BF16 ? 0 : 3) + (hd == 64 ? 0 : hd == 128 ? 1 : 2);
+    static const char *names[12] = { PK_NAMES("WT_BF16", "4"), PK_NAMES("WT_F16", "4"), PK_NAMES("WT_BF16", "3"),
+                                     PK_NAMES("WT_F16", "3") };
+    static const pk_kernel ks[12] = { PK_KERNELS(WT_BF16, 4), PK_KERNELS(WT_F16, 4), PK_KERNELS(WT_BF16, 3),
+                                      PK_KERNELS(WT_F16, 3) };
+    int i = (pk_min_blocks(p) == 3 ? 6 : 0) + (p->wt == WT_BF16 ? 0 : 3) + (hd == 64 ? 0 : hd == 128 ? 1 : 2);
     *name = names[i];
     return ks[i];
 }
@@ -318,13 +332,13 @@ static size_t pk_att_smem(attn_shape s) {
 }
 
 // The weight ring's bytes a block, a whole number of 16-byte chunks a warp: p->ring when
-// set (0: none), else what an SM's shared memory leaves each of PK_MIN_BLOCKS blocks
+// set (0: none), else what an SM's shared memory leaves each of its min_blocks blocks
 // after the attention's (an SM has 1 KiB beyond the opt-in a block may ask for, sm_80 and
 // sm_90, and sets 1 KiB aside per block), in 2 KiB steps; never above the opt-in.
 static size_t pk_ring_bytes(const cuda_ctx *ctx, const cuda_persist_plan *p, attn_shape s) {
     long att = (long)pk_att_smem(s), optin = ctx->smem_optin > 0 ? ctx->smem_optin : 48 << 10;
     long want = p->ring;
-    if (want < 0) want = ((optin + 1024) / PK_MIN_BLOCKS - 1024 - PK_STATIC_SMEM - att) / 2048 * 2048;
+    if (want < 0) want = ((optin + 1024) / pk_min_blocks(p) - 1024 - PK_STATIC_SMEM - att) / 2048 * 2048;
     if (want > optin - PK_STATIC_SMEM - att) want = optin - PK_STATIC_SMEM - att;
     want = want / (16 * MV_WARPS) * (16 * MV_WARPS);
     return want > 0 ? (size_t)want : 0;
@@ -380,6 +394,7 @@ extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p)
     a.count = ctx->att_count;
     a.ring_off = (int)pk_att_smem(s);
     a.ring_cap = ring / 16 / MV_WARPS;
+    a.sleep_ns = p->sleep_ns > 0 ? (unsigned)p->sleep_ns : 0u;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;

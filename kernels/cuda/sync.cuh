@@ -21,8 +21,9 @@ static inline unsigned emu_ld_acquire(const unsigned *p, const char *file, int l
 }
 // *p, read with acquire semantics (the writes released before it are visible after).
 #define ld_acquire_gpu(p) emu_ld_acquire((p), __FILE__, __LINE__)
-// Waits until *p reaches target (acquire): parked, and resumed once it has.
-#define wait_counter_gpu(p, target) emu::wait_geq((p), (target), __FILE__, __LINE__)
+// Waits until *p reaches target (acquire): parked, and resumed once it has (a GPU's
+// pause between polls, the optional third argument, changes nothing here).
+#define wait_counter_gpu(p, target, ...) emu::wait_geq((p), (target), __FILE__, __LINE__)
 // *p += v, releasing this thread's earlier writes (pair it with __syncthreads so the
 // block's writes are the thread's).
 static inline void red_release_gpu(unsigned *p, unsigned v) {
@@ -41,8 +42,11 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-__device__ __forceinline__ void wait_counter_gpu(const unsigned *p, unsigned target) {
+// Polls *p until it reaches target; sleep_ns > 0 pauses that long between polls (fewer
+// loads on the counter's L2 line while its producers add to it).
+__device__ __forceinline__ void wait_counter_gpu(const unsigned *p, unsigned target, unsigned sleep_ns = 0) {
     while (!ctr_reached(ld_acquire_gpu(p), target)) {
+        if (sleep_ns) __nanosleep(sleep_ns);
     }
 }
 __device__ __forceinline__ void red_release_gpu(unsigned *p, unsigned v) {

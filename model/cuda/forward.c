@@ -105,6 +105,11 @@ void cuda_forward_set_decode_kernel(cuda_forward *d, int persistent, int grid) {
 
 void cuda_forward_set_persist_ring(cuda_forward *d, int bytes) { d->persist.ring = bytes < 0 ? -1 : bytes; }
 
+void cuda_forward_set_persist_tuning(cuda_forward *d, int min_blocks, int sleep_ns) {
+    d->persist.min_blocks = min_blocks == 4 ? 4 : 3;
+    d->persist.sleep_ns = sleep_ns > 0 ? sleep_ns : 0;
+}
+
 // ---- the parts' public calls -------------------------------------------------------------------
 int cuda_forward_set_lora(cuda_forward *d, const lora_use *u, int n, verr *err) {
     return cuda_lora_set(&d->core, &d->lora, u, n, err);

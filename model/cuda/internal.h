@@ -37,6 +37,7 @@ typedef struct {
     int grid;                  // blocks (0: as many as the device holds at once)
     int ring;                  // the weight ring's bytes a block asked for (-1: as many as fit; 0: none)
     int ring_used;             // the last persistent step's (cuda_persist_check's choice)
+    int min_blocks, sleep_ns;  // blocks an SM (3 or 4; 0: 3), and the pause between counter polls
     cuda_persist_layer *d_layers;  // device [n_layers] (NULL until the first persistent step)
     unsigned *ctr;             // device dataflow counters
     unsigned long long *argmax;    // device: the packed greedy token

@@ -74,6 +74,8 @@ static cuda_persist_plan plan_of(const cuda_forward *d, int cap) {
     p.argmax = d->persist.argmax, p.ctr = d->persist.ctr;
     p.grid = d->persist.grid;
     p.ring = d->persist.ring;
+    p.min_blocks = d->persist.min_blocks;
+    p.sleep_ns = d->persist.sleep_ns;
     return p;
 }
 

@@ -313,18 +313,20 @@ def test_armed_draws(model):
 def test_persistent(model):
     """--decode-kernel persistent from the CLI: greedy stories260K gives the graph path's
     text, --stats reports the steps and the weight ring (as large as fits, or none with
-    VARENT_CUDA_PERSIST_RING=0, the same text), and a bad VARENT_CUDA_PERSIST_RING is an
+    VARENT_CUDA_PERSIST_RING=0, the same text); the 4-blocks-an-SM instance with a pause
+    between counter polls gives it too; a bad VARENT_CUDA_PERSIST_RING or _BLOCKS is an
     error naming it."""
     import subprocess
     base = ["run", "-m", model, "-p", "Once upon a time", "-n", 24, "--temp", 0, "--device", "cuda", "--stats",
             "--ignore-eos"]
     out = {}
-    for name, ring, kernel in (("graph", None, "graph"), ("ring", None, "persistent"), ("noring", "0", "persistent"),
-                               ("bad", "12kb", "persistent")):
-        e = dict(os.environ, VARENT_CUDA_PERSIST_GRID="4")
-        e.pop("VARENT_CUDA_PERSIST_RING", None)
-        if ring is not None:
-            e["VARENT_CUDA_PERSIST_RING"] = ring
+    runs = (("graph", {}, "graph"), ("ring", {}, "persistent"), ("noring", {"RING": "0"}, "persistent"),
+            ("blocks4", {"BLOCKS": "4", "SLEEP": "50"}, "persistent"), ("bad", {"RING": "12kb"}, "persistent"),
+            ("bad_blocks", {"BLOCKS": "5"}, "persistent"))
+    for name, env, kernel in runs:
+        e = {k: v for k, v in os.environ.items() if not k.startswith("VARENT_CUDA_PERSIST_")}
+        e["VARENT_CUDA_PERSIST_GRID"] = "4"
+        e.update({"VARENT_CUDA_PERSIST_" + k: v for k, v in env.items()})
         r = subprocess.run([EMU, *map(str, base), "--decode-kernel", kernel], capture_output=True, text=True,
                            timeout=300 * (3 if vtest.UNDER_ASAN else 1), env=e)
         m = re.search(r"decode kernel: persistent, (\d+) steps \(weight ring (\d+) KiB a block\); (\d+) on the graph",
@@ -338,8 +340,15 @@ def test_persistent(model):
     ok = off[0] == 0 and off[1] == g[1] and off[2] is not None and off[2][1] == 0 and off[2][0] >= 20
     check(ok, "emu_persistent_text_equal_graph_without_ring", f"rc {off[0]}, same text {off[1] == g[1]}, {off[2]}: "
           f"{off[3]}")
+    b4 = out["blocks4"]
+    ok = b4[0] == 0 and b4[1] == g[1] and b4[2] is not None and b4[2][0] >= 20 and b4[2][1] > 0
+    check(ok, "emu_persistent_4_blocks_with_sleep_text_equal_graph", f"rc {b4[0]}, same text {b4[1] == g[1]}, "
+          f"{b4[2]}: {b4[3]}")
     ok = bad[0] != 0 and "VARENT_CUDA_PERSIST_RING=12kb: KiB of shared memory a block" in bad[3] and not bad[1]
     check(ok, "emu_persistent_bad_ring_is_an_error", f"rc {bad[0]}: {bad[3]}")
+    bb = out["bad_blocks"]
+    ok = bb[0] != 0 and "VARENT_CUDA_PERSIST_BLOCKS=5: blocks an SM, 3 to 4" in bb[3] and not bb[1]
+    check(ok, "emu_persistent_bad_blocks_is_an_error", f"rc {bb[0]}: {bb[3]}")
 
 
 def test_nonfinite(model, tmp):

@@ -167,10 +167,11 @@ __device__ __forceinline__ int ring_fill(const mv_ring &r, const void *w, const 
 // The lane's copies have landed (after the unit's input wait).
 __device__ __forceinline__ void ring_land(const mv_noring &) {}
 __device__ __forceinline__ void ring_land(const mv_ring &) { cp_async_wait_all(); }
-__device__ __forceinline__ uint4 ring_get(const mv_noring &, int) { return make_uint4(0, 0, 0, 0); }
 // Whether chunk i of a row is in the ring (n: ring_fill's); false at compile time without one.
 __device__ __forceinline__ bool ring_has(const mv_noring &, int, int) { return false; }
 __device__ __forceinline__ bool ring_has(const mv_ring &, int n, int i) { return i < n; }
+// Ring chunk k (never called without a ring: ring_has is false there).
+__device__ __forceinline__ uint4 ring_get(const mv_noring &, int) { return make_uint4(0, 0, 0, 0); }
 __device__ __forceinline__ uint4 ring_get(const mv_ring &r, int k) { return r.s[k]; }
 
 // Zeroes raw with a ring only: every chunk is loaded or taken from the ring before its

@@ -376,8 +376,9 @@ size_t cuda_persist_counters(const cuda_persist_plan *p);
 // bytes a block (p->ring, or as many as fit beside the attention's shared memory).
 int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int *grid, int *ring);
 // Queues the step on ctx->stream (one launch; ctx->scratch holds the attention partials,
-// ctx->att_count the combine counters, as for cuda_attention_decode_rows).
-int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p);
+// ctx->att_count the combine counters, as for cuda_attention_decode_rows). grid and ring:
+// what cuda_persist_check gave for this plan (checked once a step, not twice).
+int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p, int grid, int ring);
 // The greedy token of a packed argmax (first index on ties, NaN never wins); -1 when
 // every logit was NaN.
 static inline int cuda_persist_token(unsigned long long key) {

@@ -10,6 +10,7 @@
 
 #ifdef VARENT_CUDA
 #include "kernels/ops_cuda.h"
+#include "host/util/parse.h"
 #endif
 
 int session_cuda_parse(const char *dev, int *index, verr *err) {
@@ -49,22 +50,26 @@ int session_cuda_devices(void) {
 static int env_int(const char *name, long lo, long hi, const char *what, long *v, verr *err) {
     const char *e = getenv(name);
     if (!e || !*e) return 0;
-    char *end;
-    *v = strtol(e, &end, 10);
-    if (*end || *v < lo || *v > hi) return verr_set(err, "%s=%s: %s, %ld to %ld", name, e, what, lo, hi);
+    const char *end = parse_index(e, hi, v);  // digits only: no sign, no spaces
+    if (!end || *end || *v < lo) return verr_set(err, "%s=%s: %s, %ld to %ld", name, e, what, lo, hi);
     return 1;
 }
 
-// The persistent kernel's tuning (docs/cuda.md), for the GPU window's A/B: its weight ring
-// (VARENT_CUDA_PERSIST_RING KiB a block; 0: none; unset: as many as fit), blocks an SM
-// (VARENT_CUDA_PERSIST_BLOCKS 3 or 4) and the pause between counter polls
-// (VARENT_CUDA_PERSIST_SLEEP ns).
-static int persist_env(session *s, verr *err) {
-    long kib = -1, blocks = 3, ns = 0;
-    int r = env_int("VARENT_CUDA_PERSIST_RING", 0, 227, "KiB of shared memory a block (0: no ring)", &kib, err);
-    if (r < 0 || env_int("VARENT_CUDA_PERSIST_BLOCKS", 3, 4, "blocks an SM", &blocks, err) < 0 ||
+// The persistent kernel (--decode-kernel persistent: on) and its settings (docs/cuda.md),
+// for the emulated device and the GPU window's A/B: its grid (VARENT_CUDA_PERSIST_GRID
+// blocks; 0 or unset: as many as the device holds; the emulated device's fibers want
+// few), weight ring (VARENT_CUDA_PERSIST_RING KiB a block; 0: none; unset: as many as
+// fit), blocks an SM (VARENT_CUDA_PERSIST_BLOCKS 3 or 4) and the pause between counter
+// polls (VARENT_CUDA_PERSIST_SLEEP ns).
+static int persist_env(session *s, int on, verr *err) {
+    long grid = 0, kib = -1, blocks = 3, ns = 0;
+    int r = 0;
+    if (env_int("VARENT_CUDA_PERSIST_GRID", 0, 1L << 20, "blocks (0: as many as fit)", &grid, err) < 0 ||
+        (r = env_int("VARENT_CUDA_PERSIST_RING", 0, 227, "KiB of shared memory a block (0: no ring)", &kib, err)) < 0 ||
+        env_int("VARENT_CUDA_PERSIST_BLOCKS", 3, 4, "blocks an SM", &blocks, err) < 0 ||
         env_int("VARENT_CUDA_PERSIST_SLEEP", 0, 100000, "ns between counter polls", &ns, err) < 0)
         return -1;
+    cuda_forward_set_decode_kernel(s->cu, on, (int)grid);
     cuda_forward_set_persist_ring(s->cu, r ? (int)kib * 1024 : -1);
     cuda_forward_set_persist_tuning(s->cu, (int)blocks, (int)ns);
     return 0;
@@ -78,12 +83,8 @@ int session_cuda_open(session *s, int device, const session *base, verr *err) {
     if (a && !strcmp(a, "0")) cuda_forward_set_arming(s->cu, 0);
     const char *ge = getenv("VARENT_CUDA_GREEDY_EPILOGUE");
     if (ge && !strcmp(ge, "0")) cuda_forward_set_greedy_epilogue(s->cu, 0);
-    // The persistent kernel's grid: VARENT_CUDA_PERSIST_GRID blocks (0 or unset: as many as
-    // the device holds; the emulated device's fibers want few).
-    const char *pg = getenv("VARENT_CUDA_PERSIST_GRID");
     int persistent = base ? base->decode_persistent : s->decode_persistent;
-    cuda_forward_set_decode_kernel(s->cu, persistent, pg ? atoi(pg) : 0);
-    if (persist_env(s, err)) return -1;
+    if (persist_env(s, persistent, err)) return -1;
     s->decode_persistent = persistent;
     const model_config *c = &s->m.cfg;
     if (kv_cache_init_cuda(&s->kv, cuda_forward_ctx(s->cu), c->n_layers, s->ctx, model_kv_dim(&s->m), err)) return -1;

@@ -222,6 +222,16 @@ static void attn_run_job(float *out, const float *q, const attn_args *a, const a
     }
 }
 
+// A plan without key splits (no memory for their partials): one job per tile.
+static void attn_unsplit(attn_plan *p, attn_shape s) {
+    p->splits = 1;
+    p->jobs = p->sweep ? 1 : s.n_kv_heads * p->head_chunks * p->token_tiles;
+}
+
+// Whether a call of this much work (query rows x heads x keys x head_dim, summed over
+// rows) opens a parallel region: below it the fork costs more than the jobs.
+static int attn_parallel_work(long work) { return work > 16384; }
+
 void cpu_attention(float *out, const float *q, kv_span kv, int T, attn_shape s, float *last_scores) {
     cpu_attention_paged(out, q, kv, (kv_pages){ NULL, 0 }, T, s, last_scores);
 }
@@ -233,11 +243,11 @@ void cpu_attention_paged(float *out, const float *q, kv_span kv, kv_pages pg, in
     attn_plan p = attn_make_plan(T, total, s);
     attn_tile_fn *tile_fn = attn_pick();
     float *part = p.splits > 1 ? malloc(sizeof(float) * (size_t)p.jobs * ATT_MAX_ROWS * (2 + s.head_dim)) : NULL;
-    if (!part) p.splits = 1, p.jobs = p.sweep ? 1 : s.n_kv_heads * p.head_chunks * p.token_tiles;  // no memory: no splits
+    if (!part) attn_unsplit(&p, s);
     // m, l, the block's scores, the rows' outputs, then q^T and a block of widened bf16 K
     // and V rows (attention_rows.h; the per-row path uses one widened row of it)
     size_t scratch_floats = 2 * ATT_MAX_ROWS + ATT_MAX_ROWS * ATT_BK + (size_t)(2 * ATT_MAX_ROWS + 2 * ATT_BK) * s.head_dim;
-#pragma omp parallel if (p.jobs > 1 && (long)T * s.n_heads * total * s.head_dim > 16384)
+#pragma omp parallel if (p.jobs > 1 && attn_parallel_work((long)T * s.n_heads * total * s.head_dim))
     {
         float *scratch = malloc(sizeof(float) * scratch_floats);
 #pragma omp for schedule(dynamic, 1)
@@ -268,24 +278,26 @@ void cpu_attention_rows(float *out, const float *q, const kv_span *kv, const kv_
         return;
     }
     size_t parts = 0;
-    first[0] = 0;
+    long work = 0;
     for (int b = 0; b < B; b++) {
+        int total = kv[b].n_trunk + kv[b].n_tail;
         a[b] = (attn_args){ kv[b], s, s.n_kv_heads * s.head_dim, pg[b] };
-        p[b] = attn_make_plan(1, kv[b].n_trunk + kv[b].n_tail, s);
+        p[b] = attn_make_plan(1, total, s);
+        if (p[b].splits > 1) parts += (size_t)p[b].jobs * stride;
+        work += (long)s.n_heads * total * s.head_dim;
+    }
+    float *part = parts ? malloc(sizeof(float) * parts) : NULL;
+    first[0] = 0;
+    parts = 0;
+    for (int b = 0; b < B; b++) {
+        if (!part && p[b].splits > 1) attn_unsplit(&p[b], s);  // no memory for partials, as cpu_attention_paged
         part_at[b] = parts;
         if (p[b].splits > 1) parts += (size_t)p[b].jobs * stride;
         first[b + 1] = first[b] + p[b].jobs;
     }
-    float *part = parts ? malloc(sizeof(float) * parts) : NULL;
-    for (int b = 0; parts && !part && b < B; b++)  // no memory for partials: no splits, as cpu_attention_paged
-        if (p[b].splits > 1) p[b].splits = 1, p[b].jobs = p[b].sweep ? 1 : s.n_kv_heads * p[b].head_chunks;
-    if (parts && !part) {
-        first[0] = 0;
-        for (int b = 0; b < B; b++) first[b + 1] = first[b] + p[b].jobs;
-    }
     attn_tile_fn *tile_fn = attn_pick();
     size_t scratch_floats = 2 * ATT_MAX_ROWS + ATT_MAX_ROWS * ATT_BK + (size_t)(2 * ATT_MAX_ROWS + 2 * ATT_BK) * s.head_dim;
-#pragma omp parallel if (first[B] > 1)
+#pragma omp parallel if (first[B] > 1 && attn_parallel_work(work))
     {
         float *scratch = malloc(sizeof(float) * scratch_floats);
 #pragma omp for schedule(dynamic, 1)

@@ -373,9 +373,7 @@ extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int
     return 0;
 }
 
-extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p) {
-    int grid = 0, ring = 0;
-    if (cuda_persist_check(ctx, p, &grid, &ring)) return -1;
+extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p, int grid, int ring) {
     attn_shape s = pk_shape(p);
     pk_args a;
     a.p = *p;

@@ -314,18 +314,18 @@ def test_persistent(model):
     """--decode-kernel persistent from the CLI: greedy stories260K gives the graph path's
     text, --stats reports the steps and the weight ring (as large as fits, or none with
     VARENT_CUDA_PERSIST_RING=0, the same text); the 4-blocks-an-SM instance with a pause
-    between counter polls gives it too; a bad VARENT_CUDA_PERSIST_RING or _BLOCKS is an
-    error naming it."""
+    between counter polls gives it too; a bad VARENT_CUDA_PERSIST_RING, _BLOCKS or _GRID
+    is an error naming it."""
     import subprocess
     base = ["run", "-m", model, "-p", "Once upon a time", "-n", 24, "--temp", 0, "--device", "cuda", "--stats",
             "--ignore-eos"]
     out = {}
     runs = (("graph", {}, "graph"), ("ring", {}, "persistent"), ("noring", {"RING": "0"}, "persistent"),
             ("blocks4", {"BLOCKS": "4", "SLEEP": "50"}, "persistent"), ("bad", {"RING": "12kb"}, "persistent"),
-            ("bad_blocks", {"BLOCKS": "5"}, "persistent"))
+            ("bad_blocks", {"BLOCKS": "5"}, "persistent"), ("bad_grid", {"GRID": "+4"}, "persistent"))
     for name, env, kernel in runs:
         e = {k: v for k, v in os.environ.items() if not k.startswith("VARENT_CUDA_PERSIST_")}
-        e["VARENT_CUDA_PERSIST_GRID"] = "4"
+        e["VARENT_CUDA_PERSIST_GRID"] = "4"  # (bad_grid sets its own)
         e.update({"VARENT_CUDA_PERSIST_" + k: v for k, v in env.items()})
         r = subprocess.run([EMU, *map(str, base), "--decode-kernel", kernel], capture_output=True, text=True,
                            timeout=300 * (3 if vtest.UNDER_ASAN else 1), env=e)
@@ -349,6 +349,9 @@ def test_persistent(model):
     bb = out["bad_blocks"]
     ok = bb[0] != 0 and "VARENT_CUDA_PERSIST_BLOCKS=5: blocks an SM, 3 to 4" in bb[3] and not bb[1]
     check(ok, "emu_persistent_bad_blocks_is_an_error", f"rc {bb[0]}: {bb[3]}")
+    bg = out["bad_grid"]  # digits only: a sign is refused, as a space would be
+    ok = bg[0] != 0 and "VARENT_CUDA_PERSIST_GRID=+4: blocks (0: as many as fit)" in bg[3] and not bg[1]
+    check(ok, "emu_persistent_bad_grid_is_an_error", f"rc {bg[0]}: {bg[3]}")
 
 
 def test_nonfinite(model, tmp):

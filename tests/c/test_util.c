@@ -97,6 +97,9 @@ static void parse_index_checks(void) {
           !parse_index("", 100, &v), "parse_index_refuses_space_sign_empty", "accepted");
     CHECK(!parse_index("101", 100, &v) && parse_index("100", 100, &v) && v == 100 &&
           !parse_index("99999999999999999999999", 1L << 30, &v), "parse_index_bounded", "%ld", v);
+    // a one-digit value over a one-digit max (the bound check truncated -1 / 10 to 0)
+    CHECK(!parse_index("5", 4, &v) && !parse_index("9", 0, &v) && parse_index("4", 4, &v) && v == 4 &&
+          parse_index("0", 0, &v) && v == 0, "parse_index_bounded_small_max", "%ld", v);
 }
 
 // The checker main() runs after every command: a task left open counts (quiet ones too),

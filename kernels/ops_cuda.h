@@ -367,18 +367,30 @@ typedef struct {
     int ring;                                // the weight ring's bytes a block (-1: as many as fit; 0: none)
     int min_blocks;                          // blocks an SM: 3 (168 registers a thread; 0: 3) or 4 (128)
     int sleep_ns;                            // a counter wait's pause between polls (0: none)
+    int stage;                               // a phase's input staged in shared memory, a block at a
+                                             // time, where it fits (nonzero), or read through L2 by
+                                             // every warp (0)
 } cuda_persist_plan;
+
+// What the device fits of a plan (cuda_persist_check): the co-resident blocks, the weight
+// ring's bytes a block, and the floats of a phase's input a block stages (0: none; the
+// phases whose input is longer read it through L2).
+typedef struct {
+    int grid, ring, stage;
+} cuda_persist_fit;
 
 // Counters the plan needs (each launch leaves them at zero for the next).
 size_t cuda_persist_counters(const cuda_persist_plan *p);
 // The shape checks (-1 with ctx->err saying why the step falls back to the graph path),
-// the grid (the co-resident block count, at most p->grid when set) and the weight ring's
-// bytes a block (p->ring, or as many as fit beside the attention's shared memory).
-int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int *grid, int *ring);
+// and what fits: the grid (the co-resident block count, at most p->grid when set), the
+// staged input (the longest of dim, q_dim and hidden, else of dim and q_dim, that fits
+// an SM's share; docs/cuda.md) and the weight ring's bytes a block (p->ring, or as many
+// as fit beside the attention's shared memory or the staged input, whichever is larger).
+int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, cuda_persist_fit *fit);
 // Queues the step on ctx->stream (one launch; ctx->scratch holds the attention partials,
-// ctx->att_count the combine counters, as for cuda_attention_decode_rows). grid and ring:
-// what cuda_persist_check gave for this plan (checked once a step, not twice).
-int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p, int grid, int ring);
+// ctx->att_count the combine counters, as for cuda_attention_decode_rows). fit: what
+// cuda_persist_check gave for this plan (checked once a step, not twice).
+int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p, const cuda_persist_fit *fit);
 // The greedy token of a packed argmax (first index on ties, NaN never wins); -1 when
 // every logit was NaN.
 static inline int cuda_persist_token(unsigned long long key) {

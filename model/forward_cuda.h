@@ -46,6 +46,7 @@ typedef struct {
                                             // graph path while it was chosen (diff readings)
     const char *fallback_why;  // the last fallback's reason (NULL: none; valid until close)
     int persist_ring;          // the last persistent step's weight ring, bytes a block (0: none)
+    int persist_stage;         // its staged input, floats a block (0: none)
 } cuda_step_counts;
 void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out);
 // The decode kernel of one-row steps (--decode-kernel): the graph path (0, the default)
@@ -59,9 +60,10 @@ void cuda_forward_set_decode_kernel(cuda_forward *f, int persistent, int grid);
 // used). The bits are the same either way.
 void cuda_forward_set_persist_ring(cuda_forward *f, int bytes);
 // Its blocks an SM (3, the default: 168 registers a thread and no spills; 4: 128, with
-// spills) and its counter waits' pause between polls in ns (0, the default: none). The
-// bits are the same.
-void cuda_forward_set_persist_tuning(cuda_forward *f, int min_blocks, int sleep_ns);
+// spills), its counter waits' pause between polls in ns (0, the default: none), and
+// whether a phase's input is staged in shared memory, a block at a time, where it fits
+// (nonzero, the default) or read through L2 by each warp (0). The bits are the same.
+void cuda_forward_set_persist_tuning(cuda_forward *f, int min_blocks, int sleep_ns, int stage);
 // As forward(): appends T tokens to the sequence in kv (device caches of this forward's
 // device) and leaves the last token's logits in fw->logits. When fw->attn_layer is a
 // layer: fw->attn_keys, the device statistics in fw->logit_stats / fw->attn_stats with

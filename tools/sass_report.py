@@ -16,8 +16,11 @@ Per kernel of the sm_90 code in each object:
     matvec_vec four chunks of one row (one register), and both count as 4.
 
   sass_report.py --cuobjdump PATH [--check] OBJ...
---check exits 1 when a kernel spills or any loop of a matvec kernel (not only its best)
-has fewer than 4 loads in flight. The parsers are plain functions, tested on planted SASS in
+--check exits 1 when a kernel has local memory or LDL/STL inside an innermost loop, or
+any loop of a matvec kernel (not only its best) has fewer than 4 loads in flight. LDL/STL
+outside every innermost loop (run once per phase or unit, not per chunk: the persistent
+kernel's few words of layer-loop state) are listed as cold ("12c") and pass. Kernels
+other than the matvecs are read in their innermost loops only. The parsers are plain functions, tested on planted SASS in
 tests/py/test_sass_report.py.
 """
 import argparse
@@ -149,25 +152,26 @@ def steady_in_flight(insns, start, end, base):
     return best
 
 
-def every_in_flight(insns):
+def every_in_flight(insns, spans=None):
     """[(all, fewest)] of every loop with a 128-bit global load, in code order: a kernel's
-    best loop can hide a shallow one (a short row's tail, a second phase)."""
+    best loop can hide a shallow one (a short row's tail, a second phase). spans: the
+    loops to read (default every loop)."""
     out = []
-    for s, e in loops(insns):
+    for s, e in loops(insns) if spans is None else spans:
         bases = {load_base(ops) for _, op, ops in insns[s:e + 1] if is_wide_load(op)} - {None}
         if bases:
             out.append((steady_in_flight(insns, s, e, None), min(steady_in_flight(insns, s, e, b) for b in bases)))
     return out
 
 
-def max_in_flight(insns):
+def max_in_flight(insns, spans=None):
     """(all, fewest) for the kernel's best loop: the 128-bit global loads in flight
     counting every address register, and for the register (stream) with the fewest.
     `fewest` is conservative: it asks every stream, weights and activations alike, to
     be deep, and where each row has its own weight register (matvec_vec4, 4 rows per
     warp) it counts one row's. None when no loop has such a load."""
     best = None
-    for s, e in loops(insns):
+    for s, e in loops(insns) if spans is None else spans:
         bases = {load_base(ops) for _, op, ops in insns[s:e + 1] if is_wide_load(op)} - {None}
         if bases:
             every = steady_in_flight(insns, s, e, None)
@@ -178,6 +182,21 @@ def max_in_flight(insns):
 
 def spill_insns(insns):
     return sum(1 for _, op, _ in insns if op.startswith(("STL", "LDL")))
+
+
+def innermost(spans):
+    """The loops of loops() that hold no other loop: where a kernel spends its time."""
+    return [(s, e) for s, e in spans if not any((s2, e2) != (s, e) and s <= s2 and e2 <= e for s2, e2 in spans)]
+
+
+def hot_spill_insns(insns):
+    """LDL/STL inside an innermost loop (once per iteration). The rest run once per
+    phase or unit of a kernel (the persistent kernel keeps a few words of its layer
+    loop's state on the stack across the attention phase, where registers peak)."""
+    hot = set()
+    for s, e in innermost(loops(insns)):
+        hot.update(i for i in range(s, e + 1) if insns[i][1].startswith(("STL", "LDL")))
+    return len(hot)
 
 
 def occupancy(regs, threads, smem):
@@ -338,10 +357,15 @@ def report(cuobjdump, objs, src_dir):
             base = base_name(pretty[name])
             threads = blocks.get(base)
             occ, why = occupancy(u.get("REG", 0), threads, u.get("SHARED", 0))
+            f = funcs[name]
+            # every loop of a matvec kernel (--check asks it of each); the innermost of the
+            # rest, whose outer loops (the persistent kernel's layers) are the whole body
+            spans = loops(f) if base.startswith("matvec") else innermost(loops(f))
             rows.append(dict(obj=os.path.basename(obj), kernel=pretty[name], base=base, regs=u.get("REG"),
-                             local=u.get("LOCAL", 0), stack=u.get("STACK", 0), spills=spill_insns(funcs[name]),
-                             trig=base in trig, smem=u.get("SHARED"), threads=threads, occ=occ, limit=why,
-                             in_flight=max_in_flight(funcs[name]), loops=every_in_flight(funcs[name])))
+                             local=u.get("LOCAL", 0), stack=u.get("STACK", 0), spills=spill_insns(f),
+                             hot_spills=hot_spill_insns(f), trig=base in trig, smem=u.get("SHARED"),
+                             threads=threads, occ=occ, limit=why, in_flight=max_in_flight(f, spans),
+                             loops=every_in_flight(f, spans)))
     return rows
 
 
@@ -353,6 +377,8 @@ def print_rows(rows):
         spill = r["local"] or r["spills"]
         if spill and is_trig_stack(r):
             spill = "trig"
+        elif r["spills"] and not r["local"] and not r.get("hot_spills", r["spills"]):
+            spill = "%dc" % r["spills"]  # cold: none in a loop
         fl = "-" if r["in_flight"] is None else "%d / %d" % r["in_flight"]
         name = r["kernel"] if len(r["kernel"]) <= 44 else r["kernel"][:41] + "..."
         print(f"{name:<44} {r['regs'] or 0:>4} {spill:>5} {r['smem'] or 0:>6} {r['threads'] or '?':>5} {occ:>14} {fl:>30}")
@@ -376,11 +402,15 @@ def is_trig_stack(r):
 
 
 def problems(rows):
+    """What --check fails on: local memory or LDL/STL inside an innermost loop (a row
+    without hot_spills counts every LDL/STL as hot), and matvec loops with few loads in
+    flight."""
     out = []
     for r in rows:
-        if (r["local"] or r["spills"]) and not is_trig_stack(r):
+        hot = r.get("hot_spills", r["spills"])
+        if (r["local"] or hot) and not is_trig_stack(r):
             out.append(f"{r['kernel']}: spills ({r['local']} bytes local, {r.get('stack', 0)} bytes of stack, "
-                       f"{r['spills']} LDL/STL)")
+                       f"{r['spills']} LDL/STL, {hot} of them in a loop)")
         if not r["base"].startswith("matvec"):
             continue
         # every loop, not only the best one: a deep main loop can hide a shallow second

@@ -406,16 +406,18 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
 
     // With the fused KV store (rf.on) the kernel ahead writes no cache row: the first
     // tile can be loaded before the wait. Without it, that kernel may have stored the
-    // newest row (cuda_kv_store), so the wait comes first.
+    // newest row (cuda_kv_store), so the wait comes first. Shared memory is written only
+    // after the wait: the persistent kernel's block wait is a barrier its warps reach
+    // once done with the phase before, whose staged input shares this memory.
     if (!rf.on) wait();
     uint4 kr[CH], vr[CH];  // the next tile, in flight
     flash_load<HD>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, j0, j1, rg, c);
+    if (rf.on) wait();
     for (int g = 0; g < 2 * G; g++) ((float4 *)o_s)[g * ATT_THREADS + t] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int g = t; g < G; g += ATT_THREADS) {
         m_s[g] = -INFINITY;
         l_s[g] = 0.f;
     }
-    if (rf.on) wait();
     if (!rf.on)
         for (int i = t; i < G * HD; i += ATT_THREADS) q_s[i] = __ldcg(qg + i);
     if (rf.on) rope_fuse_prologue(rf, qg, q_s, NULL, NULL, kn_h, vn_h, L, b, kvh, G, n_kv, HD, own);

@@ -14,9 +14,11 @@
 
 // The fusions the hot loops test, as template parameters F (no branch on them inside a
 // loop): MV_NORM, a folded RMSNorm (p.nw set); MV_COHERENT, x written by other blocks
-// of the running kernel (the persistent kernel). The vector kernels take F; the scalar
-// fallback, the bias, the residual add and the argmax (once per row) read mv_rows.
-enum { MV_NORM = 1, MV_COHERENT = 2 };
+// of the running kernel (the persistent kernel), read through L2; MV_SHARED_X, x staged
+// in the block's shared memory (the persistent kernel's, once a block and phase), read
+// there. The vector kernels take F; the scalar fallback, the bias, the residual add and
+// the argmax (once per row) read mv_rows.
+enum { MV_NORM = 1, MV_COHERENT = 2, MV_SHARED_X = 4 };
 
 __device__ __forceinline__ float dot8(const float f[8], float4 a, float4 b) {
     float s = f[0] * a.x;
@@ -51,7 +53,10 @@ struct mv_rows {
 };
 
 template <int F>
-__device__ __forceinline__ float4 mv_ldx(const float4 *a) { return (F & MV_COHERENT) ? __ldcg(a) : __ldg(a); }
+__device__ __forceinline__ float4 mv_ldx(const float4 *a) {
+    if (F & MV_SHARED_X) return *a;
+    return (F & MV_COHERENT) ? __ldcg(a) : __ldg(a);
+}
 
 __device__ __forceinline__ const float *mv_x(const mv_rows &p, int r, int n_in) {
     return p.x + (size_t)min(r, p.nr - 1) * n_in;
@@ -149,6 +154,13 @@ struct mv_ring {
 };
 // The graph path's: no ring, and every test of one folds away at compile time.
 struct mv_noring {};
+// A slice filled before the unit runs (the persistent kernel's staged phases: copied by
+// ring_fill before the block's wait, landed in it): chunks [0, n) of each row, laid out
+// as ring_fill lays them.
+struct mv_ring_ready {
+    const uint4 *s;
+    int n;
+};
 
 // Copies the first n chunks of each of the rows at rb[0..rows) (chunk offsets) into the
 // slice, asynchronously; returns n (0: nothing copied).
@@ -164,15 +176,22 @@ __device__ __forceinline__ int ring_fill(const mv_ring &r, const void *w, const 
         for (int j = lane; j < n; j += 32) cp_async16(r.s + q * n + j, (const uint4 *)w + rb[q] + j);
     return n;
 }
+template <int WT>
+__device__ __forceinline__ int ring_fill(const mv_ring_ready &r, const void *, const size_t *, int, int) {
+    return r.n;
+}
 // The lane's copies have landed (after the unit's input wait).
 __device__ __forceinline__ void ring_land(const mv_noring &) {}
 __device__ __forceinline__ void ring_land(const mv_ring &) { cp_async_wait_all(); }
+__device__ __forceinline__ void ring_land(const mv_ring_ready &) {}
 // Whether chunk i of a row is in the ring (n: ring_fill's); false at compile time without one.
 __device__ __forceinline__ bool ring_has(const mv_noring &, int, int) { return false; }
 __device__ __forceinline__ bool ring_has(const mv_ring &, int n, int i) { return i < n; }
+__device__ __forceinline__ bool ring_has(const mv_ring_ready &, int n, int i) { return i < n; }
 // Ring chunk k (never called without a ring: ring_has is false there).
 __device__ __forceinline__ uint4 ring_get(const mv_noring &, int) { return make_uint4(0, 0, 0, 0); }
 __device__ __forceinline__ uint4 ring_get(const mv_ring &r, int k) { return r.s[k]; }
+__device__ __forceinline__ uint4 ring_get(const mv_ring_ready &r, int k) { return r.s[k]; }
 
 // Zeroes raw with a ring only: every chunk is loaded or taken from the ring before its
 // use, which gcc (the emulated device) cannot see; the graph path's code stays as it was.
@@ -338,6 +357,20 @@ __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const 
     }
 }
 
+// The chunk offsets of the four weight rows of mv_vec4_rows' unit at row0, and of
+// mv_glu_pair's at output j0 (the persistent kernel fills its ring from them too).
+__device__ __forceinline__ void mv_vec4_bases(size_t rb[4], int n_in, int n_out, int row0) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) rb[q] = (size_t)min(row0 + q, n_out - 1) * (n_in / 8);
+}
+__device__ __forceinline__ void mv_glu_bases(size_t rb[4], int n_in, int hid, int j0) {
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        rb[q] = (size_t)min(j0 + q, hid - 1) * (n_in / 8);
+        rb[2 + q] = (size_t)(hid + min(j0 + q, hid - 1)) * (n_in / 8);
+    }
+}
+
 // Four weight rows per warp for tall matrices (gate/up, lm_head): rows row0..row0+3 of a
 // warp. Weight rows past n_out read row n_out-1 (valid memory) and are not written.
 template <int WT, int R, int F, typename Wait, typename Ring = mv_noring>
@@ -345,8 +378,7 @@ __device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, in
                                              const Wait &wait, const Ring &ring = Ring()) {
     int lane = threadIdx.x & 31;
     size_t rb[4];
-#pragma unroll
-    for (int q = 0; q < 4; q++) rb[q] = (size_t)min(row0 + q, n_out - 1) * (n_in / 8);
+    mv_vec4_bases(rb, n_in, n_out, row0);
     float acc[4][R], ss[R], inv[R];
     mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait, ring);
 #pragma unroll
@@ -370,11 +402,7 @@ __device__ __forceinline__ void mv_glu_pair(const mv_rows &p, const void *w, int
                                             const Wait &wait, const Ring &ring = Ring()) {
     int lane = threadIdx.x & 31;
     size_t rb[4];
-#pragma unroll
-    for (int q = 0; q < 2; q++) {
-        rb[q] = (size_t)min(j0 + q, hid - 1) * (n_in / 8);
-        rb[2 + q] = (size_t)(hid + min(j0 + q, hid - 1)) * (n_in / 8);
-    }
+    mv_glu_bases(rb, n_in, hid, j0);
     float acc[4][R], ss[R], inv[R];
     mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait, ring);
 #pragma unroll

@@ -20,7 +20,11 @@
 // before wait()), and an attention split's first K/V tile (old cache rows); and each
 // warp's first unit of a matvec phase copies the first chunks of its weight rows into
 // the warp's slice of a shared-memory ring (cp.async, matvec.cuh's mv_ring) before its
-// wait, so the next phase's weights stream while the phase before still runs. The last
+// wait, so the next phase's weights stream while the phase before still runs. A vector
+// matvec phase is waited for a block at a time where its input fits the block's shared
+// memory: one thread polls the counter, and the block copies the input vector there
+// once, where its four warps read it (through L2 once per row otherwise, twice the
+// weights' bytes for a one-row unit). The last
 // block to finish turns the packed argmax into the greedy draw and sets every counter
 // back to zero for the next launch. Only what other blocks of the launch wrote is read
 // through L2 (ld.global.cg), never the non-coherent path.
@@ -38,21 +42,35 @@ static_assert(PK_THREADS == ATT_THREADS && PK_THREADS == 32 * MV_WARPS, "one blo
 struct pk_args {
     cuda_persist_plan p;
     int k_qkv, k_o, k_gu, k_down, k_lm;  // MV_SCALAR, MV_VEC or MV_VEC4 (mv_kind: the graph path's choice)
+    int q_dim, qkv_dim;            // n_heads * head_dim, and q_dim + 2 * n_kv * head_dim: kernel
+                                   // parameters, read where used rather than kept in registers
     int n_splits, tile;            // the attention's splits (the grid's), and the generic split kernel's tile
     int kps;                       // keys per live split (split_keys)
     float *part;                   // attention partials (ctx->scratch)
     unsigned *count;               // the attention's combine counters (ctx->att_count)
     int ring_off, ring_cap;        // the weight ring: bytes into the dynamic shared memory, and
                                    // 16-byte chunks a warp (0: none)
+    int xs_cap;                    // floats of a phase's input a block stages (0: none); at the
+                                   // start of the dynamic shared memory, over the attention's
     unsigned sleep_ns;             // a counter wait's pause between polls (0: none)
 };
 
+// The dynamic shared memory: the attention's, or a phase's staged input, from the
+// start; the weight ring at a.ring_off. The phases find their parts here rather than
+// hold pointers across the layer loop (registers the attention phase wants).
+__device__ inline float4 *pk_smem() {
+    extern __shared__ float4 pk_dyn[];
+    return pk_dyn;
+}
+
 // This warp's slice of the weight ring (s NULL: none).
-__device__ inline mv_ring pk_ring(const pk_args &a, float4 *smem4) {
+__device__ inline mv_ring pk_ring(const pk_args &a) {
     if (!a.ring_cap) return mv_ring{ NULL, 0 };
-    uint4 *base = (uint4 *)((char *)smem4 + a.ring_off);
+    uint4 *base = (uint4 *)((char *)pk_smem() + a.ring_off);
     return mv_ring{ base + (size_t)(threadIdx.x >> 5) * a.ring_cap, a.ring_cap };
 }
+// A phase's staged input (pk_stage).
+__device__ inline float *pk_xs() { return (float *)pk_smem(); }
 
 // Counters: per layer [qkv of each KV group | heads combined | o rows | h outputs | down
 // rows], then embedded elements, then finished blocks; PK_CTR_STRIDE apart.
@@ -97,6 +115,47 @@ struct block_waiter {
     }
 };
 
+// A staged phase's wait (pk_stages), before any of the block's units: thread 0 waits
+// (acquire), the block follows, and its threads copy src (n floats, n % 8 == 0, written
+// by other blocks) into xs, shared, where the block's warps read it. The copies are
+// cp.async, all in flight at once and through L2 as __ldcg; their wait also lands each
+// warp's ring copies, issued before. No weights are held in registers across it (the
+// ring holds what was fetched ahead), so it costs the matvec loops no registers.
+__device__ void pk_stage(const unsigned *ctr, unsigned target, unsigned sleep_ns, const float *src, float *xs, int n) {
+    if (threadIdx.x == 0) wait_counter_gpu(ctr, target, sleep_ns);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n / 4; i += PK_THREADS) cp_async16(xs + 4 * i, src + 4 * i);
+    cp_async_wait_all();
+    __syncthreads();
+}
+
+// The units' wait in a staged phase: done before them (pk_stage).
+struct no_wait {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+// A ring for a warp's first unit of a phase, none for the rest.
+__device__ __forceinline__ mv_ring pk_unit_ring(const mv_ring &r, bool first) {
+    return first ? r : mv_ring{ NULL, 0 };
+}
+__device__ __forceinline__ mv_ring_ready pk_unit_ring(const mv_ring_ready &r, bool first) {
+    return first ? r : mv_ring_ready{ NULL, 0 };
+}
+
+// The vector kernels' F when the input is staged: read from shared memory, not L2.
+template <int F>
+struct pk_staged_f {
+    static constexpr int value = (F & ~MV_COHERENT) | MV_SHARED_X;
+};
+
+// Whether this block has none of a phase's units (a warp's each, in turn over the grid).
+__device__ inline bool pk_idle(int units) { return (int)blockIdx.x * MV_WARPS >= units; }
+
+// Whether a phase of this kernel and input length stages its input (a block's wait).
+__device__ inline bool pk_stages(const pk_args &a, int kind, int n_in) {
+    return kind != MV_SCALAR && n_in <= a.xs_cap;
+}
+
 // The KV group a row of Wqkv feeds (rows: q of every head, then k, then v).
 __device__ inline int pk_group(const cuda_persist_plan &p, int row) {
     int q_dim = p.n_heads * p.head_dim, kv_dim = p.n_kv * p.head_dim;
@@ -106,51 +165,109 @@ __device__ inline int pk_group(const cuda_persist_plan &p, int row) {
 }
 
 // Rows [0, n_out) of one matrix over every warp of the grid: unit u is row u (MV_VEC,
-// MV_SCALAR) or rows 4u..4u+3 (MV_VEC4), the graph path's kernel's work of one warp. The warp waits
-// for *ready >= target before its first unit (once its first weights are in flight);
+// MV_SCALAR) or rows 4u..4u+3 (MV_VEC4), the graph path's kernel's work of one warp.
+// wait() comes once a warp, in its first unit (once its first weights are in flight);
 // after each unit lane 0, which stored the rows, releases them: to rel, or (groups) to
-// the qkv counter of the rows' KV group. The first unit prefetches through the ring.
-template <int WT, int F>
-__device__ void pk_matvec(const pk_args &a, int kind, const mv_rows &m, const void *w, int n_in,
-                          int n_out, const unsigned *ready, unsigned target, unsigned *rel, bool groups,
-                          const mv_ring &ring) {
-    const cuda_persist_plan &p = a.p;
+// the qkv counter of the rows' KV group. The first unit reads through the ring.
+template <int WT, int F, typename Wait, typename Ring>
+__device__ void pk_matvec_units(const pk_args &a, int kind, const mv_rows &m, const void *w, int n_in, int n_out,
+                                unsigned *rel, bool groups, const Ring &ring, const Wait &wait) {
     int lane = threadIdx.x & 31, per = kind == MV_VEC4 ? 4 : 1;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
     int units = (n_out + per - 1) / per;
-    bool first = true;
-    warp_waiter wait = { ready, target, &first, a.sleep_ns };
     for (int u = gw; u < units; u += nw) {
         int row0 = u * per;
-        mv_ring r = first ? ring : mv_ring{ NULL, 0 };
+        Ring r = pk_unit_ring(ring, u == gw);
         if (kind == MV_VEC4) mv_vec4_rows<WT, 1, F>(m, w, n_in, n_out, row0, wait, r);
         else if (kind == MV_VEC) mv_vec_row<WT, 1, F>(m, w, n_in, n_out, row0, wait, r);
-        else mv_scalar_row<1>(m, w, WT, n_in, n_out, row0, wait);
+        else if constexpr (!(F & MV_SHARED_X)) mv_scalar_row<1>(m, w, WT, n_in, n_out, row0, wait);  // never staged
         if (lane == 0) {
-            unsigned *c = groups ? rel + (size_t)pk_group(p, row0) * PK_CTR_STRIDE : rel;
+            unsigned *c = groups ? rel + (size_t)pk_group(a.p, row0) * PK_CTR_STRIDE : rel;
             red_release_gpu(c, (unsigned)min(per, n_out - row0));
         }
     }
 }
 
-// gate|up with SwiGLU: two outputs a warp (the graph path's glu kernel's unit). A
-// matrix the vector kernels cannot take (dim % 8 != 0) goes as the graph path's two
-// launches do: gate row j and up row j by the scalar kernel into the planar
-// [gate | up] halves of hb, then silu(gate) * up into hb[j], one output a warp.
+// The first chunks of a warp's first unit (rows rb[0..rows)) into its ring before a
+// staged phase's wait; the unit reads them as a ready ring.
+template <int WT, int ROWS>
+__device__ __forceinline__ mv_ring_ready pk_prefill(const mv_ring &ring, const void *w, const size_t *rb, int n_in) {
+    int n = ring_fill<WT>(ring, w, rb, ROWS, n_in / 8);
+    return mv_ring_ready{ ring.s, n };
+}
+
+// One matvec phase: its units wait for *ready >= target, a block at a time with the
+// input (m.x) staged in xs when it fits (pk_stages), else a warp at a time.
+template <int WT, int F>
+__device__ void pk_matvec(const pk_args &a, int kind, const mv_rows &m, const void *w, int n_in, int n_out,
+                          const unsigned *ready, unsigned target, unsigned *rel, bool groups) {
+    mv_ring ring = pk_ring(a);
+    if (!pk_stages(a, kind, n_in)) {
+        bool first = true;
+        warp_waiter wait = { ready, target, &first, a.sleep_ns };
+        pk_matvec_units<WT, F>(a, kind, m, w, n_in, n_out, rel, groups, ring, wait);
+        return;
+    }
+    int per = kind == MV_VEC4 ? 4 : 1, units = (n_out + per - 1) / per;
+    if (pk_idle(units)) return;  // no unit in this block: no wait
+    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    mv_ring_ready pre = { NULL, 0 };
+    if (gw < units) {
+        size_t rb[4];
+        if (kind == MV_VEC4) {
+            mv_vec4_bases(rb, n_in, n_out, gw * 4);
+            pre = pk_prefill<WT, 4>(ring, w, rb, n_in);
+        } else {
+            rb[0] = (size_t)gw * (n_in / 8);
+            pre = pk_prefill<WT, 1>(ring, w, rb, n_in);
+        }
+    }
+    pk_stage(ready, target, a.sleep_ns, m.x, pk_xs(), n_in);
+    mv_rows ms = m;
+    ms.x = pk_xs();
+    pk_matvec_units<WT, pk_staged_f<F>::value>(a, kind, ms, w, n_in, n_out, rel, groups, pre, no_wait());
+}
+
+// gate|up with SwiGLU: two outputs a warp (the graph path's glu kernel's unit), the
+// input staged as pk_matvec's. A matrix the vector kernels cannot take (dim % 8 != 0)
+// goes as the graph path's two launches do: gate row j and up row j by the scalar
+// kernel into the planar [gate | up] halves of hb, then silu(gate) * up into hb[j], one
+// output a warp.
+template <int WT, int F, typename Wait, typename Ring>
+__device__ void pk_glu_pairs(const pk_args &a, const mv_rows &m, const void *w, unsigned *rel, const Ring &ring,
+                             const Wait &wait) {
+    int lane = threadIdx.x & 31, hid = a.p.hidden;
+    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    for (int u = gw; u < (hid + 1) / 2; u += nw) {
+        mv_glu_pair<WT, 1, F>(m, w, a.p.dim, hid, 2 * u, wait, pk_unit_ring(ring, u == gw));
+        if (lane == 0) red_release_gpu(rel, (unsigned)min(2, hid - 2 * u));
+    }
+}
+
 template <int WT>
-__device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const unsigned *ready, unsigned *rel,
-                       const mv_ring &ring) {
+__device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const unsigned *ready, unsigned *rel) {
     const cuda_persist_plan &p = a.p;
+    mv_ring ring = pk_ring(a);
     int lane = threadIdx.x & 31, hid = p.hidden;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    if (pk_stages(a, a.k_gu, p.dim)) {
+        if (pk_idle((hid + 1) / 2)) return;  // no unit in this block: no wait
+        mv_ring_ready pre = { NULL, 0 };
+        if (gw < (hid + 1) / 2) {
+            size_t rb[4];
+            mv_glu_bases(rb, p.dim, hid, 2 * gw);
+            pre = pk_prefill<WT, 4>(ring, w, rb, p.dim);
+        }
+        pk_stage(ready, (unsigned)p.dim, a.sleep_ns, m.x, pk_xs(), p.dim);
+        mv_rows ms = m;
+        ms.x = pk_xs();
+        pk_glu_pairs<WT, MV_NORM | MV_SHARED_X>(a, ms, w, rel, pre, no_wait());
+        return;
+    }
     bool first = true;
     warp_waiter wait = { ready, (unsigned)p.dim, &first, a.sleep_ns };
     if (a.k_gu != MV_SCALAR) {
-        for (int u = gw; u < (hid + 1) / 2; u += nw) {
-            mv_ring r = first ? ring : mv_ring{ NULL, 0 };
-            mv_glu_pair<WT, 1, MV_NORM | MV_COHERENT>(m, w, p.dim, hid, 2 * u, wait, r);
-            if (lane == 0) red_release_gpu(rel, (unsigned)min(2, hid - 2 * u));
-        }
+        pk_glu_pairs<WT, MV_NORM | MV_COHERENT>(a, m, w, rel, ring, wait);
         return;
     }
     mv_rows gu = m;
@@ -214,23 +331,18 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
 }
 
 // lm_head rows; lane 0 of each warp keeps its best row and adds it to the packed argmax.
-template <int WT>
-__device__ void pk_lm_head(const pk_args &a, const mv_ring &ring) {
+template <int WT, int F, typename Wait, typename Ring>
+__device__ void pk_lm_rows(const pk_args &a, const mv_rows &m, const Ring &ring, const Wait &wait) {
     const cuda_persist_plan &p = a.p;
-    mv_rows m = { p.logits, p.x, 0, 1, 1, p.vocab, p.vocab, p.final_norm, p.eps, 0, NULL, 1 };
     int lane = threadIdx.x & 31, per = a.k_lm == MV_VEC4 ? 4 : 1;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
-    bool first = true;
-    warp_waiter wait = { pk_x_ready(p, p.n_layers), (unsigned)p.dim, &first, a.sleep_ns };
     unsigned long long best = 0;
     for (int u = gw; u * per < p.vocab; u += nw) {
         int row0 = u * per;
-        mv_ring r = first ? ring : mv_ring{ NULL, 0 };
-        if (a.k_lm == MV_VEC4)
-            mv_vec4_rows<WT, 1, MV_NORM | MV_COHERENT>(m, p.lm_head, p.dim, p.vocab, row0, wait, r);
-        else if (a.k_lm == MV_VEC)
-            mv_vec_row<WT, 1, MV_NORM | MV_COHERENT>(m, p.lm_head, p.dim, p.vocab, row0, wait, r);
-        else mv_scalar_row<1>(m, p.lm_head, WT, p.dim, p.vocab, row0, wait);
+        Ring r = pk_unit_ring(ring, u == gw);
+        if (a.k_lm == MV_VEC4) mv_vec4_rows<WT, 1, F>(m, p.lm_head, p.dim, p.vocab, row0, wait, r);
+        else if (a.k_lm == MV_VEC) mv_vec_row<WT, 1, F>(m, p.lm_head, p.dim, p.vocab, row0, wait, r);
+        else if constexpr (!(F & MV_SHARED_X)) mv_scalar_row<1>(m, p.lm_head, WT, p.dim, p.vocab, row0, wait);
         if (lane == 0 && p.argmax)
             for (int r = row0; r < row0 + per && r < p.vocab; r++) {
                 float v = p.logits[r];  // this lane's own store
@@ -238,6 +350,37 @@ __device__ void pk_lm_head(const pk_args &a, const mv_ring &ring) {
             }
     }
     if (lane == 0 && p.argmax && best) atomicMax(p.argmax, best);
+}
+
+template <int WT>
+__device__ void pk_lm_head(const pk_args &a) {
+    const cuda_persist_plan &p = a.p;
+    mv_ring ring = pk_ring(a);
+    mv_rows m = { p.logits, p.x, 0, 1, 1, p.vocab, p.vocab, p.final_norm, p.eps, 0, NULL, 1 };
+    const unsigned *ready = pk_x_ready(p, p.n_layers);
+    if (pk_stages(a, a.k_lm, p.dim)) {
+        int per = a.k_lm == MV_VEC4 ? 4 : 1, units = (p.vocab + per - 1) / per;
+        if (pk_idle(units)) return;  // no unit in this block: no wait
+        int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+        mv_ring_ready pre = { NULL, 0 };
+        if (gw < units) {
+            size_t rb[4];
+            if (per == 4) {
+                mv_vec4_bases(rb, p.dim, p.vocab, gw * 4);
+                pre = pk_prefill<WT, 4>(ring, p.lm_head, rb, p.dim);
+            } else {
+                rb[0] = (size_t)gw * (p.dim / 8);
+                pre = pk_prefill<WT, 1>(ring, p.lm_head, rb, p.dim);
+            }
+        }
+        pk_stage(ready, (unsigned)p.dim, a.sleep_ns, p.x, pk_xs(), p.dim);
+        m.x = pk_xs();
+        pk_lm_rows<WT, MV_NORM | MV_SHARED_X>(a, m, pre, no_wait());
+        return;
+    }
+    bool first = true;
+    warp_waiter wait = { ready, (unsigned)p.dim, &first, a.sleep_ns };
+    pk_lm_rows<WT, MV_NORM | MV_COHERENT>(a, m, ring, wait);
 }
 
 // The last block to finish: the greedy draw (as cuda_sample writes it) and every counter
@@ -268,11 +411,8 @@ __device__ void pk_finish(const cuda_persist_plan &p) {
 // nothing; 4 leaves 128, and the attention phase spills 160-168 bytes).
 template <int WT, int HD, int MINB>
 __global__ void __launch_bounds__(PK_THREADS, MINB) persist_decode_kernel(pk_args a) {
-    extern __shared__ float4 pk_smem[];
     __shared__ unsigned last;
     const cuda_persist_plan &p = a.p;
-    int hd = p.head_dim, q_dim = p.n_heads * hd, qkv_dim = q_dim + 2 * p.n_kv * hd;
-    mv_ring ring = pk_ring(a, pk_smem);
     // The previous launch's argmax is cleared before this block's first release, which
     // every later phase waits for (block 0, warp 0 always has the first embed unit).
     if (blockIdx.x == 0 && threadIdx.x == 0 && p.argmax) *p.argmax = 0ull;
@@ -280,20 +420,20 @@ __global__ void __launch_bounds__(PK_THREADS, MINB) persist_decode_kernel(pk_arg
     for (int l = 0; l < p.n_layers; l++) {
         const cuda_persist_layer &L = p.layers[l];
         const unsigned *x_ready = pk_x_ready(p, l);
-        mv_rows qkv = { p.qkv, p.x, 0, 1, 1, q_dim, q_dim + p.n_kv * hd, L.attn_norm, p.eps, 0, L.bqkv, 1 };
-        pk_matvec<WT, MV_NORM | MV_COHERENT>(a, a.k_qkv, qkv, L.wqkv, p.dim, qkv_dim, x_ready, (unsigned)p.dim,
-                                             pk_ctr(p, l, 0), true, ring);
-        pk_attention<HD>(a, l, pk_smem, &last);
+        mv_rows qkv = { p.qkv, p.x, 0, 1, 1, a.q_dim, a.qkv_dim - p.n_kv * p.head_dim, L.attn_norm, p.eps, 0, L.bqkv, 1 };
+        pk_matvec<WT, MV_NORM | MV_COHERENT>(a, a.k_qkv, qkv, L.wqkv, p.dim, a.qkv_dim, x_ready, (unsigned)p.dim,
+                                             pk_ctr(p, l, 0), true);
+        pk_attention<HD>(a, l, pk_smem(), &last);
         mv_rows o = { p.x, p.att, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
-        pk_matvec<WT, MV_COHERENT>(a, a.k_o, o, L.wo, q_dim, p.dim, pk_layer(p, l, PK_ATT), (unsigned)p.n_heads,
-                                   pk_layer(p, l, PK_O), false, ring);
+        pk_matvec<WT, MV_COHERENT>(a, a.k_o, o, L.wo, a.q_dim, p.dim, pk_layer(p, l, PK_ATT), (unsigned)p.n_heads,
+                                   pk_layer(p, l, PK_O), false);
         mv_rows gu = { p.hb, p.x, 0, 1, 1, p.hidden, p.hidden, L.ffn_norm, p.eps, 0, NULL, 1 };
-        pk_glu<WT>(a, gu, L.w_gu, pk_layer(p, l, PK_O), pk_layer(p, l, PK_GLU), ring);
+        pk_glu<WT>(a, gu, L.w_gu, pk_layer(p, l, PK_O), pk_layer(p, l, PK_GLU));
         mv_rows down = { p.x, p.hb, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
         pk_matvec<WT, MV_COHERENT>(a, a.k_down, down, L.w_down, p.hidden, p.dim, pk_layer(p, l, PK_GLU),
-                                   (unsigned)p.hidden, pk_layer(p, l, PK_DOWN), false, ring);
+                                   (unsigned)p.hidden, pk_layer(p, l, PK_DOWN), false);
     }
-    pk_lm_head<WT>(a, ring);
+    pk_lm_head<WT>(a);
     pk_finish(p);
 }
 
@@ -331,20 +471,47 @@ static size_t pk_att_smem(attn_shape s) {
     return (b + 15) / 16 * 16;
 }
 
+// Bytes a block may have of an SM's shared memory at min_blocks blocks an SM (an SM has
+// 1 KiB beyond the opt-in a block may ask for, sm_80 and sm_90, and sets 1 KiB aside per
+// block), beside the static; never above the opt-in.
+static long pk_block_budget(const cuda_ctx *ctx, const cuda_persist_plan *p) {
+    long optin = ctx->smem_optin > 0 ? ctx->smem_optin : 48 << 10;
+    long b = (optin + 1024) / pk_min_blocks(p) - 1024 - PK_STATIC_SMEM;
+    return b < optin - PK_STATIC_SMEM ? b : optin - PK_STATIC_SMEM;
+}
+
+// The floats of a phase's input a block stages: the longest input (hidden, for down)
+// when it fits the block's share, else the longest but down's; 0 when neither does or
+// p->stage is 0. Only a multiple of 8 is staged (the vector kernels' inputs).
+static int pk_stage_floats(const cuda_ctx *ctx, const cuda_persist_plan *p) {
+    if (!p->stage) return 0;
+    int q_dim = p->n_heads * p->head_dim, small = p->dim > q_dim ? p->dim : q_dim;
+    int big = small > p->hidden ? small : p->hidden;
+    long budget = pk_block_budget(ctx, p);
+    if (4L * big <= budget) return big;
+    return 4L * small <= budget ? small : 0;
+}
+
+// Where the weight ring starts: past the attention's shared memory or the staged input,
+// which share the start (a block is in one phase at a time).
+static size_t pk_ring_off(attn_shape s, int stage) {
+    size_t att = pk_att_smem(s), xs = ((size_t)stage * sizeof(float) + 15) / 16 * 16;
+    return att > xs ? att : xs;
+}
+
 // The weight ring's bytes a block, a whole number of 16-byte chunks a warp: p->ring when
-// set (0: none), else what an SM's shared memory leaves each of its min_blocks blocks
-// after the attention's (an SM has 1 KiB beyond the opt-in a block may ask for, sm_80 and
-// sm_90, and sets 1 KiB aside per block), in 2 KiB steps; never above the opt-in.
-static size_t pk_ring_bytes(const cuda_ctx *ctx, const cuda_persist_plan *p, attn_shape s) {
-    long att = (long)pk_att_smem(s), optin = ctx->smem_optin > 0 ? ctx->smem_optin : 48 << 10;
+// set (0: none), else what the block's share leaves past pk_ring_off, in 2 KiB steps;
+// never above the opt-in.
+static size_t pk_ring_bytes(const cuda_ctx *ctx, const cuda_persist_plan *p, attn_shape s, int stage) {
+    long off = (long)pk_ring_off(s, stage), optin = ctx->smem_optin > 0 ? ctx->smem_optin : 48 << 10;
     long want = p->ring;
-    if (want < 0) want = ((optin + 1024) / pk_min_blocks(p) - 1024 - PK_STATIC_SMEM - att) / 2048 * 2048;
-    if (want > optin - PK_STATIC_SMEM - att) want = optin - PK_STATIC_SMEM - att;
+    if (want < 0) want = (pk_block_budget(ctx, p) - off) / 2048 * 2048;
+    if (want > optin - PK_STATIC_SMEM - off) want = optin - PK_STATIC_SMEM - off;
     want = want / (16 * MV_WARPS) * (16 * MV_WARPS);
     return want > 0 ? (size_t)want : 0;
 }
 
-extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int *grid, int *ring) {
+extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, cuda_persist_fit *fit) {
     attn_shape s = pk_shape(p);
     int q_dim = p->n_heads * p->head_dim;
     CUDA_REQUIRE(ctx, p->wt == WT_BF16 || p->wt == WT_F16, "the weights are not all bf16 or all f16");
@@ -360,7 +527,8 @@ extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int
     CUDA_REQUIRE(ctx, ctx->att_count && ctx->att_count_n >= p->n_kv, "no attention combine counters");
     const char *name;
     pk_kernel k = pk_pick(p, s, &name);
-    size_t rb = pk_ring_bytes(ctx, p, s), smem = pk_att_smem(s) + rb;
+    int stage = pk_stage_floats(ctx, p);
+    size_t rb = pk_ring_bytes(ctx, p, s, stage), smem = pk_ring_off(s, stage) + rb;
     if (smem > (48 << 10))  // above the default limit: opted in (the ring)
         CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
@@ -368,18 +536,21 @@ extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, int
     CUDA_REQUIRE(ctx, per_sm >= 1, "the kernel does not fit an SM (%zu bytes of shared memory)", smem);
     int g = per_sm * (ctx->n_sm > 0 ? ctx->n_sm : 1);
     if (p->grid > 0 && p->grid < g) g = p->grid;
-    *grid = g;
-    *ring = (int)rb;
+    fit->grid = g;
+    fit->ring = (int)rb;
+    fit->stage = stage;
     return 0;
 }
 
-extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p, int grid, int ring) {
+extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p, const cuda_persist_fit *fit) {
     attn_shape s = pk_shape(p);
     pk_args a;
     a.p = *p;
     int q_dim = p->n_heads * p->head_dim, qkv_dim = q_dim + 2 * p->n_kv * p->head_dim;
     // the graph path's kernel of each matrix (weights and buffers are 256-byte aligned,
     // so n_in % 8 decides what mv_kind checks)
+    a.q_dim = q_dim;
+    a.qkv_dim = qkv_dim;
     a.k_qkv = p->dim % 8 ? MV_SCALAR : mv_kind_rows(ctx, qkv_dim);
     a.k_o = q_dim % 8 ? MV_SCALAR : mv_kind_rows(ctx, p->dim);
     a.k_gu = p->dim % 8 ? MV_SCALAR : MV_VEC;
@@ -390,13 +561,15 @@ extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p,
     a.tile = flash_ok(s) ? 0 : decode_tile(s);
     a.part = (float *)ctx->scratch;
     a.count = ctx->att_count;
-    a.ring_off = (int)pk_att_smem(s);
-    a.ring_cap = ring / 16 / MV_WARPS;
+    a.ring_off = (int)pk_ring_off(s, fit->stage);
+    a.ring_cap = fit->ring / 16 / MV_WARPS;
+    a.xs_cap = fit->stage;
     a.sleep_ns = p->sleep_ns > 0 ? (unsigned)p->sleep_ns : 0u;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;
-    cudaLaunchConfig_t cfg = { dim3(grid), dim3(PK_THREADS), (size_t)a.ring_off + (size_t)ring, ctx->stream, attr, 1 };
+    cudaLaunchConfig_t cfg = { dim3(fit->grid), dim3(PK_THREADS), (size_t)a.ring_off + (size_t)fit->ring, ctx->stream,
+                               attr, 1 };
     const char *name;
     pk_kernel k = pk_pick(p, s, &name);
 #ifdef VARENT_EMU_DEVICE

@@ -31,6 +31,7 @@ int cuda_forward_open(cuda_forward **out, const model *m, forward_state *fw, int
     cuda_core *f = &d->core;
     d->use_graph = 1;
     d->persist.ring = -1;  // the weight ring as large as fits
+    d->persist.stage = 1;  // each phase's input staged where it fits
     if (cuda_core_init(f, m, fw, device, err)) {
         free(d);
         return -1;
@@ -95,7 +96,8 @@ void cuda_forward_counts(const cuda_forward *d, cuda_step_counts *out) {
     out->persist_steps = d->persist.steps;
     out->persist_fallbacks = d->persist.fallbacks;
     out->fallback_why = d->persist.fallbacks ? d->persist.why : NULL;
-    out->persist_ring = d->persist.ring_used;
+    out->persist_ring = d->persist.fit.ring;
+    out->persist_stage = d->persist.fit.stage;
 }
 
 void cuda_forward_set_decode_kernel(cuda_forward *d, int persistent, int grid) {
@@ -105,9 +107,10 @@ void cuda_forward_set_decode_kernel(cuda_forward *d, int persistent, int grid) {
 
 void cuda_forward_set_persist_ring(cuda_forward *d, int bytes) { d->persist.ring = bytes < 0 ? -1 : bytes; }
 
-void cuda_forward_set_persist_tuning(cuda_forward *d, int min_blocks, int sleep_ns) {
+void cuda_forward_set_persist_tuning(cuda_forward *d, int min_blocks, int sleep_ns, int stage) {
     d->persist.min_blocks = min_blocks == 4 ? 4 : 3;
     d->persist.sleep_ns = sleep_ns > 0 ? sleep_ns : 0;
+    d->persist.stage = stage != 0;
 }
 
 // ---- the parts' public calls -------------------------------------------------------------------

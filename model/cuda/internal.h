@@ -36,7 +36,8 @@ typedef struct {
     int on;                    // --decode-kernel persistent
     int grid;                  // blocks (0: as many as the device holds at once)
     int ring;                  // the weight ring's bytes a block asked for (-1: as many as fit; 0: none)
-    int grid_used, ring_used;  // the last persistent step's blocks and ring (cuda_persist_check's)
+    int stage;                 // stage a phase's input in shared memory where it fits (0: never)
+    cuda_persist_fit fit;      // the last persistent step's blocks, ring and staging (cuda_persist_check's)
     int min_blocks, sleep_ns;  // blocks an SM (3 or 4; 0: 3), and the pause between counter polls
     cuda_persist_layer *d_layers;  // device [n_layers] (NULL until the first persistent step)
     unsigned *ctr;             // device dataflow counters

@@ -76,6 +76,7 @@ static cuda_persist_plan plan_of(const cuda_forward *d, int cap) {
     p.ring = d->persist.ring;
     p.min_blocks = d->persist.min_blocks;
     p.sleep_ns = d->persist.sleep_ns;
+    p.stage = d->persist.stage;
     return p;
 }
 
@@ -134,14 +135,14 @@ static int ready(cuda_forward *d, int cap, int hk, cuda_persist_plan *plan, verr
         return fall_back(d, "matrices of more than one type");
     if (setup(d, err)) return -1;
     *plan = plan_of(d, cap);
-    if (cuda_persist_check(&f->ctx, plan, &p->grid_used, &p->ring_used)) return fall_back(d, f->ctx.err.msg);
+    if (cuda_persist_check(&f->ctx, plan, &p->fit)) return fall_back(d, f->ctx.err.msg);
     return 1;
 }
 
 // The kernel, then the capture layer's statistics.
 static int launch(cuda_forward *d, cuda_persist_plan *plan, int cap, verr *err) {
     cuda_core *f = &d->core;
-    OP(cuda_decode_persistent(&f->ctx, plan, d->persist.grid_used, d->persist.ring_used));
+    OP(cuda_decode_persistent(&f->ctx, plan, &d->persist.fit));
     if (cap >= 0 && cuda_core_stats(f, 1, cuda_core_params(f, f->d_par), err)) return -1;
     d->persist.steps++;
     return 0;

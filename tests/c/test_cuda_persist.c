@@ -12,7 +12,8 @@
 //     and takes no extra host wait;
 //   - the grid changes half-way (and is 1 block for one model), and the weight ring
 //     shrinks from as large as fits (whole rows) to 8 chunks a warp (rows partly from
-//     it): the bits do not move;
+//     it); in each half, the phases' inputs are staged in shared memory a block at a
+//     time, then read through L2 by every warp: the bits do not move;
 //   - with a capture layer the device statistics equal the graph path's;
 //   - a step with forward hooks takes the graph path, counted with its reason, and a
 //     batch likewise.
@@ -184,13 +185,19 @@ static void run_model(const char *dir, const char *name, int grid0, int grid1, c
     y.first_bad = -1;
     int tok = prompt[n_prompt - 1];
     cuda_step_counts c;
-    int ring0 = 0;
+    int ring0 = 0, stage0 = 0, stage1 = -1;
     for (int j = 0; rc == 0 && j < STEPS; j++) {
-        if (j == STEPS / 2) {  // a new grid, and a ring of 8 chunks a warp: most rows partly from it
-            cuda_forward_counts(t.p.cu, &c);
+        cuda_forward_counts(t.p.cu, &c);
+        if (j == STEPS / 4 || j == 3 * STEPS / 4) {  // inputs read through L2 by every warp, not staged
+            stage0 = j == STEPS / 4 ? c.persist_stage : stage0;
+            cuda_forward_set_persist_tuning(t.p.cu, 3, 0, 0);
+        }
+        if (j == STEPS / 2) {  // a new grid, a ring of 8 chunks a warp (most rows partly from it), staged again
+            stage1 = c.persist_stage;
             ring0 = c.persist_ring;
             cuda_forward_set_decode_kernel(t.p.cu, 1, grid1);
             cuda_forward_set_persist_ring(t.p.cu, RING_SMALL);
+            cuda_forward_set_persist_tuning(t.p.cu, 3, 0, 1);
         }
         rc = step(&t, j, tok, &tok, &y, &err);
     }
@@ -198,6 +205,10 @@ static void run_model(const char *dir, const char *name, int grid0, int grid1, c
     CHECK(rc == 0 && ring0 >= 2048 && c.persist_ring == RING_SMALL,
           NAME("cuda_persist %s: the weight ring in use (as large as fits, then %d bytes a block)", name, RING_SMALL),
           "rc %d, rings of %d and %d bytes", rc, ring0, c.persist_ring);
+    int longest = t.g.m.cfg.hidden_dim;
+    CHECK(rc == 0 && stage0 >= longest && stage1 == 0 && c.persist_stage == 0,
+          NAME("cuda_persist %s: inputs staged in shared memory (up to %d floats), then not", name, longest),
+          "rc %d, staged %d, then %d, then %d floats", rc, stage0, stage1, c.persist_stage);
     CHECK(rc == 0 && y.steps == STEPS && y.bad_tok == 0 && y.bad_bits == 0,
           NAME("cuda_persist %s: %d greedy steps, the graph path's tokens and logits bit for bit (grid %d, then %d)",
                name, STEPS, grid0, grid1),

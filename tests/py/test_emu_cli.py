@@ -15,7 +15,8 @@ the CPU. Checked against the CPU backend and the published texts:
     cuda_forward_batch) and the run logs BRANCH steps;
   - serve --device cuda answers a chat request;
   - --decode-kernel persistent gives the graph path's greedy text, with its weight ring
-    and without (VARENT_CUDA_PERSIST_RING=0), and --stats reports both;
+    and without (VARENT_CUDA_PERSIST_RING=0), with its inputs staged in shared memory and
+    without (VARENT_CUDA_PERSIST_STAGE=0), and --stats reports each;
   - the scheduler on the device: batch records, compare rows and eval trials with
     --parallel 3 equal --parallel 1's, and a --parallel 3 server answers 3 requests at once as it does one at a time;
   - non-finite logits on the device (NaN weights, an overflowing norm) are an error
@@ -312,31 +313,37 @@ def test_armed_draws(model):
 
 def test_persistent(model):
     """--decode-kernel persistent from the CLI: greedy stories260K gives the graph path's
-    text, --stats reports the steps and the weight ring (as large as fits, or none with
-    VARENT_CUDA_PERSIST_RING=0, the same text); the 4-blocks-an-SM instance with a pause
-    between counter polls gives it too; a bad VARENT_CUDA_PERSIST_RING, _BLOCKS or _GRID
-    is an error naming it."""
+    text, --stats reports the steps, the weight ring (as large as fits, or none with
+    VARENT_CUDA_PERSIST_RING=0, the same text) and the staged inputs (none with
+    VARENT_CUDA_PERSIST_STAGE=0, the same text); the 4-blocks-an-SM instance with a pause
+    between counter polls gives it too; a bad VARENT_CUDA_PERSIST_RING, _BLOCKS, _GRID or
+    _STAGE is an error naming it."""
     import subprocess
     base = ["run", "-m", model, "-p", "Once upon a time", "-n", 24, "--temp", 0, "--device", "cuda", "--stats",
             "--ignore-eos"]
     out = {}
     runs = (("graph", {}, "graph"), ("ring", {}, "persistent"), ("noring", {"RING": "0"}, "persistent"),
             ("blocks4", {"BLOCKS": "4", "SLEEP": "50"}, "persistent"), ("bad", {"RING": "12kb"}, "persistent"),
-            ("bad_blocks", {"BLOCKS": "5"}, "persistent"), ("bad_grid", {"GRID": "+4"}, "persistent"))
+            ("bad_blocks", {"BLOCKS": "5"}, "persistent"), ("bad_grid", {"GRID": "+4"}, "persistent"),
+            ("nostage", {"STAGE": "0"}, "persistent"), ("bad_stage", {"STAGE": "2"}, "persistent"))
     for name, env, kernel in runs:
         e = {k: v for k, v in os.environ.items() if not k.startswith("VARENT_CUDA_PERSIST_")}
         e["VARENT_CUDA_PERSIST_GRID"] = "4"  # (bad_grid sets its own)
         e.update({"VARENT_CUDA_PERSIST_" + k: v for k, v in env.items()})
         r = subprocess.run([EMU, *map(str, base), "--decode-kernel", kernel], capture_output=True, text=True,
                            timeout=300 * (3 if vtest.UNDER_ASAN else 1), env=e)
-        m = re.search(r"decode kernel: persistent, (\d+) steps \(weight ring (\d+) KiB a block\); (\d+) on the graph",
-                      r.stderr)
+        m = re.search(r"decode kernel: persistent, (\d+) steps \(weight ring (\d+) KiB a block, inputs staged up to "
+                      r"(\d+) floats\); (\d+) on the graph", r.stderr)
         out[name] = (r.returncode, r.stdout, tuple(int(x) for x in m.groups()) if m else None, r.stderr.strip()[-300:])
     g, on, off, bad = out["graph"], out["ring"], out["noring"], out["bad"]
     ok = g[0] == 0 and on[0] == 0 and on[1] == g[1] and on[2] is not None and on[2][0] >= 20 and on[2][1] > 0 \
-        and on[2][2] == 0
-    check(ok, "emu_persistent_text_equal_graph_with_ring", f"rc {g[0]}/{on[0]}, same text {on[1] == g[1]}, "
-          f"(steps, ring KiB, fallbacks) {on[2]}: {on[3]}")
+        and on[2][2] >= 172 and on[2][3] == 0
+    check(ok, "emu_persistent_text_equal_graph_with_ring_and_staging", f"rc {g[0]}/{on[0]}, same text {on[1] == g[1]}, "
+          f"(steps, ring KiB, staged floats, fallbacks) {on[2]}: {on[3]}")
+    ns = out["nostage"]
+    ok = ns[0] == 0 and ns[1] == g[1] and ns[2] is not None and ns[2][0] >= 20 and ns[2][2] == 0
+    check(ok, "emu_persistent_text_equal_graph_without_staging", f"rc {ns[0]}, same text {ns[1] == g[1]}, {ns[2]}: "
+          f"{ns[3]}")
     ok = off[0] == 0 and off[1] == g[1] and off[2] is not None and off[2][1] == 0 and off[2][0] >= 20
     check(ok, "emu_persistent_text_equal_graph_without_ring", f"rc {off[0]}, same text {off[1] == g[1]}, {off[2]}: "
           f"{off[3]}")
@@ -352,6 +359,10 @@ def test_persistent(model):
     bg = out["bad_grid"]  # digits only: a sign is refused, as a space would be
     ok = bg[0] != 0 and "VARENT_CUDA_PERSIST_GRID=+4: blocks (0: as many as fit)" in bg[3] and not bg[1]
     check(ok, "emu_persistent_bad_grid_is_an_error", f"rc {bg[0]}: {bg[3]}")
+    bs = out["bad_stage"]
+    ok = bs[0] != 0 and "VARENT_CUDA_PERSIST_STAGE=2: stage inputs in shared memory (0: no, 1: yes), 0 to 1" in bs[3] \
+        and not bs[1]
+    check(ok, "emu_persistent_bad_stage_is_an_error", f"rc {bs[0]}: {bs[3]}")
 
 
 def test_nonfinite(model, tmp):

@@ -50,6 +50,20 @@ STRAIGHT = ["LDG.E.128 R4, desc[UR4][R30.64]", "FADD R5, R4, R4", "STG.E desc[UR
 STORE_USE = ["LDG.E.128 R4, desc[UR4][R30.64]", "STG.E desc[UR4][R8.64], R6",
              "LDG.E.128 R12, desc[UR4][R30.64+0x10]", "@P0 BRA 0x0", "EXIT"]
 SPILL = ["STL [R1+0x4], R7", "LDL R7, [R1+0x4]", "EXIT"]
+# A layer loop (0x10..0x80) around a chunk loop (0x30..0x50): a spill reload at the top of
+# each layer (cold) and one inside the chunk loop (hot).
+NESTED = [
+    "STL [R1+0x4], R7",                          # 0x00: once
+    "LDL R7, [R1+0x4]",                          # 0x10: layer loop head, once a layer
+    "MOV R2, RZ",
+    "LDG.E.128.CONSTANT R4, desc[UR4][R30.64]",  # 0x30: chunk loop head
+    "LDL R9, [R1+0x8]",                          # 0x40: in the chunk loop
+    "@P1 BRA 0x30",                              # 0x50
+    "IADD3 R7, R7, 0x1, RZ",
+    "ISETP.NE.AND P0, PT, R7, R3, PT",
+    "@P0 BRA 0x10",                              # 0x80
+    "EXIT",
+]
 # nvcc's pipelined loop: the next iteration's four weight loads at the bottom, before the
 # back edge, used at the top after one activation load: 5 in flight in the steady state,
 # though from the loop head only the activation load comes before a use.
@@ -106,6 +120,12 @@ def test_in_flight():
     check(sr.loads_in_flight(f["store_use"], 0, 3, None) == 1, "sass_store_reads_all_operands",
           f"{sr.loads_in_flight(f['store_use'], 0, 3, None)}")
     check(sr.spill_insns(sr.parse_sass(sass("spill", SPILL))["spill"]) == 2, "sass_spill_count")
+    nested = sr.parse_sass(sass("nested", NESTED))["nested"]
+    spans = sr.loops(nested)
+    check(sorted(spans) == [(1, 8), (3, 5)] and sr.innermost(spans) == [(3, 5)], "sass_innermost_loop",
+          f"{spans} {sr.innermost(spans)}")
+    check(sr.spill_insns(nested) == 3 and sr.hot_spill_insns(nested) == 1, "sass_hot_spill_only_in_a_loop",
+          f"{sr.spill_insns(nested)} {sr.hot_spill_insns(nested)}")
     rot = sr.parse_sass(sass("rot", ROTATED))["rot"]
     check(sr.loops(rot) == [(4, 13)] and sr.loads_in_flight(rot, 4, 13, None) == 1, "sass_rotated_loop_from_head",
           f"{sr.loops(rot)} {sr.loads_in_flight(rot, 4, 13, None)}")
@@ -186,6 +206,14 @@ def test_trig_stack():
     check(len(p) == 3 and p[0].startswith("p:") and p[1].startswith("l:") and p[2].startswith("s:"),
           "sass_trig_stack_not_a_spill", f"{p}")
     check("288 bytes of stack" in p[2], "sass_spill_names_the_stack", p[2])
+    # cold LDL/STL only (none in an innermost loop): listed, not a failure; one hot: a failure
+    rows = [dict(kernel="c", base="persist_k", trig=False, local=0, stack=24, spills=25, hot_spills=0,
+                 in_flight=None),
+            dict(kernel="h", base="persist_k", trig=False, local=0, stack=24, spills=25, hot_spills=1,
+                 in_flight=None)]
+    p = sr.problems(rows)
+    check(len(p) == 1 and p[0].startswith("h:") and "1 of them in a loop" in p[0], "sass_cold_spills_pass",
+          f"{p}")
 
 
 test_in_flight()

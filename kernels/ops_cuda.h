@@ -389,7 +389,8 @@ size_t cuda_persist_counters(const cuda_persist_plan *p);
 int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, cuda_persist_fit *fit);
 // Queues the step on ctx->stream (one launch; ctx->scratch holds the attention partials,
 // ctx->att_count the combine counters, as for cuda_attention_decode_rows). fit: what
-// cuda_persist_check gave for this plan (checked once a step, not twice).
+// cuda_persist_check gave for this plan (model/cuda/persist.c checks once for each
+// setting, not once a step).
 int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p, const cuda_persist_fit *fit);
 // The greedy token of a packed argmax (first index on ties, NaN never wins); -1 when
 // every logit was NaN.

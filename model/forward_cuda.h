@@ -47,6 +47,7 @@ typedef struct {
     const char *fallback_why;  // the last fallback's reason (NULL: none; valid until close)
     int persist_ring;          // the last persistent step's weight ring, bytes a block (0: none)
     int persist_stage;         // its staged input, floats a block (0: none)
+    long persist_checks;       // its shape and fit checks: one for each setting, not one a step
 } cuda_step_counts;
 void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out);
 // The decode kernel of one-row steps (--decode-kernel): the graph path (0, the default)

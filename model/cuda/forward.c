@@ -98,19 +98,25 @@ void cuda_forward_counts(const cuda_forward *d, cuda_step_counts *out) {
     out->fallback_why = d->persist.fallbacks ? d->persist.why : NULL;
     out->persist_ring = d->persist.fit.ring;
     out->persist_stage = d->persist.fit.stage;
+    out->persist_checks = d->persist.checks;
 }
 
 void cuda_forward_set_decode_kernel(cuda_forward *d, int persistent, int grid) {
     d->persist.on = persistent;
     d->persist.grid = grid > 0 ? grid : 0;
+    d->persist.fit_ok = 0;
 }
 
-void cuda_forward_set_persist_ring(cuda_forward *d, int bytes) { d->persist.ring = bytes < 0 ? -1 : bytes; }
+void cuda_forward_set_persist_ring(cuda_forward *d, int bytes) {
+    d->persist.ring = bytes < 0 ? -1 : bytes;
+    d->persist.fit_ok = 0;
+}
 
 void cuda_forward_set_persist_tuning(cuda_forward *d, int min_blocks, int sleep_ns, int stage) {
     d->persist.min_blocks = min_blocks == 4 ? 4 : 3;
     d->persist.sleep_ns = sleep_ns > 0 ? sleep_ns : 0;
     d->persist.stage = stage != 0;
+    d->persist.fit_ok = 0;
 }
 
 // ---- the parts' public calls -------------------------------------------------------------------

@@ -38,6 +38,10 @@ typedef struct {
     int ring;                  // the weight ring's bytes a block asked for (-1: as many as fit; 0: none)
     int stage;                 // stage a phase's input in shared memory where it fits (0: never)
     cuda_persist_fit fit;      // the last persistent step's blocks, ring and staging (cuda_persist_check's)
+    int fit_ok;                // fit holds for the settings (each setter clears it) and the scratch below
+    const void *fit_scratch;   // ctx->scratch and its bytes when fit was checked
+    size_t fit_scratch_bytes;
+    long checks;               // cuda_persist_check calls (one a setting, not one a step)
     int min_blocks, sleep_ns;  // blocks an SM (3 or 4; 0: 3), and the pause between counter polls
     cuda_persist_layer *d_layers;  // device [n_layers] (NULL until the first persistent step)
     unsigned *ctr;             // device dataflow counters

@@ -135,7 +135,15 @@ static int ready(cuda_forward *d, int cap, int hk, cuda_persist_plan *plan, verr
         return fall_back(d, "matrices of more than one type");
     if (setup(d, err)) return -1;
     *plan = plan_of(d, cap);
+    // the check (an occupancy query, and a shared-memory attribute with the ring) once
+    // for each setting: it depends on nothing a step changes but the scratch
+    if (p->fit_ok && p->fit_scratch == f->ctx.scratch && p->fit_scratch_bytes == f->ctx.scratch_bytes) return 1;
+    p->fit_ok = 0;
+    p->checks++;
     if (cuda_persist_check(&f->ctx, plan, &p->fit)) return fall_back(d, f->ctx.err.msg);
+    p->fit_ok = 1;
+    p->fit_scratch = f->ctx.scratch;
+    p->fit_scratch_bytes = f->ctx.scratch_bytes;
     return 1;
 }
 

@@ -205,6 +205,10 @@ static void run_model(const char *dir, const char *name, int grid0, int grid1, c
     CHECK(rc == 0 && ring0 >= 2048 && c.persist_ring == RING_SMALL,
           NAME("cuda_persist %s: the weight ring in use (as large as fits, then %d bytes a block)", name, RING_SMALL),
           "rc %d, rings of %d and %d bytes", rc, ring0, c.persist_ring);
+    // checked once a setting: the first step, then the changes at a quarter, a half and
+    // three quarters of the way
+    CHECK(rc == 0 && c.persist_checks == 4, NAME("cuda_persist %s: the fit checked once a setting, not a step", name),
+          "%ld checks over %d steps", c.persist_checks, STEPS);
     int longest = t.g.m.cfg.hidden_dim;
     CHECK(rc == 0 && stage0 >= longest && stage1 == 0 && c.persist_stage == 0,
           NAME("cuda_persist %s: inputs staged in shared memory (up to %d floats), then not", name, longest),

@@ -298,8 +298,11 @@ def wait_for_reader(p, w, path):
     t = threading.Thread(target=read_stderr, daemon=True)
     t.start()
     if w.stdin:
-        p.stdin.write(w.stdin.encode())
-        p.stdin.close()
+        try:
+            p.stdin.write(w.stdin.encode())
+            p.stdin.close()
+        except BrokenPipeError:  # the run ended before reading it all: its status and files say how
+            pass
     r = Run()
     noticed.wait(timeout=60)
     r.fifo = FifoReader(path).join()

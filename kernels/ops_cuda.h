@@ -370,6 +370,9 @@ typedef struct {
     int stage;                               // a phase's input staged in shared memory, a block at a
                                              // time, where it fits (nonzero), or read through L2 by
                                              // every warp (0)
+    int ahead;                               // a staged phase's warps copy the next unit's first
+                                             // weights into the ring while one runs (nonzero), or
+                                             // only the first unit's, before the wait (0)
 } cuda_persist_plan;
 
 // What the device fits of a plan (cuda_persist_check): the co-resident blocks, the weight

@@ -99,10 +99,11 @@ else
     export WEIGHTS=${WEIGHTS:-/tmp/weights}
     # issue 34's persistent decode kernel against the graph path on every window, and each
     # of its switches against it: the inputs not staged (every warp waits and reads x
-    # through L2), the weight ring off, 4 blocks an SM (128 registers, with spills) instead
+    # through L2), the ring filled for a warp's first unit only, the weight ring off, 4 blocks an SM (128 registers, with spills) instead
     # of 3, a 100 ns pause between counter polls (set AB_VARIANTS= to run none)
     pk_ab="persistent --decode-kernel persistent"
     pk_ab+=";persistent-nostage VARENT_CUDA_PERSIST_STAGE=0 --decode-kernel persistent"
+    pk_ab+=";persistent-noahead VARENT_CUDA_PERSIST_AHEAD=0 --decode-kernel persistent"
     pk_ab+=";persistent-noring VARENT_CUDA_PERSIST_RING=0 --decode-kernel persistent"
     pk_ab+=";persistent-4blocks VARENT_CUDA_PERSIST_BLOCKS=4 --decode-kernel persistent"
     pk_ab+=";persistent-sleep VARENT_CUDA_PERSIST_SLEEP=100 --decode-kernel persistent"

@@ -60,20 +60,23 @@ static int env_int(const char *name, long lo, long hi, const char *what, long *v
 // blocks; 0 or unset: as many as the device holds; the emulated device's fibers want
 // few), weight ring (VARENT_CUDA_PERSIST_RING KiB a block; 0: none; unset: as many as
 // fit), blocks an SM (VARENT_CUDA_PERSIST_BLOCKS 3 or 4), the pause between counter
-// polls (VARENT_CUDA_PERSIST_SLEEP ns) and the staging of a phase's input in shared
-// memory (VARENT_CUDA_PERSIST_STAGE 0: never; 1, the default: where it fits).
+// polls (VARENT_CUDA_PERSIST_SLEEP ns), the staging of a phase's input in shared
+// memory (VARENT_CUDA_PERSIST_STAGE 0: never; 1, the default: where it fits) and the
+// ring filled a unit ahead in a staged phase (VARENT_CUDA_PERSIST_AHEAD 0: the first
+// unit only; 1, the default).
 static int persist_env(session *s, int on, verr *err) {
-    long grid = 0, kib = -1, blocks = 3, ns = 0, stage = 1;
+    long grid = 0, kib = -1, blocks = 3, ns = 0, stage = 1, ahead = 1;
     int r = 0;
     if (env_int("VARENT_CUDA_PERSIST_GRID", 0, 1L << 20, "blocks (0: as many as fit)", &grid, err) < 0 ||
         (r = env_int("VARENT_CUDA_PERSIST_RING", 0, 227, "KiB of shared memory a block (0: no ring)", &kib, err)) < 0 ||
         env_int("VARENT_CUDA_PERSIST_BLOCKS", 3, 4, "blocks an SM", &blocks, err) < 0 ||
         env_int("VARENT_CUDA_PERSIST_SLEEP", 0, 100000, "ns between counter polls", &ns, err) < 0 ||
-        env_int("VARENT_CUDA_PERSIST_STAGE", 0, 1, "stage inputs in shared memory (0: no, 1: yes)", &stage, err) < 0)
+        env_int("VARENT_CUDA_PERSIST_STAGE", 0, 1, "stage inputs in shared memory (0: no, 1: yes)", &stage, err) < 0 ||
+        env_int("VARENT_CUDA_PERSIST_AHEAD", 0, 1, "fill the ring a unit ahead (0: no, 1: yes)", &ahead, err) < 0)
         return -1;
     cuda_forward_set_decode_kernel(s->cu, on, (int)grid);
     cuda_forward_set_persist_ring(s->cu, r ? (int)kib * 1024 : -1);
-    cuda_forward_set_persist_tuning(s->cu, (int)blocks, (int)ns, (int)stage);
+    cuda_forward_set_persist_tuning(s->cu, (int)blocks, (int)ns, (int)stage, (int)ahead);
     return 0;
 }
 

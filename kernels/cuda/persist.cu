@@ -53,6 +53,7 @@ struct pk_args {
     int xs_cap;                    // floats of a phase's input a block stages (0: none); at the
                                    // start of the dynamic shared memory, over the attention's
     unsigned sleep_ns;             // a counter wait's pause between polls (0: none)
+    int ahead;                     // a staged phase fills the ring a unit ahead (pk_staged)
 };
 
 // The dynamic shared memory: the attention's, or a phase's staged input, from the
@@ -138,9 +139,6 @@ struct no_wait {
 __device__ __forceinline__ mv_ring pk_unit_ring(const mv_ring &r, bool first) {
     return first ? r : mv_ring{ NULL, 0 };
 }
-__device__ __forceinline__ mv_ring_ready pk_unit_ring(const mv_ring_ready &r, bool first) {
-    return first ? r : mv_ring_ready{ NULL, 0 };
-}
 
 // The vector kernels' F when the input is staged: read from shared memory, not L2.
 template <int F>
@@ -164,68 +162,132 @@ __device__ inline int pk_group(const cuda_persist_plan &p, int row) {
     return (row < kv_dim ? row : row - kv_dim) / p.head_dim;
 }
 
+// Lane 0 releases a unit's rows row0.. (per of them, up to n_out), which it stored: to
+// rel, or (groups) to the qkv counter of the rows' KV group.
+__device__ __forceinline__ void pk_release_rows(const pk_args &a, unsigned *rel, bool groups, int row0, int per,
+                                                int n_out) {
+    unsigned *c = groups ? rel + (size_t)pk_group(a.p, row0) * PK_CTR_STRIDE : rel;
+    red_release_gpu(c, (unsigned)min(per, n_out - row0));
+}
+
 // Rows [0, n_out) of one matrix over every warp of the grid: unit u is row u (MV_VEC,
 // MV_SCALAR) or rows 4u..4u+3 (MV_VEC4), the graph path's kernel's work of one warp.
 // wait() comes once a warp, in its first unit (once its first weights are in flight);
 // after each unit lane 0, which stored the rows, releases them: to rel, or (groups) to
 // the qkv counter of the rows' KV group. The first unit reads through the ring.
-template <int WT, int F, typename Wait, typename Ring>
+template <int WT, int F, typename Wait>
 __device__ void pk_matvec_units(const pk_args &a, int kind, const mv_rows &m, const void *w, int n_in, int n_out,
-                                unsigned *rel, bool groups, const Ring &ring, const Wait &wait) {
+                                unsigned *rel, bool groups, const mv_ring &ring, const Wait &wait) {
     int lane = threadIdx.x & 31, per = kind == MV_VEC4 ? 4 : 1;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
     int units = (n_out + per - 1) / per;
     for (int u = gw; u < units; u += nw) {
         int row0 = u * per;
-        Ring r = pk_unit_ring(ring, u == gw);
+        mv_ring r = pk_unit_ring(ring, u == gw);
         if (kind == MV_VEC4) mv_vec4_rows<WT, 1, F>(m, w, n_in, n_out, row0, wait, r);
         else if (kind == MV_VEC) mv_vec_row<WT, 1, F>(m, w, n_in, n_out, row0, wait, r);
-        else if constexpr (!(F & MV_SHARED_X)) mv_scalar_row<1>(m, w, WT, n_in, n_out, row0, wait);  // never staged
-        if (lane == 0) {
-            unsigned *c = groups ? rel + (size_t)pk_group(a.p, row0) * PK_CTR_STRIDE : rel;
-            red_release_gpu(c, (unsigned)min(per, n_out - row0));
-        }
+        else mv_scalar_row<1>(m, w, WT, n_in, n_out, row0, wait);
+        if (lane == 0) pk_release_rows(a, rel, groups, row0, per, n_out);
     }
 }
 
-// The first chunks of a warp's first unit (rows rb[0..rows)) into its ring before a
-// staged phase's wait; the unit reads them as a ready ring.
+// Half i of a warp's ring slice, of `half` chunks (none without a ring).
+__device__ __forceinline__ mv_ring pk_half(const mv_ring &r, int i, int half) {
+    return r.s ? mv_ring{ r.s + (size_t)i * half, half } : mv_ring{ NULL, 0 };
+}
+
+// The first chunks of a unit's ROWS weight rows (chunk offsets rb) into a ring part,
+// asynchronously; the unit reads them as a ready ring once they have landed.
 template <int WT, int ROWS>
 __device__ __forceinline__ mv_ring_ready pk_prefill(const mv_ring &ring, const void *w, const size_t *rb, int n_in) {
     int n = ring_fill<WT>(ring, w, rb, ROWS, n_in / 8);
     return mv_ring_ready{ ring.s, n };
 }
 
+// A staged phase (pk_stages): a warp's units u = gw, gw + nw, ... of `units`, each of
+// ROWS weight rows of w. Before the block's wait (pk_stage, which lands them) the warp
+// copies its first unit's first chunks into its ring slice; after it, while unit k
+// runs, unit k+1's go into the other half of the slice (the whole slice is the first
+// unit's when the warp has one, or a.ahead is 0), landed before k+1 runs. So the
+// weights of the next unit stream while this one computes, not only across the phase
+// boundary. Unit:
+// bases(u, rb) (its rows' chunk offsets) and run(u, ring) (the unit, its release, and
+// the packed argmax key it found, 0 for none). Returns the largest key.
+template <int WT, int ROWS, typename Unit>
+__device__ unsigned long long pk_staged(const pk_args &a, const Unit &unit, int units, const void *w, int n_in,
+                                        const unsigned *ready, unsigned target, const float *src) {
+    if (pk_idle(units)) return 0;  // no unit in this block: no wait
+    mv_ring ring = pk_ring(a);
+    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    bool ahead = a.ahead && gw + nw < units;  // two units or more: two parts
+    int half = ahead ? ring.cap / 2 : ring.cap;  // chunks of a part
+    int n = 0;  // chunks of each row in a part (the same for every unit)
+    size_t rb[4];
+    if (gw < units) {
+        unit.bases(gw, rb);
+        n = pk_prefill<WT, ROWS>(pk_half(ring, 0, half), w, rb, n_in).n;
+    }
+    pk_stage(ready, target, a.sleep_ns, src, pk_xs(), n_in);
+    unsigned long long best = 0;
+    int part = 0;
+    for (int u = gw; u < units; u += nw) {
+        bool more = ahead && u + nw < units;
+        if (more) {  // into the part unit u - nw read, whose values it has used
+            unit.bases(u + nw, rb);
+            pk_prefill<WT, ROWS>(pk_half(ring, part ^ 1, half), w, rb, n_in);
+        }
+        // without ahead only the first unit has its chunks in the ring
+        mv_ring_ready r = { pk_half(ring, part, half).s, u == gw || ahead ? n : 0 };
+        best = max(best, unit.run(u, r));
+        if (more) cp_async_wait_all();
+        part ^= 1;
+    }
+    return best;
+}
+
+// The staged units of a matvec phase: rows u*ROWS.. of w (MV_VEC: 1, MV_VEC4: 4).
+template <int WT, int F, int ROWS>
+struct pk_rows_unit {
+    const pk_args *a;
+    mv_rows m;  // x: the staged input
+    const void *w;
+    int n_in, n_out;
+    unsigned *rel;
+    bool groups;
+    __device__ __forceinline__ void bases(int u, size_t rb[4]) const {
+        if (ROWS == 4) mv_vec4_bases(rb, n_in, n_out, 4 * u);
+        else rb[0] = (size_t)u * (n_in / 8);
+    }
+    __device__ __forceinline__ unsigned long long run(int u, const mv_ring_ready &r) const {
+        int row0 = u * ROWS;
+        if (ROWS == 4) mv_vec4_rows<WT, 1, F>(m, w, n_in, n_out, row0, no_wait(), r);
+        else mv_vec_row<WT, 1, F>(m, w, n_in, n_out, row0, no_wait(), r);
+        if ((threadIdx.x & 31) == 0) pk_release_rows(*a, rel, groups, row0, ROWS, n_out);
+        return 0;
+    }
+};
+
 // One matvec phase: its units wait for *ready >= target, a block at a time with the
-// input (m.x) staged in xs when it fits (pk_stages), else a warp at a time.
+// input (m.x) staged when it fits (pk_stages), else a warp at a time.
 template <int WT, int F>
 __device__ void pk_matvec(const pk_args &a, int kind, const mv_rows &m, const void *w, int n_in, int n_out,
                           const unsigned *ready, unsigned target, unsigned *rel, bool groups) {
-    mv_ring ring = pk_ring(a);
     if (!pk_stages(a, kind, n_in)) {
         bool first = true;
         warp_waiter wait = { ready, target, &first, a.sleep_ns };
-        pk_matvec_units<WT, F>(a, kind, m, w, n_in, n_out, rel, groups, ring, wait);
+        pk_matvec_units<WT, F>(a, kind, m, w, n_in, n_out, rel, groups, pk_ring(a), wait);
         return;
     }
-    int per = kind == MV_VEC4 ? 4 : 1, units = (n_out + per - 1) / per;
-    if (pk_idle(units)) return;  // no unit in this block: no wait
-    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-    mv_ring_ready pre = { NULL, 0 };
-    if (gw < units) {
-        size_t rb[4];
-        if (kind == MV_VEC4) {
-            mv_vec4_bases(rb, n_in, n_out, gw * 4);
-            pre = pk_prefill<WT, 4>(ring, w, rb, n_in);
-        } else {
-            rb[0] = (size_t)gw * (n_in / 8);
-            pre = pk_prefill<WT, 1>(ring, w, rb, n_in);
-        }
-    }
-    pk_stage(ready, target, a.sleep_ns, m.x, pk_xs(), n_in);
     mv_rows ms = m;
     ms.x = pk_xs();
-    pk_matvec_units<WT, pk_staged_f<F>::value>(a, kind, ms, w, n_in, n_out, rel, groups, pre, no_wait());
+    constexpr int FS = pk_staged_f<F>::value;
+    if (kind == MV_VEC4) {
+        pk_rows_unit<WT, FS, 4> unit = { &a, ms, w, n_in, n_out, rel, groups };
+        pk_staged<WT, 4>(a, unit, (n_out + 3) / 4, w, n_in, ready, target, m.x);
+    } else {
+        pk_rows_unit<WT, FS, 1> unit = { &a, ms, w, n_in, n_out, rel, groups };
+        pk_staged<WT, 1>(a, unit, n_out, w, n_in, ready, target, m.x);
+    }
 }
 
 // gate|up with SwiGLU: two outputs a warp (the graph path's glu kernel's unit), the
@@ -233,8 +295,8 @@ __device__ void pk_matvec(const pk_args &a, int kind, const mv_rows &m, const vo
 // goes as the graph path's two launches do: gate row j and up row j by the scalar
 // kernel into the planar [gate | up] halves of hb, then silu(gate) * up into hb[j], one
 // output a warp.
-template <int WT, int F, typename Wait, typename Ring>
-__device__ void pk_glu_pairs(const pk_args &a, const mv_rows &m, const void *w, unsigned *rel, const Ring &ring,
+template <int WT, int F, typename Wait>
+__device__ void pk_glu_pairs(const pk_args &a, const mv_rows &m, const void *w, unsigned *rel, const mv_ring &ring,
                              const Wait &wait) {
     int lane = threadIdx.x & 31, hid = a.p.hidden;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
@@ -244,30 +306,38 @@ __device__ void pk_glu_pairs(const pk_args &a, const mv_rows &m, const void *w, 
     }
 }
 
+// The staged units of gate|up: outputs 2u, 2u+1 and their four weight rows.
+template <int WT>
+struct pk_glu_unit {
+    const pk_args *a;
+    mv_rows m;  // x: the staged input
+    const void *w;
+    unsigned *rel;
+    __device__ __forceinline__ void bases(int u, size_t rb[4]) const { mv_glu_bases(rb, a->p.dim, a->p.hidden, 2 * u); }
+    __device__ __forceinline__ unsigned long long run(int u, const mv_ring_ready &r) const {
+        int hid = a->p.hidden;
+        mv_glu_pair<WT, 1, MV_NORM | MV_SHARED_X>(m, w, a->p.dim, hid, 2 * u, no_wait(), r);
+        if ((threadIdx.x & 31) == 0) red_release_gpu(rel, (unsigned)min(2, hid - 2 * u));
+        return 0;
+    }
+};
+
 template <int WT>
 __device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const unsigned *ready, unsigned *rel) {
     const cuda_persist_plan &p = a.p;
-    mv_ring ring = pk_ring(a);
     int lane = threadIdx.x & 31, hid = p.hidden;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
     if (pk_stages(a, a.k_gu, p.dim)) {
-        if (pk_idle((hid + 1) / 2)) return;  // no unit in this block: no wait
-        mv_ring_ready pre = { NULL, 0 };
-        if (gw < (hid + 1) / 2) {
-            size_t rb[4];
-            mv_glu_bases(rb, p.dim, hid, 2 * gw);
-            pre = pk_prefill<WT, 4>(ring, w, rb, p.dim);
-        }
-        pk_stage(ready, (unsigned)p.dim, a.sleep_ns, m.x, pk_xs(), p.dim);
         mv_rows ms = m;
         ms.x = pk_xs();
-        pk_glu_pairs<WT, MV_NORM | MV_SHARED_X>(a, ms, w, rel, pre, no_wait());
+        pk_glu_unit<WT> unit = { &a, ms, w, rel };
+        pk_staged<WT, 4>(a, unit, (hid + 1) / 2, w, p.dim, ready, (unsigned)p.dim, m.x);
         return;
     }
     bool first = true;
     warp_waiter wait = { ready, (unsigned)p.dim, &first, a.sleep_ns };
     if (a.k_gu != MV_SCALAR) {
-        pk_glu_pairs<WT, MV_NORM | MV_COHERENT>(a, m, w, rel, ring, wait);
+        pk_glu_pairs<WT, MV_NORM | MV_COHERENT>(a, m, w, rel, pk_ring(a), wait);
         return;
     }
     mv_rows gu = m;
@@ -330,57 +400,74 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
     }
 }
 
+// The packed argmax key of the rows row0.. (per of them, up to vocab) lane 0 stored.
+__device__ __forceinline__ unsigned long long pk_best_of(const cuda_persist_plan &p, int row0, int per) {
+    unsigned long long best = 0;
+    for (int r = row0; r < row0 + per && r < p.vocab; r++) {
+        float v = p.logits[r];  // this lane's own store
+        if (v == v) best = max(best, argmax_key(v, r));
+    }
+    return best;
+}
+
 // lm_head rows; lane 0 of each warp keeps its best row and adds it to the packed argmax.
-template <int WT, int F, typename Wait, typename Ring>
-__device__ void pk_lm_rows(const pk_args &a, const mv_rows &m, const Ring &ring, const Wait &wait) {
+template <int WT, int F, typename Wait>
+__device__ void pk_lm_rows(const pk_args &a, const mv_rows &m, const mv_ring &ring, const Wait &wait) {
     const cuda_persist_plan &p = a.p;
     int lane = threadIdx.x & 31, per = a.k_lm == MV_VEC4 ? 4 : 1;
     int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
     unsigned long long best = 0;
     for (int u = gw; u * per < p.vocab; u += nw) {
         int row0 = u * per;
-        Ring r = pk_unit_ring(ring, u == gw);
+        mv_ring r = pk_unit_ring(ring, u == gw);
         if (a.k_lm == MV_VEC4) mv_vec4_rows<WT, 1, F>(m, p.lm_head, p.dim, p.vocab, row0, wait, r);
         else if (a.k_lm == MV_VEC) mv_vec_row<WT, 1, F>(m, p.lm_head, p.dim, p.vocab, row0, wait, r);
-        else if constexpr (!(F & MV_SHARED_X)) mv_scalar_row<1>(m, p.lm_head, WT, p.dim, p.vocab, row0, wait);
-        if (lane == 0 && p.argmax)
-            for (int r = row0; r < row0 + per && r < p.vocab; r++) {
-                float v = p.logits[r];  // this lane's own store
-                if (v == v) best = max(best, argmax_key(v, r));
-            }
+        else mv_scalar_row<1>(m, p.lm_head, WT, p.dim, p.vocab, row0, wait);
+        if (lane == 0 && p.argmax) best = max(best, pk_best_of(p, row0, per));
     }
     if (lane == 0 && p.argmax && best) atomicMax(p.argmax, best);
 }
 
+// The staged units of the lm_head: rows u*ROWS.. (final norm folded), and their best.
+template <int WT, int ROWS>
+struct pk_lm_unit {
+    const pk_args *a;
+    mv_rows m;  // x: the staged input
+    __device__ __forceinline__ void bases(int u, size_t rb[4]) const {
+        if (ROWS == 4) mv_vec4_bases(rb, a->p.dim, a->p.vocab, 4 * u);
+        else rb[0] = (size_t)u * (a->p.dim / 8);
+    }
+    __device__ __forceinline__ unsigned long long run(int u, const mv_ring_ready &r) const {
+        const cuda_persist_plan &p = a->p;
+        int row0 = u * ROWS;
+        constexpr int F = MV_NORM | MV_SHARED_X;
+        if (ROWS == 4) mv_vec4_rows<WT, 1, F>(m, p.lm_head, p.dim, p.vocab, row0, no_wait(), r);
+        else mv_vec_row<WT, 1, F>(m, p.lm_head, p.dim, p.vocab, row0, no_wait(), r);
+        return (threadIdx.x & 31) == 0 && p.argmax ? pk_best_of(p, row0, ROWS) : 0ull;
+    }
+};
+
 template <int WT>
 __device__ void pk_lm_head(const pk_args &a) {
     const cuda_persist_plan &p = a.p;
-    mv_ring ring = pk_ring(a);
     mv_rows m = { p.logits, p.x, 0, 1, 1, p.vocab, p.vocab, p.final_norm, p.eps, 0, NULL, 1 };
     const unsigned *ready = pk_x_ready(p, p.n_layers);
     if (pk_stages(a, a.k_lm, p.dim)) {
-        int per = a.k_lm == MV_VEC4 ? 4 : 1, units = (p.vocab + per - 1) / per;
-        if (pk_idle(units)) return;  // no unit in this block: no wait
-        int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-        mv_ring_ready pre = { NULL, 0 };
-        if (gw < units) {
-            size_t rb[4];
-            if (per == 4) {
-                mv_vec4_bases(rb, p.dim, p.vocab, gw * 4);
-                pre = pk_prefill<WT, 4>(ring, p.lm_head, rb, p.dim);
-            } else {
-                rb[0] = (size_t)gw * (p.dim / 8);
-                pre = pk_prefill<WT, 1>(ring, p.lm_head, rb, p.dim);
-            }
-        }
-        pk_stage(ready, (unsigned)p.dim, a.sleep_ns, p.x, pk_xs(), p.dim);
         m.x = pk_xs();
-        pk_lm_rows<WT, MV_NORM | MV_SHARED_X>(a, m, pre, no_wait());
+        unsigned long long best;
+        if (a.k_lm == MV_VEC4) {
+            pk_lm_unit<WT, 4> unit = { &a, m };
+            best = pk_staged<WT, 4>(a, unit, (p.vocab + 3) / 4, p.lm_head, p.dim, ready, (unsigned)p.dim, p.x);
+        } else {
+            pk_lm_unit<WT, 1> unit = { &a, m };
+            best = pk_staged<WT, 1>(a, unit, p.vocab, p.lm_head, p.dim, ready, (unsigned)p.dim, p.x);
+        }
+        if ((threadIdx.x & 31) == 0 && p.argmax && best) atomicMax(p.argmax, best);
         return;
     }
     bool first = true;
     warp_waiter wait = { ready, (unsigned)p.dim, &first, a.sleep_ns };
-    pk_lm_rows<WT, MV_NORM | MV_COHERENT>(a, m, ring, wait);
+    pk_lm_rows<WT, MV_NORM | MV_COHERENT>(a, m, pk_ring(a), wait);
 }
 
 // The last block to finish: the greedy draw (as cuda_sample writes it) and every counter
@@ -564,6 +651,7 @@ extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p,
     a.ring_off = (int)pk_ring_off(s, fit->stage);
     a.ring_cap = fit->ring / 16 / MV_WARPS;
     a.xs_cap = fit->stage;
+    a.ahead = p->ahead != 0;
     a.sleep_ns = p->sleep_ns > 0 ? (unsigned)p->sleep_ns : 0u;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;

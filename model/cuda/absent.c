@@ -24,8 +24,8 @@ void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out) {
 }
 void cuda_forward_set_decode_kernel(cuda_forward *f, int persistent, int grid) { (void)f, (void)persistent, (void)grid; }
 void cuda_forward_set_persist_ring(cuda_forward *f, int bytes) { (void)f, (void)bytes; }
-void cuda_forward_set_persist_tuning(cuda_forward *f, int min_blocks, int sleep_ns, int stage) {
-    (void)f, (void)min_blocks, (void)sleep_ns, (void)stage;
+void cuda_forward_set_persist_tuning(cuda_forward *f, int min_blocks, int sleep_ns, int stage, int ahead) {
+    (void)f, (void)min_blocks, (void)sleep_ns, (void)stage, (void)ahead;
 }
 int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err) {
     (void)f, (void)fw, (void)kv, (void)ids, (void)T;

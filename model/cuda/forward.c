@@ -32,6 +32,7 @@ int cuda_forward_open(cuda_forward **out, const model *m, forward_state *fw, int
     d->use_graph = 1;
     d->persist.ring = -1;  // the weight ring as large as fits
     d->persist.stage = 1;  // each phase's input staged where it fits
+    d->persist.ahead = 1;  // and the ring filled a unit ahead
     if (cuda_core_init(f, m, fw, device, err)) {
         free(d);
         return -1;
@@ -112,10 +113,11 @@ void cuda_forward_set_persist_ring(cuda_forward *d, int bytes) {
     d->persist.fit_ok = 0;
 }
 
-void cuda_forward_set_persist_tuning(cuda_forward *d, int min_blocks, int sleep_ns, int stage) {
+void cuda_forward_set_persist_tuning(cuda_forward *d, int min_blocks, int sleep_ns, int stage, int ahead) {
     d->persist.min_blocks = min_blocks == 4 ? 4 : 3;
     d->persist.sleep_ns = sleep_ns > 0 ? sleep_ns : 0;
     d->persist.stage = stage != 0;
+    d->persist.ahead = ahead != 0;
     d->persist.fit_ok = 0;
 }
 

@@ -37,6 +37,7 @@ typedef struct {
     int grid;                  // blocks (0: as many as the device holds at once)
     int ring;                  // the weight ring's bytes a block asked for (-1: as many as fit; 0: none)
     int stage;                 // stage a phase's input in shared memory where it fits (0: never)
+    int ahead;                 // staged phases fill the ring a unit ahead (0: the first unit only)
     cuda_persist_fit fit;      // the last persistent step's blocks, ring and staging (cuda_persist_check's)
     int fit_ok;                // fit holds for the settings (each setter clears it) and the scratch below
     const void *fit_scratch;   // ctx->scratch and its bytes when fit was checked

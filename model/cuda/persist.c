@@ -77,6 +77,7 @@ static cuda_persist_plan plan_of(const cuda_forward *d, int cap) {
     p.min_blocks = d->persist.min_blocks;
     p.sleep_ns = d->persist.sleep_ns;
     p.stage = d->persist.stage;
+    p.ahead = d->persist.ahead;
     return p;
 }
 

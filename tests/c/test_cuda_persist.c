@@ -13,7 +13,8 @@
 //   - the grid changes half-way (and is 1 block for one model), and the weight ring
 //     shrinks from as large as fits (whole rows) to 8 chunks a warp (rows partly from
 //     it); in each half, the phases' inputs are staged in shared memory a block at a
-//     time, then read through L2 by every warp: the bits do not move;
+//     time (the ring filled a unit ahead, and in the second half also for a warp's
+//     first unit only), then read through L2 by every warp: the bits do not move;
 //   - with a capture layer the device statistics equal the graph path's;
 //   - a step with forward hooks takes the graph path, counted with its reason, and a
 //     batch likewise.
@@ -190,24 +191,26 @@ static void run_model(const char *dir, const char *name, int grid0, int grid1, c
         cuda_forward_counts(t.p.cu, &c);
         if (j == STEPS / 4 || j == 3 * STEPS / 4) {  // inputs read through L2 by every warp, not staged
             stage0 = j == STEPS / 4 ? c.persist_stage : stage0;
-            cuda_forward_set_persist_tuning(t.p.cu, 3, 0, 0);
+            cuda_forward_set_persist_tuning(t.p.cu, 3, 0, 0, 1);
         }
         if (j == STEPS / 2) {  // a new grid, a ring of 8 chunks a warp (most rows partly from it), staged again
             stage1 = c.persist_stage;
             ring0 = c.persist_ring;
             cuda_forward_set_decode_kernel(t.p.cu, 1, grid1);
             cuda_forward_set_persist_ring(t.p.cu, RING_SMALL);
-            cuda_forward_set_persist_tuning(t.p.cu, 3, 0, 1);
+            cuda_forward_set_persist_tuning(t.p.cu, 3, 0, 1, 1);
         }
+        if (j == 5 * STEPS / 8)  // staged, the ring filled for a warp's first unit only
+            cuda_forward_set_persist_tuning(t.p.cu, 3, 0, 1, 0);
         rc = step(&t, j, tok, &tok, &y, &err);
     }
     cuda_forward_counts(t.p.cu, &c);
     CHECK(rc == 0 && ring0 >= 2048 && c.persist_ring == RING_SMALL,
           NAME("cuda_persist %s: the weight ring in use (as large as fits, then %d bytes a block)", name, RING_SMALL),
           "rc %d, rings of %d and %d bytes", rc, ring0, c.persist_ring);
-    // checked once a setting: the first step, then the changes at a quarter, a half and
-    // three quarters of the way
-    CHECK(rc == 0 && c.persist_checks == 4, NAME("cuda_persist %s: the fit checked once a setting, not a step", name),
+    // checked once a setting: the first step, then the changes at a quarter, a half, five
+    // eighths and three quarters of the way
+    CHECK(rc == 0 && c.persist_checks == 5, NAME("cuda_persist %s: the fit checked once a setting, not a step", name),
           "%ld checks over %d steps", c.persist_checks, STEPS);
     int longest = t.g.m.cfg.hidden_dim;
     CHECK(rc == 0 && stage0 >= longest && stage1 == 0 && c.persist_stage == 0,

@@ -315,9 +315,10 @@ def test_persistent(model):
     """--decode-kernel persistent from the CLI: greedy stories260K gives the graph path's
     text, --stats reports the steps, the weight ring (as large as fits, or none with
     VARENT_CUDA_PERSIST_RING=0, the same text) and the staged inputs (none with
-    VARENT_CUDA_PERSIST_STAGE=0, the same text); the 4-blocks-an-SM instance with a pause
-    between counter polls gives it too; a bad VARENT_CUDA_PERSIST_RING, _BLOCKS, _GRID or
-    _STAGE is an error naming it."""
+    VARENT_CUDA_PERSIST_STAGE=0, the same text; the ring for a warp's first unit only with
+    VARENT_CUDA_PERSIST_AHEAD=0, the same text); the 4-blocks-an-SM instance with a pause
+    between counter polls gives it too; a bad VARENT_CUDA_PERSIST_RING, _BLOCKS, _GRID,
+    _STAGE or _AHEAD is an error naming it."""
     import subprocess
     base = ["run", "-m", model, "-p", "Once upon a time", "-n", 24, "--temp", 0, "--device", "cuda", "--stats",
             "--ignore-eos"]
@@ -325,7 +326,8 @@ def test_persistent(model):
     runs = (("graph", {}, "graph"), ("ring", {}, "persistent"), ("noring", {"RING": "0"}, "persistent"),
             ("blocks4", {"BLOCKS": "4", "SLEEP": "50"}, "persistent"), ("bad", {"RING": "12kb"}, "persistent"),
             ("bad_blocks", {"BLOCKS": "5"}, "persistent"), ("bad_grid", {"GRID": "+4"}, "persistent"),
-            ("nostage", {"STAGE": "0"}, "persistent"), ("bad_stage", {"STAGE": "2"}, "persistent"))
+            ("nostage", {"STAGE": "0"}, "persistent"), ("bad_stage", {"STAGE": "2"}, "persistent"),
+            ("noahead", {"AHEAD": "0"}, "persistent"), ("bad_ahead", {"AHEAD": "x"}, "persistent"))
     for name, env, kernel in runs:
         e = {k: v for k, v in os.environ.items() if not k.startswith("VARENT_CUDA_PERSIST_")}
         e["VARENT_CUDA_PERSIST_GRID"] = "4"  # (bad_grid sets its own)
@@ -344,6 +346,10 @@ def test_persistent(model):
     ok = ns[0] == 0 and ns[1] == g[1] and ns[2] is not None and ns[2][0] >= 20 and ns[2][2] == 0
     check(ok, "emu_persistent_text_equal_graph_without_staging", f"rc {ns[0]}, same text {ns[1] == g[1]}, {ns[2]}: "
           f"{ns[3]}")
+    na = out["noahead"]
+    ok = na[0] == 0 and na[1] == g[1] and na[2] is not None and na[2][0] >= 20 and na[2][2] > 0
+    check(ok, "emu_persistent_text_equal_graph_ring_not_ahead", f"rc {na[0]}, same text {na[1] == g[1]}, {na[2]}: "
+          f"{na[3]}")
     ok = off[0] == 0 and off[1] == g[1] and off[2] is not None and off[2][1] == 0 and off[2][0] >= 20
     check(ok, "emu_persistent_text_equal_graph_without_ring", f"rc {off[0]}, same text {off[1] == g[1]}, {off[2]}: "
           f"{off[3]}")
@@ -363,6 +369,10 @@ def test_persistent(model):
     ok = bs[0] != 0 and "VARENT_CUDA_PERSIST_STAGE=2: stage inputs in shared memory (0: no, 1: yes), 0 to 1" in bs[3] \
         and not bs[1]
     check(ok, "emu_persistent_bad_stage_is_an_error", f"rc {bs[0]}: {bs[3]}")
+    ba = out["bad_ahead"]
+    ok = ba[0] != 0 and "VARENT_CUDA_PERSIST_AHEAD=x: fill the ring a unit ahead (0: no, 1: yes), 0 to 1" in ba[3] \
+        and not ba[1]
+    check(ok, "emu_persistent_bad_ahead_is_an_error", f"rc {ba[0]}: {ba[3]}")
 
 
 def test_nonfinite(model, tmp):

@@ -210,9 +210,8 @@ __device__ __forceinline__ mv_ring_ready pk_prefill(const mv_ring &ring, const v
 // runs, unit k+1's go into the other half of the slice (the whole slice is the first
 // unit's when the warp has one, or a.ahead is 0), landed before k+1 runs. So the
 // weights of the next unit stream while this one computes, not only across the phase
-// boundary. Unit:
-// bases(u, rb) (its rows' chunk offsets) and run(u, ring) (the unit, its release, and
-// the packed argmax key it found, 0 for none). Returns the largest key.
+// boundary. Unit has bases(u, rb), its rows' chunk offsets, and run(u, ring): the
+// unit, its release, and the packed argmax key it found (0: none). Returns the largest.
 template <int WT, int ROWS, typename Unit>
 __device__ unsigned long long pk_staged(const pk_args &a, const Unit &unit, int units, const void *w, int n_in,
                                         const unsigned *ready, unsigned target, const float *src) {

@@ -37,7 +37,7 @@ __device__ __forceinline__ float single_split_out(float o, float l) { return __f
 // w: nh * n_splits floats and inv: nh floats of shared memory. Called by a whole block.
 // ldcg: partials of other blocks are read from L2, never a stale L1 line.
 static __device__ void combine_heads(float *out, const float *ph0, int nh, int n_splits, int hd, float *w, float *inv) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int lane = k_tid() & 31, warp = k_tid() >> 5, nw = blockDim.x >> 5;
     size_t hstride = (size_t)n_splits * (hd + 2);
     for (int g = warp; g < nh; g += nw) {
         const float *ph = ph0 + g * hstride;
@@ -59,7 +59,7 @@ static __device__ void combine_heads(float *out, const float *ph0, int nh, int n
         if (lane == 0) inv[g] = 1.f / L;
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < nh * hd; idx += blockDim.x) {
+    for (int idx = k_tid(); idx < nh * hd; idx += blockDim.x) {
         int g = idx / hd, d = idx - g * hd;
         const float *po = ph0 + g * hstride + d, *wg = w + g * n_splits;
         float o = 0.f;
@@ -91,7 +91,7 @@ struct rope_fuse {
 static __device__ void rope_fuse_prologue(const rope_fuse &rf, const float *qg, float *q_s, float *kn_s, float *vn_s,
                                    uint16_t *kn_h, uint16_t *vn_h,
                                    const cuda_kv_layer &L, int b, int kvh, int G, int n_kv, int hd, bool own) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, half = hd / 2;
+    int lane = k_tid() & 31, warp = k_tid() >> 5, nw = blockDim.x >> 5, half = hd / 2;
     int pos = rf.pos[b];
     for (int g = warp; g < G + (own ? 1 : 0); g += nw) {
         bool is_k = g == G;
@@ -142,7 +142,7 @@ __device__ __forceinline__ float dot_q_kn(const float *q, const float *kn, int h
 // scores sc[g * S + jj], p = exp(s - m) in place, l; c_s[g] = the rescale of the old
 // sums. Ends with a barrier.
 __device__ __forceinline__ void softmax_tile(float *sc, int S, int n, int G, float *m_s, float *l_s, float *c_s) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int lane = k_tid() & 31, warp = k_tid() >> 5, nw = blockDim.x >> 5;
     for (int g = warp; g < G; g += nw) {
         float *sg = sc + g * S;
         float m_old = m_s[g], l_old = l_s[g];  // read by every lane before lane 0 writes
@@ -177,7 +177,7 @@ __device__ __forceinline__ void softmax_tile(float *sc, int S, int n, int G, flo
 static __device__ bool split_finish(float *part, float *out, const float *m_s, const float *l_s, float *w, float *inv,
                                     unsigned *count, int b, int kvh, int G, int n_heads, int n_kv, int hd, int split,
                                     int n_splits, unsigned *last_s) {
-    for (int g = threadIdx.x; g < G; g += blockDim.x) {
+    for (int g = k_tid(); g < G; g += blockDim.x) {
         float *pp = part + ((size_t)(kvh * G + g) * n_splits + split) * (hd + 2);
         pp[hd] = m_s[g];
         pp[hd + 1] = l_s[g];
@@ -185,13 +185,13 @@ static __device__ bool split_finish(float *part, float *out, const float *m_s, c
     if (!count) return false;
     __threadfence();  // this block's partials are visible device-wide before it counts
     __syncthreads();  // also: every thread is done reading m_s, l_s and w's old contents
-    if (threadIdx.x == 0) *last_s = atomicAdd(&count[(size_t)b * n_kv + kvh], 1u) == (unsigned)n_splits - 1;
+    if (k_tid() == 0) *last_s = atomicAdd(&count[(size_t)b * n_kv + kvh], 1u) == (unsigned)n_splits - 1;
     __syncthreads();
     if (!*last_s) return false;
     __threadfence();  // the other blocks' partials, counted before ours, are visible
     combine_heads(out + ((size_t)b * n_heads + kvh * G) * hd, part + (size_t)kvh * G * n_splits * (hd + 2), G,
                   n_splits, hd, w, inv);
-    if (threadIdx.x == 0) count[(size_t)b * n_kv + kvh] = 0;
+    if (k_tid() == 0) count[(size_t)b * n_kv + kvh] = 0;
     return true;
 }
 
@@ -227,12 +227,12 @@ __device__ bool decode_split(float *part, float *last_scores, const float *q, cu
     // With fused RoPE the split holding the newest key (j = n_keys - 1) rotates and stores it.
     int newest = rf.on ? n_keys - 1 : -1;
     bool own = rf.on && j0 <= newest && newest < j1;
-    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
+    for (int i = k_tid(); i < G * hd; i += blockDim.x) {
         if (!rf.on) q_s[i] = __ldcg(qg + i);
         o_s[i] = 0.f;
     }
     if (rf.on) rope_fuse_prologue(rf, qg, q_s, kn_s, vn_s, NULL, NULL, L, b, kvh, G, n_kv, hd, own);
-    for (int g = threadIdx.x; g < G; g += blockDim.x) {
+    for (int g = k_tid(); g < G; g += blockDim.x) {
         m_s[g] = -INFINITY;
         l_s[g] = 0.f;
     }
@@ -242,7 +242,7 @@ __device__ bool decode_split(float *part, float *last_scores, const float *q, cu
     for (int jt = j0; jt < j1; jt += S) {
         int n = min(S, j1 - jt);
         // 1. scores s = q_h . k_j * scale for (g, jj) pairs; a warp walks consecutive keys.
-        for (int idx = threadIdx.x; idx < G * n; idx += blockDim.x) {
+        for (int idx = k_tid(); idx < G * n; idx += blockDim.x) {
             int g = idx / n, jj = idx - g * n, j = jt + jj;
             float s;
             if (j == newest) {
@@ -257,7 +257,7 @@ __device__ bool decode_split(float *part, float *last_scores, const float *q, cu
         __syncthreads();
         softmax_tile(sc, S, n, G, m_s, l_s, c_s);
         // 3. o[g][d] = o * corr + sum_jj p[g][jj] * v[j][d]; one thread per (g, pair of d).
-        for (int idx = threadIdx.x; idx < G * half; idx += blockDim.x) {
+        for (int idx = k_tid(); idx < G * half; idx += blockDim.x) {
             int g = idx / half, d = 2 * (idx - g * half);
             const float *pg = sc + g * S;
             float corr = c_s[g];
@@ -286,11 +286,11 @@ __device__ bool decode_split(float *part, float *last_scores, const float *q, cu
     // o_s entries are final for their owners; m_s, l_s were published before a barrier.
     if (n_splits == 1) {  // the only split: the output itself, no partials
         float *og = out + ((size_t)b * n_heads + (size_t)kvh * G) * hd;
-        for (int idx = threadIdx.x; idx < G * hd; idx += blockDim.x)
+        for (int idx = k_tid(); idx < G * hd; idx += blockDim.x)
             og[idx] = single_split_out(o_s[idx], l_s[idx / hd]);
         return true;
     }
-    for (int idx = threadIdx.x; idx < G * half; idx += blockDim.x) {
+    for (int idx = k_tid(); idx < G * half; idx += blockDim.x) {
         int g = idx / half, d = 2 * (idx - g * half);
         float *pp = part + ((size_t)(kvh * G + g) * n_splits + split) * (hd + 2);
         pp[d] = o_s[g * hd + d];
@@ -402,7 +402,7 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
     const float *qg = q + (size_t)kvh * G * HD;  // heads kvh*G .. kvh*G+G-1 are contiguous
     int newest = rf.on ? n_keys - 1 : -1;
     bool own = rf.on && j0 <= newest && newest < j1;
-    int t = threadIdx.x, c = t % C, rg = t / C;
+    int t = k_tid(), c = t % C, rg = t / C;
 
     // With the fused KV store (rf.on) the kernel ahead writes no cache row: the first
     // tile can be loaded before the wait. Without it, that kernel may have stored the

@@ -64,6 +64,41 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// threadIdx.x, blockIdx.x and gridDim.x as the shared device functions read them. A
+// translation unit that defines KERNEL_FRESH_IDS before its includes (persist.cu) reads
+// them afresh at each use, as a volatile move the compiler cannot hoist out of a loop:
+// the persistent kernel's layer loop would otherwise keep every value derived from them
+// (lanes, warp ids, ring slices, attention rows) in registers across all its phases,
+// and spill (145 LDL/STL at head_dim 64, 116 at 128). Elsewhere they are the plain
+// reads, and the graph path's code is unchanged.
+static __device__ __forceinline__ unsigned k_tid() {
+#if defined(KERNEL_FRESH_IDS) && defined(__CUDA_ARCH__)
+    unsigned v;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+    return v;
+#else
+    return threadIdx.x;
+#endif
+}
+static __device__ __forceinline__ unsigned k_bid() {
+#if defined(KERNEL_FRESH_IDS) && defined(__CUDA_ARCH__)
+    unsigned v;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+    return v;
+#else
+    return blockIdx.x;
+#endif
+}
+static __device__ __forceinline__ unsigned k_grid() {
+#if defined(KERNEL_FRESH_IDS) && defined(__CUDA_ARCH__)
+    unsigned v;
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(v));
+    return v;
+#else
+    return gridDim.x;
+#endif
+}
+
 // What a kernel body waits for before it reads activations, called by every thread of
 // its warp (or block) after the loads that may go first: the kernel ahead (pdl_waiter,
 // when launched with PDL), or nothing.

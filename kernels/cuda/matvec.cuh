@@ -171,7 +171,7 @@ __device__ __forceinline__ int ring_fill(const mv_noring &, const void *, const 
 template <int WT>
 __device__ __forceinline__ int ring_fill(const mv_ring &r, const void *w, const size_t *rb, int rows, int nv) {
     if (WT == WT_F32 || !r.s) return 0;  // an f32 chunk is two loads: no ring
-    int n = min(nv, r.cap / rows), lane = threadIdx.x & 31;
+    int n = min(nv, r.cap / rows), lane = k_tid() & 31;
     for (int q = 0; q < rows; q++)
         for (int j = lane; j < n; j += 32) cp_async16(r.s + q * n + j, (const uint4 *)w + rb[q] + j);
     return n;
@@ -242,7 +242,7 @@ __device__ __forceinline__ void mv_chunk(const mv_rows &p, const uint4 raw[2], c
 template <int WT, int R, int F, typename Wait, typename Ring = mv_noring>
 __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int n_in, int n_out, int row,
                                            const Wait &wait, const Ring &ring = Ring()) {
-    int lane = threadIdx.x & 31;
+    int lane = k_tid() & 31;
     int nv = n_in / 8;         // 8-element chunks per row
     size_t rbase = (size_t)row * nv;
     const float4 *x4[R];
@@ -307,7 +307,7 @@ __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int 
 template <int WT, int R, int F, typename Wait, typename Ring>
 __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const size_t rb[4], int n_in,
                                          float acc[4][R], float ss[R], const Wait &wait, const Ring &ring) {
-    int lane = threadIdx.x & 31, nv = n_in / 8;
+    int lane = k_tid() & 31, nv = n_in / 8;
     const float4 *x4[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -376,7 +376,7 @@ __device__ __forceinline__ void mv_glu_bases(size_t rb[4], int n_in, int hid, in
 template <int WT, int R, int F, typename Wait, typename Ring = mv_noring>
 __device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, int n_in, int n_out, int row0,
                                              const Wait &wait, const Ring &ring = Ring()) {
-    int lane = threadIdx.x & 31;
+    int lane = k_tid() & 31;
     size_t rb[4];
     mv_vec4_bases(rb, n_in, n_out, row0);
     float acc[4][R], ss[R], inv[R];
@@ -400,7 +400,7 @@ __device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, in
 template <int WT, int R, int F, typename Wait, typename Ring = mv_noring>
 __device__ __forceinline__ void mv_glu_pair(const mv_rows &p, const void *w, int n_in, int hid, int j0,
                                             const Wait &wait, const Ring &ring = Ring()) {
-    int lane = threadIdx.x & 31;
+    int lane = k_tid() & 31;
     size_t rb[4];
     mv_glu_bases(rb, n_in, hid, j0);
     float acc[4][R], ss[R], inv[R];
@@ -421,7 +421,7 @@ __device__ __forceinline__ void mv_glu_pair(const mv_rows &p, const void *w, int
 template <int R, typename Wait>
 __device__ __forceinline__ void mv_scalar_row(const mv_rows &p, const void *w, int wt, int n_in, int n_out, int row,
                                               const Wait &wait) {
-    int lane = threadIdx.x & 31;
+    int lane = k_tid() & 31;
     size_t rbase = (size_t)row * n_in;
     const float *xr[R];
     float acc[R], ss[R];

@@ -28,6 +28,7 @@
 // block to finish turns the packed argmax into the greedy draw and sets every counter
 // back to zero for the next launch. Only what other blocks of the launch wrote is read
 // through L2 (ld.global.cg), never the non-coherent path.
+#define KERNEL_FRESH_IDS  // common.cuh: k_tid() and friends are not hoisted out of the layer loop
 #include "kernels/cuda/attention_decode.cuh"
 #include "kernels/cuda/matvec.cuh"
 #include "kernels/cuda/sync.cuh"
@@ -44,6 +45,7 @@ struct pk_args {
     int k_qkv, k_o, k_gu, k_down, k_lm;  // MV_SCALAR, MV_VEC or MV_VEC4 (mv_kind: the graph path's choice)
     int q_dim, qkv_dim;            // n_heads * head_dim, and q_dim + 2 * n_kv * head_dim: kernel
                                    // parameters, read where used rather than kept in registers
+    int group;                     // n_heads / n_kv (G), likewise
     int n_splits, tile;            // the attention's splits (the grid's), and the generic split kernel's tile
     int kps;                       // keys per live split (split_keys)
     float *part;                   // attention partials (ctx->scratch)
@@ -68,7 +70,7 @@ __device__ inline float4 *pk_smem() {
 __device__ inline mv_ring pk_ring(const pk_args &a) {
     if (!a.ring_cap) return mv_ring{ NULL, 0 };
     uint4 *base = (uint4 *)((char *)pk_smem() + a.ring_off);
-    return mv_ring{ base + (size_t)(threadIdx.x >> 5) * a.ring_cap, a.ring_cap };
+    return mv_ring{ base + (size_t)(k_tid() >> 5) * a.ring_cap, a.ring_cap };
 }
 // A phase's staged input (pk_stage).
 __device__ inline float *pk_xs() { return (float *)pk_smem(); }
@@ -100,7 +102,7 @@ struct warp_waiter {
     __device__ __forceinline__ void operator()() const {
         if (!*first) return;
         *first = false;
-        if ((threadIdx.x & 31) == 0) wait_counter_gpu(ctr, target, sleep_ns);
+        if ((k_tid() & 31) == 0) wait_counter_gpu(ctr, target, sleep_ns);
         __syncwarp();
     }
 };
@@ -111,7 +113,7 @@ struct block_waiter {
     unsigned target;
     unsigned sleep_ns;
     __device__ __forceinline__ void operator()() const {
-        if (threadIdx.x == 0) wait_counter_gpu(ctr, target, sleep_ns);
+        if (k_tid() == 0) wait_counter_gpu(ctr, target, sleep_ns);
         __syncthreads();
     }
 };
@@ -123,9 +125,9 @@ struct block_waiter {
 // warp's ring copies, issued before. No weights are held in registers across it (the
 // ring holds what was fetched ahead), so it costs the matvec loops no registers.
 __device__ void pk_stage(const unsigned *ctr, unsigned target, unsigned sleep_ns, const float *src, float *xs, int n) {
-    if (threadIdx.x == 0) wait_counter_gpu(ctr, target, sleep_ns);
+    if (k_tid() == 0) wait_counter_gpu(ctr, target, sleep_ns);
     __syncthreads();
-    for (int i = threadIdx.x; i < n / 4; i += PK_THREADS) cp_async16(xs + 4 * i, src + 4 * i);
+    for (int i = k_tid(); i < n / 4; i += PK_THREADS) cp_async16(xs + 4 * i, src + 4 * i);
     cp_async_wait_all();
     __syncthreads();
 }
@@ -147,7 +149,7 @@ struct pk_staged_f {
 };
 
 // Whether this block has none of a phase's units (a warp's each, in turn over the grid).
-__device__ inline bool pk_idle(int units) { return (int)blockIdx.x * MV_WARPS >= units; }
+__device__ inline bool pk_idle(int units) { return (int)k_bid() * MV_WARPS >= units; }
 
 // Whether a phase of this kernel and input length stages its input (a block's wait).
 __device__ inline bool pk_stages(const pk_args &a, int kind, int n_in) {
@@ -178,8 +180,8 @@ __device__ __forceinline__ void pk_release_rows(const pk_args &a, unsigned *rel,
 template <int WT, int F, typename Wait>
 __device__ void pk_matvec_units(const pk_args &a, int kind, const mv_rows &m, const void *w, int n_in, int n_out,
                                 unsigned *rel, bool groups, const mv_ring &ring, const Wait &wait) {
-    int lane = threadIdx.x & 31, per = kind == MV_VEC4 ? 4 : 1;
-    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    int lane = k_tid() & 31, per = kind == MV_VEC4 ? 4 : 1;
+    int gw = k_bid() * MV_WARPS + (k_tid() >> 5), nw = k_grid() * MV_WARPS;
     int units = (n_out + per - 1) / per;
     for (int u = gw; u < units; u += nw) {
         int row0 = u * per;
@@ -217,7 +219,7 @@ __device__ unsigned long long pk_staged(const pk_args &a, const Unit &unit, int 
                                         const unsigned *ready, unsigned target, const float *src) {
     if (pk_idle(units)) return 0;  // no unit in this block: no wait
     mv_ring ring = pk_ring(a);
-    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    int gw = k_bid() * MV_WARPS + (k_tid() >> 5), nw = k_grid() * MV_WARPS;
     bool ahead = a.ahead && gw + nw < units;  // two units or more: two parts
     int half = ahead ? ring.cap / 2 : ring.cap;  // chunks of a part
     int n = 0;  // chunks of each row in a part (the same for every unit)
@@ -261,7 +263,7 @@ struct pk_rows_unit {
         int row0 = u * ROWS;
         if (ROWS == 4) mv_vec4_rows<WT, 1, F>(m, w, n_in, n_out, row0, no_wait(), r);
         else mv_vec_row<WT, 1, F>(m, w, n_in, n_out, row0, no_wait(), r);
-        if ((threadIdx.x & 31) == 0) pk_release_rows(*a, rel, groups, row0, ROWS, n_out);
+        if ((k_tid() & 31) == 0) pk_release_rows(*a, rel, groups, row0, ROWS, n_out);
         return 0;
     }
 };
@@ -297,8 +299,8 @@ __device__ void pk_matvec(const pk_args &a, int kind, const mv_rows &m, const vo
 template <int WT, int F, typename Wait>
 __device__ void pk_glu_pairs(const pk_args &a, const mv_rows &m, const void *w, unsigned *rel, const mv_ring &ring,
                              const Wait &wait) {
-    int lane = threadIdx.x & 31, hid = a.p.hidden;
-    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    int lane = k_tid() & 31, hid = a.p.hidden;
+    int gw = k_bid() * MV_WARPS + (k_tid() >> 5), nw = k_grid() * MV_WARPS;
     for (int u = gw; u < (hid + 1) / 2; u += nw) {
         mv_glu_pair<WT, 1, F>(m, w, a.p.dim, hid, 2 * u, wait, pk_unit_ring(ring, u == gw));
         if (lane == 0) red_release_gpu(rel, (unsigned)min(2, hid - 2 * u));
@@ -316,7 +318,7 @@ struct pk_glu_unit {
     __device__ __forceinline__ unsigned long long run(int u, const mv_ring_ready &r) const {
         int hid = a->p.hidden;
         mv_glu_pair<WT, 1, MV_NORM | MV_SHARED_X>(m, w, a->p.dim, hid, 2 * u, no_wait(), r);
-        if ((threadIdx.x & 31) == 0) red_release_gpu(rel, (unsigned)min(2, hid - 2 * u));
+        if ((k_tid() & 31) == 0) red_release_gpu(rel, (unsigned)min(2, hid - 2 * u));
         return 0;
     }
 };
@@ -324,8 +326,8 @@ struct pk_glu_unit {
 template <int WT>
 __device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const unsigned *ready, unsigned *rel) {
     const cuda_persist_plan &p = a.p;
-    int lane = threadIdx.x & 31, hid = p.hidden;
-    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    int lane = k_tid() & 31, hid = p.hidden;
+    int gw = k_bid() * MV_WARPS + (k_tid() >> 5), nw = k_grid() * MV_WARPS;
     if (pk_stages(a, a.k_gu, p.dim)) {
         mv_rows ms = m;
         ms.x = pk_xs();
@@ -353,7 +355,7 @@ __device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const 
 
 // x = the embedding row of the step's token, 256 elements a warp (cuda_embed's values).
 __device__ void pk_embed_phase(const cuda_persist_plan &p) {
-    int lane = threadIdx.x & 31, gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    int lane = k_tid() & 31, gw = k_bid() * MV_WARPS + (k_tid() >> 5), nw = k_grid() * MV_WARPS;
     size_t row = (size_t)p.ids[0] * p.dim;
     for (int u = gw; u * 256 < p.dim; u += nw) {
         int n = 0;
@@ -374,13 +376,13 @@ template <int HD>
 __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *last_s) {
     const cuda_persist_plan &p = a.p;
     const cuda_persist_layer &L = p.layers[l];
-    int G = p.n_heads / p.n_kv, hd = p.head_dim, q_dim = p.n_heads * hd, kv_dim = p.n_kv * hd;
+    int G = a.group, hd = p.head_dim, q_dim = a.q_dim, kv_dim = p.n_kv * hd;
     rope_fuse rf = { 1, p.qkv + q_dim, p.qkv + q_dim + kv_dim, p.pos, p.rows, p.rope_tab, L.q_norm, L.k_norm, p.eps };
     cuda_kv_layer kvl = p.kv[(size_t)l * p.kv_stride];
     cuda_kv_lens N = p.lens[0];
     float *scores = l == p.cap ? p.scores : NULL;
     int ns = live_splits(a.n_splits, N.n_keys, a.kps);  // the units the live length needs
-    for (int u = blockIdx.x; u < p.n_kv * ns; u += gridDim.x) {
+    for (int u = k_bid(); u < p.n_kv * ns; u += k_grid()) {
         int kvh = u / ns, split = u - kvh * ns;
         block_waiter wait = { pk_ctr(p, l, kvh), (unsigned)((G + 2) * hd), a.sleep_ns };
         bool combined;
@@ -392,7 +394,7 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
                                     p.n_kv, hd, p.scale, a.tile, 0, a.count, p.att, rf, wait, (float *)smem4, last_s);
         }
         __syncthreads();  // the combine's stores, and the shared memory free for the next unit
-        if (combined && threadIdx.x == 0) {
+        if (combined && k_tid() == 0) {
             __threadfence();
             red_release_gpu(pk_layer(p, l, PK_ATT), (unsigned)G);
         }
@@ -413,8 +415,8 @@ __device__ __forceinline__ unsigned long long pk_best_of(const cuda_persist_plan
 template <int WT, int F, typename Wait>
 __device__ void pk_lm_rows(const pk_args &a, const mv_rows &m, const mv_ring &ring, const Wait &wait) {
     const cuda_persist_plan &p = a.p;
-    int lane = threadIdx.x & 31, per = a.k_lm == MV_VEC4 ? 4 : 1;
-    int gw = blockIdx.x * MV_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MV_WARPS;
+    int lane = k_tid() & 31, per = a.k_lm == MV_VEC4 ? 4 : 1;
+    int gw = k_bid() * MV_WARPS + (k_tid() >> 5), nw = k_grid() * MV_WARPS;
     unsigned long long best = 0;
     for (int u = gw; u * per < p.vocab; u += nw) {
         int row0 = u * per;
@@ -442,7 +444,7 @@ struct pk_lm_unit {
         constexpr int F = MV_NORM | MV_SHARED_X;
         if (ROWS == 4) mv_vec4_rows<WT, 1, F>(m, p.lm_head, p.dim, p.vocab, row0, no_wait(), r);
         else mv_vec_row<WT, 1, F>(m, p.lm_head, p.dim, p.vocab, row0, no_wait(), r);
-        return (threadIdx.x & 31) == 0 && p.argmax ? pk_best_of(p, row0, ROWS) : 0ull;
+        return (k_tid() & 31) == 0 && p.argmax ? pk_best_of(p, row0, ROWS) : 0ull;
     }
 };
 
@@ -461,7 +463,7 @@ __device__ void pk_lm_head(const pk_args &a) {
             pk_lm_unit<WT, 1> unit = { &a, m };
             best = pk_staged<WT, 1>(a, unit, p.vocab, p.lm_head, p.dim, ready, (unsigned)p.dim, p.x);
         }
-        if ((threadIdx.x & 31) == 0 && p.argmax && best) atomicMax(p.argmax, best);
+        if ((k_tid() & 31) == 0 && p.argmax && best) atomicMax(p.argmax, best);
         return;
     }
     bool first = true;
@@ -473,9 +475,9 @@ __device__ void pk_lm_head(const pk_args &a) {
 // back to zero for the next launch.
 __device__ void pk_finish(const cuda_persist_plan &p) {
     __syncthreads();
-    if (threadIdx.x != 0) return;
+    if (k_tid() != 0) return;
     __threadfence();
-    if (atomicAdd(pk_done(p), 1u) != gridDim.x - 1) return;
+    if (atomicAdd(pk_done(p), 1u) != k_grid() - 1) return;
     __threadfence();  // every block's argmax and logits, added before its count, are visible
     if (p.draw && p.argmax) {
         unsigned long long key = atomicAdd(p.argmax, 0ull);
@@ -493,15 +495,16 @@ __device__ void pk_finish(const cuda_persist_plan &p) {
 }
 
 // grid: every block co-resident (cooperative launch), block PK_THREADS; MINB blocks an
-// SM (__launch_bounds__: 3, the default, leaves 168 registers a thread and ptxas spills
-// nothing; 4 leaves 128, and the attention phase spills 160-168 bytes).
+// SM (__launch_bounds__: 3, the default, leaves 168 registers a thread, and ptxas keeps
+// only the head_dim 64 instance's layer index on the stack; 4 leaves 128, and the
+// attention phase spills inside its loops: docs/cuda.md "Spills").
 template <int WT, int HD, int MINB>
 __global__ void __launch_bounds__(PK_THREADS, MINB) persist_decode_kernel(pk_args a) {
     __shared__ unsigned last;
     const cuda_persist_plan &p = a.p;
     // The previous launch's argmax is cleared before this block's first release, which
     // every later phase waits for (block 0, warp 0 always has the first embed unit).
-    if (blockIdx.x == 0 && threadIdx.x == 0 && p.argmax) *p.argmax = 0ull;
+    if (k_bid() == 0 && k_tid() == 0 && p.argmax) *p.argmax = 0ull;
     pk_embed_phase(p);
     for (int l = 0; l < p.n_layers; l++) {
         const cuda_persist_layer &L = p.layers[l];
@@ -637,6 +640,7 @@ extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p,
     // so n_in % 8 decides what mv_kind checks)
     a.q_dim = q_dim;
     a.qkv_dim = qkv_dim;
+    a.group = p->n_heads / p->n_kv;
     a.k_qkv = p->dim % 8 ? MV_SCALAR : mv_kind_rows(ctx, qkv_dim);
     a.k_o = q_dim % 8 ? MV_SCALAR : mv_kind_rows(ctx, p->dim);
     a.k_gu = p->dim % 8 ? MV_SCALAR : MV_VEC;

@@ -8,6 +8,11 @@
 #             ECC, driver), varent bench --probe (SMs, L2, the probe kernel's read
 #             bandwidth, the device copy)
 #   guard     the CUDA test programs, each time-boxed, and compute-sanitizer memcheck
+#   stress    the persistent decode kernel against the graph path over STRESS_STEPS (4096)
+#             greedy steps on STRESS_MODEL (llama-3.2-1b), the logits bit for bit, then
+#             compute-sanitizer racecheck and synccheck on SAN_STEPS (16) steps of
+#             SAN_MODEL (smollm2-135m): tools/persist-stress.sh, a part at a time, each
+#             time-boxed; emulated: 8 steps of a tiny preset on 8 blocks, no sanitizer
 #   ab        the current build against the baseline build of the bundle, interleaved
 #             (ABAB...), medians: varent bench decode tok/s per model; then the current
 #             build alone at --ctx 4096 and with --sampler standard,entropix
@@ -46,7 +51,9 @@
 #      ("LABEL ENV=V... --flag V...;...": the current build again with each, per model;
 #      on hardware the persistent kernel and three of its switches, the weight ring off,
 #      4 blocks an SM and a pause between counter polls, unless set), STREAMS_MODEL,
-#      STREAMS, STREAMS_N, STREAMS_ONE, STREAMS_CTX (the streams stage).
+#      STREAMS, STREAMS_N, STREAMS_ONE, STREAMS_CTX (the streams stage), STRESS_MODEL,
+#      STRESS_STEPS, STRESS_GRID (the persistent kernel's blocks; 0: all the device
+#      holds, the default on hardware), SAN_MODEL, SAN_STEPS (the stress stage).
 set -u
 cd "$(dirname "$0")/.."
 export ROOT=$PWD
@@ -78,6 +85,9 @@ if [ $emulated = 1 ]; then
     export WEIGHTS=${WEIGHTS:-$WORK/weights}
     # 9 rows: past the 8 exact row counts, so a padded row bucket (16) runs
     export STREAMS_MODEL=${STREAMS_MODEL:-stories260K} STREAMS=${STREAMS:-9} STREAMS_N=${STREAMS_N:-4} STREAMS_ONE=${STREAMS_ONE:-2}
+    # a grid of 8 blocks: the device's whole (396 blocks of 128 fibers) nears the host's
+    # limit on memory mappings (a fiber's stack is two)
+    export STRESS_MODEL=${STRESS_MODEL:-llama3-tiny} STRESS_STEPS=${STRESS_STEPS:-8} STRESS_GRID=${STRESS_GRID:-8}
 else
     export DEADLINE=${DEADLINE:-480} ROUNDS=${ROUNDS:-3} N=${N:-256} PROMPT=${PROMPT:-512}
     export MODELS=${MODELS:-smollm2-135m qwen3-0.6b llama-3.2-1b} BIG_MODEL=${BIG_MODEL:-llama-3.1-8b}
@@ -109,6 +119,8 @@ else
     pk_ab+=";persistent-sleep VARENT_CUDA_PERSIST_SLEEP=100 --decode-kernel persistent"
     export AB_VARIANTS=${AB_VARIANTS-$pk_ab}
     export STREAMS_MODEL=${STREAMS_MODEL:-llama-3.2-1b} STREAMS=${STREAMS:-32} STREAMS_N=${STREAMS_N:-128} STREAMS_ONE=${STREAMS_ONE:-4}
+    export STRESS_MODEL=${STRESS_MODEL:-llama-3.2-1b} STRESS_STEPS=${STRESS_STEPS:-4096} STRESS_GRID=${STRESS_GRID:-0}
+    export SAN_MODEL=${SAN_MODEL:-smollm2-135m} SAN_STEPS=${SAN_STEPS:-16}
 fi
 export STREAMS_CTX=${STREAMS_CTX:-512}
 export PLANT_HANG=${PLANT_HANG:-}
@@ -164,7 +176,7 @@ stage_streams() {
     note "$(grep -h '^scheduler:' "$WORK/streams-$rows-1.txt" | head -1)"  # batch widths, rows drawn on the device
 }
 
-ALL_STAGES="facts guard ab trace ncu kbench llamacpp streams big"
+ALL_STAGES="facts guard stress ab trace ncu kbench llamacpp streams big"
 STAGES=${STAGES:-$ALL_STAGES}
 
 # Each stage's share of the deadline (per mille of it when every stage runs).
@@ -172,7 +184,7 @@ share_of() {  # per mille; SHARE_<stage>=N overrides one (a window that needs mo
     local v="SHARE_$1"
     [ -n "${!v:-}" ] && { echo "${!v}"; return; }
     case $1 in
-    facts) echo 60 ;; guard) echo 160 ;; ab) echo 200 ;; trace) echo 140 ;; ncu) echo 100 ;;
+    facts) echo 60 ;; guard) echo 160 ;; stress) echo 90 ;; ab) echo 200 ;; trace) echo 140 ;; ncu) echo 100 ;;
     kbench) echo 90 ;; llamacpp) echo 120 ;; streams) echo 80 ;; big) echo 50 ;; *) echo 0 ;;
     esac
 }
@@ -286,6 +298,32 @@ stage_guard() {
     else
         note "compute-sanitizer: not found"
     fi
+    return $rc
+}
+
+# The persistent kernel against the graph path, then under compute-sanitizer
+# (tools/persist-stress.sh): a part at a time, the stress test half the share and each
+# sanitizer a quarter, so a slow sanitizer costs its part and the lines before it stay.
+stage_stress() {
+    local model san="" parts="stress" part lim t out rc=0
+    model=$(model_dir "$STRESS_MODEL") || { note "could not write the $STRESS_MODEL checkpoint"; return 1; }
+    if [ "$EMULATED" = 1 ]; then
+        note "compute-sanitizer: skipped (the emulated device has its own checks)"
+    else
+        san=$(model_dir "$SAN_MODEL") || { note "could not write the $SAN_MODEL checkpoint"; return 1; }
+        parts="stress racecheck synccheck"
+    fi
+    for part in $parts; do
+        lim=$((SHARE / 4))
+        [ "$part" = stress ] && lim=$((SHARE / 2))
+        t=$SECONDS
+        out=$(PARTS=$part PART_LIMIT=$lim BIN=$CUR_TESTS/test_cuda_persist STEPS=$STRESS_STEPS GRID=$STRESS_GRID SAN_STEPS=${SAN_STEPS:-16} \
+            SAN_MODEL=$san WORK=$WORK/stress PYTHON=$PYTHON tools/persist-stress.sh "$model" 2>&1)
+        [ $? -eq 0 ] || rc=1
+        echo "$out" >"$WORK/stress-$part.log"
+        while read -r line; do note "$line ($((SECONDS - t)) s of $lim)"; done < <(grep -E '^(PASS|FAIL) ' <<<"$out" | grep -v ' persist-stress')
+        grep -q -E '^(PASS|FAIL) ' <<<"$out" || note "$part: no result line ($(tail -1 <<<"$out"))"
+    done
     return $rc
 }
 

@@ -86,6 +86,16 @@ rc=$?
 [ $rc -ne 0 ] && [[ $out == *"CUDA_INJECTION64_PATH=$TMP/nonexistent.so"* ]]
 ok tracer_missing_library_is_an_error $? "rc $rc: $out"
 
+# ---- tools/persist-stress.sh's bad inputs -------------------------------------------------------
+out=$(PARTS="stress bogus" BIN=$ROOT/$EMU/tests/test_cuda_persist bash tools/persist-stress.sh 2>&1)
+rc=$?
+[ $rc -eq 1 ] && [[ $out == *"unknown part 'bogus' in PARTS (stress, racecheck, synccheck)"* ]]
+ok persist_stress_unknown_part $? "rc $rc: $out"
+out=$(PARTS=stress BIN=$TMP/no-such-test bash tools/persist-stress.sh 2>&1)
+rc=$?
+[ $rc -eq 1 ] && [[ $out == *"BIN=$TMP/no-such-test is not an executable"* ]]
+ok persist_stress_missing_program $? "rc $rc: $out"
+
 # ---- the window ---------------------------------------------------------------------------------
 # make test-asan: the window is shell orchestration of varent bench and the tests on the
 # emulated device, which test_emu_cli and the emulated programs already run under ASan;
@@ -115,14 +125,14 @@ ok gpu_window_runs $? "rc $rc: $(tail -5 "$TMP/window.log")"
 ok gpu_window_within_deadline $? "took $took s for a deadline of $deadline s"
 
 stages=$(sed -n 's/^stage \([a-z]*\):.*/\1/p' "$S" | tr '\n' ' ')
-[ "$stages" = "facts guard ab trace ncu kbench llamacpp streams big " ]
+[ "$stages" = "facts guard stress ab trace ncu kbench llamacpp streams big " ]
 ok gpu_window_every_stage_reported $? "stages in the summary: $stages"
 grep -Eq '^stage facts: timed out \(after ([0-9]+) s' "$S"
 ok gpu_window_hang_cut_at_its_share $? "$(grep '^stage facts' "$S")"
 cut_after=$(sed -n 's/^stage facts: timed out (after \([0-9]*\) s.*/\1/p' "$S")
 [ -n "$cut_after" ] && [ "$cut_after" -le $((deadline * 60 / 1000 + 6)) ]
 ok gpu_window_hang_costs_only_its_share $? "facts ran $cut_after s; its share is $((deadline * 60 / 1000)) s"
-for s in guard ab trace kbench streams; do
+for s in guard stress ab trace kbench streams; do
     grep -q "^stage $s: done (" "$S"
     ok "gpu_window_later_stage_runs_$s" $? "$(grep "^stage $s" "$S")"
 done
@@ -130,6 +140,12 @@ for s in ncu llamacpp; do
     grep -q "^stage $s: skipped (" "$S"
     ok "gpu_window_hardware_stage_skipped_$s" $? "$(grep "^stage $s" "$S")"
 done
+
+# The persistent kernel's stress test (tools/persist-stress.sh): its PASS line, the
+# steps it compared, and the sanitizer parts said to be skipped on the emulated device.
+grep -Eq '^  PASS persist_stress: .*llama3-tiny-bf16, 8 of 8 greedy steps, logits differing from the graph path at 0 steps.* 8 persistent steps' "$S" &&
+    grep -A3 '^stage stress' "$S" | grep -q 'compute-sanitizer: skipped'
+ok gpu_window_stress_persistent_against_graph $? "$(grep -A3 '^stage stress' "$S")"
 
 # The A/B: both builds in every round, interleaved, and their ratio.
 n_cur=$(awk '$2 == "current" && $4 + 0 > 0' "$TMP/out/ab.tsv" 2>/dev/null | wc -l)

@@ -11,7 +11,7 @@
 #   stress    the persistent decode kernel against the graph path over STRESS_STEPS (4096)
 #             greedy steps on STRESS_MODEL (llama-3.2-1b), the logits bit for bit, then
 #             compute-sanitizer racecheck and synccheck on SAN_STEPS (16) steps of
-#             SAN_MODEL (smollm2-135m): tools/persist-stress.sh, a part at a time, each
+#             SAN_MODEL (llama-hd64-tiny): tools/persist-stress.sh, a part at a time, each
 #             time-boxed; emulated: 8 steps of a tiny preset on 8 blocks, no sanitizer
 #   ab        the current build against the baseline build of the bundle, interleaved
 #             (ABAB...), medians: varent bench decode tok/s per model; then the current
@@ -120,7 +120,9 @@ else
     export AB_VARIANTS=${AB_VARIANTS-$pk_ab}
     export STREAMS_MODEL=${STREAMS_MODEL:-llama-3.2-1b} STREAMS=${STREAMS:-32} STREAMS_N=${STREAMS_N:-128} STREAMS_ONE=${STREAMS_ONE:-4}
     export STRESS_MODEL=${STRESS_MODEL:-llama-3.2-1b} STRESS_STEPS=${STRESS_STEPS:-4096} STRESS_GRID=${STRESS_GRID:-0}
-    export SAN_MODEL=${SAN_MODEL:-smollm2-135m} SAN_STEPS=${SAN_STEPS:-16}
+    # the sanitizers on a tiny preset with head_dim 64 (the tiled attention of the
+    # goal table's models, in a model small enough to instrument within the share)
+    export SAN_MODEL=${SAN_MODEL:-llama-hd64-tiny} SAN_STEPS=${SAN_STEPS:-16}
 fi
 export STREAMS_CTX=${STREAMS_CTX:-512}
 export PLANT_HANG=${PLANT_HANG:-}
@@ -184,7 +186,7 @@ share_of() {  # per mille; SHARE_<stage>=N overrides one (a window that needs mo
     local v="SHARE_$1"
     [ -n "${!v:-}" ] && { echo "${!v}"; return; }
     case $1 in
-    facts) echo 60 ;; guard) echo 160 ;; stress) echo 90 ;; ab) echo 200 ;; trace) echo 140 ;; ncu) echo 100 ;;
+    facts) echo 60 ;; guard) echo 160 ;; stress) echo 120 ;; ab) echo 200 ;; trace) echo 140 ;; ncu) echo 100 ;;
     kbench) echo 90 ;; llamacpp) echo 120 ;; streams) echo 80 ;; big) echo 50 ;; *) echo 0 ;;
     esac
 }
@@ -302,8 +304,8 @@ stage_guard() {
 }
 
 # The persistent kernel against the graph path, then under compute-sanitizer
-# (tools/persist-stress.sh): a part at a time, the stress test half the share and each
-# sanitizer a quarter, so a slow sanitizer costs its part and the lines before it stay.
+# (tools/persist-stress.sh): a part at a time, the stress test 60% of the share and each
+# sanitizer 20%, so a slow sanitizer costs its part and the lines before it stay.
 stage_stress() {
     local model san="" parts="stress" part lim t out rc=0
     model=$(model_dir "$STRESS_MODEL") || { note "could not write the $STRESS_MODEL checkpoint"; return 1; }
@@ -314,8 +316,8 @@ stage_stress() {
         parts="stress racecheck synccheck"
     fi
     for part in $parts; do
-        lim=$((SHARE / 4))
-        [ "$part" = stress ] && lim=$((SHARE / 2))
+        lim=$((SHARE / 5))
+        [ "$part" = stress ] && lim=$((SHARE * 3 / 5))
         t=$SECONDS
         out=$(PARTS=$part PART_LIMIT=$lim BIN=$CUR_TESTS/test_cuda_persist STEPS=$STRESS_STEPS GRID=$STRESS_GRID SAN_STEPS=${SAN_STEPS:-16} \
             SAN_MODEL=$san WORK=$WORK/stress PYTHON=$PYTHON tools/persist-stress.sh "$model" 2>&1)

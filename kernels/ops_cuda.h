@@ -373,6 +373,8 @@ typedef struct {
     int ahead;                               // a staged phase's warps copy the next unit's first
                                              // weights into the ring while one runs (nonzero), or
                                              // only the first unit's, before the wait (0)
+    unsigned long long *trace;               // device [cuda_persist_trace_len]: each phase's stamps
+                                             // (NULL: none; cuda_persist_trace_len says where)
 } cuda_persist_plan;
 
 // What the device fits of a plan (cuda_persist_check): the co-resident blocks, the weight
@@ -384,6 +386,15 @@ typedef struct {
 
 // Counters the plan needs (each launch leaves them at zero for the next).
 size_t cuda_persist_counters(const cuda_persist_plan *p);
+// The phase trace (plan.trace, docs/cuda.md "The phase trace"): phases 0 (the embedding),
+// 1 + 5l + k (layer l's qkv, attention, o, gate|up, down: k = 0..4) and 5 n_layers + 1
+// (the lm_head). The first grid words are the blocks' scratch; then for phase ph and
+// block b, trace[grid + (ph * grid + b) * 3 + i] holds %globaltimer (ns) as thread 0
+// saw it at the phase's entry (i = 0), after its first counter wait of the phase (1; 0
+// when it waited for none) and at its exit (2: warp 0's units done). Every launch
+// rewrites every word of its grid.
+int cuda_persist_trace_phases(const cuda_persist_plan *p);
+size_t cuda_persist_trace_len(const cuda_persist_plan *p, int grid);
 // The shape checks (-1 with ctx->err saying why the step falls back to the graph path),
 // and what fits: the grid (the co-resident block count, at most p->grid when set), the
 // staged input (the longest of dim, q_dim and hidden, else of dim and q_dim, that fits

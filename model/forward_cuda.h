@@ -60,13 +60,17 @@ void cuda_forward_set_decode_kernel(cuda_forward *f, int persistent, int grid);
 // as fit beside the attention's at 4 blocks an SM; 0: none, every weight loaded as it is
 // used). The bits are the same either way.
 void cuda_forward_set_persist_ring(cuda_forward *f, int bytes);
-// Its blocks an SM (3, the default: 168 registers a thread and no spills; 4: 128, with
-// spills), its counter waits' pause between polls in ns (0, the default: none),
+// Its blocks an SM (3, the default: 168 registers a thread, no spills in a loop; 4: 128,
+// with spills in the attention's loops), its counter waits' pause between polls in ns (0, the default: none),
 // whether a phase's input is staged in shared memory, a block at a time, where it fits
 // (nonzero, the default) or read through L2 by each warp (0), and whether a staged
 // phase's warps fill their ring a unit ahead (nonzero, the default) or for their first
 // unit only (0). The bits are the same.
 void cuda_forward_set_persist_tuning(cuda_forward *f, int min_blocks, int sleep_ns, int stage, int ahead);
+// The persistent kernel's phase trace (docs/cuda.md "The phase trace"): with a path
+// (NULL or "": none), every persistent step writes each block's stamps of each phase
+// there as a TSV (the last step's; one host wait a step). -1 when the path is too long.
+int cuda_forward_set_persist_trace(cuda_forward *f, const char *path, verr *err);
 // As forward(): appends T tokens to the sequence in kv (device caches of this forward's
 // device) and leaves the last token's logits in fw->logits. When fw->attn_layer is a
 // layer: fw->attn_keys, the device statistics in fw->logit_stats / fw->attn_stats with

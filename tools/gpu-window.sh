@@ -19,7 +19,8 @@
 #   trace     one decode step node by node (tools/trace/cupti_trace.c through
 #             CUDA_INJECTION64_PATH, tools/trace_report.py): a greedy step and an armed
 #             --sampler standard --temp 1 step -> $OUT/decode-trace.tsv; traced against
-#             untraced tok/s
+#             untraced tok/s; then the persistent kernel's phase trace (one step, every
+#             phase of every block: tools/persist_trace.py)
 #   ncu       Nsight Compute sections (speed of light, memory workload, occupancy, warp
 #             state) for the kernels of one decode layer, when ncu exists
 #   kbench    the kernel benches (test_cuda_kernels --bench: the fused decode kernels at
@@ -450,6 +451,20 @@ stage_trace() {
     note "model $m, $n decode steps after a $p-token prompt"
     trace_one greedy "$d" -n $n --prompt-len $p --sampler none || return 1
     trace_one armed-temp1 "$d" -n $n --prompt-len $p --sampler standard --temp 1 || return 1
+    persist_trace "$d" "$n" "$p"
+}
+
+# The persistent kernel is one node of the trace above: its own phase trace
+# (VARENT_CUDA_PERSIST_TRACE, the last step's stamps of every phase of every block) says
+# where its step goes, phase by phase (tools/persist_trace.py).
+persist_trace() {  # MODEL_DIR STEPS PROMPT
+    local t=$WORK/persist-trace.tsv o=$WORK/persist-trace-bench.txt
+    local grid=0
+    [ "$EMULATED" = 1 ] && grid=4  # (the emulated device's fibers: few blocks)
+    VARENT_CUDA_PERSIST_GRID=$grid VARENT_CUDA_PERSIST_TRACE=$t bench "$o" "$CUR_VARENT" -m "$1" -n "$2" \
+        --prompt-len "$3" --sampler none --decode-kernel persistent || return 1
+    "$PYTHON" tools/persist_trace.py "$t" >"$WORK/persist-trace.txt" 2>&1 || { note "persist trace: $(cat "$WORK/persist-trace.txt")"; return 1; }
+    sed 's/^/  /' "$WORK/persist-trace.txt" >>"$WORK/$STAGE.summary"
 }
 
 stage_ncu() {

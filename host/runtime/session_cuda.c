@@ -63,7 +63,8 @@ static int env_int(const char *name, long lo, long hi, const char *what, long *v
 // polls (VARENT_CUDA_PERSIST_SLEEP ns), the staging of a phase's input in shared
 // memory (VARENT_CUDA_PERSIST_STAGE 0: never; 1, the default: where it fits) and the
 // ring filled a unit ahead in a staged phase (VARENT_CUDA_PERSIST_AHEAD 0: the first
-// unit only; 1, the default).
+// unit only; 1, the default), and its phase trace (VARENT_CUDA_PERSIST_TRACE=path: each
+// persistent step's stamps written there, the last step's kept).
 static int persist_env(session *s, int on, verr *err) {
     long grid = 0, kib = -1, blocks = 3, ns = 0, stage = 1, ahead = 1;
     int r = 0;
@@ -77,7 +78,7 @@ static int persist_env(session *s, int on, verr *err) {
     cuda_forward_set_decode_kernel(s->cu, on, (int)grid);
     cuda_forward_set_persist_ring(s->cu, r ? (int)kib * 1024 : -1);
     cuda_forward_set_persist_tuning(s->cu, (int)blocks, (int)ns, (int)stage, (int)ahead);
-    return 0;
+    return cuda_forward_set_persist_trace(s->cu, getenv("VARENT_CUDA_PERSIST_TRACE"), err);
 }
 
 int session_cuda_open(session *s, int device, const session *base, verr *err) {

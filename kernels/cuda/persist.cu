@@ -27,7 +27,8 @@
 // weights' bytes for a one-row unit). The last
 // block to finish turns the packed argmax into the greedy draw and sets every counter
 // back to zero for the next launch. Only what other blocks of the launch wrote is read
-// through L2 (ld.global.cg), never the non-coherent path.
+// through L2 (ld.global.cg), never the non-coherent path. With plan.trace, thread 0 of
+// each block stamps every phase's entry, first wait and exit (model/cuda/persist_trace.c).
 #define KERNEL_FRESH_IDS  // common.cuh: k_tid() and friends are not hoisted out of the layer loop
 #include "kernels/cuda/attention_decode.cuh"
 #include "kernels/cuda/matvec.cuh"
@@ -93,16 +94,54 @@ __device__ inline const unsigned *pk_x_ready(const cuda_persist_plan &p, int l) 
     return l == 0 ? pk_embed(p) : pk_layer(p, l - 1, PK_DOWN);
 }
 
+// The phase trace (p.trace; ops_cuda.h cuda_persist_trace_len): thread 0's stamps, each
+// only when the plan asks for them. pk_trace_at: a phase's entry (which 0, the block's
+// wait slot cleared) or exit (2, with the wait slot's stamp as 1).
+__host__ __device__ inline int pk_phases(const cuda_persist_plan &p) { return 5 * p.n_layers + 2; }
+// p.trace, read afresh at each use as k_tid() is (the test would otherwise be hoisted out
+// of the layer loop and held, or spilled, across every phase).
+__device__ __forceinline__ unsigned long long *pk_trace_ptr(const cuda_persist_plan &p) {
+#if defined(__CUDA_ARCH__)
+    unsigned long long *t;
+    asm volatile("mov.b64 %0, %1;" : "=l"(t) : "l"(p.trace));
+    return t;
+#else
+    return p.trace;
+#endif
+}
+__device__ inline unsigned long long *pk_wait_slot(const cuda_persist_plan &p) {
+    unsigned long long *t = pk_trace_ptr(p);
+    return t ? t + k_bid() : NULL;
+}
+__device__ void pk_trace_at(const cuda_persist_plan &p, int phase, int which) {
+    unsigned long long *t = pk_trace_ptr(p);
+    if (!t || k_tid() != 0) return;
+    unsigned long long *w = t + k_bid(), *slot = t + (k_grid() + ((unsigned)phase * k_grid() + k_bid()) * 3u);
+    if (which == 0) {
+        *w = 0;
+        slot[0] = globaltimer_ns();
+        return;
+    }
+    slot[1] = *w;
+    slot[2] = globaltimer_ns();
+}
+// After a wait of thread 0 (w: pk_wait_slot, NULL without a trace): the phase's first.
+__device__ __forceinline__ void pk_trace_waited(unsigned long long *w) {
+    if (w && *w == 0) *w = globaltimer_ns();
+}
+
 // A warp's wait before its first unit: lane 0 waits (acquire), the warp follows.
 struct warp_waiter {
     const unsigned *ctr;
     unsigned target;
     bool *first;  // true until the warp's first unit has waited
     unsigned sleep_ns;
+    unsigned long long *tw;  // the phase trace's wait slot (pk_wait_slot)
     __device__ __forceinline__ void operator()() const {
         if (!*first) return;
         *first = false;
         if ((k_tid() & 31) == 0) wait_counter_gpu(ctr, target, sleep_ns);
+        if (k_tid() == 0) pk_trace_waited(tw);
         __syncwarp();
     }
 };
@@ -112,8 +151,12 @@ struct block_waiter {
     const unsigned *ctr;
     unsigned target;
     unsigned sleep_ns;
+    unsigned long long *tw;  // the phase trace's wait slot (pk_wait_slot)
     __device__ __forceinline__ void operator()() const {
-        if (k_tid() == 0) wait_counter_gpu(ctr, target, sleep_ns);
+        if (k_tid() == 0) {
+            wait_counter_gpu(ctr, target, sleep_ns);
+            pk_trace_waited(tw);
+        }
         __syncthreads();
     }
 };
@@ -124,8 +167,12 @@ struct block_waiter {
 // cp.async, all in flight at once and through L2 as __ldcg; their wait also lands each
 // warp's ring copies, issued before. No weights are held in registers across it (the
 // ring holds what was fetched ahead), so it costs the matvec loops no registers.
-__device__ void pk_stage(const unsigned *ctr, unsigned target, unsigned sleep_ns, const float *src, float *xs, int n) {
-    if (k_tid() == 0) wait_counter_gpu(ctr, target, sleep_ns);
+__device__ void pk_stage(const cuda_persist_plan &p, const unsigned *ctr, unsigned target, unsigned sleep_ns,
+                         const float *src, float *xs, int n) {
+    if (k_tid() == 0) {
+        wait_counter_gpu(ctr, target, sleep_ns);
+        pk_trace_waited(pk_wait_slot(p));
+    }
     __syncthreads();
     for (int i = k_tid(); i < n / 4; i += PK_THREADS) cp_async16(xs + 4 * i, src + 4 * i);
     cp_async_wait_all();
@@ -228,7 +275,7 @@ __device__ unsigned long long pk_staged(const pk_args &a, const Unit &unit, int 
         unit.bases(gw, rb);
         n = pk_prefill<WT, ROWS>(pk_half(ring, 0, half), w, rb, n_in).n;
     }
-    pk_stage(ready, target, a.sleep_ns, src, pk_xs(), n_in);
+    pk_stage(a.p, ready, target, a.sleep_ns, src, pk_xs(), n_in);
     unsigned long long best = 0;
     int part = 0;
     for (int u = gw; u < units; u += nw) {
@@ -275,7 +322,7 @@ __device__ void pk_matvec(const pk_args &a, int kind, const mv_rows &m, const vo
                           const unsigned *ready, unsigned target, unsigned *rel, bool groups) {
     if (!pk_stages(a, kind, n_in)) {
         bool first = true;
-        warp_waiter wait = { ready, target, &first, a.sleep_ns };
+        warp_waiter wait = { ready, target, &first, a.sleep_ns, pk_wait_slot(a.p) };
         pk_matvec_units<WT, F>(a, kind, m, w, n_in, n_out, rel, groups, pk_ring(a), wait);
         return;
     }
@@ -336,7 +383,7 @@ __device__ void pk_glu(const pk_args &a, const mv_rows &m, const void *w, const 
         return;
     }
     bool first = true;
-    warp_waiter wait = { ready, (unsigned)p.dim, &first, a.sleep_ns };
+    warp_waiter wait = { ready, (unsigned)p.dim, &first, a.sleep_ns, pk_wait_slot(p) };
     if (a.k_gu != MV_SCALAR) {
         pk_glu_pairs<WT, MV_NORM | MV_COHERENT>(a, m, w, rel, pk_ring(a), wait);
         return;
@@ -384,7 +431,7 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
     int ns = live_splits(a.n_splits, N.n_keys, a.kps);  // the units the live length needs
     for (int u = k_bid(); u < p.n_kv * ns; u += k_grid()) {
         int kvh = u / ns, split = u - kvh * ns;
-        block_waiter wait = { pk_ctr(p, l, kvh), (unsigned)((G + 2) * hd), a.sleep_ns };
+        block_waiter wait = { pk_ctr(p, l, kvh), (unsigned)((G + 2) * hd), a.sleep_ns, pk_wait_slot(p) };
         bool combined;
         if constexpr (HD != 0) {
             combined = flash_split<HD>(a.part, scores, p.qkv, kvl, N, 0, split, kvh, a.n_splits, a.kps, p.n_heads,
@@ -467,7 +514,7 @@ __device__ void pk_lm_head(const pk_args &a) {
         return;
     }
     bool first = true;
-    warp_waiter wait = { ready, (unsigned)p.dim, &first, a.sleep_ns };
+    warp_waiter wait = { ready, (unsigned)p.dim, &first, a.sleep_ns, pk_wait_slot(p) };
     pk_lm_rows<WT, MV_NORM | MV_COHERENT>(a, m, pk_ring(a), wait);
 }
 
@@ -496,8 +543,8 @@ __device__ void pk_finish(const cuda_persist_plan &p) {
 
 // grid: every block co-resident (cooperative launch), block PK_THREADS; MINB blocks an
 // SM (__launch_bounds__: 3, the default, leaves 168 registers a thread, and ptxas keeps
-// only the head_dim 64 instance's layer index on the stack; 4 leaves 128, and the
-// attention phase spills inside its loops: docs/cuda.md "Spills").
+// only two words of the head_dim 64 instance on the stack, none reloaded in a loop; 4
+// leaves 128, and the attention phase spills inside its loops: docs/cuda.md "Spills").
 template <int WT, int HD, int MINB>
 __global__ void __launch_bounds__(PK_THREADS, MINB) persist_decode_kernel(pk_args a) {
     __shared__ unsigned last;
@@ -505,30 +552,50 @@ __global__ void __launch_bounds__(PK_THREADS, MINB) persist_decode_kernel(pk_arg
     // The previous launch's argmax is cleared before this block's first release, which
     // every later phase waits for (block 0, warp 0 always has the first embed unit).
     if (k_bid() == 0 && k_tid() == 0 && p.argmax) *p.argmax = 0ull;
+    pk_trace_at(p, 0, 0);
     pk_embed_phase(p);
+    pk_trace_at(p, 0, 2);
     for (int l = 0; l < p.n_layers; l++) {
         const cuda_persist_layer &L = p.layers[l];
         const unsigned *x_ready = pk_x_ready(p, l);
         mv_rows qkv = { p.qkv, p.x, 0, 1, 1, a.q_dim, a.qkv_dim - p.n_kv * p.head_dim, L.attn_norm, p.eps, 0, L.bqkv, 1 };
+        pk_trace_at(p, 1 + 5 * l, 0);
         pk_matvec<WT, MV_NORM | MV_COHERENT>(a, a.k_qkv, qkv, L.wqkv, p.dim, a.qkv_dim, x_ready, (unsigned)p.dim,
                                              pk_ctr(p, l, 0), true);
+        pk_trace_at(p, 1 + 5 * l, 2);
+        pk_trace_at(p, 2 + 5 * l, 0);
         pk_attention<HD>(a, l, pk_smem(), &last);
+        pk_trace_at(p, 2 + 5 * l, 2);
         mv_rows o = { p.x, p.att, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
+        pk_trace_at(p, 3 + 5 * l, 0);
         pk_matvec<WT, MV_COHERENT>(a, a.k_o, o, L.wo, a.q_dim, p.dim, pk_layer(p, l, PK_ATT), (unsigned)p.n_heads,
                                    pk_layer(p, l, PK_O), false);
+        pk_trace_at(p, 3 + 5 * l, 2);
         mv_rows gu = { p.hb, p.x, 0, 1, 1, p.hidden, p.hidden, L.ffn_norm, p.eps, 0, NULL, 1 };
+        pk_trace_at(p, 4 + 5 * l, 0);
         pk_glu<WT>(a, gu, L.w_gu, pk_layer(p, l, PK_O), pk_layer(p, l, PK_GLU));
+        pk_trace_at(p, 4 + 5 * l, 2);
         mv_rows down = { p.x, p.hb, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
+        pk_trace_at(p, 5 + 5 * l, 0);
         pk_matvec<WT, MV_COHERENT>(a, a.k_down, down, L.w_down, p.hidden, p.dim, pk_layer(p, l, PK_GLU),
                                    (unsigned)p.hidden, pk_layer(p, l, PK_DOWN), false);
+        pk_trace_at(p, 5 + 5 * l, 2);
     }
+    pk_trace_at(p, pk_phases(p) - 1, 0);
     pk_lm_head<WT>(a);
+    pk_trace_at(p, pk_phases(p) - 1, 2);
     pk_finish(p);
 }
 
 // ---- host -----------------------------------------------------------------------------
 extern "C" size_t cuda_persist_counters(const cuda_persist_plan *p) {
     return ((size_t)p->n_layers * pk_per_layer(*p) + 2) * PK_CTR_STRIDE;
+}
+
+extern "C" int cuda_persist_trace_phases(const cuda_persist_plan *p) { return pk_phases(*p); }
+
+extern "C" size_t cuda_persist_trace_len(const cuda_persist_plan *p, int grid) {
+    return ((size_t)pk_phases(*p) * 3 + 1) * (size_t)grid;
 }
 
 typedef void (*pk_kernel)(pk_args);

@@ -34,6 +34,8 @@ static inline void red_release_gpu(unsigned *p, unsigned v) {
 // thread's cp_async_wait_all (tests/cudaemu/async.cpp poisons it until then).
 #define cp_async16(dst, src) emu::cp_async((dst), (src), 16, __FILE__, __LINE__)
 #define cp_async_wait_all() emu::cp_async_wait_all(__FILE__, __LINE__)
+// The device's nanosecond clock (%globaltimer): the host's monotonic clock here.
+#define globaltimer_ns() emu::globaltimer_ns()
 
 #else
 
@@ -58,6 +60,12 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// The device's nanosecond clock, one for every SM (the persistent kernel's phase trace).
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 
 #endif
 

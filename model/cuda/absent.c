@@ -27,6 +27,10 @@ void cuda_forward_set_persist_ring(cuda_forward *f, int bytes) { (void)f, (void)
 void cuda_forward_set_persist_tuning(cuda_forward *f, int min_blocks, int sleep_ns, int stage, int ahead) {
     (void)f, (void)min_blocks, (void)sleep_ns, (void)stage, (void)ahead;
 }
+int cuda_forward_set_persist_trace(cuda_forward *f, const char *path, verr *err) {
+    (void)f, (void)path, (void)err;
+    return 0;
+}
 int cuda_forward_run(cuda_forward *f, forward_state *fw, kv_view *kv, const int *ids, int T, verr *err) {
     (void)f, (void)fw, (void)kv, (void)ids, (void)T;
     return verr_set(err, NO_CUDA);

@@ -49,6 +49,9 @@ typedef struct {
     unsigned long long *argmax;    // device: the packed greedy token
     long steps, fallbacks;     // one-row decode steps run persistent, and on the graph path instead
     char why[160];             // the last fallback's reason
+    char trace_path[512];      // the phase trace's TSV ("": no trace; model/cuda/persist_trace.c)
+    unsigned long long *trace, *h_trace;  // device and host [trace_len] (cuda_persist_trace_len)
+    size_t trace_len;
 } dev_persist;
 
 // The device decode loop (model/cuda/loop.c): one-row steps that feed their own draw,
@@ -132,5 +135,10 @@ int cuda_persist_loop_step(cuda_forward *d, int cap, sample_out *draw, verr *err
 // A step the kernel does not take (a batch): counted as a fallback when it is on.
 void cuda_persist_skip(cuda_forward *d, const char *why);
 void cuda_persist_free(cuda_forward *d);
+// The phase trace (model/cuda/persist_trace.c): plan->trace set when a path is (arm), the
+// step's stamps written to it after the launch (write), the buffers freed.
+int cuda_persist_trace_arm(cuda_forward *d, cuda_persist_plan *plan, verr *err);
+int cuda_persist_trace_write(cuda_forward *d, const cuda_persist_plan *plan, verr *err);
+void cuda_persist_trace_free(dev_persist *p);
 
 #endif

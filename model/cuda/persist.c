@@ -27,6 +27,7 @@ void cuda_persist_free(cuda_forward *d) {
     cuda_free(p->ctr);
     cuda_free(p->argmax);
     p->d_layers = NULL, p->ctr = NULL, p->argmax = NULL;
+    cuda_persist_trace_free(p);
 }
 
 // Why the step cannot run persistent (NULL: it can). hk: its hooks' captures.
@@ -148,13 +149,14 @@ static int ready(cuda_forward *d, int cap, int hk, cuda_persist_plan *plan, verr
     return 1;
 }
 
-// The kernel, then the capture layer's statistics.
+// The kernel, then the capture layer's statistics (and the phase trace when asked for).
 static int launch(cuda_forward *d, cuda_persist_plan *plan, int cap, verr *err) {
     cuda_core *f = &d->core;
+    if (cuda_persist_trace_arm(d, plan, err)) return -1;
     OP(cuda_decode_persistent(&f->ctx, plan, &d->persist.fit));
     if (cap >= 0 && cuda_core_stats(f, 1, cuda_core_params(f, f->d_par), err)) return -1;
     d->persist.steps++;
-    return 0;
+    return cuda_persist_trace_write(d, plan, err);
 }
 
 int cuda_persist_step(cuda_forward *d, int cap, int hk, int *drawn, verr *err) {

@@ -17,7 +17,9 @@
 //     first unit only), then read through L2 by every warp: the bits do not move;
 //   - with a capture layer the device statistics equal the graph path's;
 //   - a step with forward hooks takes the graph path, counted with its reason, and a
-//     batch likewise.
+//     batch likewise;
+//   - the phase trace: a TSV of every phase of every block, stamped in order, with the
+//     same bits; none without a path; an unwritable path refused when set.
 // On the emulated device the blocks run co-resident as fibers (docs/cuda.md), so a
 // missing or early counter wait shows as wrong bits here or as a reported deadlock.
 #include <math.h>
@@ -170,6 +172,88 @@ static void check_fallbacks(trio *t, const char *name, int tok) {
     free(logits);
 }
 
+// The phase trace (model/cuda/persist_trace.c): rows of one traced step.
+typedef struct {
+    int grid, layers, phases, rows, bad_order, bad_kind, waited;
+    char why[160];
+} trace_read;
+
+// Reads the TSV at path: its header, then every row in (phase, block) order, each with
+// entry <= wait <= exit (wait -1: none) and a block's phases one after the other.
+static void read_trace(const char *path, trace_read *r) {
+    static const char *kinds[5] = { "qkv", "attention", "o", "gate_up", "down" };
+    memset(r, 0, sizeof *r);
+    FILE *fp = fopen(path, "r");
+    if (!fp) {
+        snprintf(r->why, sizeof r->why, "cannot open %.120s", path);
+        return;
+    }
+    char line[256];
+    if (!fgets(line, sizeof line, fp) ||
+        sscanf(line, "# varent persist-trace 1: grid %d, layers %d, phases %d", &r->grid, &r->layers, &r->phases) != 3 ||
+        !fgets(line, sizeof line, fp)) {
+        snprintf(r->why, sizeof r->why, "no header");
+        fclose(fp);
+        return;
+    }
+    long long *last_exit = calloc((size_t)(r->grid > 0 ? r->grid : 1), sizeof *last_exit);
+    int ph, layer, b;
+    long long e, w, x;
+    char kind[32];
+    while (fgets(line, sizeof line, fp) &&
+           sscanf(line, "%d\t%d\t%31s\t%d\t%lld\t%lld\t%lld", &ph, &layer, kind, &b, &e, &w, &x) == 7) {
+        int want_ph = r->rows / (r->grid > 0 ? r->grid : 1), want_b = r->rows % (r->grid > 0 ? r->grid : 1);
+        const char *want = ph == 0 ? "embed" : ph == r->phases - 1 ? "lm_head" : kinds[(ph - 1) % 5];
+        r->bad_kind += ph != want_ph || b != want_b || strcmp(kind, want) != 0 ||
+                       layer != (ph == 0 || ph == r->phases - 1 ? -1 : (ph - 1) / 5);
+        r->bad_order += e > x || (w >= 0 && (w < e || w > x)) || (ph > 0 && e < last_exit[b]);
+        r->waited += w >= 0;
+        last_exit[b] = x;
+        r->rows++;
+    }
+    free(last_exit);
+    fclose(fp);
+}
+
+// With a trace path set, two greedy steps: the graph path's bits still, and a TSV of
+// every phase of every block; with none, no file; a path that cannot be written is an
+// error when it is set.
+static void check_trace(trio *t, const char *name, int *tok_io) {
+    verr err = { { 0 } };
+    char path[600];
+    snprintf(path, sizeof path, "%s/cuda_persist/trace-%s.tsv", env_or("TESTTMP", "tests/tmp"), name);
+    int V = t->g.m.cfg.vocab_size, L = t->g.m.cfg.n_layers, bad = 0, rc, ng = 0, np = 0, tok = *tok_io;
+    cuda_forward_set_decode_kernel(t->p.cu, 1, 3);
+    rc = cuda_forward_set_persist_trace(t->p.cu, path, &err);
+    for (int j = 0; rc == 0 && j < 2; j++) {
+        rc = greedy_step(&t->g, &t->kg, tok, &ng, &err) || greedy_step(&t->p, &t->kp, tok, &np, &err);
+        bad += rc == 0 && (ng != np || memcmp(t->g.fw.logits, t->p.fw.logits, sizeof(float) * (size_t)V));
+        tok = ng;
+    }
+    trace_read r;
+    read_trace(path, &r);
+    CHECK(rc == 0 && bad == 0 && r.grid == 3 && r.layers == L && r.phases == 5 * L + 2 && r.rows == 3 * r.phases &&
+              r.bad_kind == 0 && r.bad_order == 0 && r.waited >= 5 * L,
+          NAME("cuda_persist %s: the phase trace: every phase of every block stamped in order, the same bits", name),
+          "rc %d (%s), %d steps differ; grid %d, layers %d, phases %d, %d rows (%d misplaced, %d out of order, %d "
+          "waited) %s", rc, err.msg, bad, r.grid, r.layers, r.phases, r.rows, r.bad_kind, r.bad_order, r.waited,
+          r.why);
+    remove(path);
+    rc = cuda_forward_set_persist_trace(t->p.cu, NULL, &err) || greedy_step(&t->g, &t->kg, tok, &ng, &err) ||
+         greedy_step(&t->p, &t->kp, tok, &np, &err);
+    FILE *fp = fopen(path, "r");
+    CHECK(rc == 0 && !fp && ng == np, NAME("cuda_persist %s: no trace without a path", name), "rc %d (%s), file %s",
+          rc, err.msg, fp ? "written" : "absent");
+    if (fp) fclose(fp);
+    *tok_io = ng;
+    snprintf(path, sizeof path, "%s/no-such-dir/trace.tsv", env_or("TESTTMP", "tests/tmp"));
+    verr e2 = { { 0 } };
+    rc = cuda_forward_set_persist_trace(t->p.cu, path, &e2);
+    CHECK(rc != 0 && strstr(e2.msg, "cannot write") && strstr(e2.msg, "no-such-dir/trace.tsv"),
+          NAME("cuda_persist %s: a trace path that cannot be written is an error when set", name), "rc %d: %s", rc,
+          e2.msg);
+}
+
 static void run_model(const char *dir, const char *name, int grid0, int grid1, const int *prompt, int n_prompt) {
     trio t;
     verr err = { { 0 } };
@@ -228,6 +312,7 @@ static void run_model(const char *dir, const char *name, int grid0, int grid1, c
           y.first_bad);
     CHECK(rc == 0 && y.bad_stats == 0, NAME("cuda_persist %s: capture-layer statistics == the graph path's", name),
           "%d steps differ", y.bad_stats);
+    if (rc == 0) check_trace(&t, name, &tok);  // (before the batch below, which feeds the persistent session alone)
     if (rc == 0) check_fallbacks(&t, name, tok);
     trio_close(&t);
 }

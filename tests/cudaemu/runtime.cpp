@@ -379,6 +379,12 @@ cudaError_t launch_ex(const char *name, const void *func, const launch_attrs &a,
     return stream_enqueue(a.stream, std::move(o));
 }
 
+unsigned long long globaltimer_ns() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
 }  // namespace emu
 
 using namespace emu;

@@ -72,6 +72,28 @@ EOF
 grep -q 'step span 10.0 us, busy 10.0 us (100%), idle inside 0.0 us; nodes overlapped 2.0 us' "$TMP/overlap.txt"
 ok trace_report_overlapping_nodes $? "$(cat "$TMP/overlap.txt")"
 
+# ---- the persistent kernel's phase trace (tools/persist_trace.py) on a planted one ------------------
+# grid 2, one layer; qkv: blocks (1000, 3000, 5000) and (900, 2000, 6000): span 5.1 us,
+# waits 2.0 and 1.1 (median 1.55), work 2.0 and 4.0 (3.0); the step 0 to 20 us.
+printf '# varent persist-trace 1: grid 2, layers 1, phases 7\nphase\tlayer\tkind\tblock\tentry_ns\twait_ns\texit_ns\n' >"$TMP/ptrace.tsv"
+printf '%s\n' "0 -1 embed 0 0 -1 1000" "0 -1 embed 1 100 -1 900" "1 0 qkv 0 1000 3000 5000" "1 0 qkv 1 900 2000 6000" \
+    "2 0 attention 0 5000 6000 7000" "2 0 attention 1 6000 -1 6500" "3 0 o 0 7000 8000 9000" "3 0 o 1 6500 8000 9500" \
+    "4 0 gate_up 0 9000 10000 12000" "4 0 gate_up 1 9500 10000 11000" "5 0 down 0 12000 13000 14000" \
+    "5 0 down 1 11000 13000 15000" "6 -1 lm_head 0 14000 16000 20000" "6 -1 lm_head 1 15000 16000 18000" |
+    tr ' ' '\t' >>"$TMP/ptrace.tsv"
+out=$("$PY" tools/persist_trace.py "$TMP/ptrace.tsv" 2>&1)
+rc=$?
+norm=$(tr -s ' ' <<<"$out")
+[ $rc -eq 0 ] && [[ $norm == *"grid 2, 1 layers, step 20.0 us"* ]] && [[ $norm == *$'\nqkv 1 5.10 5.10 25.5% 1.55 3.00'* ]] &&
+    [[ $norm == *$'\nattention 1 2.00 2.00 10.0% 1.00 1.00'* ]] && [[ $norm == *$'\nembed 1 1.00 1.00 5.0% - -'* ]] &&
+    [[ $norm == *$'\nlm_head 1 6.00 6.00 30.0% 1.50 3.00'* ]]
+ok persist_trace_report_planted $? "rc $rc: $out"
+printf '# varent persist-trace 1: grid 2, layers 1, phases 7\nphase\tlayer\tkind\tblock\tentry_ns\twait_ns\texit_ns\n1\t0\tqkv\t0\t5\tx\t9\n' >"$TMP/ptrace-bad.tsv"
+out=$("$PY" tools/persist_trace.py "$TMP/ptrace-bad.tsv" 2>&1)
+rc=$?
+[ $rc -eq 1 ] && [[ $out == *"ptrace-bad.tsv:3: a field is not a number"* ]]
+ok persist_trace_report_bad_row $? "rc $rc: $out"
+
 # ---- the tracer library ----------------------------------------------------------------------
 if [ ! -x "$EMU/varent" ] || [ ! -f "$EMU/tools/libvarent_trace.so" ] || [ ! -x "$EMU/tests/test_cudaemu_checks" ]; then
     echo "FAIL gpu_window_builds: $EMU/varent, $EMU/tools/libvarent_trace.so or $EMU/tests/test_cudaemu_checks missing (make emu)"
@@ -146,6 +168,11 @@ done
 grep -Eq '^  PASS persist_stress: .*llama3-tiny-bf16, 8 of 8 greedy steps, logits differing from the graph path at 0 steps.* 8 persistent steps' "$S" &&
     grep -A3 '^stage stress' "$S" | grep -q 'compute-sanitizer: skipped'
 ok gpu_window_stress_persistent_against_graph $? "$(grep -A3 '^stage stress' "$S")"
+
+# The trace stage's persistent phase trace: the report of one traced step of llama3-tiny.
+grep -A3 '^stage trace' "$S" >/dev/null && grep -Eq '^  persist trace .*persist-trace.tsv: grid 4, 2 layers, step [0-9.]+ us' "$S" &&
+    grep -Eq '^  qkv +2 +[0-9.]+ ' "$S" && grep -Eq '^  lm_head +1 +[0-9.]+ ' "$S"
+ok gpu_window_persist_phase_trace $? "$(grep -A10 '^  persist trace' "$S")"
 
 # The A/B: both builds in every round, interleaved, and their ratio.
 n_cur=$(awk '$2 == "current" && $4 + 0 > 0' "$TMP/out/ab.tsv" 2>/dev/null | wc -l)

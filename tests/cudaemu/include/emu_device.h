@@ -110,6 +110,9 @@ extern thread_local unsigned long progress;
 void cp_async(void *dst, const void *src, size_t bytes, const char *file, int line);
 void cp_async_wait_all(const char *file, int line);
 
+// %globaltimer: nanoseconds of the host's monotonic clock (tests/cudaemu/runtime.cpp).
+unsigned long long globaltimer_ns();
+
 template <typename... P>
 struct closure {
     void (*k)(P...);

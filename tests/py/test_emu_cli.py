@@ -311,23 +311,30 @@ def test_armed_draws(model):
               f"rc {loop[0]}, same text {loop[1] == on[1]}: {loop[3]}")
 
 
-def test_persistent(model):
+def test_persistent(model, tmp):
     """--decode-kernel persistent from the CLI: greedy stories260K gives the graph path's
     text, --stats reports the steps, the weight ring (as large as fits, or none with
     VARENT_CUDA_PERSIST_RING=0, the same text) and the staged inputs (none with
     VARENT_CUDA_PERSIST_STAGE=0, the same text; the ring for a warp's first unit only with
     VARENT_CUDA_PERSIST_AHEAD=0, the same text); the 4-blocks-an-SM instance with a pause
-    between counter polls gives it too; a bad VARENT_CUDA_PERSIST_RING, _BLOCKS, _GRID,
-    _STAGE or _AHEAD is an error naming it."""
+    between counter polls gives it too; VARENT_CUDA_PERSIST_TRACE gives the same text and
+    writes the last step's phase trace (every phase of the 4 blocks); a bad
+    VARENT_CUDA_PERSIST_RING, _BLOCKS, _GRID, _STAGE or _AHEAD is an error naming it, and
+    a trace path that cannot be written an error naming the path, before any text."""
     import subprocess
     base = ["run", "-m", model, "-p", "Once upon a time", "-n", 24, "--temp", 0, "--device", "cuda", "--stats",
             "--ignore-eos"]
+    trace = os.path.join(tmp, "persist-trace.tsv")
+    if os.path.exists(trace):
+        os.remove(trace)
     out = {}
     runs = (("graph", {}, "graph"), ("ring", {}, "persistent"), ("noring", {"RING": "0"}, "persistent"),
             ("blocks4", {"BLOCKS": "4", "SLEEP": "50"}, "persistent"), ("bad", {"RING": "12kb"}, "persistent"),
             ("bad_blocks", {"BLOCKS": "5"}, "persistent"), ("bad_grid", {"GRID": "+4"}, "persistent"),
             ("nostage", {"STAGE": "0"}, "persistent"), ("bad_stage", {"STAGE": "2"}, "persistent"),
-            ("noahead", {"AHEAD": "0"}, "persistent"), ("bad_ahead", {"AHEAD": "x"}, "persistent"))
+            ("noahead", {"AHEAD": "0"}, "persistent"), ("bad_ahead", {"AHEAD": "x"}, "persistent"),
+            ("trace", {"TRACE": trace}, "persistent"),
+            ("bad_trace", {"TRACE": os.path.join(tmp, "no-such-dir", "t.tsv")}, "persistent"))
     for name, env, kernel in runs:
         e = {k: v for k, v in os.environ.items() if not k.startswith("VARENT_CUDA_PERSIST_")}
         e["VARENT_CUDA_PERSIST_GRID"] = "4"  # (bad_grid sets its own)
@@ -346,7 +353,8 @@ def test_persistent(model):
     for key, name, stats in (("nostage", "emu_persistent_text_equal_graph_without_staging", lambda s: s[2] == 0),
                              ("noahead", "emu_persistent_text_equal_graph_ring_not_ahead", lambda s: s[2] > 0),
                              ("noring", "emu_persistent_text_equal_graph_without_ring", lambda s: s[1] == 0),
-                             ("blocks4", "emu_persistent_4_blocks_with_sleep_text_equal_graph", lambda s: s[1] > 0)):
+                             ("blocks4", "emu_persistent_4_blocks_with_sleep_text_equal_graph", lambda s: s[1] > 0),
+                             ("trace", "emu_persistent_traced_text_equal_graph", lambda s: s[3] == 0)):
         r = out[key]
         ok = r[0] == 0 and r[1] == g[1] and r[2] is not None and r[2][0] >= 20 and stats(r[2])
         check(ok, name, f"rc {r[0]}, same text {r[1] == g[1]}, {r[2]}: {r[3]}")
@@ -361,6 +369,14 @@ def test_persistent(model):
                              "VARENT_CUDA_PERSIST_AHEAD=x: fill the ring a unit ahead (0: no, 1: yes), 0 to 1")):
         r = out[key]
         check(r[0] != 0 and says in r[3] and not r[1], f"emu_persistent_bad_{name}_is_an_error", f"rc {r[0]}: {r[3]}")
+    # the trace: a header for stories260K's 5 layers on 4 blocks, and a row per phase and block
+    rows = open(trace).read().splitlines() if os.path.exists(trace) else []
+    want = 4 * (5 * 5 + 2)
+    ok = rows[:1] == ["# varent persist-trace 1: grid 4, layers 5, phases 27"] and len(rows) == 2 + want
+    check(ok, "emu_persistent_trace_written", f"{len(rows)} lines (want {2 + want}): {rows[:2]}")
+    r = out["bad_trace"]
+    says = "persistent kernel trace: cannot write " + os.path.join(tmp, "no-such-dir", "t.tsv")
+    check(r[0] != 0 and says in r[3] and not r[1], "emu_persistent_bad_trace_is_an_error", f"rc {r[0]}: {r[3]}")
 
 
 def test_nonfinite(model, tmp):
@@ -451,7 +467,7 @@ def main():
     test_step_counts(tmp)
     test_stories(model)
     test_armed_draws(model)
-    test_persistent(model)
+    test_persistent(model, tmp)
     if vtest.UNDER_ASAN:
         # make test-asan: the emulated device under ASan took over 10 minutes for one of the
         # agents' runs on the 2-core machine; make test runs these two without ASan

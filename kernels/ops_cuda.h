@@ -34,6 +34,9 @@ typedef struct cuda_ctx {
     int smem_optin;               // opt-in shared memory per block, bytes (read at init)
     int pdl;                      // decode kernels use programmatic dependent launch (sm_90+;
                                   // VARENT_CUDA_PDL=0 turns it off)
+    int mv_deep;                  // one-row matvecs of 2048+ inputs keep 8 chunks a lane in flight,
+                                  // not 4 (the same sums; VARENT_CUDA_MV_DEEP=1; default off
+                                  // until a GPU window times it)
     int att_split_keys;           // decode attention: keys per live split (-1: one key tile;
                                   // 0: every split of the capacity); VARENT_CUDA_ATT_SPLIT_KEYS
     cudaStream_t stream;          // every op runs on this stream
@@ -49,6 +52,7 @@ typedef struct cuda_ctx {
     // Work counters, for `varent bench`'s decode-step line (never reset; callers diff).
     long n_launches;              // kernels and cuBLAS calls queued (or captured) on stream
     long n_syncs;                 // host waits on stream
+    long n_mv_deep;               // of n_launches: matvecs on the deep kernel (mv_deep)
 } cuda_ctx;
 
 // ---- device helpers (kernels/cuda/device.cu) ---------------------------------------

@@ -50,8 +50,8 @@
 #      baseline binary; default the bundle's), GUARD_TESTS (the guard's programs), WEIGHTS (/tmp/weights), PYTHON,
 #      PLANT_HANG=STAGE (the stage sleeps first: the deadline's own test), AB_VARIANTS
 #      ("LABEL ENV=V... --flag V...;...": the current build again with each, per model;
-#      on hardware the persistent kernel and three of its switches, the weight ring off,
-#      4 blocks an SM and a pause between counter polls, unless set), STREAMS_MODEL,
+#      on hardware the persistent kernel and its switches (docs/cuda.md), and the graph
+#      path's deep matvec, unless set), STREAMS_MODEL,
 #      STREAMS, STREAMS_N, STREAMS_ONE, STREAMS_CTX (the streams stage), STRESS_MODEL,
 #      STRESS_STEPS, STRESS_GRID (the persistent kernel's blocks; 0: all the device
 #      holds, the default on hardware), SAN_MODEL, SAN_STEPS (the stress stage).
@@ -118,6 +118,9 @@ else
     pk_ab+=";persistent-noring VARENT_CUDA_PERSIST_RING=0 --decode-kernel persistent"
     pk_ab+=";persistent-4blocks VARENT_CUDA_PERSIST_BLOCKS=4 --decode-kernel persistent"
     pk_ab+=";persistent-sleep VARENT_CUDA_PERSIST_SLEEP=100 --decode-kernel persistent"
+    # the graph path's one-row matvecs of 2048+ inputs with 8 chunks a lane in flight (off
+    # by default until this times it)
+    pk_ab+=";deep-matvec VARENT_CUDA_MV_DEEP=1"
     export AB_VARIANTS=${AB_VARIANTS-$pk_ab}
     export STREAMS_MODEL=${STREAMS_MODEL:-llama-3.2-1b} STREAMS=${STREAMS:-32} STREAMS_N=${STREAMS_N:-128} STREAMS_ONE=${STREAMS_ONE:-4}
     export STRESS_MODEL=${STRESS_MODEL:-llama-3.2-1b} STRESS_STEPS=${STRESS_STEPS:-4096} STRESS_GRID=${STRESS_GRID:-0}

@@ -47,6 +47,8 @@ extern "C" int cuda_init(cuda_ctx *ctx, int device, verr *err) {
     INIT_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     const char *pdl = getenv("VARENT_CUDA_PDL");
     ctx->pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));  // programmatic dependent launch: sm_90
+    const char *deep = getenv("VARENT_CUDA_MV_DEEP");
+    ctx->mv_deep = deep && !strcmp(deep, "1");
     const char *ask = getenv("VARENT_CUDA_ATT_SPLIT_KEYS");
     ctx->att_split_keys = ask && *ask ? atoi(ask) : -1;
 #undef INIT_CHECK

@@ -36,6 +36,18 @@ __global__ void matvec_vec_kernel(mv_rows p, const void *w, int n_in, int n_out,
     mv_vec_row<WT, R, F>(p, w, n_in, n_out, row, pdl_waiter{true});
 }
 
+// One row (R = 1) with 8 chunks a lane in flight instead of 4 (ctx->mv_deep, for rows of
+// 2048 elements or more; the same sums, matvec.cuh): twice the bytes in flight a warp,
+// for the long rows (down projections) whose warps an SM holds too few of to cover the
+// memory's latency at 4. grid cdiv(n_out, MV_WARPS), block 32*MV_WARPS
+template <int WT, int F>
+__global__ void matvec_deep_kernel(mv_rows p, const void *w, int n_in, int n_out) {
+    pdl_trigger();
+    int row = blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (row >= n_out) return;  // whole warp exits together
+    mv_vec_row<WT, 1, F, pdl_waiter, mv_noring, 8>(p, w, n_in, n_out, row, pdl_waiter{true});
+}
+
 // grid (passes * cdiv(n_out, 4*MV_WARPS)), block 32*MV_WARPS
 template <int WT, int R, int F>
 __global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out, int passes) {
@@ -63,6 +75,10 @@ __global__ void matvec_scalar_kernel(mv_rows p, const void *w, int wt, int n_in,
 }
 
 
+// Whether a one-row vector matvec takes the deep kernel: asked for (ctx->mv_deep) and a
+// row of at least 8 chunks a lane (2048 elements), where 8 in flight differ from 4.
+static bool mv_deep(const cuda_ctx *ctx, int n_in) { return ctx->mv_deep && n_in >= 32 * 8 * 8; }
+
 template <int R, int F>
 static cudaError_t mv_launch_f(cuda_ctx *ctx, int kind, const mv_rows &p, wref w, int n_in, int n_out) {
     int ps = (p.B + R - 1) / R;
@@ -71,6 +87,12 @@ static cudaError_t mv_launch_f(cuda_ctx *ctx, int kind, const mv_rows &p, wref w
         if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_BF16, R, F>), grid4, block, 0, p, w.data, n_in, n_out, ps);
         if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F16, R, F>), grid4, block, 0, p, w.data, n_in, n_out, ps);
         return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F32, R, F>), grid4, block, 0, p, w.data, n_in, n_out, ps);
+    }
+    if (R == 1 && mv_deep(ctx, n_in)) {
+        ctx->n_mv_deep++;
+        if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_deep_kernel<WT_BF16, F>), grid, block, 0, p, w.data, n_in, n_out);
+        if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_deep_kernel<WT_F16, F>), grid, block, 0, p, w.data, n_in, n_out);
+        return LAUNCH_PDL(ctx, (matvec_deep_kernel<WT_F32, F>), grid, block, 0, p, w.data, n_in, n_out);
     }
     if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_BF16, R, F>), grid, block, 0, p, w.data, n_in, n_out, ps);
     if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec_kernel<WT_F16, R, F>), grid, block, 0, p, w.data, n_in, n_out, ps);
@@ -118,7 +140,8 @@ extern "C" int cuda_matvec_rows_fused(cuda_ctx *ctx, float *out, const float *x,
                      : B <= 4 ? mv_launch<4>(ctx, kind, p, w, n_in, n_out)
                               : mv_launch<8>(ctx, kind, p, w, n_in, n_out);
     CUDA_CHECK_LAUNCH_RC(ctx, kind == MV_SCALAR ? "matvec_scalar_kernel"
-                              : kind == MV_VEC4 ? "matvec_vec4_kernel" : "matvec_vec_kernel", rc);
+                              : kind == MV_VEC4 ? "matvec_vec4_kernel"
+                              : B == 1 && mv_deep(ctx, n_in) ? "matvec_deep_kernel" : "matvec_vec_kernel", rc);
     return 0;
 }
 

@@ -233,15 +233,19 @@ __device__ __forceinline__ void mv_chunk(const mv_rows &p, const uint4 raw[2], c
 
 // Vector path: n_in % 8 == 0, w and x 16-byte aligned. R rows share each weight load;
 // every row's sums are in the order of the R == 1 kernel, so results do not depend on R.
-// Each lane loads MV_INFLIGHT chunks (i, i+32, ...) before it uses any; chunks alternate
-// between two accumulators. A lane's last 1-3 chunks are loaded together too, so a short
-// row (n_in < 32 * 8 * MV_INFLIGHT, all of SmolLM2's) has every chunk in flight before
-// any arithmetic. The first loads go out before wait() (the kernel ahead, in a PDL
-// launch; the producing phase, in the persistent kernel), the activations are read
-// after it. One output row of a warp (lane 0 stores).
-template <int WT, int R, int F, typename Wait, typename Ring = mv_noring>
+// Each lane loads IF chunks (i, i+32, ...; MV_INFLIGHT = 4, or 8 in the graph path's deep
+// kernel) before it uses any; chunks alternate between two accumulators. A lane's last
+// 1 to IF-1 chunks are loaded together too, so a short row (n_in < 32 * 8 * IF; all of
+// SmolLM2's at 4) has every chunk in flight before any arithmetic. The sums do not depend
+// on IF: chunk m of a lane goes to accumulator m & 1 within whole groups of four and to
+// accumulator 0 in the lane's last 0-3, in order, for IF = 4 and 8 alike. The first loads
+// go out before wait() (the kernel ahead, in a PDL launch; the producing phase, in the
+// persistent kernel), the activations are read after it. One output row of a warp (lane
+// 0 stores).
+template <int WT, int R, int F, typename Wait, typename Ring = mv_noring, int IF = MV_INFLIGHT>
 __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int n_in, int n_out, int row,
                                            const Wait &wait, const Ring &ring = Ring()) {
+    static_assert(IF == 4 || IF == 8, "the accumulators' order is defined for groups of 4 and 8");
     int lane = k_tid() & 31;
     int nv = n_in / 8;         // 8-element chunks per row
     size_t rbase = (size_t)row * nv;
@@ -256,42 +260,48 @@ __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int 
     }
     int n = ring_fill<WT>(ring, w, &rbase, 1, nv);  // chunks [0, n) come from the ring
     int i = lane;
-    uint4 raw[MV_INFLIGHT][2];
+    uint4 raw[IF][2];
     ring_clear<Ring>(raw);
-    bool full = i + 32 * (MV_INFLIGHT - 1) < nv;
+    bool full = i + 32 * (IF - 1) < nv;
     if (full) {
 #pragma unroll
-        for (int c = 0; c < MV_INFLIGHT; c++)
+        for (int c = 0; c < IF; c++)
             if (!ring_has(ring, n, i + 32 * c)) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
-    } else {  // the lane's 0-3 chunks, all in flight
+    } else {  // the lane's last chunks, all in flight
 #pragma unroll
-        for (int c = 0; c < MV_INFLIGHT - 1; c++)
+        for (int c = 0; c < IF - 1; c++)
             if (i + 32 * c < nv && !ring_has(ring, n, i + 32 * c)) ld_w8<WT>(w, rbase + i + 32 * c, raw[c]);
     }
     wait();
     if (n > 0) {
         ring_land(ring);
 #pragma unroll
-        for (int c = 0; c < MV_INFLIGHT; c++)
+        for (int c = 0; c < IF; c++)
             if (ring_has(ring, n, i + 32 * c)) raw[c][0] = ring_get(ring, i + 32 * c);
     }
     while (full) {
 #pragma unroll
-        for (int c = 0; c < MV_INFLIGHT; c++) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
-        i += 32 * MV_INFLIGHT;
-        full = i + 32 * (MV_INFLIGHT - 1) < nv;
+        for (int c = 0; c < IF; c++) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
+        i += 32 * IF;
+        full = i + 32 * (IF - 1) < nv;
         if (full) {
 #pragma unroll
-            for (int c = 0; c < MV_INFLIGHT; c++) mv_ld<WT>(ring, n, 0, w, rbase + i + 32 * c, i + 32 * c, raw[c]);
+            for (int c = 0; c < IF; c++) mv_ld<WT>(ring, n, 0, w, rbase + i + 32 * c, i + 32 * c, raw[c]);
         } else {
 #pragma unroll
-            for (int c = 0; c < MV_INFLIGHT - 1; c++)
+            for (int c = 0; c < IF - 1; c++)
                 if (i + 32 * c < nv) mv_ld<WT>(ring, n, 0, w, rbase + i + 32 * c, i + 32 * c, raw[c]);
         }
     }
+    // The lane's last chunks: a whole group of four among them alternates as above
+    // (IF = 8 only; at 4 there are at most 3), the rest go to accumulator 0.
+    bool four = IF > 4 && i + 32 * 3 < nv;
 #pragma unroll
-    for (int c = 0; c < MV_INFLIGHT - 1; c++)  // the last 0-3 chunks of the lane
-        if (i + 32 * c < nv) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[0], ss);
+    for (int c = 0; c < IF - 1; c++) {
+        if (i + 32 * c >= nv) continue;
+        if (c < 4 && (c & 1) && four) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[1], ss);
+        else mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[0], ss);
+    }
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float acc_r = __fmul_rn(warp_sum(acc[0][r] + acc[1][r]), mv_inv_from_ss<F>(p, ss[r], n_in));

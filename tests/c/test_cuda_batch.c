@@ -1,6 +1,7 @@
 // test_cuda_batch.c: the batched-decode CUDA ops (B sequences of one token each) against
 // their CPU twins, and each row against the B == 1 op on that row alone, bit for bit:
-// cuda_matvec_rows (planar-by-segment output; B up to 19, passes of 8 in one launch), cuda_matvec_glu_rows, cuda_kv_store_rows and
+// cuda_matvec_rows (planar-by-segment output; B up to 19, passes of 8 in one launch; the
+// deep one-row kernel against the 4-deep one), cuda_matvec_glu_rows, cuda_kv_store_rows and
 // cuda_attention_decode_rows. Same conventions as test_cuda_kernels.c: fixed-seed
 // random inputs, outputs poisoned with NaN first, |gpu - ref| <= tol + |ref| * eps.
 // Usage: test_cuda_batch    (SKIP without a device)
@@ -257,6 +258,55 @@ static void test_fused_rows(void) {
     CHECK(cuda_matvec_rows_fused(&C, d, d, w, 8, 4, 1, 2, 4, &add) != 0 && strstr(C.err.msg, "plain layout"),
           "cuda_matvec_rows_fused refuses a residual add into a split layout", "%s", C.err.msg);
     cuda_free(d);
+}
+
+// ---- the deep one-row matvec (C.mv_deep) -----------------------------------------------------
+// 8 chunks a lane in flight instead of 4: the same bits (the sums' order does not depend
+// on it, matvec.cuh), within tolerance of the CPU, on rows whose lanes end in a whole
+// group of 8, in 8 plus a group of 4 and a rest, and in counts that differ by lane.
+static void deep_case(wtype t, int n_in, int n_out, int norm, int add, int want_deep) {
+    size_t nw = (size_t)n_out * n_in;
+    void *raw = wmake(t, nw, 1.f / sqrtf((float)n_in));
+    float *x = fvec((size_t)n_in, 1.f), *g = fvec((size_t)n_in, 1.f), *base = fvec((size_t)n_out, 1.f);
+    float *xn = malloc((size_t)n_in * 4), *ref = malloc((size_t)n_out * 4);
+    void *dw = dup_up(raw, nw * wtype_size(t));
+    float *dx = dup_up(x, (size_t)n_in * 4), *dg = dup_up(g, (size_t)n_in * 4), *dout = dalloc((size_t)n_out * 4);
+    wref w = {dw, t};
+    cuda_mv_fuse fz = {norm ? dg : NULL, 1e-5f, add, NULL, NULL};
+    if (norm) cpu_rmsnorm(xn, x, (wref){g, WT_F32}, 1, n_in, 1e-5f);
+    else memcpy(xn, x, (size_t)n_in * 4);
+    cpu_matmul(ref, xn, (wref){raw, t}, 1, n_in, n_out);
+    for (int i = 0; add && i < n_out; i++) ref[i] += base[i];
+    float *got[2];
+    long deep0 = C.n_mv_deep;
+    for (int d = 0; d < 2; d++) {
+        C.mv_deep = d;
+        OK(cuda_upload(&C, dout, base, (size_t)n_out * 4));
+        OK(cuda_matvec_rows_fused(&C, dout, dx, w, n_in, n_out, 1, n_out, n_out, &fz));
+        got[d] = fdown(dout, (size_t)n_out);
+    }
+    C.mv_deep = 0;
+    char tag[128];
+    snprintf(tag, sizeof tag, "%s n_in=%d n_out=%d%s%s", wtype_name(t), n_in, n_out, norm ? " norm" : "",
+             add ? " add" : "");
+    CHECK(C.n_mv_deep == deep0 + want_deep,
+          NAME("cuda matvec deep kernel %s %s", want_deep ? "taken" : "not taken (under 2048 inputs)", tag),
+          "%ld deep launches", C.n_mv_deep - deep0);
+    cmp(NAME("cuda matvec deep vs cpu %s", tag), got[1], ref, n_out, 1e-4f, 1e-3f);
+    CHECK(!memcmp(got[0], got[1], (size_t)n_out * 4), NAME("cuda matvec deep bit-identical to 4 in flight %s", tag),
+          "a row differs");
+    free(got[0]); free(got[1]);
+    free(raw); free(x); free(g); free(base); free(xn); free(ref);
+    cuda_free(dw); cuda_free(dx); cuda_free(dg); cuda_free(dout);
+}
+
+static void test_deep_rows(void) {
+    // chunks a lane: 8 (one group); 13 (8, then 4 alternating and 1); 8 or 9 by lane;
+    // 31 or 32 by lane (three groups, then 7 or 8)
+    int n_ins[] = {2048, 3328, 2104, 8192 - 8};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 4; i++) deep_case(TYPES[k], n_ins[i], 37, i & 1, i >= 2, 1);
+    deep_case(WT_BF16, 2040, 37, 0, 0, 0);  // short of 8 chunks a lane: the 4-deep kernel
 }
 
 // ---- cuda_matvec_glu_rows -------------------------------------------------------------------
@@ -612,6 +662,7 @@ int main(void) {
     }
     test_matvec_rows();
     test_fused_rows();
+    test_deep_rows();
     test_rope_kv_rows();
     test_glu_rows();
     test_kv_store_rows();

@@ -638,17 +638,19 @@ static void test_argmax_epilogue(void) {
 
 // ---- bench -------------------------------------------------------------------------------------
 static void bench(void) {
-    struct { const char *name; int n_in, n_out; } sh[] = {
-        {"wq/wo 2048x2048", 2048, 2048}, {"wk/wv 512x2048", 2048, 512}, {"gate/up 8192x2048", 2048, 8192},
-        {"down 2048x8192", 8192, 2048}, {"lm_head 128256x2048", 2048, 128256}};
+    struct { const char *name; int n_in, n_out, deep; } sh[] = {  // deep: C.mv_deep (not in the sums)
+        {"wq/wo 2048x2048", 2048, 2048, 0}, {"wk/wv 512x2048", 2048, 512, 0}, {"gate/up 8192x2048", 2048, 8192, 0},
+        {"down 2048x8192", 8192, 2048, 0}, {"lm_head 128256x2048", 2048, 128256, 0},
+        {"wq/wo 2048x2048 deep", 2048, 2048, 1}, {"down 2048x8192 deep", 8192, 2048, 1}};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, C.device) == cudaSuccess) printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     double layer_us = 0, head_us = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 7; i++) {
         size_t nw = (size_t)sh[i].n_in * sh[i].n_out;
+        C.mv_deep = sh[i].deep;
         void *raw = wmake(WT_BF16, nw, 0.02f);
         void *dw = dup_up(raw, nw * 2);
         float *x = fvec(sh[i].n_in, 1.f), *dx = dup_up(x, sh[i].n_in * 4), *dout = dalloc(sh[i].n_out * 4);
@@ -667,9 +669,10 @@ static void bench(void) {
         else if (i == 1) layer_us += 2 * us;
         else if (i == 2) layer_us += 2 * us;
         else if (i == 3) layer_us += us;
-        else head_us = us;
+        else if (i == 4) head_us = us;
         free(raw); free(x); cuda_free(dw); cuda_free(dx); cuda_free(dout);
     }
+    C.mv_deep = 0;
     printf("BENCH llama-3.2-1b matvecs per token: 16 layers x %.1f us + lm_head %.1f us = %.1f us\n",
            layer_us, head_us, 16 * layer_us + head_us);
     {  // batched decode: B rows per weight pass (gate/up shape); weight bytes once per 8 rows

@@ -59,10 +59,11 @@ PRESETS = {
                              num_attention_heads=2, num_key_value_heads=1, head_dim=128, vocab_size=1003,
                              rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=512,
                              rope_scaling=None, tie_word_embeddings=True, bos=1000, eos=1001),
-    # rows longer than the matvec's 128 chunks a round (down: 1096 inputs) and a vocabulary
-    # over 32 rows an SM (the four-rows-a-warp lm_head): the persistent kernel's weight
-    # ring feeding whole and partial rows, in every matvec's loop (tests/c/test_cuda_persist.c)
-    "llama-wide-tiny": dict(arch="llama", hidden_size=320, intermediate_size=1096, num_hidden_layers=2,
+    # rows longer than the matvec's 128 chunks a round (down: 3080 inputs, 385 chunks: 12
+    # or 13 a lane, past the deep matvec's 8) and a vocabulary over 32 rows an SM (the
+    # four-rows-a-warp lm_head): the persistent kernel's weight ring feeding whole and
+    # partial rows, in every matvec's loop, and its deep units (tests/c/test_cuda_persist.c)
+    "llama-wide-tiny": dict(arch="llama", hidden_size=320, intermediate_size=3080, num_hidden_layers=2,
                             num_attention_heads=5, num_key_value_heads=1, head_dim=64, vocab_size=4400,
                             rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
                             rope_scaling=None, tie_word_embeddings=True, bos=1, eos=2),

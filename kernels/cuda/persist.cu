@@ -57,6 +57,9 @@ struct pk_args {
                                    // start of the dynamic shared memory, over the attention's
     unsigned sleep_ns;             // a counter wait's pause between polls (0: none)
     int ahead;                     // a staged phase fills the ring a unit ahead (pk_staged)
+    int deep;                      // staged one-row units of 2048+ inputs keep 8 chunks a lane in
+                                   // flight (ctx->mv_deep, as the graph path's deep matvec; the
+                                   // same bits; the unstaged units stay at 4, for registers)
 };
 
 // The dynamic shared memory: the attention's, or a phase's staged input, from the
@@ -198,6 +201,9 @@ struct pk_staged_f {
 // Whether this block has none of a phase's units (a warp's each, in turn over the grid).
 __device__ inline bool pk_idle(int units) { return (int)k_bid() * MV_WARPS >= units; }
 
+// Whether a one-row unit of n_in inputs keeps 8 chunks a lane in flight (a.deep).
+__device__ inline bool pk_deep(const pk_args &a, int n_in) { return a.deep && n_in >= 32 * 8 * 8; }
+
 // Whether a phase of this kernel and input length stages its input (a block's wait).
 __device__ inline bool pk_stages(const pk_args &a, int kind, int n_in) {
     return kind != MV_SCALAR && n_in <= a.xs_cap;
@@ -309,6 +315,7 @@ struct pk_rows_unit {
     __device__ __forceinline__ unsigned long long run(int u, const mv_ring_ready &r) const {
         int row0 = u * ROWS;
         if (ROWS == 4) mv_vec4_rows<WT, 1, F>(m, w, n_in, n_out, row0, no_wait(), r);
+        else if (pk_deep(*a, n_in)) mv_vec_row<WT, 1, F, no_wait, mv_ring_ready, 8>(m, w, n_in, n_out, row0, no_wait(), r);
         else mv_vec_row<WT, 1, F>(m, w, n_in, n_out, row0, no_wait(), r);
         if ((k_tid() & 31) == 0) pk_release_rows(*a, rel, groups, row0, ROWS, n_out);
         return 0;
@@ -722,6 +729,7 @@ extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p,
     a.ring_cap = fit->ring / 16 / MV_WARPS;
     a.xs_cap = fit->stage;
     a.ahead = p->ahead != 0;
+    a.deep = ctx->mv_deep != 0;
     a.sleep_ns = p->sleep_ns > 0 ? (unsigned)p->sleep_ns : 0u;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;

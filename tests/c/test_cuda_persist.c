@@ -12,7 +12,8 @@
 //     and takes no extra host wait;
 //   - the grid changes half-way (and is 1 block for one model), and the weight ring
 //     shrinks from as large as fits (whole rows) to 8 chunks a warp (rows partly from
-//     it); in each half, the phases' inputs are staged in shared memory a block at a
+//     it), and the staged one-row units of 2048+ inputs go 8 chunks a lane deep
+//     (llama-wide-tiny's down rows: the graph session stays at 4, the same bits); in each half, the phases' inputs are staged in shared memory a block at a
 //     time (the ring filled a unit ahead, and in the second half also for a warp's
 //     first unit only), then read through L2 by every warp: the bits do not move;
 //   - with a capture layer the device statistics equal the graph path's;
@@ -280,6 +281,8 @@ static void run_model(const char *dir, const char *name, int grid0, int grid1, c
         if (j == STEPS / 2) {  // a new grid, a ring of 8 chunks a warp (most rows partly from it), staged again
             stage1 = c.persist_stage;
             ring0 = c.persist_ring;
+            // and deep one-row units (8 chunks a lane in flight: llama-wide-tiny's down rows)
+            cuda_forward_ctx(t.p.cu)->mv_deep = 1;
             cuda_forward_set_decode_kernel(t.p.cu, 1, grid1);
             cuda_forward_set_persist_ring(t.p.cu, RING_SMALL);
             cuda_forward_set_persist_tuning(t.p.cu, 3, 0, 1, 1);

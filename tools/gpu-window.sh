@@ -191,7 +191,7 @@ share_of() {  # per mille; SHARE_<stage>=N overrides one (a window that needs mo
     local v="SHARE_$1"
     [ -n "${!v:-}" ] && { echo "${!v}"; return; }
     case $1 in
-    facts) echo 60 ;; guard) echo 160 ;; stress) echo 120 ;; ab) echo 200 ;; trace) echo 140 ;; ncu) echo 100 ;;
+    facts) echo 60 ;; guard) echo 160 ;; stress) echo 120 ;; ab) echo 250 ;; trace) echo 140 ;; ncu) echo 100 ;;
     kbench) echo 90 ;; llamacpp) echo 120 ;; streams) echo 80 ;; big) echo 50 ;; *) echo 0 ;;
     esac
 }

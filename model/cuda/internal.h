@@ -40,8 +40,10 @@ typedef struct {
     int ahead;                 // staged phases fill the ring a unit ahead (0: the first unit only)
     cuda_persist_fit fit;      // the last persistent step's blocks, ring and staging (cuda_persist_check's)
     int fit_ok;                // fit holds for the settings (each setter clears it) and the scratch below
-    const void *fit_scratch;   // ctx->scratch and its bytes when fit was checked
+    const void *fit_scratch;   // ctx->scratch and its bytes when fit was checked,
     size_t fit_scratch_bytes;
+    const unsigned *fit_count; // and ctx->att_count and its length (the check requires them)
+    int fit_count_n;
     long checks;               // cuda_persist_check calls (one a setting, not one a step)
     int min_blocks, sleep_ns;  // blocks an SM (3 or 4; 0: 3), and the pause between counter polls
     cuda_persist_layer *d_layers;  // device [n_layers] (NULL until the first persistent step)

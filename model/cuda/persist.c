@@ -138,14 +138,19 @@ static int ready(cuda_forward *d, int cap, int hk, cuda_persist_plan *plan, verr
     if (setup(d, err)) return -1;
     *plan = plan_of(d, cap);
     // the check (an occupancy query, and a shared-memory attribute with the ring) once
-    // for each setting: it depends on nothing a step changes but the scratch
-    if (p->fit_ok && p->fit_scratch == f->ctx.scratch && p->fit_scratch_bytes == f->ctx.scratch_bytes) return 1;
+    // for each setting: it depends on nothing a step changes but the scratch and the
+    // attention's combine counters
+    if (p->fit_ok && p->fit_scratch == f->ctx.scratch && p->fit_scratch_bytes == f->ctx.scratch_bytes &&
+        p->fit_count == f->ctx.att_count && p->fit_count_n == f->ctx.att_count_n)
+        return 1;
     p->fit_ok = 0;
     p->checks++;
     if (cuda_persist_check(&f->ctx, plan, &p->fit)) return fall_back(d, f->ctx.err.msg);
     p->fit_ok = 1;
     p->fit_scratch = f->ctx.scratch;
     p->fit_scratch_bytes = f->ctx.scratch_bytes;
+    p->fit_count = f->ctx.att_count;
+    p->fit_count_n = f->ctx.att_count_n;
     return 1;
 }
 

@@ -48,6 +48,24 @@ __global__ void matvec_deep_kernel(mv_rows p, const void *w, int n_in, int n_out
     mv_vec_row<WT, 1, F, pdl_waiter, mv_noring, 8>(p, w, n_in, n_out, row, pdl_waiter{true});
 }
 
+// The four-row and gate|up kernels for one row with the next chunks in flight while
+// these are summed (ctx->mv_deep, rows of 512 inputs or more; mv4_dots_deep, the same
+// sums). grid cdiv(n_out, 4*MV_WARPS) and cdiv(hid, 2*MV_WARPS), block 32*MV_WARPS
+template <int WT, int F>
+__global__ void matvec_vec4_deep_kernel(mv_rows p, const void *w, int n_in, int n_out) {
+    pdl_trigger();
+    int row0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * 4;
+    if (row0 >= n_out) return;  // whole warp exits together
+    mv_vec4_rows<WT, 1, F, pdl_waiter, mv_noring, 1>(p, w, n_in, n_out, row0, pdl_waiter{true});
+}
+template <int WT, int F>
+__global__ void matvec_glu_deep_kernel(mv_rows p, const void *w, int n_in, int hid) {
+    pdl_trigger();
+    int j0 = (blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * 2;
+    if (j0 >= hid) return;  // whole warp exits together
+    mv_glu_pair<WT, 1, F, pdl_waiter, mv_noring, 1>(p, w, n_in, hid, j0, pdl_waiter{true});
+}
+
 // grid (passes * cdiv(n_out, 4*MV_WARPS)), block 32*MV_WARPS
 template <int WT, int R, int F>
 __global__ void matvec_vec4_kernel(mv_rows p, const void *w, int n_in, int n_out, int passes) {
@@ -76,13 +94,21 @@ __global__ void matvec_scalar_kernel(mv_rows p, const void *w, int wt, int n_in,
 
 
 // Whether a one-row vector matvec takes the deep kernel: asked for (ctx->mv_deep) and a
-// row of at least 8 chunks a lane (2048 elements), where 8 in flight differ from 4.
+// row of at least 8 chunks a lane (2048 elements), where 8 in flight differ from 4; for
+// the four-row and gate|up kernels, at least 2 chunks a lane (512 elements).
 static bool mv_deep(const cuda_ctx *ctx, int n_in) { return ctx->mv_deep && n_in >= 32 * 8 * 8; }
+static bool mv4_deep(const cuda_ctx *ctx, int n_in) { return ctx->mv_deep && n_in >= 32 * 8 * 2; }
 
 template <int R, int F>
 static cudaError_t mv_launch_f(cuda_ctx *ctx, int kind, const mv_rows &p, wref w, int n_in, int n_out) {
     int ps = (p.B + R - 1) / R;
     unsigned block = 32 * MV_WARPS, grid = ps * cdiv_u(n_out, MV_WARPS), grid4 = ps * cdiv_u(n_out, 4 * MV_WARPS);
+    if (kind == MV_VEC4 && R == 1 && mv4_deep(ctx, n_in)) {
+        ctx->n_mv_deep++;
+        if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec4_deep_kernel<WT_BF16, F>), grid4, block, 0, p, w.data, n_in, n_out);
+        if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec4_deep_kernel<WT_F16, F>), grid4, block, 0, p, w.data, n_in, n_out);
+        return LAUNCH_PDL(ctx, (matvec_vec4_deep_kernel<WT_F32, F>), grid4, block, 0, p, w.data, n_in, n_out);
+    }
     if (kind == MV_VEC4) {
         if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_BF16, R, F>), grid4, block, 0, p, w.data, n_in, n_out, ps);
         if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_vec4_kernel<WT_F16, R, F>), grid4, block, 0, p, w.data, n_in, n_out, ps);
@@ -140,7 +166,7 @@ extern "C" int cuda_matvec_rows_fused(cuda_ctx *ctx, float *out, const float *x,
                      : B <= 4 ? mv_launch<4>(ctx, kind, p, w, n_in, n_out)
                               : mv_launch<8>(ctx, kind, p, w, n_in, n_out);
     CUDA_CHECK_LAUNCH_RC(ctx, kind == MV_SCALAR ? "matvec_scalar_kernel"
-                              : kind == MV_VEC4 ? "matvec_vec4_kernel"
+                              : kind == MV_VEC4 ? (B == 1 && mv4_deep(ctx, n_in) ? "matvec_vec4_deep_kernel" : "matvec_vec4_kernel")
                               : B == 1 && mv_deep(ctx, n_in) ? "matvec_deep_kernel" : "matvec_vec_kernel", rc);
     return 0;
 }
@@ -154,6 +180,12 @@ template <int R, int F>
 static cudaError_t glu_launch_f(cuda_ctx *ctx, const mv_rows &p, wref w, int n_in, int hid) {
     int ps = (p.B + R - 1) / R;
     unsigned grid = ps * cdiv_u(hid, 2 * MV_WARPS), block = 32 * MV_WARPS;
+    if (R == 1 && mv4_deep(ctx, n_in)) {
+        ctx->n_mv_deep++;
+        if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_glu_deep_kernel<WT_BF16, F>), grid, block, 0, p, w.data, n_in, hid);
+        if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_glu_deep_kernel<WT_F16, F>), grid, block, 0, p, w.data, n_in, hid);
+        return LAUNCH_PDL(ctx, (matvec_glu_deep_kernel<WT_F32, F>), grid, block, 0, p, w.data, n_in, hid);
+    }
     if (w.type == WT_BF16) return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_BF16, R, F>), grid, block, 0, p, w.data, n_in, hid, ps);
     if (w.type == WT_F16) return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_F16, R, F>), grid, block, 0, p, w.data, n_in, hid, ps);
     return LAUNCH_PDL(ctx, (matvec_glu_kernel<WT_F32, R, F>), grid, block, 0, p, w.data, n_in, hid, ps);
@@ -180,7 +212,7 @@ extern "C" int cuda_matvec_glu_rows(cuda_ctx *ctx, float *out, float *tmp, const
                      : B == 2 ? glu_launch<2>(ctx, p, w, n_in, hid)
                      : B <= 4 ? glu_launch<4>(ctx, p, w, n_in, hid)
                               : glu_launch<8>(ctx, p, w, n_in, hid);
-    CUDA_CHECK_LAUNCH_RC(ctx, "matvec_glu_kernel", rc);
+    CUDA_CHECK_LAUNCH_RC(ctx, B == 1 && mv4_deep(ctx, n_in) ? "matvec_glu_deep_kernel" : "matvec_glu_kernel", rc);
     return 0;
 }
 

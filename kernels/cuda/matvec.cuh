@@ -367,6 +367,78 @@ __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const 
     }
 }
 
+// mv4_dots with the next chunk of each row in flight while this one is summed: 8
+// 16-byte loads a lane instead of 4 (the graph path's deep kernels, ctx->mv_deep). The
+// sums are mv4_dots', in the same order; only the loads go out earlier. No ring.
+template <int WT, int R, int F, typename Wait>
+__device__ __forceinline__ void mv4_dots_deep(const mv_rows &p, const void *w, const size_t rb[4], int n_in,
+                                              float acc[4][R], float ss[R], const Wait &wait) {
+    int lane = k_tid() & 31, nv = n_in / 8;
+    const float4 *x4[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        x4[r] = (const float4 *)mv_x(p, r, n_in);
+        ss[r] = 0.f;
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[q][r] = 0.f;
+    }
+    uint4 cur[4][2], nxt[4][2];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {  // (a lane past the row copies nxt unloaded, and never uses it)
+        cur[q][0] = cur[q][1] = make_uint4(0, 0, 0, 0);
+        nxt[q][0] = nxt[q][1] = make_uint4(0, 0, 0, 0);
+    }
+    if (lane < nv) {  // chunks lane and lane + 32 of every row go out before the wait
+#pragma unroll
+        for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + lane, cur[q]);
+    }
+    if (lane + 32 < nv) {
+#pragma unroll
+        for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + lane + 32, nxt[q]);
+    }
+    wait();
+    for (int i = lane; i < nv; i += 32) {
+        float f[4][8];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            widen_w8<WT>(cur[q], f[q]);
+            cur[q][0] = nxt[q][0];
+            cur[q][1] = nxt[q][1];
+        }
+        if (i + 64 < nv) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + i + 64, nxt[q]);
+        }
+        if (F & MV_NORM) {  // the four rows share chunk i's norm weights: one load
+            float g[8];
+            mv_norm8(p, i, g);
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) f[q][e] *= g[e];
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float4 xa = mv_ldx<F>(x4[r] + 2 * i), xb = mv_ldx<F>(x4[r] + 2 * i + 1);
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[q][r] += dot8(f[q], xa, xb);
+            if (F & MV_NORM) ss[r] = mv_sq8(ss[r], xa, xb);
+        }
+    }
+}
+
+// mv4_dots, or mv4_dots_deep (DEEP: the graph path's, without a ring).
+template <int WT, int R, int F, int DEEP, typename Wait, typename Ring>
+__device__ __forceinline__ void mv4_dots_of(const mv_rows &p, const void *w, const size_t rb[4], int n_in,
+                                            float acc[4][R], float ss[R], const Wait &wait, const Ring &ring) {
+    if constexpr (DEEP) {
+        static_assert(std::is_same<Ring, mv_noring>::value, "the deep dots take no ring");
+        mv4_dots_deep<WT, R, F>(p, w, rb, n_in, acc, ss, wait);
+    } else {
+        mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait, ring);
+    }
+}
+
 // The chunk offsets of the four weight rows of mv_vec4_rows' unit at row0, and of
 // mv_glu_pair's at output j0 (the persistent kernel fills its ring from them too).
 __device__ __forceinline__ void mv_vec4_bases(size_t rb[4], int n_in, int n_out, int row0) {
@@ -383,14 +455,15 @@ __device__ __forceinline__ void mv_glu_bases(size_t rb[4], int n_in, int hid, in
 
 // Four weight rows per warp for tall matrices (gate/up, lm_head): rows row0..row0+3 of a
 // warp. Weight rows past n_out read row n_out-1 (valid memory) and are not written.
-template <int WT, int R, int F, typename Wait, typename Ring = mv_noring>
+// DEEP: the next chunks in flight while these are summed (mv4_dots_deep; the same bits).
+template <int WT, int R, int F, typename Wait, typename Ring = mv_noring, int DEEP = 0>
 __device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, int n_in, int n_out, int row0,
                                              const Wait &wait, const Ring &ring = Ring()) {
     int lane = k_tid() & 31;
     size_t rb[4];
     mv_vec4_bases(rb, n_in, n_out, row0);
     float acc[4][R], ss[R], inv[R];
-    mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait, ring);
+    mv4_dots_of<WT, R, F, DEEP>(p, w, rb, n_in, acc, ss, wait, ring);
 #pragma unroll
     for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss<F>(p, ss[r], n_in);
 #pragma unroll
@@ -406,15 +479,16 @@ __device__ __forceinline__ void mv_vec4_rows(const mv_rows &p, const void *w, in
 // A warp takes outputs j0, j0+1 and their four weight rows {j, j+1, hid+j, hid+j+1}
 // and writes silu(gate) * up, [B, hid]. The dots are mv4_dots' and the product
 // swiglu_kernel's: the same bits as the four-rows-per-warp matvec and swiglu_kernel
-// in two launches. Rows past hid read row hid-1 and are not written.
-template <int WT, int R, int F, typename Wait, typename Ring = mv_noring>
+// in two launches. Rows past hid read row hid-1 and are not written. DEEP: as
+// mv_vec4_rows'.
+template <int WT, int R, int F, typename Wait, typename Ring = mv_noring, int DEEP = 0>
 __device__ __forceinline__ void mv_glu_pair(const mv_rows &p, const void *w, int n_in, int hid, int j0,
                                             const Wait &wait, const Ring &ring = Ring()) {
     int lane = k_tid() & 31;
     size_t rb[4];
     mv_glu_bases(rb, n_in, hid, j0);
     float acc[4][R], ss[R], inv[R];
-    mv4_dots<WT, R, F>(p, w, rb, n_in, acc, ss, wait, ring);
+    mv4_dots_of<WT, R, F, DEEP>(p, w, rb, n_in, acc, ss, wait, ring);
 #pragma unroll
     for (int r = 0; r < R; r++) inv[r] = mv_inv_from_ss<F>(p, ss[r], n_in);
 #pragma unroll

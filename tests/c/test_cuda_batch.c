@@ -300,6 +300,47 @@ static void deep_case(wtype t, int n_in, int n_out, int norm, int add, int want_
     cuda_free(dw); cuda_free(dx); cuda_free(dg); cuda_free(dout);
 }
 
+// The four-row (tall) and gate|up kernels with the next chunks in flight: the same bits
+// as without, within tolerance of the CPU, counted as deep launches; rows of 2 to 5
+// chunks a lane, some lanes one more than others.
+static void deep4_case(wtype t, int n_in, int glu) {
+    int n_out = glu ? 2 * 37 : 4 * 4 * 2 * (C.n_sm > 0 ? C.n_sm : 1) + 13, hid = n_out / 2;
+    int n_y = glu ? hid : n_out;
+    size_t nw = (size_t)n_out * n_in;
+    void *raw = wmake(t, nw, 1.f / sqrtf((float)n_in));
+    float *x = fvec((size_t)n_in, 1.f), *g = fvec((size_t)n_in, 1.f), *xn = malloc((size_t)n_in * 4);
+    float *mm = malloc((size_t)n_out * 4), *ref = malloc((size_t)n_y * 4);
+    void *dw = dup_up(raw, nw * wtype_size(t));
+    float *dx = dup_up(x, (size_t)n_in * 4), *dg = dup_up(g, (size_t)n_in * 4), *dout = dalloc((size_t)n_out * 4);
+    float *dtmp = dalloc((size_t)n_out * 4);
+    wref w = {dw, t};
+    cuda_mv_fuse fz = {dg, 1e-5f, 0, NULL, NULL};  // a folded norm, as gate|up and the lm_head have
+    cpu_rmsnorm(xn, x, (wref){g, WT_F32}, 1, n_in, 1e-5f);
+    cpu_matmul(mm, xn, (wref){raw, t}, 1, n_in, n_out);
+    if (glu) cpu_swiglu(ref, mm, mm + hid, (size_t)hid);
+    else memcpy(ref, mm, (size_t)n_out * 4);
+    float *got[2];
+    long deep0 = C.n_mv_deep;
+    for (int d = 0; d < 2; d++) {
+        C.mv_deep = d;
+        OK(cuda_memset(&C, dout, 0xFF, (size_t)n_out * 4));
+        if (glu) OK(cuda_matvec_glu_rows(&C, dout, dtmp, dx, w, n_in, hid, 1, &fz));
+        else OK(cuda_matvec_rows_fused(&C, dout, dx, w, n_in, n_out, 1, n_out, n_out, &fz));
+        got[d] = fdown(dout, (size_t)n_y);
+    }
+    C.mv_deep = 0;
+    char tag[128];
+    snprintf(tag, sizeof tag, "%s %s n_in=%d n_out=%d", glu ? "gate|up" : "four-row", wtype_name(t), n_in, n_out);
+    CHECK(C.n_mv_deep == deep0 + 1, NAME("cuda matvec deep kernel taken %s", tag), "%ld deep launches",
+          C.n_mv_deep - deep0);
+    cmp(NAME("cuda matvec deep vs cpu %s", tag), got[1], ref, n_y, 1e-4f, 1e-3f);
+    CHECK(!memcmp(got[0], got[1], (size_t)n_y * 4), NAME("cuda matvec deep bit-identical to 4 in flight %s", tag),
+          "a row differs");
+    free(got[0]); free(got[1]);
+    free(raw); free(x); free(g); free(xn); free(mm); free(ref);
+    cuda_free(dw); cuda_free(dx); cuda_free(dg); cuda_free(dout); cuda_free(dtmp);
+}
+
 static void test_deep_rows(void) {
     // chunks a lane: 8 (one group); 13 (8, then 4 alternating and 1); 8 or 9 by lane;
     // 31 or 32 by lane (three groups, then 7 or 8)
@@ -307,6 +348,11 @@ static void test_deep_rows(void) {
     for (int k = 0; k < 3; k++)
         for (int i = 0; i < 4; i++) deep_case(TYPES[k], n_ins[i], 37, i & 1, i >= 2, 1);
     deep_case(WT_BF16, 2040, 37, 0, 0, 0);  // short of 8 chunks a lane: the 4-deep kernel
+    for (int k = 0; k < 3; k++) {  // gate|up: 2 or 3 chunks a lane, then 4 or 5
+        deep4_case(TYPES[k], 520, 1);
+        deep4_case(TYPES[k], 1032, 1);
+    }
+    deep4_case(WT_BF16, 1288, 0);  // four rows a warp: 5 or 6 chunks a lane (the tall shape: slow emulated)
 }
 
 // ---- cuda_matvec_glu_rows -------------------------------------------------------------------

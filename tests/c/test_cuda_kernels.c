@@ -641,14 +641,15 @@ static void bench(void) {
     struct { const char *name; int n_in, n_out, deep; } sh[] = {  // deep: C.mv_deep (not in the sums)
         {"wq/wo 2048x2048", 2048, 2048, 0}, {"wk/wv 512x2048", 2048, 512, 0}, {"gate/up 8192x2048", 2048, 8192, 0},
         {"down 2048x8192", 8192, 2048, 0}, {"lm_head 128256x2048", 2048, 128256, 0},
-        {"wq/wo 2048x2048 deep", 2048, 2048, 1}, {"down 2048x8192 deep", 8192, 2048, 1}};
+        {"wq/wo 2048x2048 deep", 2048, 2048, 1}, {"down 2048x8192 deep", 8192, 2048, 1},
+        {"gate/up 8192x2048 deep", 2048, 8192, 1}};
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     struct cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, C.device) == cudaSuccess) printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     double layer_us = 0, head_us = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
         size_t nw = (size_t)sh[i].n_in * sh[i].n_out;
         C.mv_deep = sh[i].deep;
         void *raw = wmake(WT_BF16, nw, 0.02f);

@@ -71,33 +71,18 @@ __device__ __forceinline__ void pdl_trigger() {
 // (lanes, warp ids, ring slices, attention rows) in registers across all its phases,
 // and spill (145 LDL/STL at head_dim 64, 116 at 128). Elsewhere they are the plain
 // reads, and the graph path's code is unchanged.
-static __device__ __forceinline__ unsigned k_tid() {
 #if defined(KERNEL_FRESH_IDS) && defined(__CUDA_ARCH__)
-    unsigned v;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
-    return v;
+#define K_SREG(reg, plain)                          \
+    unsigned v;                                     \
+    asm volatile("mov.u32 %0, %%" reg ";" : "=r"(v)); \
+    return v
 #else
-    return threadIdx.x;
+#define K_SREG(reg, plain) return plain
 #endif
-}
-static __device__ __forceinline__ unsigned k_bid() {
-#if defined(KERNEL_FRESH_IDS) && defined(__CUDA_ARCH__)
-    unsigned v;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
-    return v;
-#else
-    return blockIdx.x;
-#endif
-}
-static __device__ __forceinline__ unsigned k_grid() {
-#if defined(KERNEL_FRESH_IDS) && defined(__CUDA_ARCH__)
-    unsigned v;
-    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(v));
-    return v;
-#else
-    return gridDim.x;
-#endif
-}
+static __device__ __forceinline__ unsigned k_tid() { K_SREG("tid.x", threadIdx.x); }
+static __device__ __forceinline__ unsigned k_bid() { K_SREG("ctaid.x", blockIdx.x); }
+static __device__ __forceinline__ unsigned k_grid() { K_SREG("nctaid.x", gridDim.x); }
+#undef K_SREG
 
 // What a kernel body waits for before it reads activations, called by every thread of
 // its warp (or block) after the loads that may go first: the kernel ahead (pdl_waiter,

@@ -309,6 +309,31 @@ __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int 
     }
 }
 
+// Chunk i of four weight rows (raw, widened here) summed into acc[q][r] against x row r;
+// a folded norm's weights are loaded once for the four rows.
+template <int WT, int R, int F>
+__device__ __forceinline__ void mv4_chunk(const mv_rows &p, const uint4 (&raw)[4][2], const float4 *const x4[R],
+                                          int i, float acc[4][R], float ss[R]) {
+    float f[4][8];
+#pragma unroll
+    for (int q = 0; q < 4; q++) widen_w8<WT>(raw[q], f[q]);
+    if (F & MV_NORM) {
+        float g[8];
+        mv_norm8(p, i, g);
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) f[q][e] *= g[e];
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float4 xa = mv_ldx<F>(x4[r] + 2 * i), xb = mv_ldx<F>(x4[r] + 2 * i + 1);
+#pragma unroll
+        for (int q = 0; q < 4; q++) acc[q][r] += dot8(f[q], xa, xb);
+        if (F & MV_NORM) ss[r] = mv_sq8(ss[r], xa, xb);
+    }
+}
+
 // acc[q][r] = weight row rb[q] (offset in 8-element chunks) . x row r, for four weight
 // rows at once: each lane's x chunk is loaded once for four weight chunks, and four
 // 16-byte weight loads are in flight. The order of the sums is fixed (one accumulator
@@ -342,34 +367,19 @@ __device__ __forceinline__ void mv4_dots(const mv_rows &p, const void *w, const 
         }
     }
     for (int i = lane; i < nv; i += 32) {
-        float f[4][8];
         if (i != lane) {
 #pragma unroll
             for (int q = 0; q < 4; q++) mv_ld<WT>(ring, n, q * n, w, rb[q] + i, i, raw[q]);
         }
-#pragma unroll
-        for (int q = 0; q < 4; q++) widen_w8<WT>(raw[q], f[q]);
-        if (F & MV_NORM) {  // the four rows share chunk i's norm weights: one load
-            float g[8];
-            mv_norm8(p, i, g);
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) f[q][e] *= g[e];
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            float4 xa = mv_ldx<F>(x4[r] + 2 * i), xb = mv_ldx<F>(x4[r] + 2 * i + 1);
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[q][r] += dot8(f[q], xa, xb);
-            if (F & MV_NORM) ss[r] = mv_sq8(ss[r], xa, xb);
-        }
+        mv4_chunk<WT, R, F>(p, raw, x4, i, acc, ss);
     }
 }
 
 // mv4_dots with the next chunk of each row in flight while this one is summed: 8
-// 16-byte loads a lane instead of 4 (the graph path's deep kernels, ctx->mv_deep). The
-// sums are mv4_dots', in the same order; only the loads go out earlier. No ring.
+// 16-byte loads a lane instead of 4 (the graph path's deep kernels, ctx->mv_deep). Two
+// sets of registers take chunks in turn, each reloaded as soon as it is summed (a copy
+// from one set to the other would wait for its load to land, and keep 4 in flight).
+// The sums are mv4_dots', in the same order; only the loads go out earlier. No ring.
 template <int WT, int R, int F, typename Wait>
 __device__ __forceinline__ void mv4_dots_deep(const mv_rows &p, const void *w, const size_t rb[4], int n_in,
                                               float acc[4][R], float ss[R], const Wait &wait) {
@@ -382,47 +392,32 @@ __device__ __forceinline__ void mv4_dots_deep(const mv_rows &p, const void *w, c
 #pragma unroll
         for (int q = 0; q < 4; q++) acc[q][r] = 0.f;
     }
-    uint4 cur[4][2], nxt[4][2];
+    uint4 ra[4][2], rb2[4][2];  // chunks lane, lane + 64, ... and lane + 32, lane + 96, ...
 #pragma unroll
-    for (int q = 0; q < 4; q++) {  // (a lane past the row copies nxt unloaded, and never uses it)
-        cur[q][0] = cur[q][1] = make_uint4(0, 0, 0, 0);
-        nxt[q][0] = nxt[q][1] = make_uint4(0, 0, 0, 0);
+    for (int q = 0; q < 4; q++) {  // (a set past the row is never summed)
+        ra[q][0] = ra[q][1] = make_uint4(0, 0, 0, 0);
+        rb2[q][0] = rb2[q][1] = make_uint4(0, 0, 0, 0);
     }
-    if (lane < nv) {  // chunks lane and lane + 32 of every row go out before the wait
+    if (lane < nv) {  // the first two chunks of every row go out before the wait
 #pragma unroll
-        for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + lane, cur[q]);
+        for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + lane, ra[q]);
     }
     if (lane + 32 < nv) {
 #pragma unroll
-        for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + lane + 32, nxt[q]);
+        for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + lane + 32, rb2[q]);
     }
     wait();
-    for (int i = lane; i < nv; i += 32) {
-        float f[4][8];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            widen_w8<WT>(cur[q], f[q]);
-            cur[q][0] = nxt[q][0];
-            cur[q][1] = nxt[q][1];
-        }
+    for (int i = lane; i < nv; i += 64) {
+        mv4_chunk<WT, R, F>(p, ra, x4, i, acc, ss);
         if (i + 64 < nv) {
 #pragma unroll
-            for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + i + 64, nxt[q]);
+            for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + i + 64, ra[q]);
         }
-        if (F & MV_NORM) {  // the four rows share chunk i's norm weights: one load
-            float g[8];
-            mv_norm8(p, i, g);
+        if (i + 32 >= nv) break;
+        mv4_chunk<WT, R, F>(p, rb2, x4, i + 32, acc, ss);
+        if (i + 96 < nv) {
 #pragma unroll
-            for (int q = 0; q < 4; q++)
-#pragma unroll
-                for (int e = 0; e < 8; e++) f[q][e] *= g[e];
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            float4 xa = mv_ldx<F>(x4[r] + 2 * i), xb = mv_ldx<F>(x4[r] + 2 * i + 1);
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[q][r] += dot8(f[q], xa, xb);
-            if (F & MV_NORM) ss[r] = mv_sq8(ss[r], xa, xb);
+            for (int q = 0; q < 4; q++) ld_w8<WT>(w, rb[q] + i + 96, rb2[q]);
         }
     }
 }

@@ -8,7 +8,8 @@
 // a decode step, not from the L2 as a bench that repeats one matrix does. Each op is
 // timed in a CUDA graph of its calls over every layer (replayed, events around the
 // replays), and so is the whole step; the step against the sum of its ops says what the
-// graph's gaps cost. Include after cuda_harness.h.
+// graph's gaps cost. The matvecs and the step are timed again on the deep kernels
+// (ctx->mv_deep), lines ending "deep". Include after cuda_harness.h.
 #ifndef VARENT_CUDA_DECODE_BENCH_H
 #define VARENT_CUDA_DECODE_BENCH_H
 
@@ -225,6 +226,21 @@ static void db_bench(db_shape s, int keys, int reps, long l2_bytes) {
                    (step - sum) / (s.n_layers * DB_LAYER_OPS + 1));
         }
     }
+    // The matvecs and the whole step again on the deep kernels (ctx->mv_deep: the same
+    // bits, more loads in flight; docs/cuda.md "The deep matvec"), beside the lines above.
+    C.mv_deep = 1;
+    for (int op = 0; op < DB_N; op++) {
+        if (op == DB_ATTN) continue;
+        int calls = 0;
+        double us = db_time(&m, op, reps, &calls), per = us / calls;
+        if (op < DB_STEP)
+            printf("BENCH decode graph %s %-24s %8.2f us/call  %7.1f GB/s  deep\n", s.name, db_names[op], per,
+                   db_bytes(&m, op) / per / 1e3);
+        else
+            printf("BENCH decode graph %s %-24s %8.2f us per step  deep\n", s.name, db_names[op],
+                   us * s.n_layers / m.n_layers);
+    }
+    C.mv_deep = 0;
     db_close(&m);
 }
 

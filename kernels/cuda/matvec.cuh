@@ -279,18 +279,42 @@ __device__ __forceinline__ void mv_vec_row(const mv_rows &p, const void *w, int 
         for (int c = 0; c < IF; c++)
             if (ring_has(ring, n, i + 32 * c)) raw[c][0] = ring_get(ring, i + 32 * c);
     }
-    while (full) {
+    if constexpr (IF == 4 || !std::is_same<Ring, mv_noring>::value) {
+        while (full) {
 #pragma unroll
-        for (int c = 0; c < IF; c++) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
-        i += 32 * IF;
-        full = i + 32 * (IF - 1) < nv;
-        if (full) {
+            for (int c = 0; c < IF; c++) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
+            i += 32 * IF;
+            full = i + 32 * (IF - 1) < nv;
+            if (full) {
 #pragma unroll
-            for (int c = 0; c < IF; c++) mv_ld<WT>(ring, n, 0, w, rbase + i + 32 * c, i + 32 * c, raw[c]);
-        } else {
+                for (int c = 0; c < IF; c++) mv_ld<WT>(ring, n, 0, w, rbase + i + 32 * c, i + 32 * c, raw[c]);
+            } else {
 #pragma unroll
-            for (int c = 0; c < IF - 1; c++)
-                if (i + 32 * c < nv) mv_ld<WT>(ring, n, 0, w, rbase + i + 32 * c, i + 32 * c, raw[c]);
+                for (int c = 0; c < IF - 1; c++)
+                    if (i + 32 * c < nv) mv_ld<WT>(ring, n, 0, w, rbase + i + 32 * c, i + 32 * c, raw[c]);
+            }
+        }
+    } else {
+        // 8 deep, the graph path's: each half of the group is reloaded with the next
+        // group's chunks as soon as it is summed, so the first half's loads are in flight
+        // while the second half is summed (never fewer than 4 a lane). The sums are in the
+        // same order. (The persistent kernel's staged units keep the loop above: this one
+        // took 10 more registers there and spilled.)
+        while (full) {
+            int j = i + 32 * IF;
+            bool next = j + 32 * (IF - 1) < nv;
+#pragma unroll
+            for (int c = 0; c < IF / 2; c++) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
+#pragma unroll
+            for (int c = 0; c < IF / 2; c++)
+                if (next || j + 32 * c < nv) mv_ld<WT>(ring, n, 0, w, rbase + j + 32 * c, j + 32 * c, raw[c]);
+#pragma unroll
+            for (int c = IF / 2; c < IF; c++) mv_chunk<WT, R, F>(p, raw[c], x4, i + 32 * c, acc[c & 1], ss);
+#pragma unroll
+            for (int c = IF / 2; c < IF; c++)
+                if (next || j + 32 * c < nv) mv_ld<WT>(ring, n, 0, w, rbase + j + 32 * c, j + 32 * c, raw[c]);
+            i = j;
+            full = next;
         }
     }
     // The lane's last chunks: a whole group of four among them alternates as above

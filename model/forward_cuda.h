@@ -48,13 +48,26 @@ typedef struct {
     int persist_ring;          // the last persistent step's weight ring, bytes a block (0: none)
     int persist_stage;         // its staged input, floats a block (0: none)
     long persist_checks;       // its shape and fit checks: one for each setting, not one a step
+    int tune;                  // --decode-kernel auto: 0 not chosen, 1 timing, 2 chosen
+    int tune_pick;             // the choice: 1 the persistent kernel, 0 the graph path
+    float tune_ms[2];          // the median device ms of the graph path's and the persistent
+                               // kernel's timed steps (0 when chosen without timing)
+    const char *tune_why;      // a choice made without timing: why (NULL: timed)
 } cuda_step_counts;
 void cuda_forward_counts(const cuda_forward *f, cuda_step_counts *out);
 // The decode kernel of one-row steps (--decode-kernel): the graph path (0, the default)
 // or the persistent kernel (1: one cooperative launch a step, kernels/cuda/persist.cu;
-// steps it does not support yet take the graph path, counted in cuda_step_counts).
+// steps it does not support yet take the graph path, counted in cuda_step_counts), or
+// auto (2: the first one-row steps alternate the two, timed on the device, and the rest
+// take the faster; one host wait, once; model/cuda/tune.c). Each call starts afresh.
 // grid: the persistent kernel's blocks (0: as many as the device holds at once).
 void cuda_forward_set_decode_kernel(cuda_forward *f, int persistent, int grid);
+#define CUDA_TUNE_TIMED 3  // auto's timed steps of each kernel, after an untimed one of each
+// Auto's choice (model/cuda/tune.c): the median of n (1..CUDA_TUNE_TIMED) times (0 for
+// another n), and 1 when the persistent kernel's median is strictly below the graph
+// path's (a tie keeps the graph path), the two medians into med.
+float cuda_tune_median(const float *v, int n);
+int cuda_tune_pick(const float graph_ms[CUDA_TUNE_TIMED], const float persist_ms[CUDA_TUNE_TIMED], float med[2]);
 // The persistent kernel's weight ring (docs/cuda.md): bytes of shared memory a block for
 // the next phase's weights, copied while the phase before runs (-1, the default: as many
 // as fit beside the attention's at 4 blocks an SM; 0: none, every weight loaded as it is

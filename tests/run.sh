@@ -53,7 +53,7 @@ run_emu() {  # name, schedule, program: a skip on the emulated device is a failu
 }
 # The whole-model programs run the kernels the kernel programs test under every schedule,
 # so they take the first schedule only (the random one cost CI about 4 minutes).
-EMU_FIRST_ONLY=" test_cuda_forward test_cuda_forward_batch test_cuda_sched test_cuda_lora test_cuda_hooks test_cuda_loop "
+EMU_FIRST_ONLY=" test_cuda_forward test_cuda_forward_batch test_cuda_sched test_cuda_lora test_cuda_hooks test_cuda_loop test_cuda_tune "
 # The persistent kernel's grid-wide steps are tested only in test_cuda_persist: both
 # schedules, and it counts as a whole-model program for EMU_WHOLE_MODEL_ONLY.
 EMU_WHOLE_MODEL="$EMU_FIRST_ONLY test_cuda_persist "

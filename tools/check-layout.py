@@ -47,7 +47,7 @@ CUDA_TIERS = [
     ["upload", "tp", "lora"],
     ["hooks", "arm"],
     ["internal"],
-    ["step", "persist", "persist_trace", "loop"],
+    ["step", "persist", "persist_trace", "loop", "tune"],
     ["forward", "absent"],
 ]
 CUDA_TIER = {name: i for i, names in enumerate(CUDA_TIERS) for name in names}

@@ -122,6 +122,9 @@ else
     # by default until this times it)
     pk_ab+=";deep-matvec VARENT_CUDA_MV_DEEP=1"
     pk_ab+=";persistent-deep VARENT_CUDA_MV_DEEP=1 --decode-kernel persistent"
+    # the run-time choice between the two (its bench output says which it took; it should
+    # match the faster of the graph path and `persistent` above)
+    pk_ab+=";auto --decode-kernel auto"
     export AB_VARIANTS=${AB_VARIANTS-$pk_ab}
     export STREAMS_MODEL=${STREAMS_MODEL:-llama-3.2-1b} STREAMS=${STREAMS:-32} STREAMS_N=${STREAMS_N:-128} STREAMS_ONE=${STREAMS_ONE:-4}
     export STRESS_MODEL=${STRESS_MODEL:-llama-3.2-1b} STRESS_STEPS=${STRESS_STEPS:-4096} STRESS_GRID=${STRESS_GRID:-0}

@@ -183,6 +183,8 @@ static void print_step_counts(const session *s, long syncs, int n) {
     session_cuda_counts(s, &c);
     printf("decode step %ld kernel launches (%.1f per layer), %ld graph nodes, %.2f host syncs per token\n",
            c.launches, (double)c.launches / s->m.cfg.n_layers, c.graph_nodes, (double)syncs / n);
+    char line[512];
+    if (cli_tune_line(&c, line, sizeof line)) printf("%s (its timed steps fell in the first run)\n", line);
 }
 
 // Decode seconds of one generate() run of n tokens under the named sampler.
@@ -307,8 +309,9 @@ static const cli_opt bench_session_opts[] = {
     { "--device", "DEV", "performance", "cpu", "cpu or cuda[:N]", 0 },
     { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
-    { "--decode-kernel", "graph|persistent", "performance", "graph", "CUDA: decode steps as a graph of kernels, or "
-      "as one persistent kernel a token (the A/B of docs/cuda.md)", 0 },
+    { "--decode-kernel", "graph|persistent|auto", "performance", "graph", "CUDA: decode steps as a graph of kernels, "
+      "as one persistent kernel a token (the A/B of docs/cuda.md), or auto: the first steps time both and the rest "
+      "take the faster (those steps fall in the first run)", 0 },
     { "--lookahead", "N", "performance", "8", "CUDA: the sampler table's generate() steps queued ahead on the device, tokens "
       "read a few steps behind (docs/cuda.md \"The device decode loop\"; 0: one host round trip per token; at most 8)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },

@@ -30,8 +30,9 @@ const cli_opt cli_opts_session[] = {
     { "--device", "DEV", "performance", "cpu", "cpu or cuda[:N]", 0 },
     { "-t|--threads", "N", "performance", "every CPU", "CPU threads (at most the CPUs this process may use)", 0 },
     { "-b|--batch|--batch-size", "N", "performance", "256", "prompt tokens per forward pass (prefill chunk)", 0 },
-    { "--decode-kernel", "graph|persistent", "performance", "graph", "CUDA: decode steps as a graph of kernels, or as "
-      "one persistent kernel a token (docs/cuda.md; steps it does not support take the graph path)", 0 },
+    { "--decode-kernel", "graph|persistent|auto", "performance", "graph", "CUDA: decode steps as a graph of kernels, "
+      "as one persistent kernel a token (docs/cuda.md; steps it does not support take the graph path), or auto: the "
+      "first steps time both on the device and the rest take the faster (the same tokens either way)", 0 },
     { "--lookahead", "N", "performance", "8", "CUDA: generate()'s decode steps queued ahead on the device, tokens "
       "read a few steps behind (docs/cuda.md \"The device decode loop\"; 0: one host round trip per token; at most 8)", 0 },
     { NULL, NULL, NULL, NULL, NULL, 0 },
@@ -211,9 +212,28 @@ int cli_kv_bf16(args *a) {
 
 int cli_decode_persistent(args *a) {
     const char *dk = args_str(a, "--decode-kernel", "graph");
-    if (strcmp(dk, "graph") != 0 && strcmp(dk, "persistent") != 0)
-        args_bad(a, "--decode-kernel %s: graph or persistent", dk);
-    return !strcmp(dk, "persistent");
+    if (!strcmp(dk, "graph")) return 0;
+    if (!strcmp(dk, "persistent")) return 1;
+    if (!strcmp(dk, "auto")) return 2;
+    args_bad(a, "--decode-kernel %s: graph, persistent or auto", dk);
+    return 0;
+}
+
+int cli_tune_line(const cuda_step_counts *c, char *buf, size_t n) {
+    if (c->tune == 0) return 0;
+    const char *pick = c->tune_pick ? "the persistent kernel" : "the graph path";
+    int k = 0;
+    if (c->tune == 1)
+        k = snprintf(buf, n, "decode kernel: auto, still timing (too few one-row decode steps to choose)");
+    else if (c->tune_why)
+        k = snprintf(buf, n, "decode kernel: auto, chose %s untimed: %s", pick, c->tune_why);
+    else
+        k = snprintf(buf, n, "decode kernel: auto, chose %s (median step %.3f ms on the graph path, %.3f ms on the "
+                     "persistent kernel, %d timed steps each)", pick, c->tune_ms[0], c->tune_ms[1], CUDA_TUNE_TIMED);
+    if (k >= 0 && (size_t)k < n)
+        snprintf(buf + k, n - (size_t)k, "; %ld steps ran persistent, %ld fell back", c->persist_steps,
+                 c->persist_fallbacks);
+    return 1;
 }
 
 int cli_lookahead(args *a) { return (int)args_int_range(a, "--lookahead", CUDA_LOOP_DEPTH, 0, CUDA_LOOP_DEPTH); }

@@ -7,6 +7,7 @@
 #include "host/decode/generate.h"
 #include "host/util/outfile.h"
 #include "host/util/progress.h"
+#include "model/forward_cuda.h"
 
 // -m, -c/--ctx, -t/--threads, --device, -b/--batch.
 extern const cli_opt cli_opts_session[];
@@ -14,9 +15,12 @@ extern const cli_opt cli_opts_session[];
 // tables of their own).
 extern const cli_opt cli_opts_kv[];
 int cli_kv_bf16(args *a);
-// --decode-kernel graph|persistent (read by cli_session_opts; this for bench's own table):
-// 1 for persistent; another value is a usage error.
+// --decode-kernel graph|persistent|auto (read by cli_session_opts; this for bench's own
+// table): 0, 1 or 2 (cuda_forward_set_decode_kernel's); another value is a usage error.
 int cli_decode_persistent(args *a);
+// What --decode-kernel auto chose and why, as a line for --stats and bench, into buf;
+// 0 (buf untouched) when auto was not asked for.
+int cli_tune_line(const cuda_step_counts *c, char *buf, size_t n);
 // --lookahead N (0..CUDA_LOOP_DEPTH, default CUDA_LOOP_DEPTH): session_opts.lookahead.
 int cli_lookahead(args *a);
 // --tp, --tp-timeout, --devices: tensor parallelism under mpirun or over the GPUs of one

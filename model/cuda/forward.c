@@ -80,6 +80,7 @@ void cuda_forward_close(cuda_forward *d) {
     cuda_lora_reg_free(d->own_lora);
     cuda_tp_free(&d->tp);
     cuda_persist_free(d);
+    cuda_tune_free(&d->persist.tune);
     cuda_weights_free(&d->own);
     cuda_core_free(f);
     free(d);
@@ -100,10 +101,17 @@ void cuda_forward_counts(const cuda_forward *d, cuda_step_counts *out) {
     out->persist_ring = d->persist.fit.ring;
     out->persist_stage = d->persist.fit.stage;
     out->persist_checks = d->persist.checks;
+    const dev_tune *t = &d->persist.tune;
+    out->tune = d->persist.on == 2 ? (t->decided ? 2 : 1) : 0;
+    out->tune_pick = t->pick;
+    out->tune_ms[0] = t->med[0];
+    out->tune_ms[1] = t->med[1];
+    out->tune_why = t->decided && t->why[0] ? t->why : NULL;
 }
 
 void cuda_forward_set_decode_kernel(cuda_forward *d, int persistent, int grid) {
-    d->persist.on = persistent;
+    d->persist.on = persistent == 1 || persistent == 2 ? persistent : 0;
+    cuda_tune_reset(&d->persist.tune);
     d->persist.grid = grid > 0 ? grid : 0;
     d->persist.fit_ok = 0;
 }
@@ -266,7 +274,10 @@ static int run_chunk(cuda_forward *d, kv_view *kv, const int *ids, int T, int ca
     else cuda_core_fill_prefill(f, kv, ids, T);
     f->par_pending = 1;
     long l0 = f->ctx.n_launches;
-    int drawn = 0, persistent = T == 1 && !kv->trunk->table ? cuda_persist_step(d, cap, hk, &drawn, err) : 0;
+    if (T == 1 && cuda_tune_begin(d, err)) return -1;
+    int drawn = 0, persistent = 0;
+    if (T == 1 && kv->trunk->table) cuda_persist_skip(d, "a paged KV cache (the scheduler's pool)");
+    else if (T == 1) persistent = cuda_persist_step(d, cap, hk, &drawn, err);
     if (persistent < 0) return -1;
     // an armed step's draws go in its graph, else after the step (cuda_arm_enqueue)
     int arm = !persistent && T == 1 && last && d->use_graph ? cuda_arm_graph_kind(&d->arm, d->tp.comm != NULL, cap) : 0;
@@ -277,6 +288,7 @@ static int run_chunk(cuda_forward *d, kv_view *kv, const int *ids, int T, int ca
     if (rc == 0 && T == 1 && (persistent || !d->use_graph))
         d->step = (cuda_step_counts){ .launches = f->ctx.n_launches - l0, .persistent = persistent };
     if (rc == 0 && T == 1 && cap >= 0 && d->tp.comm) rc = cuda_step_tp_stats(d, 1, err);
+    if (rc == 0 && T == 1) rc = cuda_tune_end(d, persistent, err);
     if (rc || cuda_hooks_deliver(f, &d->hk, &d->tp, hk, T, pos0, f->last_keys, err)) return -1;
     advance(kv, T);
     return 0;

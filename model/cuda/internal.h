@@ -29,11 +29,25 @@ typedef struct {
                                // armed step's three copies)
 } graph_slot;
 
+// --decode-kernel auto (model/cuda/tune.c): the first one-row steps alternate the graph
+// path and the persistent kernel, timed on the device; the rest take the faster.
+typedef struct {
+    int step;                  // one-row steps scheduled so far (the warm-ups, then the timed)
+    int want;                  // the step now queued tries the persistent kernel
+    int decided, pick;         // the choice is made, and which (1: the persistent kernel)
+    cudaEvent_t ev[4 * CUDA_TUNE_TIMED];  // each timed step's start and end (made at the first)
+    int n_ev;
+    float ms[2][CUDA_TUNE_TIMED];   // [graph, persistent][k]: the timed steps' device milliseconds
+    float med[2];              // and their medians
+    char why[256];             // a choice made without timing: why ("": timed)
+} dev_tune;
+
 // The persistent decode kernel (model/cuda/persist.c, kernels/cuda/persist.cu): a one-row
 // decode step in one cooperative launch, when chosen and the step allows it; the graph
 // path otherwise (a fallback, counted with its reason).
 typedef struct {
-    int on;                    // --decode-kernel persistent
+    int on;                    // --decode-kernel: 0 graph, 1 persistent, 2 auto (tune)
+    dev_tune tune;             // auto's timings and choice
     int grid;                  // blocks (0: as many as the device holds at once)
     int ring;                  // the weight ring's bytes a block asked for (-1: as many as fit; 0: none)
     int stage;                 // stage a phase's input in shared memory where it fits (0: never)
@@ -142,5 +156,18 @@ void cuda_persist_free(cuda_forward *d);
 int cuda_persist_trace_arm(cuda_forward *d, cuda_persist_plan *plan, verr *err);
 int cuda_persist_trace_write(cuda_forward *d, const cuda_persist_plan *plan, verr *err);
 void cuda_persist_trace_free(dev_persist *p);
+
+// ---- --decode-kernel auto (model/cuda/tune.c) ----
+// Whether the one-row step now queued tries the persistent kernel: always when it is
+// chosen, by the schedule or the choice made under auto, never on the graph path.
+int cuda_tune_wants(const cuda_forward *d);
+// Around a one-row step's launches under auto until the choice is made: begin picks the
+// step's kernel (cuda_tune_wants) and records a timed step's start; end (ran: whether
+// the persistent kernel took the step) records its end, and after the last timed step
+// waits once for the device and chooses. No-ops otherwise.
+int cuda_tune_begin(cuda_forward *d, verr *err);
+int cuda_tune_end(cuda_forward *d, int ran, verr *err);
+void cuda_tune_reset(dev_tune *t);
+void cuda_tune_free(dev_tune *t);
 
 #endif

@@ -125,7 +125,7 @@ int cuda_loop_tail(cuda_forward *d, verr *err) { return tail(d, 0, err); }
 // One step on the persistent kernel when it takes it (1), else 0; -1 on error.
 static int persistent_step(cuda_forward *d, verr *err) {
     dev_loop *L = &d->loop;
-    if (!d->persist.on) return 0;
+    if (!cuda_tune_wants(d)) return 0;
     if (cuda_loop_head(d, err)) return -1;  // (a fallback's graph picks again: the same configuration)
     int r = cuda_persist_loop_step(d, L->cap, L->greedy ? L->d_draw : NULL, err);
     if (r <= 0) return r;
@@ -155,12 +155,14 @@ int cuda_forward_loop_queue(cuda_forward *d, const sample_cfg *cfg, verr *err) {
     const sample_cfg greedy_cfg = { 0.f, 0, 1.f, 0.f, 0.0 };
     if (!L->greedy) L->h_cfgs[slot] = cfg ? *cfg : greedy_cfg;
     OP(cuda_activate(&f->ctx));
+    if (cuda_tune_begin(d, err)) return -1;
     int r = persistent_step(d, err);
     if (r < 0) return -1;
     if (r == 0) {
         int kind = L->greedy ? ARM_LOOP_GREEDY : ARM_LOOP_STOCK;
         if (d->use_graph ? cuda_graph_decode(d, 1, L->cap, 0, kind, err) : plain_step(d, err)) return -1;
     }
+    if (cuda_tune_end(d, r, err)) return -1;
     CK(cudaEventRecord(L->ev[slot], f->ctx.stream));
     L->queued++;
     L->steps++;

@@ -45,7 +45,7 @@ static int fall_back(cuda_forward *d, const char *why) {
 
 void cuda_persist_skip(cuda_forward *d, const char *why) {
     dev_persist *p = &d->persist;
-    if (!p->on) return;
+    if (!cuda_tune_wants(d)) return;
     p->fallbacks++;
     size_t n = strlen(why) < sizeof p->why - 1 ? strlen(why) : sizeof p->why - 1;  // (a long message is cut)
     memcpy(p->why, why, n);
@@ -130,7 +130,7 @@ static int setup(cuda_forward *d, verr *err) {
 static int ready(cuda_forward *d, int cap, int hk, cuda_persist_plan *plan, verr *err) {
     dev_persist *p = &d->persist;
     cuda_core *f = &d->core;
-    if (!p->on) return 0;
+    if (!cuda_tune_wants(d)) return 0;
     const char *why = blocker(d, hk);
     if (why) return fall_back(d, why);
     if (!same_type(f->w, f->m->cfg.n_layers, f->w->layers[0].wqkv.type))

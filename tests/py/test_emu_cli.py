@@ -317,7 +317,9 @@ def test_persistent(model, tmp):
     VARENT_CUDA_PERSIST_RING=0, the same text) and the staged inputs (none with
     VARENT_CUDA_PERSIST_STAGE=0, the same text; the ring for a warp's first unit only with
     VARENT_CUDA_PERSIST_AHEAD=0, the same text); the 4-blocks-an-SM instance with a pause
-    between counter polls gives it too; VARENT_CUDA_PERSIST_TRACE gives the same text and
+    between counter polls gives it too; --decode-kernel auto gives it and --stats says
+    which kernel it chose, from what medians; an unknown decode kernel is an error;
+    VARENT_CUDA_PERSIST_TRACE gives the same text and
     writes the last step's phase trace (every phase of the 4 blocks); a bad
     VARENT_CUDA_PERSIST_RING, _BLOCKS, _GRID, _STAGE or _AHEAD is an error naming it, and
     a trace path that cannot be written an error naming the path, before any text."""
@@ -333,7 +335,7 @@ def test_persistent(model, tmp):
             ("bad_blocks", {"BLOCKS": "5"}, "persistent"), ("bad_grid", {"GRID": "+4"}, "persistent"),
             ("nostage", {"STAGE": "0"}, "persistent"), ("bad_stage", {"STAGE": "2"}, "persistent"),
             ("noahead", {"AHEAD": "0"}, "persistent"), ("bad_ahead", {"AHEAD": "x"}, "persistent"),
-            ("trace", {"TRACE": trace}, "persistent"),
+            ("trace", {"TRACE": trace}, "persistent"), ("auto", {}, "auto"), ("bad_kernel", {}, "fast"),
             ("bad_trace", {"TRACE": os.path.join(tmp, "no-such-dir", "t.tsv")}, "persistent"))
     for name, env, kernel in runs:
         e = {k: v for k, v in os.environ.items() if not k.startswith("VARENT_CUDA_PERSIST_")}
@@ -343,7 +345,8 @@ def test_persistent(model, tmp):
                            timeout=300 * (3 if vtest.UNDER_ASAN else 1), env=e)
         m = re.search(r"decode kernel: persistent, (\d+) steps \(weight ring (\d+) KiB a block, inputs staged up to "
                       r"(\d+) floats\); (\d+) on the graph", r.stderr)
-        out[name] = (r.returncode, r.stdout, tuple(int(x) for x in m.groups()) if m else None, r.stderr.strip()[-300:])
+        stats = tuple(int(x) for x in m.groups()) if m else None
+        out[name] = (r.returncode, r.stdout, stats, r.stderr.strip()[-700:])
     g, on = out["graph"], out["ring"]
     ok = g[0] == 0 and on[0] == 0 and on[1] == g[1] and on[2] is not None and on[2][0] >= 20 and on[2][1] > 0 \
         and on[2][2] >= 172 and on[2][3] == 0
@@ -358,6 +361,19 @@ def test_persistent(model, tmp):
         r = out[key]
         ok = r[0] == 0 and r[1] == g[1] and r[2] is not None and r[2][0] >= 20 and stats(r[2])
         check(ok, name, f"rc {r[0]}, same text {r[1] == g[1]}, {r[2]}: {r[3]}")
+    # auto: the graph path's text, and --stats says which kernel it chose over how many timed
+    # steps (stories260K's 24 tokens: the choice comes at the 8th one-row step)
+    r = out["auto"]
+    m = re.search(r"decode kernel: auto, chose the (graph path|persistent kernel) \(median step ([0-9.]+) ms on the "
+                  r"graph path, ([0-9.]+) ms on the persistent kernel, 3 timed steps each\); (\d+) steps ran "
+                  r"persistent, 0 fell back", r[3])
+    ok = r[0] == 0 and r[1] == g[1] and m is not None and float(m.group(2)) > 0 and float(m.group(3)) > 0 and \
+        int(m.group(4)) >= 4 and "decode kernel: persistent," not in r[3]
+    check(ok, "emu_decode_kernel_auto_text_equal_graph_and_says_its_choice", f"rc {r[0]}, same text {r[1] == g[1]}: "
+          f"{r[3]}")
+    r = out["bad_kernel"]
+    check(r[0] != 0 and "--decode-kernel fast: graph, persistent or auto" in r[3] and not r[1],
+          "emu_decode_kernel_bad_value_is_an_error", f"rc {r[0]}: {r[3]}")
     # a bad value: an error naming the variable, and no text (GRID: digits only, a sign is
     # refused as a space would be)
     for key, name, says in (("bad", "ring", "VARENT_CUDA_PERSIST_RING=12kb: KiB of shared memory a block"),

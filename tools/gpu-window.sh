@@ -15,7 +15,8 @@
 #             time-boxed; emulated: 8 steps of a tiny preset on 8 blocks, no sanitizer
 #   ab        the current build against the baseline build of the bundle, interleaved
 #             (ABAB...), medians: varent bench decode tok/s per model; then the current
-#             build alone at --ctx 4096 and with --sampler standard,entropix
+#             build alone at --ctx 4096 and with --sampler standard,entropix, on the graph
+#             path and the persistent kernel (CTX_KERNELS)
 #   trace     one decode step node by node (tools/trace/cupti_trace.c through
 #             CUDA_INJECTION64_PATH, tools/trace_report.py): a greedy step and an armed
 #             --sampler standard --temp 1 step -> $OUT/decode-trace.tsv; traced against
@@ -77,6 +78,9 @@ export PYTHON=${PYTHON:-python3}
 export EMULATED=$emulated
 if [ $emulated = 1 ]; then
     export DEADLINE=${DEADLINE:-300} ROUNDS=${ROUNDS:-2} N=${N:-4} PROMPT=${PROMPT:-4}
+    # the persistent kernel's blocks are fibers there: the device's whole grid runs out of
+    # memory for their stacks
+    export VARENT_CUDA_PERSIST_GRID=${VARENT_CUDA_PERSIST_GRID:-4}
     export MODELS=${MODELS:-llama3-tiny} BIG_MODEL=${BIG_MODEL:-qwen3-tiny}
     export EMU_BUILD=${EMU_BUILD:-build/emu}
     export CUR_VARENT=${CUR_VARENT:-$ROOT/$EMU_BUILD/varent} CUR_TESTS=${CUR_TESTS:-$ROOT/$EMU_BUILD/tests}
@@ -413,16 +417,24 @@ stage_ab() {
             done <<<"$(echo "$AB_VARIANTS" | tr ';' '\n')"
         done
     fi
-    # The current build alone: the CLI's default context, and the samplers' decode loops.
+    # The current build alone: the CLI's default context, and the samplers' decode loops,
+    # on each decode kernel (CTX_KERNELS; the goal table's rows are at 512 and 4096 keys,
+    # greedy and stochastic, for the persistent kernel too).
     for m in $MODELS; do
         d=$(model_dir "$m") || continue
         local ctx=4096
         [ "$EMULATED" = 1 ] && ctx=64
-        bench "$WORK/ab-$m-ctx$ctx.txt" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len 16 --ctx $ctx --runs 1 --sampler none
-        note "$m at --ctx $ctx (16-token prompt): decode $(decode_tps "$WORK/ab-$m-ctx$ctx.txt") tok/s"
-        bench "$WORK/ab-$m-samplers.txt" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 \
-            --sampler standard,entropix --temp 1
-        grep -h '^sampler' "$WORK/ab-$m-samplers.txt" | cut -c1-160 | sed "s/^/  $m: /" >>"$WORK/$STAGE.summary"
+        for k in ${CTX_KERNELS-graph persistent}; do
+            local sfx=""
+            [ "$k" = graph ] || sfx="-$k"
+            bench "$WORK/ab-$m-ctx$ctx$sfx.txt" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len 16 --ctx $ctx --runs 1 \
+                --sampler none --decode-kernel "$k"
+            note "$m at --ctx $ctx (16-token prompt), $k: decode $(decode_tps "$WORK/ab-$m-ctx$ctx$sfx.txt") tok/s"
+            bench "$WORK/ab-$m-samplers$sfx.txt" "$CUR_VARENT" -m "$d" -n "$N" --prompt-len "$PROMPT" --runs 1 \
+                --sampler standard,entropix --temp 1 --decode-kernel "$k"
+            grep -h '^sampler' "$WORK/ab-$m-samplers$sfx.txt" | cut -c1-160 | sed "s/^/  $m ($k): /" \
+                >>"$WORK/$STAGE.summary"
+        done
     done
 }
 

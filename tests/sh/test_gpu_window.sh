@@ -158,6 +158,10 @@ for s in guard stress ab trace kbench streams; do
     grep -q "^stage $s: done (" "$S"
     ok "gpu_window_later_stage_runs_$s" $? "$(grep "^stage $s" "$S")"
 done
+# every bench of the ab stage ran, the persistent kernel's at --ctx and with the samplers too
+! grep -q "FAILED" "$S" && grep -q "at --ctx 64 (16-token prompt), persistent: decode [0-9.]* tok/s" "$S" &&
+    grep -q "llama3-tiny (persistent): sampler" "$S"
+ok gpu_window_ab_every_bench_ran $? "$(grep -E "FAILED|ctx 64|\(persistent\)" "$S" | cut -c1-200)"
 for s in ncu llamacpp; do
     grep -q "^stage $s: skipped (" "$S"
     ok "gpu_window_hardware_stage_skipped_$s" $? "$(grep "^stage $s" "$S")"

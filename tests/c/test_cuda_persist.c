@@ -33,6 +33,7 @@
 #include "check.h"
 #include "host/runtime/session.h"
 #include "model/forward_cuda.h"
+#include "cuda_steps.h"
 #include "test_models.h"
 #ifdef VARENT_CUDA
 #include "kernels/ops_cuda.h"
@@ -89,17 +90,6 @@ static double rel_err(const float *a, const float *b, int n) {
     return r > 0 ? d / r : d;
 }
 
-// One greedy step of a CUDA session: the draw armed, the forward, the draw taken.
-static int greedy_step(session *s, kv_view *kv, int tok, int *next, verr *err) {
-    sample_cfg cfg = { 0.f, 0, 1.f, 0.f, 0.0 };
-    sample_out o;
-    if (session_arm_sample(s, &cfg, 1, err) || session_forward(s, kv, &tok, 1, err) ||
-        session_sample(s, &cfg, 1, &o, err))
-        return -1;
-    *next = o.token;
-    return 0;
-}
-
 typedef struct {
     int steps, bad_tok, bad_bits, one_launch, extra_syncs, bad_stats;
     int first_bad;  // the first step whose launches or waits were off (-1: none)
@@ -135,11 +125,6 @@ static int step(trio *t, int j, int tok, int *next, tally *y, verr *err) {
 
 // A forward hook (an activation capture) on the persistent session: that step takes the
 // graph path, counted with its reason, and its logits are the graph session's.
-static void on_act(void *ud, int layer, int point, const float *x, int T, int pos0) {
-    (void)layer, (void)point, (void)x, (void)T, (void)pos0;
-    ++*(int *)ud;
-}
-
 static void check_fallbacks(trio *t, const char *name, int tok) {
     verr err = { { 0 } };
     int L = t->g.m.cfg.n_layers, calls = 0, V = t->g.m.cfg.vocab_size;
@@ -147,7 +132,7 @@ static void check_fallbacks(trio *t, const char *name, int tok) {
     layers[0] = 1;
     forward_hooks h;
     memset(&h, 0, sizeof h);
-    h.act_layers = layers, h.points = 1u << HOOK_RESID_PRE, h.on_act = on_act, h.ud = &calls;
+    h.act_layers = layers, h.points = 1u << HOOK_RESID_PRE, h.on_act = count_act, h.ud = &calls;
     cuda_step_counts c0, c1;
     cuda_forward_counts(t->p.cu, &c0);
     t->p.fw.hooks = &h;

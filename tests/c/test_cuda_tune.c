@@ -19,6 +19,7 @@
 #include "check.h"
 #include "host/runtime/session.h"
 #include "model/forward_cuda.h"
+#include "cuda_steps.h"
 #include "test_models.h"
 
 static char nm[256];
@@ -57,17 +58,6 @@ int main(void) {
 }
 #else
 
-// One greedy step of a CUDA session: the draw armed, the forward, the draw taken.
-static int greedy_step(session *s, kv_view *kv, int tok, int *next, verr *err) {
-    sample_cfg cfg = { 0.f, 0, 1.f, 0.f, 0.0 };
-    sample_out o;
-    if (session_arm_sample(s, &cfg, 1, err) || session_forward(s, kv, &tok, 1, err) ||
-        session_sample(s, &cfg, 1, &o, err))
-        return -1;
-    *next = o.token;
-    return 0;
-}
-
 typedef struct {
     int bad_tok, bad_bits, extra_syncs, wrong_kernel;
     int tune_at;  // the step whose counts first said "chosen" (-1: never)
@@ -101,11 +91,6 @@ static int run_steps(session *g, kv_view *kg, session *a, kv_view *ka, int tok, 
     return 0;
 }
 
-static void on_act(void *ud, int layer, int point, const float *x, int T, int pos0) {
-    (void)layer, (void)point, (void)x, (void)T, (void)pos0;
-    ++*(int *)ud;
-}
-
 // Forward hooks on every step: the first step meant for the persistent kernel falls
 // back, and the choice is the graph path, untimed, with the reason.
 static void check_hooks(session *a, kv_view *ka, int tok) {
@@ -115,7 +100,7 @@ static void check_hooks(session *a, kv_view *ka, int tok) {
     layers[0] = 1;
     forward_hooks h;
     memset(&h, 0, sizeof h);
-    h.act_layers = layers, h.points = 1u << HOOK_RESID_PRE, h.on_act = on_act, h.ud = &calls;
+    h.act_layers = layers, h.points = 1u << HOOK_RESID_PRE, h.on_act = count_act, h.ud = &calls;
     cuda_forward_set_decode_kernel(a->cu, 2, 4);
     cuda_step_counts c;
     a->fw.hooks = &h;

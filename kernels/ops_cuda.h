@@ -101,6 +101,13 @@ int cuda_device_facts(cuda_ctx *ctx, cuda_facts *f);
 // *sum the 32-bit word sum (the buffer zero-padded to whole words: cpu_read_checksum's),
 // *ms its time (events). Synchronous; uses ctx->scratch.
 int cuda_read_probe(cuda_ctx *ctx, const void *buf, size_t bytes, uint32_t *sum, float *ms);
+// The counter wait's watchdog (sync.cuh, CTR_WAIT_TIMEOUT_NS): one thread waits with
+// timeout_ns for a counter nothing releases. *end: the stream's end (a GPU: the trap's
+// launch error, within about timeout_ns; cudaSuccess would be a wait that gave up
+// without trapping), *ms the host's wall time of the launch and wait. After a trap the
+// context is unusable (a sticky error): the last CUDA call of a process. GPU only (the
+// emulated device parks the wait and reports a deadlock instead). -1 on a setup error.
+int cuda_wait_probe(cuda_ctx *ctx, unsigned long long timeout_ns, cudaError_t *end, double *ms);
 // Read bandwidth over a fresh buffer of `bytes` (make it several times the L2), the
 // best of reps timed reads after one warm-up; *checked 1 when every read summed right.
 int cuda_read_gbs(cuda_ctx *ctx, size_t bytes, int reps, double *gbs, int *checked);

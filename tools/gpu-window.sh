@@ -110,7 +110,9 @@ else
     export BASE_VARENT=${BASE_VARENT:-$ROOT/.gpu/base/varent}
     # test_sample last: on a GPU it walks vocabularies up to 151936 x 16 draws and the second
     # window's guard share ran out inside it, before test_cuda_forward had run.
-    export GUARD_TESTS=${GUARD_TESTS:-test_cuda_kernels test_cuda_batch test_cuda_forward test_cuda_persist test_sample}
+    # test_gpu_watchdog before test_cuda_persist: a deadlocked persistent kernel then traps
+    # within seconds (its counter waits' timeout) rather than holding a stage to its limit
+    export GUARD_TESTS=${GUARD_TESTS:-test_cuda_kernels test_cuda_batch test_cuda_forward test_gpu_watchdog test_cuda_persist test_sample}
     export WEIGHTS=${WEIGHTS:-/tmp/weights}
     # issue 34's persistent decode kernel against the graph path on every window, and each
     # of its switches against it: the inputs not staged (every warp waits and reads x

@@ -5,7 +5,9 @@
 // nothing can elide the loads, and the sum is checked against the CPU twin
 // (cpu_read_checksum) in test_cuda_kernels.
 #include <string.h>
+#include <time.h>
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/sync.cuh"
 
 __device__ __forceinline__ uint32_t sum4(uint4 v) { return v.x + v.y + v.z + v.w; }
 
@@ -64,6 +66,28 @@ static int read_probe_once(cuda_ctx *ctx, const void *buf, size_t bytes, uint32_
 extern "C" int cuda_read_probe(cuda_ctx *ctx, const void *buf, size_t bytes, uint32_t *sum, float *ms) {
     CUDA_REQUIRE(ctx, is_aligned(buf, 16), "cuda_read_probe: the buffer must be 16-byte aligned");
     return read_probe_once(ctx, buf, bytes, sum, ms);
+}
+
+// One thread waits for a counter that nothing releases (the persistent kernel's wait,
+// with a timeout): a deadlocked wait, which must trap. grid 1, block 32.
+__global__ void wait_probe_kernel(const unsigned *ctr, unsigned long long timeout_ns) {
+    if (threadIdx.x == 0) wait_counter_gpu(ctr, 1u, 0u, timeout_ns);
+}
+
+extern "C" int cuda_wait_probe(cuda_ctx *ctx, unsigned long long timeout_ns, cudaError_t *end, double *ms) {
+    unsigned *ctr = NULL;
+    if (cuda_malloc((void **)&ctr, sizeof *ctr, "watchdog probe counter", &ctx->err)) return -1;
+    if (cuda_memset(ctx, ctr, 0, sizeof *ctr)) return -1;
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx->stream));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    wait_probe_kernel<<<1, 32, 0, ctx->stream>>>(ctr, timeout_ns);
+    CUDA_CHECK_LAUNCH(ctx, "wait_probe_kernel");
+    *end = cudaStreamSynchronize(ctx->stream);  // the trap's error, expected
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    if (*end == cudaSuccess) cuda_free(ctr);  // after a trap the context is gone with it
+    return 0;
 }
 
 extern "C" int cuda_device_facts(cuda_ctx *ctx, cuda_facts *f) {

@@ -5,9 +5,18 @@
 // tests/cudaemu/) each acquire is a point where the running block yields to the other
 // co-resident blocks, and a wait parks it until the counter arrives, so a missing
 // release or a wrong target shows as a reported deadlock (docs/cuda.md "The emulated
-// device"). Counters only grow (by epochs), and comparisons are wrap-safe.
+// device"). Counters only grow (by epochs), and comparisons are wrap-safe. On a GPU a
+// wait that outlasts CTR_WAIT_TIMEOUT_NS traps (a deadlock becomes a launch error).
 #ifndef VARENT_CUDA_SYNC_CUH
 #define VARENT_CUDA_SYNC_CUH
+
+// On a GPU, a counter wait longer than this traps: the launch fails (a sticky error the
+// host's next wait reports) instead of hanging the process. No phase of a decode step
+// waits this long unless the kernel is deadlocked (a missing release, blocks not all
+// resident): 10 s leaves room for compute-sanitizer's slowdown (the window's racecheck
+// and synccheck of the persistent kernel). (The emulated device reports a deadlock
+// itself, with every block's place.)
+#define CTR_WAIT_TIMEOUT_NS 10000000000ull
 
 // a reached b on a counter that grows: wrap-safe.
 __device__ __forceinline__ bool ctr_reached(unsigned a, unsigned b) { return (int)(a - b) >= 0; }
@@ -44,13 +53,6 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p) {
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-// Polls *p until it reaches target; sleep_ns > 0 pauses that long between polls (fewer
-// loads on the counter's L2 line while its producers add to it).
-__device__ __forceinline__ void wait_counter_gpu(const unsigned *p, unsigned target, unsigned sleep_ns = 0) {
-    while (!ctr_reached(ld_acquire_gpu(p), target)) {
-        if (sleep_ns) __nanosleep(sleep_ns);
-    }
-}
 __device__ __forceinline__ void red_release_gpu(unsigned *p, unsigned v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -65,6 +67,19 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+
+// Polls *p until it reaches target; sleep_ns > 0 pauses that long between polls (fewer
+// loads on the counter's L2 line while its producers add to it). The clock is read once
+// every 256 polls, past the first, so a wait that is met at once costs one load.
+__device__ __forceinline__ void wait_counter_gpu(const unsigned *p, unsigned target, unsigned sleep_ns = 0,
+                                                 unsigned long long timeout_ns = CTR_WAIT_TIMEOUT_NS) {
+    if (ctr_reached(ld_acquire_gpu(p), target)) return;
+    unsigned long long t0 = globaltimer_ns();
+    for (unsigned n = 1; !ctr_reached(ld_acquire_gpu(p), target); n++) {
+        if (sleep_ns) __nanosleep(sleep_ns);
+        if ((n & 255u) == 0 && globaltimer_ns() - t0 > timeout_ns) __trap();
+    }
 }
 
 #endif

@@ -224,7 +224,8 @@ int cli_tune_line(const cuda_step_counts *c, char *buf, size_t n) {
     const char *pick = c->tune_pick ? "the persistent kernel" : "the graph path";
     int k = 0;
     if (c->tune == 1)
-        k = snprintf(buf, n, "decode kernel: auto, still timing (too few one-row decode steps to choose)");
+        k = snprintf(buf, n, "decode kernel: auto, no choice yet (it times the first %d one-row decode steps; "
+                     "batched steps take the graph path)", 2 + 2 * CUDA_TUNE_TIMED);
     else if (c->tune_why)
         k = snprintf(buf, n, "decode kernel: auto, chose %s untimed: %s", pick, c->tune_why);
     else

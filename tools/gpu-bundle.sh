@@ -132,7 +132,8 @@ pack() {
     if [ "${SUITE:-0}" = 1 ]; then
         parts+=(build/tests build/fuzz-replay)
     else  # the CUDA programs only: what the window and gpu-verify's check, sanitize and bench run
-        parts+=($(cd "$out" && ls -d build/tests/test_cuda_* build/tests/test_sample))
+        # (test_gpu_watchdog: the guard's hardware-only check of the persistent kernel's waits)
+        parts+=($(cd "$out" && ls -d build/tests/test_cuda_* build/tests/test_sample build/tests/test_gpu_watchdog))
     fi
     [ -x "$out/base/varent" ] && parts+=(base/varent base/COMMIT)
     [ "$1" = with-llamacpp ] && [ -x "$out/llamacpp/llama-bench" ] && parts+=(llamacpp)

@@ -16,10 +16,12 @@ Per kernel of the sm_90 code in each object:
     matvec_vec four chunks of one row (one register), and both count as 4.
 
   sass_report.py --cuobjdump PATH [--check] OBJ...
---check exits 1 when a kernel has local memory or LDL/STL inside an innermost loop, or
-any loop of a matvec kernel (not only its best) has fewer than 4 loads in flight. LDL/STL
-outside every innermost loop (run once per phase or unit, not per chunk: the persistent
-kernel's few words of layer-loop state) are listed as cold ("12c") and pass. Kernels
+--check exits 1 when a kernel has local memory or LDL/STL inside an innermost loop or a
+streaming one (the innermost loop around a 128-bit global load: the tiled attention's key
+loop, which holds its per-head loops), or any loop of a matvec kernel (not only its best)
+has fewer than 4 loads in flight. Other LDL/STL (run once per phase or unit, not per
+chunk or tile: the persistent kernel's few words of layer-loop state) are listed as cold
+("12c") and pass. Kernels
 other than the matvecs are read in their innermost loops only. The parsers are plain functions, tested on planted SASS in
 tests/py/test_sass_report.py.
 """
@@ -189,12 +191,27 @@ def innermost(spans):
     return [(s, e) for s, e in spans if not any((s2, e2) != (s, e) and s <= s2 and e2 <= e for s2, e2 in spans)]
 
 
+def streaming(insns, spans):
+    """The innermost loop around each 128-bit global load: a loop that streams a tile or a
+    chunk each iteration, though it may hold other loops (the tiled attention's key loop
+    holds its per-head loops). The loops around it (units, layers) are not streaming."""
+    def wide(s, e):
+        return any(is_wide_load(insns[i][1]) for i in range(s, e + 1))
+    out = []
+    for s, e in spans:
+        inner = [(s2, e2) for s2, e2 in spans if (s2, e2) != (s, e) and s <= s2 and e2 <= e]
+        if wide(s, e) and not any(wide(s2, e2) for s2, e2 in inner):
+            out.append((s, e))
+    return out
+
+
 def hot_spill_insns(insns):
-    """LDL/STL inside an innermost loop (once per iteration). The rest run once per
-    phase or unit of a kernel (the persistent kernel keeps a few words of its layer
-    loop's state on the stack across the attention phase, where registers peak)."""
+    """LDL/STL inside an innermost loop or a streaming one (once per iteration, per chunk
+    or tile). The rest run once per phase or unit of a kernel (the persistent kernel's
+    few words of layer-loop state, where registers peak)."""
+    spans = loops(insns)
     hot = set()
-    for s, e in innermost(loops(insns)):
+    for s, e in innermost(spans) + streaming(insns, spans):
         hot.update(i for i in range(s, e + 1) if insns[i][1].startswith(("STL", "LDL")))
     return len(hot)
 

@@ -324,8 +324,8 @@ static inline bool flash_ok(attn_shape s) {
 }
 
 // This thread's chunks of the tile at jt: chunk c of rows jt + rg + R * k (k < CH) of K
-// and V, 16-byte read-only loads, zeros past j1 (not loaded).
-template <int HD>
+// and V (PARTS 1: K only, 2: V only), 16-byte read-only loads, zeros past j1 (not loaded).
+template <int HD, int PARTS = 3>
 __device__ __forceinline__ void flash_load(uint4 (&kr)[flash_geom<HD>::CH], uint4 (&vr)[flash_geom<HD>::CH],
                                            const cuda_kv_layer &L, int n_trunk, const int *table, int shift,
                                            int kv_dim, int kvh, int jt, int j1, int rg, int c) {
@@ -340,11 +340,11 @@ __device__ __forceinline__ void flash_load(uint4 (&kr)[flash_geom<HD>::CH], uint
             size_t off = row * kv_dim + (size_t)kvh * HD;
             const uint16_t *kb = (const uint16_t *)(tr ? L.k_trunk : L.k_tail) + off;
             const uint16_t *vb = (const uint16_t *)(tr ? L.v_trunk : L.v_tail) + off;
-            kr[k] = __ldg((const uint4 *)kb + c);
-            vr[k] = __ldg((const uint4 *)vb + c);
+            if (PARTS & 1) kr[k] = __ldg((const uint4 *)kb + c);
+            if (PARTS & 2) vr[k] = __ldg((const uint4 *)vb + c);
         } else {
-            kr[k] = make_uint4(0u, 0u, 0u, 0u);
-            vr[k] = make_uint4(0u, 0u, 0u, 0u);
+            if (PARTS & 1) kr[k] = make_uint4(0u, 0u, 0u, 0u);
+            if (PARTS & 2) vr[k] = make_uint4(0u, 0u, 0u, 0u);
         }
     }
 }
@@ -379,8 +379,13 @@ __device__ __forceinline__ float row_sum4(const float (&v)[4], int c) {
 // The newest key with fused RoPE comes from kn_h / vn_h (the bf16 bits the prologue
 // stored), not from the cache row it has just written: the same bits as reading it back.
 // One split block's work (as decode_split). With the fused RoPE and KV store, the first
-// tile's K and V loads go out before wait(). smem4: flash_smem's bytes.
-template <int HD, typename Wait>
+// tile's K and V loads go out before wait(). smem4: flash_smem's bytes. AHEAD (the graph
+// kernel's): each tile's loads go out as the tile before starts, and its chunks are
+// widened once for every head. Without it (the persistent kernel at 128 registers, where
+// those 48 registers were spilled) the next tile's keys load once this tile's scores are
+// summed and its values once they are used, and each head widens the chunks again: the
+// same bits.
+template <int HD, typename Wait, bool AHEAD = true>
 __device__ __forceinline__ bool flash_split(float *part, float *last_scores, const float *q, cuda_kv_layer L,
                                             cuda_kv_lens N, int b, int split, int kvh, int n_splits, int kps,
                                             int n_heads, int n_kv, float scale, size_t score_stride, unsigned *count,
@@ -431,7 +436,7 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
             ck[k] = kr[k];
             cv[k] = vr[k];
         }
-        if (jt + S < j1) flash_load<HD>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c);
+        if (AHEAD && jt + S < j1) flash_load<HD>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c);
         if (own) {
 #pragma unroll
             for (int k = 0; k < CH; k++)
@@ -442,8 +447,10 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
         }
         // 1. scores (the key chunks widened once for all G heads)
         float kf[CH][8];
+        if constexpr (AHEAD) {
 #pragma unroll
-        for (int k = 0; k < CH; k++) unpack8<WT_BF16>(ck[k], kf[k]);
+            for (int k = 0; k < CH; k++) unpack8<WT_BF16>(ck[k], kf[k]);
+        }
         // Key of this thread's sum after row_sum4; the row's threads with c % (C / 4) == 0
         // hold distinct keys and store them.
         int kmine = ((c & (C / 2)) ? 2 : 0) + ((c & (C / 4)) ? 1 : 0), jmine = rg + R * kmine;
@@ -455,9 +462,12 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
             float part4[CH];
 #pragma unroll
             for (int k = 0; k < CH; k++) {
+                float kt[8];
+                if constexpr (!AHEAD) unpack8<WT_BF16>(ck[k], kt);
+                const float(&kk)[8] = AHEAD ? kf[k] : kt;
                 float s = 0.f;
 #pragma unroll
-                for (int e = 0; e < 8; e++) s = fmaf(qv[e], kf[k][e], s);
+                for (int e = 0; e < 8; e++) s = fmaf(qv[e], kk[e], s);
                 part4[k] = s;
             }
             float s = row_sum4<C>(part4, c);
@@ -467,14 +477,18 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
                 if (last_scores) last_scores[(size_t)(kvh * G + g) * n_keys + jt + jmine] = s;
             }
         }
+        // (not AHEAD: the next tile's keys load once these are used, its values below)
+        if (!AHEAD && jt + S < j1) flash_load<HD, 1>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c);
         __syncthreads();
         // 2. running max, p in place, l
         softmax_tile(sc, S, n, G, m_s, l_s, c_s);
         // 3. o = o * corr + sum p v over this thread's rows (v widened once for all G heads,
         // in the registers the widened keys held)
         float vf[CH][8];
+        if constexpr (AHEAD) {
 #pragma unroll
-        for (int k = 0; k < CH; k++) unpack8<WT_BF16>(cv[k], vf[k]);
+            for (int k = 0; k < CH; k++) unpack8<WT_BF16>(cv[k], vf[k]);
+        }
         for (int g = 0; g < G; g++) {
             float corr = c_s[g];
             float4 *op = (float4 *)o_s + 2 * g * ATT_THREADS + t;  // dims 0-3, then 4-7 a plane below
@@ -486,12 +500,16 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
             for (int k = 0; k < CH; k++) {
                 int jj = rg + R * k;
                 float p = jj < n ? sc[g * S + jj] : 0.f;
+                float vt[8];
+                if constexpr (!AHEAD) unpack8<WT_BF16>(cv[k], vt);
+                const float(&vv)[8] = AHEAD ? vf[k] : vt;
 #pragma unroll
-                for (int e = 0; e < 8; e++) a[e] = fmaf(p, vf[k][e], a[e]);
+                for (int e = 0; e < 8; e++) a[e] = fmaf(p, vv[e], a[e]);
             }
             op[0] = make_float4(a[0], a[1], a[2], a[3]);
             op[ATT_THREADS] = make_float4(a[4], a[5], a[6], a[7]);
         }
+        if (!AHEAD && jt + S < j1) flash_load<HD, 2>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c);
         __syncthreads();  // sc and c_s are rewritten by the next tile
     }
     // o (g, d) = the R row groups' accumulators of chunk d / 8, in row-group order.

@@ -426,12 +426,16 @@ __device__ void pk_embed_phase(const cuda_persist_plan &p) {
 
 // Layer l's attention: (KV head, split) units a block, each waiting for its group's qkv
 // rows; the block that completes a group's combine releases its G heads.
-template <int HD>
+template <int HD, int MINB>
 __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *last_s) {
     const cuda_persist_plan &p = a.p;
     const cuda_persist_layer &L = p.layers[l];
     int G = a.group, hd = p.head_dim, q_dim = a.q_dim, kv_dim = p.n_kv * hd;
-    rope_fuse rf = { 1, p.qkv + q_dim, p.qkv + q_dim + kv_dim, p.pos, p.rows, p.rope_tab, L.q_norm, L.k_norm, p.eps };
+    // The RoPE fusion's pointers live in shared memory, read where the prologue uses
+    // them: held in registers across the units' tile loops, they would be spilled.
+    __shared__ rope_fuse rf;
+    if (k_tid() == 0) rf = { 1, p.qkv + q_dim, p.qkv + q_dim + kv_dim, p.pos, p.rows, p.rope_tab, L.q_norm, L.k_norm, p.eps };
+    __syncthreads();
     cuda_kv_layer kvl = p.kv[(size_t)l * p.kv_stride];
     cuda_kv_lens N = p.lens[0];
     float *scores = l == p.cap ? p.scores : NULL;
@@ -441,8 +445,9 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
         block_waiter wait = { pk_ctr(p, l, kvh), (unsigned)((G + 2) * hd), a.sleep_ns, pk_wait_slot(p) };
         bool combined;
         if constexpr (HD != 0) {
-            combined = flash_split<HD>(a.part, scores, p.qkv, kvl, N, 0, split, kvh, a.n_splits, a.kps, p.n_heads,
-                                       p.n_kv, p.scale, 0, a.count, p.att, rf, wait, smem4, last_s);
+            combined = flash_split<HD, block_waiter, MINB != 4>(a.part, scores, p.qkv, kvl, N, 0, split, kvh,
+                                                                a.n_splits, a.kps, p.n_heads, p.n_kv, p.scale, 0,
+                                                                a.count, p.att, rf, wait, smem4, last_s);
         } else {
             combined = decode_split(a.part, scores, p.qkv, kvl, N, 0, split, kvh, a.n_splits, a.kps, p.n_heads,
                                     p.n_kv, hd, p.scale, a.tile, 0, a.count, p.att, rf, wait, (float *)smem4, last_s);
@@ -549,9 +554,10 @@ __device__ void pk_finish(const cuda_persist_plan &p) {
 }
 
 // grid: every block co-resident (cooperative launch), block PK_THREADS; MINB blocks an
-// SM (__launch_bounds__: 3, the default, leaves 168 registers a thread, and ptxas keeps
-// only two words of the head_dim 64 instance on the stack, none reloaded in a loop; 4
-// leaves 128, and the attention phase spills inside its loops: docs/cuda.md "Spills").
+// SM (__launch_bounds__: 3, the default, leaves 168 registers a thread, and no instance
+// spills; 4 leaves 128: the tiled attention then loads each key tile in its own
+// iteration (flash_split's AHEAD), and still reloads a few words inside the attention's
+// per-unit loops: docs/cuda.md "Spills").
 template <int WT, int HD, int MINB>
 __global__ void __launch_bounds__(PK_THREADS, MINB) persist_decode_kernel(pk_args a) {
     __shared__ unsigned last;
@@ -571,7 +577,7 @@ __global__ void __launch_bounds__(PK_THREADS, MINB) persist_decode_kernel(pk_arg
                                              pk_ctr(p, l, 0), true);
         pk_trace_at(p, 1 + 5 * l, 2);
         pk_trace_at(p, 2 + 5 * l, 0);
-        pk_attention<HD>(a, l, pk_smem(), &last);
+        pk_attention<HD, MINB>(a, l, pk_smem(), &last);
         pk_trace_at(p, 2 + 5 * l, 2);
         mv_rows o = { p.x, p.att, 0, 1, 1, p.dim, p.dim, NULL, 0.f, 1, NULL, 1 };
         pk_trace_at(p, 3 + 5 * l, 0);

@@ -16,6 +16,9 @@
 //     (llama-wide-tiny's down rows: the graph session stays at 4, the same bits); in each half, the phases' inputs are staged in shared memory a block at a
 //     time (the ring filled a unit ahead, and in the second half also for a warp's
 //     first unit only), then read through L2 by every warp: the bits do not move;
+//   - the four-blocks-an-SM instance, whose tiled attention loads each key tile in its
+//     own iteration, over splits of several tiles: the same bits (the head_dim 64 and
+//     128 presets);
 //   - with a capture layer the device statistics equal the graph path's;
 //   - a step with forward hooks takes the graph path, counted with its reason, and a
 //     batch likewise;
@@ -305,6 +308,40 @@ static void run_model(const char *dir, const char *name, int grid0, int grid1, c
     trio_close(&t);
 }
 
+// The four-blocks-an-SM instance (VARENT_CUDA_PERSIST_BLOCKS=4), whose tiled attention
+// loads each key tile in its own iteration (128 registers a thread), on splits of 1.25
+// key tiles (both devices' att_split_keys, set before the graph path captures its step):
+// tiles after the first, partials and their combine. FOUR_STEPS greedy steps, the graph
+// path's tokens and logits bit for bit.
+#define FOUR_STEPS 80
+static void run_four_blocks(const char *dir, const char *name, int grid, const int *prompt, int n_prompt) {
+    trio t;
+    verr err = { { 0 } };
+    if (trio_open(&t, dir, grid, &err)) {
+        CHECK(0, NAME("cuda_persist %s: open", name), "%s", err.msg);
+        trio_close(&t);
+        return;
+    }
+    int S = 4096 / t.g.m.cfg.head_dim, kps = S + S / 4;  // the tiled kernel's key tile
+    cuda_forward_ctx(t.g.cu)->att_split_keys = kps;
+    cuda_forward_ctx(t.p.cu)->att_split_keys = kps;
+    cuda_forward_set_persist_tuning(t.p.cu, 4, 0, 1, 1);
+    int rc = session_forward(&t.cpu, &t.kc, prompt, n_prompt - 1, &err) ||
+             session_forward(&t.g, &t.kg, prompt, n_prompt - 1, &err) ||
+             session_forward(&t.p, &t.kp, prompt, n_prompt - 1, &err);
+    tally y = { 0 };
+    y.first_bad = -1;
+    int tok = prompt[n_prompt - 1];
+    for (int j = 0; rc == 0 && j < FOUR_STEPS; j++) rc = step(&t, j, tok, &tok, &y, &err);
+    CHECK(rc == 0 && y.steps == FOUR_STEPS && y.bad_tok == 0 && y.bad_bits == 0 && y.one_launch == FOUR_STEPS &&
+              y.worst_cpu <= 3e-2,
+          NAME("cuda_persist %s: 4 blocks an SM, splits of %d keys (tiles of %d): %d greedy steps, the graph path's "
+               "bits", name, kps, S, FOUR_STEPS),
+          "rc %d (%s), %d steps (%d persistent), %d tokens and %d logit rows differ, worst CPU diff %g", rc, err.msg,
+          y.steps, y.one_launch, y.bad_tok, y.bad_bits, y.worst_cpu);
+    trio_close(&t);
+}
+
 // --stress STEPS DIR [GRID]: the GPU window's stress test (tools/persist-stress.sh): the
 // persistent kernel against the graph path on the model in DIR over STEPS greedy steps
 // (a context of STEPS + 64), the logits bit for bit at every step (no CPU reference:
@@ -377,6 +414,7 @@ int main(int argc, char **argv) {
             continue;
         }
         run_model(dir, models[i].preset, models[i].grid0, models[i].grid1, prompt, 6);
+        if (strstr(models[i].preset, "hd")) run_four_blocks(dir, models[i].preset, models[i].grid1, prompt, 6);
     }
     if (!strstr("stories260K", only) || asan) CHECK_DONE();
     if (stories_bf16_dir(dir, sizeof dir) == 0) run_model(dir, "stories260K", 4, 11, prompt, 6);

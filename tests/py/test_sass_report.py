@@ -64,6 +64,20 @@ NESTED = [
     "@P0 BRA 0x10",                              # 0x80
     "EXIT",
 ]
+# A key loop that streams a tile and holds a per-head loop: the tile spilled across the
+# head loop is reloaded once a tile, in a loop that is not innermost.
+STREAM = [
+    "MOV R2, RZ",                                # 0x00
+    "LDG.E.128.CONSTANT R4, desc[UR4][R30.64]",  # 0x10: key loop head, this tile
+    "STL.128 [R1], R4",                          # 0x20: the tile spilled
+    "FFMA R8, R8, R9, R8",                       # 0x30: head loop
+    "@P1 BRA 0x30",                              # 0x40
+    "LDL.128 R4, [R1]",                          # 0x50: reloaded, once a tile
+    "@P0 BRA 0x10",                              # 0x60
+    "LDL R9, [R1+0x10]",                         # 0x70: after the loops, once a unit
+    "@P2 BRA 0x00",                              # 0x80: unit loop: around a streaming one
+    "EXIT",
+]
 # nvcc's pipelined loop: the next iteration's four weight loads at the bottom, before the
 # back edge, used at the top after one activation load: 5 in flight in the steady state,
 # though from the loop head only the activation load comes before a use.
@@ -126,6 +140,11 @@ def test_in_flight():
           f"{spans} {sr.innermost(spans)}")
     check(sr.spill_insns(nested) == 3 and sr.hot_spill_insns(nested) == 1, "sass_hot_spill_only_in_a_loop",
           f"{sr.spill_insns(nested)} {sr.hot_spill_insns(nested)}")
+    st = sr.parse_sass(sass("stream", STREAM))["stream"]
+    check(sr.streaming(st, sr.loops(st)) == [(1, 6)] and sr.hot_spill_insns(st) == 2,
+          "sass_hot_spill_in_a_streaming_loop", f"{sr.streaming(st, sr.loops(st))} {sr.hot_spill_insns(st)}")
+    check(sr.streaming(nested, sr.loops(nested)) == [(3, 5)] and sr.hot_spill_insns(nested) == 1,
+          "sass_layer_loop_not_streaming", f"{sr.streaming(nested, sr.loops(nested))}")
     rot = sr.parse_sass(sass("rot", ROTATED))["rot"]
     check(sr.loops(rot) == [(4, 13)] and sr.loads_in_flight(rot, 4, 13, None) == 1, "sass_rotated_loop_from_head",
           f"{sr.loops(rot)} {sr.loads_in_flight(rot, 4, 13, None)}")

@@ -82,6 +82,21 @@ static int trio_open(trio *t, const char *dir, int grid, verr *err) {
     return 0;
 }
 
+// trio_open, or a failed check with the trio closed (-1).
+static int trio_start(trio *t, const char *dir, const char *name, int grid, verr *err) {
+    if (trio_open(t, dir, grid, err) == 0) return 0;
+    CHECK(0, NAME("cuda_persist %s: open", name), "%s", err->msg);
+    trio_close(t);
+    return -1;
+}
+
+// The prompt but its last token (which the first step feeds) into the three sessions.
+static int trio_prompt(trio *t, const int *prompt, int n_prompt, verr *err) {
+    return session_forward(&t->cpu, &t->kc, prompt, n_prompt - 1, err) ||
+           session_forward(&t->g, &t->kg, prompt, n_prompt - 1, err) ||
+           session_forward(&t->p, &t->kp, prompt, n_prompt - 1, err);
+}
+
 // max |a - b| / max |b| over n logits.
 static double rel_err(const float *a, const float *b, int n) {
     double d = 0, r = 0;
@@ -246,15 +261,8 @@ static void check_trace(trio *t, const char *name, int *tok_io) {
 static void run_model(const char *dir, const char *name, int grid0, int grid1, const int *prompt, int n_prompt) {
     trio t;
     verr err = { { 0 } };
-    if (trio_open(&t, dir, grid0, &err)) {
-        CHECK(0, NAME("cuda_persist %s: open", name), "%s", err.msg);
-        trio_close(&t);
-        return;
-    }
-    // the prompt but its last token, which the first step feeds
-    int rc = session_forward(&t.cpu, &t.kc, prompt, n_prompt - 1, &err) ||
-             session_forward(&t.g, &t.kg, prompt, n_prompt - 1, &err) ||
-             session_forward(&t.p, &t.kp, prompt, n_prompt - 1, &err);
+    if (trio_start(&t, dir, name, grid0, &err)) return;
+    int rc = trio_prompt(&t, prompt, n_prompt, &err);
     tally y = { 0 };
     y.first_bad = -1;
     int tok = prompt[n_prompt - 1];
@@ -317,18 +325,12 @@ static void run_model(const char *dir, const char *name, int grid0, int grid1, c
 static void run_four_blocks(const char *dir, const char *name, int grid, const int *prompt, int n_prompt) {
     trio t;
     verr err = { { 0 } };
-    if (trio_open(&t, dir, grid, &err)) {
-        CHECK(0, NAME("cuda_persist %s: open", name), "%s", err.msg);
-        trio_close(&t);
-        return;
-    }
+    if (trio_start(&t, dir, name, grid, &err)) return;
     int S = 4096 / t.g.m.cfg.head_dim, kps = S + S / 4;  // the tiled kernel's key tile
     cuda_forward_ctx(t.g.cu)->att_split_keys = kps;
     cuda_forward_ctx(t.p.cu)->att_split_keys = kps;
     cuda_forward_set_persist_tuning(t.p.cu, 4, 0, 1, 1);
-    int rc = session_forward(&t.cpu, &t.kc, prompt, n_prompt - 1, &err) ||
-             session_forward(&t.g, &t.kg, prompt, n_prompt - 1, &err) ||
-             session_forward(&t.p, &t.kp, prompt, n_prompt - 1, &err);
+    int rc = trio_prompt(&t, prompt, n_prompt, &err);
     tally y = { 0 };
     y.first_bad = -1;
     int tok = prompt[n_prompt - 1];

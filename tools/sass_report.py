@@ -7,8 +7,9 @@ Per kernel of the sm_90 code in each object:
   - the block size at its launch site in kernels/cuda/*.cu (a literal or a #define), and
     the theoretical occupancy on an H100 at that size (registers, warps, blocks, shared);
   - in every loop of the kernel (a backward branch), per address register, the 128-bit
-    global loads (LDG.E.128) issued before the first instruction that reads one of their
-    registers: the loads a warp keeps in flight per iteration, in all and for the
+    global loads (LDG.E.128; not cp.async's LDGSTS, which writes shared memory and no
+    register, and whose loops are counted apart) issued before the first instruction
+    that reads one of their registers: the loads a warp keeps in flight per iteration, in all and for the
     shallowest stream (address register). The summary column shows a kernel's best loop,
     the list under it every loop, and --check asks it of every loop. Issue 16
     wants at least 4 independent loads in flight per lane in the matvec loop, counted in
@@ -17,12 +18,13 @@ Per kernel of the sm_90 code in each object:
 
   sass_report.py --cuobjdump PATH [--check] OBJ...
 --check exits 1 when a kernel has local memory or LDL/STL inside an innermost loop or a
-streaming one (the innermost loop around a 128-bit global load: the tiled attention's key
-loop, which holds its per-head loops), or any loop of a matvec kernel (not only its best)
-has fewer than 4 loads in flight. Other LDL/STL (run once per phase or unit, not per
-chunk or tile: the persistent kernel's few words of layer-loop state) are listed as cold
-("12c") and pass. Kernels
-other than the matvecs are read in their innermost loops only. The parsers are plain functions, tested on planted SASS in
+streaming one (the innermost loop around a 128-bit global load or a cp.async copy: the
+tiled attention's key loop, which holds its per-head loops), or when a loop with fewer
+than 4 loads in flight is in a matvec kernel (any loop, not only its best) or in the
+persistent decode kernel (an innermost or streaming loop). Other LDL/STL (run once per
+phase or unit, not per chunk or tile: the persistent kernel's few words of layer-loop
+state) are listed as cold ("12c") and pass. Kernels other than these are read in their
+innermost loops only. The parsers are plain functions, tested on planted SASS in
 tests/py/test_sass_report.py.
 """
 import argparse
@@ -37,6 +39,9 @@ import sys
 SM_WARPS, SM_BLOCKS, SM_REGS, REG_UNIT = 64, 32, 65536, 256
 SM_SMEM, BLOCK_SMEM_RESERVED, SMEM_UNIT = 233472, 1024, 128
 MIN_IN_FLIGHT = 4
+# The kernels whose every listed loop must keep MIN_IN_FLIGHT loads in flight: the graph
+# path's matvecs and the persistent decode kernel (its matvec units and attention tiles).
+STREAM_CHECKED = ("matvec", "persist_decode")
 
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s*([^;]*);")
 REG = re.compile(r"\bR(\d+)\b")
@@ -108,8 +113,15 @@ def loops(insns):
     return out
 
 
+def is_async_copy(op):
+    """cp.async (LDGSTS): global to shared memory with no destination register. It is not
+    a load in flight in the sense above (nothing waits on a register; its first operand is
+    the shared address), but a loop that issues it streams."""
+    return op.startswith("LDGSTS")
+
+
 def is_wide_load(op):
-    return op.startswith("LDG") and ".128" in op
+    return op.startswith("LDG") and ".128" in op and not is_async_copy(op)
 
 
 def load_base(operands):
@@ -182,6 +194,13 @@ def max_in_flight(insns, spans=None):
     return best
 
 
+def async_copy_loops(insns, spans=None):
+    """How many loops (default every loop) issue cp.async: listed apart from the loads in
+    flight, which they do not have."""
+    return sum(1 for s, e in (loops(insns) if spans is None else spans)
+               if any(is_async_copy(insns[i][1]) for i in range(s, e + 1)))
+
+
 def spill_insns(insns):
     return sum(1 for _, op, _ in insns if op.startswith(("STL", "LDL")))
 
@@ -196,7 +215,7 @@ def streaming(insns, spans):
     chunk each iteration, though it may hold other loops (the tiled attention's key loop
     holds its per-head loops). The loops around it (units, layers) are not streaming."""
     def wide(s, e):
-        return any(is_wide_load(insns[i][1]) for i in range(s, e + 1))
+        return any(is_wide_load(insns[i][1]) or is_async_copy(insns[i][1]) for i in range(s, e + 1))
     out = []
     for s, e in spans:
         inner = [(s2, e2) for s2, e2 in spans if (s2, e2) != (s, e) and s <= s2 and e2 <= e]
@@ -376,13 +395,16 @@ def report(cuobjdump, objs, src_dir):
             occ, why = occupancy(u.get("REG", 0), threads, u.get("SHARED", 0))
             f = funcs[name]
             # every loop of a matvec kernel (--check asks it of each); the innermost of the
-            # rest, whose outer loops (the persistent kernel's layers) are the whole body
+            # rest, whose outer loops (the persistent kernel's layers) are the whole body,
+            # and the persistent kernel's streaming loops (its attention's key loop)
             spans = loops(f) if base.startswith("matvec") else innermost(loops(f))
+            if base.startswith(STREAM_CHECKED[1]):
+                spans = sorted(set(spans) | set(streaming(f, loops(f))))
             rows.append(dict(obj=os.path.basename(obj), kernel=pretty[name], base=base, regs=u.get("REG"),
                              local=u.get("LOCAL", 0), stack=u.get("STACK", 0), spills=spill_insns(f),
                              hot_spills=hot_spill_insns(f), trig=base in trig, smem=u.get("SHARED"),
                              threads=threads, occ=occ, limit=why, in_flight=max_in_flight(f, spans),
-                             loops=every_in_flight(f, spans)))
+                             loops=every_in_flight(f, spans), async_loops=async_copy_loops(f, spans)))
     return rows
 
 
@@ -399,11 +421,13 @@ def print_rows(rows):
         fl = "-" if r["in_flight"] is None else "%d / %d" % r["in_flight"]
         name = r["kernel"] if len(r["kernel"]) <= 44 else r["kernel"][:41] + "..."
         print(f"{name:<44} {r['regs'] or 0:>4} {spill:>5} {r['smem'] or 0:>6} {r['threads'] or '?':>5} {occ:>14} {fl:>30}")
-    print("\nevery loop with a 128-bit global load, in code order (all / fewest in flight):")
+    print("\nevery loop with a 128-bit global load, in code order (all / fewest in flight;"
+          " loops of cp.async copies, which hold no registers, counted apart):")
     for r in rows:
-        if r.get("loops"):
+        if r.get("loops") or r.get("async_loops"):
             name = r["kernel"] if len(r["kernel"]) <= 44 else r["kernel"][:41] + "..."
-            print(f"{name:<44} " + ", ".join("%d/%d" % l for l in r["loops"]))
+            cp = f" (+{r['async_loops']} cp.async)" if r.get("async_loops") else ""
+            print(f"{name:<44} " + ", ".join("%d/%d" % l for l in r.get("loops", [])) + cp)
 
 
 # The stack of sincosf's Payne-Hanek range reduction: 7 words, padded (ptxas on sm_90).
@@ -420,15 +444,15 @@ def is_trig_stack(r):
 
 def problems(rows):
     """What --check fails on: local memory or LDL/STL inside an innermost loop (a row
-    without hot_spills counts every LDL/STL as hot), and matvec loops with few loads in
-    flight."""
+    without hot_spills counts every LDL/STL as hot), and loops with few loads in flight
+    in the decode kernels that stream weights (STREAM_CHECKED)."""
     out = []
     for r in rows:
         hot = r.get("hot_spills", r["spills"])
         if (r["local"] or hot) and not is_trig_stack(r):
             out.append(f"{r['kernel']}: spills ({r['local']} bytes local, {r.get('stack', 0)} bytes of stack, "
                        f"{r['spills']} LDL/STL, {hot} of them in a loop)")
-        if not r["base"].startswith("matvec"):
+        if not r["base"].startswith(STREAM_CHECKED):
             continue
         # every loop, not only the best one: a deep main loop can hide a shallow second
         # loop (a short row's path, a tail) that the short rows of a small model run

@@ -99,6 +99,23 @@ ROTATED = [
     "EXIT",
 ]
 
+# A ring fill: cp.async copies (LDGSTS: a shared address, then the global one), each
+# through the same shared address register R15, then a key loop that streams through
+# cp.async and holds a head loop, with a reload once a tile. The copies are no loads in
+# flight (no register waits on them), but the loop streams.
+ASYNC = [
+    "LDGSTS.E.BYPASS.128 [R15], desc[UR8][R6.64]",        # 0x00: fill loop head
+    "LDGSTS.E.BYPASS.128 [R15+0x200], desc[UR8][R6.64]",
+    "IADD3 R15, R15, 0x400, RZ",
+    "@P0 BRA 0x00",                                       # 0x30
+    "LDGSTS.E.BYPASS.128 [R17], desc[UR8][R8.64]",        # 0x40: key loop head
+    "FFMA R2, R2, R3, R2",                                # 0x50: head loop
+    "@P1 BRA 0x50",                                       # 0x60
+    "LDL R9, [R1+0x8]",                                   # 0x70: once a tile
+    "@P2 BRA 0x40",                                       # 0x80
+    "EXIT",
+]
+
 RES = """
 Resource usage:
  Common:
@@ -150,6 +167,18 @@ def test_in_flight():
           f"{sr.loops(rot)} {sr.loads_in_flight(rot, 4, 13, None)}")
     check(sr.every_in_flight(rot) == [(5, 1)] and sr.steady_in_flight(rot, 4, 13, "R6") == 4,
           "sass_rotated_loop_steady_state", f"{sr.every_in_flight(rot)} {sr.steady_in_flight(rot, 4, 13, 'R6')}")
+
+
+def test_async_copy():
+    a = sr.parse_sass(sass("async", ASYNC))["async"]
+    # nvdisasm's reading before: LDGSTS as a load writing R15..R18, which the next copy
+    # reads: "1 in flight" in every ring fill of the persistent kernel
+    check(sr.every_in_flight(a) == [] and sr.max_in_flight(a) is None, "sass_async_copy_not_in_flight",
+          f"{sr.every_in_flight(a)} {sr.max_in_flight(a)}")
+    check(sr.async_copy_loops(a) == 2, "sass_async_copy_loops_counted", f"{sr.async_copy_loops(a)}")
+    spans = sr.loops(a)
+    check(sorted(sr.streaming(a, spans)) == [(0, 3), (4, 8)] and sr.hot_spill_insns(a) == 1,
+          "sass_async_copy_loop_streams", f"{sr.streaming(a, spans)} {sr.hot_spill_insns(a)}")
 
 
 def test_res_usage():
@@ -233,9 +262,17 @@ def test_trig_stack():
     p = sr.problems(rows)
     check(len(p) == 1 and p[0].startswith("h:") and "1 of them in a loop" in p[0], "sass_cold_spills_pass",
           f"{p}")
+    # a shallow loop fails in a matvec and in the persistent decode kernel, not elsewhere
+    def shallow(base):
+        return dict(kernel=base, base=base, trig=False, local=0, stack=0, spills=0, in_flight=(8, 1),
+                    loops=[(8, 1), (2, 1)])
+    p = sr.problems([shallow("matvec_vec_kernel"), shallow("persist_decode_kernel"), shallow("attn_prefill_kernel")])
+    check(len(p) == 2 and p[0].startswith("matvec_vec_kernel: loop 2 of 2 has 2")
+          and p[1].startswith("persist_decode_kernel: loop 2"), "sass_shallow_loop_in_decode_kernels", f"{p}")
 
 
 test_in_flight()
+test_async_copy()
 test_res_usage()
 test_occupancy()
 test_launch_blocks()

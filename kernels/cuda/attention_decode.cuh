@@ -5,6 +5,7 @@
 #define VARENT_CUDA_ATTENTION_DECODE_CUH
 
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/sync.cuh"
 
 // ---- decode -------------------------------------------------------------------------
 // Splits a step uses: the grid has n_splits of them (sized for the longest length the
@@ -317,15 +318,31 @@ static inline size_t flash_smem(int G, int hd) {
            sizeof(float);
 }
 
+// flash_smem and the staged tile (flash_split's STAGED form): CH = 4 K and 4 V chunks of
+// 16 bytes a thread, past the rest rounded up to 16 bytes.
+static inline size_t flash_smem_staged(int G, int hd) {
+    return (flash_smem(G, hd) + 15) / 16 * 16 + (size_t)2 * 4 * ATT_THREADS * 16;
+}
+
 static inline bool flash_ok(attn_shape s) {
     int G = s.n_heads / s.n_kv_heads;
     return (s.head_dim == 64 || s.head_dim == 128) && G <= FLASH_MAX_G &&
            flash_smem(G, s.head_dim) <= ATT_SMEM_MAX;
 }
 
+// Where row j of KV head kvh starts in its cache (elements), and whether it is in the
+// trunk (paged through table when set, 2^shift rows a page; below n_trunk) or the tail.
+__device__ __forceinline__ size_t flash_off(int n_trunk, const int *table, int shift, int kv_dim, int kvh, int hd,
+                                            int j, bool &tr) {
+    tr = j < n_trunk;
+    size_t row = (size_t)(tr ? j : j - n_trunk);
+    if (table) row = ((size_t)table[j >> shift] << shift) + (size_t)(j & ((1 << shift) - 1));  // paged trunk
+    return row * kv_dim + (size_t)kvh * hd;
+}
+
 // This thread's chunks of the tile at jt: chunk c of rows jt + rg + R * k (k < CH) of K
-// and V (PARTS 1: K only, 2: V only), 16-byte read-only loads, zeros past j1 (not loaded).
-template <int HD, int PARTS = 3>
+// and V, 16-byte read-only loads, zeros past j1 (not loaded).
+template <int HD>
 __device__ __forceinline__ void flash_load(uint4 (&kr)[flash_geom<HD>::CH], uint4 (&vr)[flash_geom<HD>::CH],
                                            const cuda_kv_layer &L, int n_trunk, const int *table, int shift,
                                            int kv_dim, int kvh, int jt, int j1, int rg, int c) {
@@ -334,19 +351,47 @@ __device__ __forceinline__ void flash_load(uint4 (&kr)[flash_geom<HD>::CH], uint
     for (int k = 0; k < CH; k++) {
         int j = jt + rg + R * k;
         if (j < j1) {
-            bool tr = j < n_trunk;
-            size_t row = (size_t)(tr ? j : j - n_trunk);
-            if (table) row = ((size_t)table[j >> shift] << shift) + (size_t)(j & ((1 << shift) - 1));  // paged trunk
-            size_t off = row * kv_dim + (size_t)kvh * HD;
+            bool tr;
+            size_t off = flash_off(n_trunk, table, shift, kv_dim, kvh, HD, j, tr);
             const uint16_t *kb = (const uint16_t *)(tr ? L.k_trunk : L.k_tail) + off;
             const uint16_t *vb = (const uint16_t *)(tr ? L.v_trunk : L.v_tail) + off;
-            if (PARTS & 1) kr[k] = __ldg((const uint4 *)kb + c);
-            if (PARTS & 2) vr[k] = __ldg((const uint4 *)vb + c);
+            kr[k] = __ldg((const uint4 *)kb + c);
+            vr[k] = __ldg((const uint4 *)vb + c);
         } else {
-            if (PARTS & 1) kr[k] = make_uint4(0u, 0u, 0u, 0u);
-            if (PARTS & 2) vr[k] = make_uint4(0u, 0u, 0u, 0u);
+            kr[k] = make_uint4(0u, 0u, 0u, 0u);
+            vr[k] = make_uint4(0u, 0u, 0u, 0u);
         }
     }
+}
+
+// flash_load of the staged form, for the keys (V false) or the values: the same chunks
+// into this thread's own slots of st (chunk k at st[k * ATT_THREADS + t], so a warp's
+// 16-byte slots are consecutive) by cp.async, the zeros past j1 stored; then one commit
+// group. Only thread t reads its slots, so no barrier orders them: its own
+// cp_async_wait_group does.
+template <int HD, bool V>
+__device__ __forceinline__ void flash_stage(uint4 *st, const cuda_kv_layer &L, int n_trunk, const int *table,
+                                            int shift, int kv_dim, int kvh, int jt, int j1, int rg, int c, int t) {
+    constexpr int R = flash_geom<HD>::R, CH = flash_geom<HD>::CH;
+#pragma unroll
+    for (int k = 0; k < CH; k++) {
+        int j = jt + rg + R * k;
+        if (j < j1) {
+            bool tr;
+            size_t off = flash_off(n_trunk, table, shift, kv_dim, kvh, HD, j, tr);
+            const void *base = V ? (tr ? L.v_trunk : L.v_tail) : (tr ? L.k_trunk : L.k_tail);
+            cp_async16(st + k * ATT_THREADS + t, (const uint4 *)((const uint16_t *)base + off) + c);
+        } else {
+            st[k * ATT_THREADS + t] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    cp_async_commit();
+}
+
+// Chunk k of this thread's staged tile (st: flash_stage's), or of the newest key or value
+// the prologue kept (nh: kn_h or vn_h) when row k is that key.
+__device__ __forceinline__ uint4 flash_staged(const uint4 *st, int k, int t, bool newest, const uint16_t *nh, int c) {
+    return newest ? ((const uint4 *)nh)[c] : st[k * ATT_THREADS + t];
 }
 
 // The four partial sums v[0..3] (keys 0..3 of this thread) summed over the C threads of
@@ -378,14 +423,20 @@ __device__ __forceinline__ float row_sum4(const float (&v)[4], int c) {
 // the R row groups' accumulators are summed in row-group order into the partials.
 // The newest key with fused RoPE comes from kn_h / vn_h (the bf16 bits the prologue
 // stored), not from the cache row it has just written: the same bits as reading it back.
-// One split block's work (as decode_split). With the fused RoPE and KV store, the first
-// tile's K and V loads go out before wait(). smem4: flash_smem's bytes. AHEAD (the graph
-// kernel's): each tile's loads go out as the tile before starts, and its chunks are
-// widened once for every head. Without it (the persistent kernel at 128 registers, where
-// those 48 registers were spilled) the next tile's keys load once this tile's scores are
-// summed and its values once they are used, and each head widens the chunks again: the
-// same bits.
-template <int HD, typename Wait, bool AHEAD = true>
+// One split block's work (as decode_split). smem4: flash_smem's bytes (STAGED:
+// flash_smem_staged's). Where a tile lives (STAGED):
+// - false (the graph kernel): in registers, its K and V loads issued as the tile before
+//   starts (the first tile's before wait() with the fused RoPE and KV store), its chunks
+//   widened once for every head;
+// - true (the persistent kernel at 4 blocks an SM: 128 registers, where the tile in
+//   flight was spilled): in shared memory, by cp.async into each thread's own slots, the
+//   next tile's keys once this tile's scores are summed and its values once they are
+//   used (two commit groups a tile), each head widening the chunks it reads. The first
+//   tile's copies go out after wait(): the persistent kernel's block wait is the barrier
+//   after which the phase before (whose staged input and weight ring the slots may lie
+//   over) is done.
+// The same bits either way.
+template <int HD, typename Wait, bool STAGED = false>
 __device__ __forceinline__ bool flash_split(float *part, float *last_scores, const float *q, cuda_kv_layer L,
                                             cuda_kv_lens N, int b, int split, int kvh, int n_splits, int kps,
                                             int n_heads, int n_kv, float scale, size_t score_stride, unsigned *count,
@@ -404,6 +455,9 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
     float *q_s = (float *)smem4, *o_s = q_s + G * HD;
     uint16_t *kn_h = (uint16_t *)(o_s + G * ATT_THREADS * 8), *vn_h = kn_h + HD;
     float *sc = (float *)(vn_h + HD), *m_s = sc + G * S, *l_s = m_s + G, *c_s = l_s + G;
+    // STAGED: the tile's K slots, then its V slots, 16-byte aligned past c_s
+    uint4 *k_st = (uint4 *)(q_s + ((G * HD + G * ATT_THREADS * 8 + HD + G * S + 3 * G + 3) & ~3));
+    uint4 *v_st = k_st + CH * ATT_THREADS;
     const float *qg = q + (size_t)kvh * G * HD;  // heads kvh*G .. kvh*G+G-1 are contiguous
     int newest = rf.on ? n_keys - 1 : -1;
     bool own = rf.on && j0 <= newest && newest < j1;
@@ -414,10 +468,16 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
     // newest row (cuda_kv_store), so the wait comes first. Shared memory is written only
     // after the wait: the persistent kernel's block wait is a barrier its warps reach
     // once done with the phase before, whose staged input shares this memory.
-    if (!rf.on) wait();
-    uint4 kr[CH], vr[CH];  // the next tile, in flight
-    flash_load<HD>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, j0, j1, rg, c);
-    if (rf.on) wait();
+    uint4 kr[CH], vr[CH];  // the next tile, in flight (not STAGED)
+    if constexpr (STAGED) {
+        wait();
+        flash_stage<HD, false>(k_st, L, n_trunk, N.table, N.shift, kv_dim, kvh, j0, j1, rg, c, t);
+        flash_stage<HD, true>(v_st, L, n_trunk, N.table, N.shift, kv_dim, kvh, j0, j1, rg, c, t);
+    } else {
+        if (!rf.on) wait();
+        flash_load<HD>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, j0, j1, rg, c);
+        if (rf.on) wait();
+    }
     for (int g = 0; g < 2 * G; g++) ((float4 *)o_s)[g * ATT_THREADS + t] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int g = t; g < G; g += ATT_THREADS) {
         m_s[g] = -INFINITY;
@@ -430,24 +490,29 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
 
     for (int jt = j0; jt < j1; jt += S) {
         int n = min(S, j1 - jt);
+        bool more = jt + S < j1;
         uint4 ck[CH], cv[CH];
+        if constexpr (STAGED) {
+            cp_async_wait_group(1);  // this tile's keys (its values may still be in flight)
+        } else {
 #pragma unroll
-        for (int k = 0; k < CH; k++) {
-            ck[k] = kr[k];
-            cv[k] = vr[k];
-        }
-        if (AHEAD && jt + S < j1) flash_load<HD>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c);
-        if (own) {
+            for (int k = 0; k < CH; k++) {
+                ck[k] = kr[k];
+                cv[k] = vr[k];
+            }
+            if (more) flash_load<HD>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c);
+            if (own) {
 #pragma unroll
-            for (int k = 0; k < CH; k++)
-                if (jt + rg + R * k == newest) {
-                    ck[k] = ((const uint4 *)kn_h)[c];
-                    cv[k] = ((const uint4 *)vn_h)[c];
-                }
+                for (int k = 0; k < CH; k++)
+                    if (jt + rg + R * k == newest) {
+                        ck[k] = ((const uint4 *)kn_h)[c];
+                        cv[k] = ((const uint4 *)vn_h)[c];
+                    }
+            }
         }
-        // 1. scores (the key chunks widened once for all G heads)
+        // 1. scores (not STAGED: the key chunks widened once for all G heads)
         float kf[CH][8];
-        if constexpr (AHEAD) {
+        if constexpr (!STAGED) {
 #pragma unroll
             for (int k = 0; k < CH; k++) unpack8<WT_BF16>(ck[k], kf[k]);
         }
@@ -463,8 +528,9 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
 #pragma unroll
             for (int k = 0; k < CH; k++) {
                 float kt[8];
-                if constexpr (!AHEAD) unpack8<WT_BF16>(ck[k], kt);
-                const float(&kk)[8] = AHEAD ? kf[k] : kt;
+                if constexpr (STAGED)
+                    unpack8<WT_BF16>(flash_staged(k_st, k, t, own && jt + rg + R * k == newest, kn_h, c), kt);
+                const float(&kk)[8] = STAGED ? kt : kf[k];
                 float s = 0.f;
 #pragma unroll
                 for (int e = 0; e < 8; e++) s = fmaf(qv[e], kk[e], s);
@@ -477,15 +543,21 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
                 if (last_scores) last_scores[(size_t)(kvh * G + g) * n_keys + jt + jmine] = s;
             }
         }
-        // (not AHEAD: the next tile's keys load once these are used, its values below)
-        if (!AHEAD && jt + S < j1) flash_load<HD, 1>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c);
+        // (STAGED: the next tile's keys into the slots this thread has read, its values below)
+        if (STAGED && more) flash_stage<HD, false>(k_st, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c, t);
         __syncthreads();
         // 2. running max, p in place, l
         softmax_tile(sc, S, n, G, m_s, l_s, c_s);
-        // 3. o = o * corr + sum p v over this thread's rows (v widened once for all G heads,
-        // in the registers the widened keys held)
+        // 3. o = o * corr + sum p v over this thread's rows (not STAGED: v widened once
+        // for all G heads, in the registers the widened keys held)
+        if constexpr (STAGED) {
+            if (more)
+                cp_async_wait_group(1);  // this tile's values; the next tile's keys stay in flight
+            else
+                cp_async_wait_group(0);
+        }
         float vf[CH][8];
-        if constexpr (AHEAD) {
+        if constexpr (!STAGED) {
 #pragma unroll
             for (int k = 0; k < CH; k++) unpack8<WT_BF16>(cv[k], vf[k]);
         }
@@ -501,15 +573,16 @@ __device__ __forceinline__ bool flash_split(float *part, float *last_scores, con
                 int jj = rg + R * k;
                 float p = jj < n ? sc[g * S + jj] : 0.f;
                 float vt[8];
-                if constexpr (!AHEAD) unpack8<WT_BF16>(cv[k], vt);
-                const float(&vv)[8] = AHEAD ? vf[k] : vt;
+                if constexpr (STAGED)
+                    unpack8<WT_BF16>(flash_staged(v_st, k, t, own && jt + jj == newest, vn_h, c), vt);
+                const float(&vv)[8] = STAGED ? vt : vf[k];
 #pragma unroll
                 for (int e = 0; e < 8; e++) a[e] = fmaf(p, vv[e], a[e]);
             }
             op[0] = make_float4(a[0], a[1], a[2], a[3]);
             op[ATT_THREADS] = make_float4(a[4], a[5], a[6], a[7]);
         }
-        if (!AHEAD && jt + S < j1) flash_load<HD, 2>(kr, vr, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c);
+        if (STAGED && more) flash_stage<HD, true>(v_st, L, n_trunk, N.table, N.shift, kv_dim, kvh, jt + S, j1, rg, c, t);
         __syncthreads();  // sc and c_s are rewritten by the next tile
     }
     // o (g, d) = the R row groups' accumulators of chunk d / 8, in row-group order.

@@ -445,7 +445,7 @@ __device__ void pk_attention(const pk_args &a, int l, float4 *smem4, unsigned *l
         block_waiter wait = { pk_ctr(p, l, kvh), (unsigned)((G + 2) * hd), a.sleep_ns, pk_wait_slot(p) };
         bool combined;
         if constexpr (HD != 0) {
-            combined = flash_split<HD, block_waiter, MINB != 4>(a.part, scores, p.qkv, kvl, N, 0, split, kvh,
+            combined = flash_split<HD, block_waiter, MINB == 4>(a.part, scores, p.qkv, kvl, N, 0, split, kvh,
                                                                 a.n_splits, a.kps, p.n_heads, p.n_kv, p.scale, 0,
                                                                 a.count, p.att, rf, wait, smem4, last_s);
         } else {
@@ -554,10 +554,9 @@ __device__ void pk_finish(const cuda_persist_plan &p) {
 }
 
 // grid: every block co-resident (cooperative launch), block PK_THREADS; MINB blocks an
-// SM (__launch_bounds__: 3, the default, leaves 168 registers a thread, and no instance
-// spills; 4 leaves 128: the tiled attention then loads each key tile in its own
-// iteration (flash_split's AHEAD), and still reloads a few words inside the attention's
-// per-unit loops: docs/cuda.md "Spills").
+// SM (__launch_bounds__: 3, the default, leaves 168 registers a thread; 4 leaves 128,
+// and the tiled attention then stages its key tiles in shared memory, flash_split's
+// STAGED; neither spills inside a loop: docs/cuda.md "Spills").
 template <int WT, int HD, int MINB>
 __global__ void __launch_bounds__(PK_THREADS, MINB) persist_decode_kernel(pk_args a) {
     __shared__ unsigned last;
@@ -680,6 +679,21 @@ static size_t pk_ring_bytes(const cuda_ctx *ctx, const cuda_persist_plan *p, att
     return want > 0 ? (size_t)want : 0;
 }
 
+// A block's dynamic shared memory: up to the ring's end, or at 4 blocks an SM the tiled
+// attention's staged tiles (flash_split's STAGED: 16 KiB past its other parts) where they
+// reach further. The tiles may lie over the staged input and the ring: no phase but the
+// attention uses shared memory while a block is in it (its first copies go out after
+// the block wait that ends the phase before, and the next phase fills the ring after
+// its last unit's barrier).
+static size_t pk_dyn_smem(const cuda_persist_plan *p, attn_shape s, int stage, size_t ring) {
+    size_t end = pk_ring_off(s, stage) + ring;
+    if (pk_min_blocks(p) == 4 && flash_ok(s)) {
+        size_t st = flash_smem_staged(s.n_heads / s.n_kv_heads, s.head_dim);
+        if (st > end) end = st;
+    }
+    return end;
+}
+
 extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, cuda_persist_fit *fit) {
     attn_shape s = pk_shape(p);
     int q_dim = p->n_heads * p->head_dim;
@@ -697,7 +711,7 @@ extern "C" int cuda_persist_check(cuda_ctx *ctx, const cuda_persist_plan *p, cud
     const char *name;
     pk_kernel k = pk_pick(p, s, &name);
     int stage = pk_stage_floats(ctx, p);
-    size_t rb = pk_ring_bytes(ctx, p, s, stage), smem = pk_ring_off(s, stage) + rb;
+    size_t rb = pk_ring_bytes(ctx, p, s, stage), smem = pk_dyn_smem(p, s, stage, rb);
     if (smem > (48 << 10))  // above the default limit: opted in (the ring)
         CUDA_CHECK(ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
@@ -740,8 +754,8 @@ extern "C" int cuda_decode_persistent(cuda_ctx *ctx, const cuda_persist_plan *p,
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;
     attr[0].val.cooperative = 1;
-    cudaLaunchConfig_t cfg = { dim3(fit->grid), dim3(PK_THREADS), (size_t)a.ring_off + (size_t)fit->ring, ctx->stream,
-                               attr, 1 };
+    cudaLaunchConfig_t cfg = { dim3(fit->grid), dim3(PK_THREADS), pk_dyn_smem(p, s, fit->stage, (size_t)fit->ring),
+                               ctx->stream, attr, 1 };
     const char *name;
     pk_kernel k = pk_pick(p, s, &name);
 #ifdef VARENT_EMU_DEVICE

@@ -43,6 +43,10 @@ static inline void red_release_gpu(unsigned *p, unsigned v) {
 // thread's cp_async_wait_all (tests/cudaemu/async.cpp poisons it until then).
 #define cp_async16(dst, src) emu::cp_async((dst), (src), 16, __FILE__, __LINE__)
 #define cp_async_wait_all() emu::cp_async_wait_all(__FILE__, __LINE__)
+// The copies issued since the last commit form a group; wait_group(n) lands every group
+// but the newest n (n a literal).
+#define cp_async_commit() emu::cp_async_commit()
+#define cp_async_wait_group(n) emu::cp_async_wait_group((n), __FILE__, __LINE__)
 // The device's nanosecond clock (%globaltimer): the host's monotonic clock here.
 #define globaltimer_ns() emu::globaltimer_ns()
 
@@ -62,6 +66,8 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+#define cp_async_wait_group(n) asm volatile("cp.async.wait_group " #n ";" ::: "memory")
 // The device's nanosecond clock, one for every SM (the persistent kernel's phase trace).
 __device__ __forceinline__ unsigned long long globaltimer_ns() {
     unsigned long long t;

@@ -1,8 +1,9 @@
 // async.cpp (emulated device): asynchronous copies from global into shared memory
 // (cp.async, kernels/cuda/sync.cuh) carried out as late as a GPU may. At the issue the
 // source is read (a copy issued before its data was ready gets the old bytes) and the
-// destination is poisoned; the bytes land at the issuing thread's cp_async_wait_all (a
-// read before it sees NaN, as a read of a copy still in flight may on a GPU). The
+// destination is poisoned; the bytes land at the issuing thread's cp_async_wait_all, or
+// at the cp_async_wait_group that covers the copy's commit group (a read before it sees
+// NaN, as a read of a copy still in flight may on a GPU). The
 // checks: 16-byte aligned operands, the source in device memory, the destination in the
 // block's shared memory, and no copy left unwaited when its thread ends.
 #include <stdio.h>
@@ -20,9 +21,11 @@ struct pending_copy {
     size_t bytes;
     const char *file;
     int line;
+    long group;  // its commit group, 1, 2, ... in commit order; 0: not committed yet
 };
 struct async_copies {
     std::vector<pending_copy> q;
+    long groups = 0;  // groups committed so far
 };
 
 namespace {
@@ -53,6 +56,7 @@ void cp_async(void *dst, const void *src, size_t bytes, const char *file, int li
     c.bytes = bytes;
     c.file = file;
     c.line = line;
+    c.group = 0;
     t.copies->q.push_back(c);
     memset(dst, POISON, bytes);
 }
@@ -63,6 +67,30 @@ void cp_async_wait_all(const char *file, int line) {
     if (!t.copies) return;
     for (const pending_copy &c : t.copies->q) memcpy(c.dst, c.data, c.bytes);
     t.copies->q.clear();
+    progress++;
+}
+
+void cp_async_commit() {
+    thread_ctx &t = *cur;
+    if (!t.copies) t.copies = new async_copies();
+    t.copies->groups++;
+    for (pending_copy &c : t.copies->q)
+        if (!c.group) c.group = t.copies->groups;
+}
+
+// Lands the copies of groups 1 .. groups - n, in issue order; the newest n groups and
+// the uncommitted copies stay in flight (poisoned).
+void cp_async_wait_group(int n, const char *file, int line) {
+    thread_ctx &t = *cur;
+    if (n < 0) async_fatal(t, file, line, "a negative group count");
+    if (!t.copies) return;
+    long last = t.copies->groups - n;
+    std::vector<pending_copy> left;
+    for (const pending_copy &c : t.copies->q) {
+        if (c.group && c.group <= last) memcpy(c.dst, c.data, c.bytes);
+        else left.push_back(c);
+    }
+    t.copies->q.swap(left);
     progress++;
 }
 

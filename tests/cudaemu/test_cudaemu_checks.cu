@@ -68,11 +68,34 @@ __global__ void fill(float *out, float v) { out[threadIdx.x] = v; }
 // Asynchronous copies into shared memory (cp_async16, as the persistent kernel's weight
 // ring): each thread copies 4 floats of x into sh and stores them doubled. The planted
 // bugs: 1 the copy read before its wait; 2 never waited for; 3 a destination in global
-// memory; 4 a source not 16-byte aligned.
-enum { AS_RIGHT, AS_READ_EARLY, AS_UNWAITED, AS_GLOBAL_DST, AS_MISALIGNED };
+// memory; 4 a source not 16-byte aligned. In two commit groups (as the tiled attention's
+// staged keys and values): each half of x's value, one a group, summed after
+// cp_async_wait_group(1) lands the first and (0) the second; the planted bug 6 reads
+// the second after wait_group(1).
+enum { AS_RIGHT, AS_READ_EARLY, AS_UNWAITED, AS_GLOBAL_DST, AS_MISALIGNED, AS_GROUPS, AS_GROUP_EARLY };
+__device__ float4 async_two_groups(const float *x, int mode) {
+    __shared__ float4 a[32];
+    __shared__ float4 b[32];
+    int t = threadIdx.x;
+    cp_async16(&a[t], x + 4 * t);
+    cp_async_commit();
+    cp_async16(&b[t], x + 4 * t);
+    cp_async_commit();
+    cp_async_wait_group(1);
+    float4 u = a[t], v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (mode == AS_GROUP_EARLY) v = b[t];
+    cp_async_wait_group(0);
+    if (mode != AS_GROUP_EARLY) v = b[t];
+    return make_float4(u.x + v.x, u.y + v.y, u.z + v.z, u.w + v.w);
+}
 __global__ void async_copy(float *out, const float *x, int mode) {
     __shared__ float4 sh[32];
     int t = threadIdx.x;
+    if (mode >= AS_GROUPS) {
+        float4 v = async_two_groups(x, mode);
+        out[4 * t] = v.x, out[4 * t + 1] = v.y, out[4 * t + 2] = v.z, out[4 * t + 3] = v.w;
+        return;
+    }
     void *dst = mode == AS_GLOBAL_DST ? (void *)(out + 4 * t) : (void *)&sh[t];
     cp_async16(dst, mode == AS_MISALIGNED ? x + 4 * t + 1 : x + 4 * t);
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -190,6 +213,8 @@ static int run_async(const char *name, float *out) {
                : !strcmp(name, "async_unwaited")  ? AS_UNWAITED
                : !strcmp(name, "async_global_dst") ? AS_GLOBAL_DST
                : !strcmp(name, "async_misaligned") ? AS_MISALIGNED
+               : !strcmp(name, "async_groups")     ? AS_GROUPS
+               : !strcmp(name, "async_group_early") ? AS_GROUP_EARLY
                                                    : AS_RIGHT;
     float *x = dev_floats(129, 1.f), h[128];
     async_copy<<<1, 32>>>(out, x, mode);
@@ -382,6 +407,10 @@ int main(int argc, char **argv) {
               run_child(self, "async_right", "random:1", err, sizeof err) == 0,
           "cudaemu_async_copy_after_wait_is_right", err);
     expect(self, "async_read_early", "forward", NULL);
+    check(run_child(self, "async_groups", "forward", err, sizeof err) == 0 &&
+              run_child(self, "async_groups", "random:1", err, sizeof err) == 0,
+          "cudaemu_async_groups_land_in_order", err);
+    expect(self, "async_group_early", "forward", NULL);
     expect(self, "async_unwaited", "forward", "asynchronous copies never waited for");
     expect(self, "async_global_dst", "forward", "the destination is not the block's shared memory");
     expect(self, "async_misaligned", "forward", "an operand not aligned to its size");

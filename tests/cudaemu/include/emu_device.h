@@ -105,10 +105,16 @@ extern thread_local unsigned long progress;
 // Asynchronous copies into shared memory (cp.async; kernels/cuda/sync.cuh), as a GPU
 // may carry them out at the latest (tests/cudaemu/async.cpp): the source is read at the
 // issue and its destination poisoned, and the data lands at the issuing thread's
-// cp_async_wait_all. A read of the destination before that wait sees NaN, and a thread
-// that ends with copies it never waited for is reported.
+// cp_async_wait_all (or the cp_async_wait_group that covers its group). A read of the
+// destination before that wait sees NaN, and a thread that ends with copies it never
+// waited for is reported.
 void cp_async(void *dst, const void *src, size_t bytes, const char *file, int line);
 void cp_async_wait_all(const char *file, int line);
+// cp.async.commit_group: the copies issued since the last commit form a group.
+// cp.async.wait_group n: every committed group but the newest n has landed (copies not
+// yet committed stay in flight).
+void cp_async_commit();
+void cp_async_wait_group(int n, const char *file, int line);
 
 // %globaltimer: nanoseconds of the host's monotonic clock (tests/cudaemu/runtime.cpp).
 unsigned long long globaltimer_ns();

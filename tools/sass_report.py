@@ -23,8 +23,8 @@ tiled attention's key loop, which holds its per-head loops), or when a loop with
 than 4 loads in flight is in a matvec kernel (any loop, not only its best) or in the
 persistent decode kernel (an innermost or streaming loop). Other LDL/STL (run once per
 phase or unit, not per chunk or tile: the persistent kernel's few words of layer-loop
-state) are listed as cold ("12c") and pass. Kernels other than these are read in their
-innermost loops only. The parsers are plain functions, tested on planted SASS in
+state) are listed as cold ("12c") and pass. Kernels other than the matvecs are read in
+their innermost and streaming loops only. The parsers are plain functions, tested on planted SASS in
 tests/py/test_sass_report.py.
 """
 import argparse
@@ -224,6 +224,17 @@ def streaming(insns, spans):
     return out
 
 
+def listed_loops(base, insns):
+    """The loops the report lists and --check reads: every loop of a matvec kernel (base:
+    its name); the innermost and streaming loops of the rest (a tiled attention's key
+    loop holds its head loops), whose outer loops (the persistent kernel's layers) are
+    the whole body."""
+    every = loops(insns)
+    if base.startswith("matvec"):
+        return every
+    return sorted(set(innermost(every)) | set(streaming(insns, every)))
+
+
 def hot_spill_insns(insns):
     """LDL/STL inside an innermost loop or a streaming one (once per iteration, per chunk
     or tile). The rest run once per phase or unit of a kernel (the persistent kernel's
@@ -394,12 +405,7 @@ def report(cuobjdump, objs, src_dir):
             threads = blocks.get(base)
             occ, why = occupancy(u.get("REG", 0), threads, u.get("SHARED", 0))
             f = funcs[name]
-            # every loop of a matvec kernel (--check asks it of each); the innermost of the
-            # rest, whose outer loops (the persistent kernel's layers) are the whole body,
-            # and the persistent kernel's streaming loops (its attention's key loop)
-            spans = loops(f) if base.startswith("matvec") else innermost(loops(f))
-            if base.startswith(STREAM_CHECKED[1]):
-                spans = sorted(set(spans) | set(streaming(f, loops(f))))
+            spans = listed_loops(base, f)
             rows.append(dict(obj=os.path.basename(obj), kernel=pretty[name], base=base, regs=u.get("REG"),
                              local=u.get("LOCAL", 0), stack=u.get("STACK", 0), spills=spill_insns(f),
                              hot_spills=hot_spill_insns(f), trig=base in trig, smem=u.get("SHARED"),

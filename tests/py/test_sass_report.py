@@ -162,6 +162,11 @@ def test_in_flight():
           "sass_hot_spill_in_a_streaming_loop", f"{sr.streaming(st, sr.loops(st))} {sr.hot_spill_insns(st)}")
     check(sr.streaming(nested, sr.loops(nested)) == [(3, 5)] and sr.hot_spill_insns(nested) == 1,
           "sass_layer_loop_not_streaming", f"{sr.streaming(nested, sr.loops(nested))}")
+    # the loops listed: a matvec's every loop; elsewhere the innermost and the streaming
+    # ones (STREAM's key loop and its head loop), not the unit loop around them
+    check(sr.listed_loops("attn_decode_flash_kernel", st) == [(1, 6), (3, 4)]
+          and sr.listed_loops("matvec_vec_kernel", st) == sr.loops(st), "sass_listed_loops",
+          f"{sr.listed_loops('attn_decode_flash_kernel', st)} {sr.loops(st)}")
     rot = sr.parse_sass(sass("rot", ROTATED))["rot"]
     check(sr.loops(rot) == [(4, 13)] and sr.loads_in_flight(rot, 4, 13, None) == 1, "sass_rotated_loop_from_head",
           f"{sr.loops(rot)} {sr.loads_in_flight(rot, 4, 13, None)}")

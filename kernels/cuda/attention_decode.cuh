@@ -330,14 +330,17 @@ static inline bool flash_ok(attn_shape s) {
            flash_smem(G, s.head_dim) <= ATT_SMEM_MAX;
 }
 
-// Where row j of KV head kvh starts in its cache (elements), and whether it is in the
-// trunk (paged through table when set, 2^shift rows a page; below n_trunk) or the tail.
-__device__ __forceinline__ size_t flash_off(int n_trunk, const int *table, int shift, int kv_dim, int kvh, int hd,
-                                            int j, bool &tr) {
-    tr = j < n_trunk;
+// Row j's key (kb) and value (vb) of KV head kvh: in the trunk (paged through table
+// when set, 2^shift rows a page) below n_trunk, else in the tail.
+__device__ __forceinline__ void flash_row(const cuda_kv_layer &L, int n_trunk, const int *table, int shift,
+                                          int kv_dim, int kvh, int hd, int j, const uint16_t *&kb,
+                                          const uint16_t *&vb) {
+    bool tr = j < n_trunk;
     size_t row = (size_t)(tr ? j : j - n_trunk);
     if (table) row = ((size_t)table[j >> shift] << shift) + (size_t)(j & ((1 << shift) - 1));  // paged trunk
-    return row * kv_dim + (size_t)kvh * hd;
+    size_t off = row * kv_dim + (size_t)kvh * hd;
+    kb = (const uint16_t *)(tr ? L.k_trunk : L.k_tail) + off;
+    vb = (const uint16_t *)(tr ? L.v_trunk : L.v_tail) + off;
 }
 
 // This thread's chunks of the tile at jt: chunk c of rows jt + rg + R * k (k < CH) of K
@@ -351,10 +354,8 @@ __device__ __forceinline__ void flash_load(uint4 (&kr)[flash_geom<HD>::CH], uint
     for (int k = 0; k < CH; k++) {
         int j = jt + rg + R * k;
         if (j < j1) {
-            bool tr;
-            size_t off = flash_off(n_trunk, table, shift, kv_dim, kvh, HD, j, tr);
-            const uint16_t *kb = (const uint16_t *)(tr ? L.k_trunk : L.k_tail) + off;
-            const uint16_t *vb = (const uint16_t *)(tr ? L.v_trunk : L.v_tail) + off;
+            const uint16_t *kb, *vb;
+            flash_row(L, n_trunk, table, shift, kv_dim, kvh, HD, j, kb, vb);
             kr[k] = __ldg((const uint4 *)kb + c);
             vr[k] = __ldg((const uint4 *)vb + c);
         } else {
@@ -376,14 +377,13 @@ __device__ __forceinline__ void flash_stage(uint4 *st, const cuda_kv_layer &L, i
 #pragma unroll
     for (int k = 0; k < CH; k++) {
         int j = jt + rg + R * k;
-        if (j < j1) {
-            bool tr;
-            size_t off = flash_off(n_trunk, table, shift, kv_dim, kvh, HD, j, tr);
-            const void *base = V ? (tr ? L.v_trunk : L.v_tail) : (tr ? L.k_trunk : L.k_tail);
-            cp_async16(st + k * ATT_THREADS + t, (const uint4 *)((const uint16_t *)base + off) + c);
-        } else {
+        const uint16_t *kb, *vb;
+        if (j >= j1) {
             st[k * ATT_THREADS + t] = make_uint4(0u, 0u, 0u, 0u);
+            continue;
         }
+        flash_row(L, n_trunk, table, shift, kv_dim, kvh, HD, j, kb, vb);
+        cp_async16(st + k * ATT_THREADS + t, (const uint4 *)(V ? vb : kb) + c);
     }
     cp_async_commit();
 }

@@ -11,7 +11,8 @@ Per kernel of the sm_90 code in each object:
     register, and whose loops are counted apart) issued before the first instruction
     that reads one of their registers: the loads a warp keeps in flight per iteration, in all and for the
     shallowest stream (address register). The summary column shows a kernel's best loop,
-    the list under it every loop, and --check asks it of every loop. Issue 16
+    the list under it every listed loop (listed_loops); --check asks 4 of each listed loop
+    of the matvec and persistent decode kernels (STREAM_CHECKED). Issue 16
     wants at least 4 independent loads in flight per lane in the matvec loop, counted in
     all: matvec_vec4 keeps one load per weight row (each row its own address register),
     matvec_vec four chunks of one row (one register), and both count as 4.

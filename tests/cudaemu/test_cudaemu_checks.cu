@@ -69,9 +69,9 @@ __global__ void fill(float *out, float v) { out[threadIdx.x] = v; }
 // ring): each thread copies 4 floats of x into sh and stores them doubled. The planted
 // bugs: 1 the copy read before its wait; 2 never waited for; 3 a destination in global
 // memory; 4 a source not 16-byte aligned. In two commit groups (as the tiled attention's
-// staged keys and values): each half of x's value, one a group, summed after
-// cp_async_wait_group(1) lands the first and (0) the second; the planted bug 6 reads
-// the second after wait_group(1).
+// staged keys and values): x copied twice, one copy a group, and the two summed (2x)
+// after cp_async_wait_group(1) lands the first and (0) the second; the planted bug 6
+// reads the second after wait_group(1).
 enum { AS_RIGHT, AS_READ_EARLY, AS_UNWAITED, AS_GLOBAL_DST, AS_MISALIGNED, AS_GROUPS, AS_GROUP_EARLY };
 __device__ float4 async_two_groups(const float *x, int mode) {
     __shared__ float4 a[32];

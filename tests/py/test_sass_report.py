@@ -176,7 +176,7 @@ def test_in_flight():
 
 def test_async_copy():
     a = sr.parse_sass(sass("async", ASYNC))["async"]
-    # nvdisasm's reading before: LDGSTS as a load writing R15..R18, which the next copy
+    # the reader's old mistake: LDGSTS as a load writing R15..R18, which the next copy
     # reads: "1 in flight" in every ring fill of the persistent kernel
     check(sr.every_in_flight(a) == [] and sr.max_in_flight(a) is None, "sass_async_copy_not_in_flight",
           f"{sr.every_in_flight(a)} {sr.max_in_flight(a)}")

@@ -16,6 +16,16 @@ previous piece of work). Standard output gets the step's span against its busy t
 the time from one step's last node to the next step's first, and what ran there: the
 device's work outside the graph and the host's runtime API calls between two launches,
 per step. Exit status 1 when the trace holds no graph launch.
+
+    tools/trace_report.py TRACE --prefill
+
+instead reports the prompt's last prefill: the device's work outside any graph from the
+first embedding kernel (a forward's first launch) of the last stretch between graph nodes
+that has one, to the next graph node or the trace's end (the prefill's chunks, its draw
+and their copies; with `varent bench --runs 2` the second run's, past the first run's
+cold start). It prints the span
+against the busy time and each kernel's launches, total time and share of the busy
+time, the largest first. Exit status 1 when the trace holds no embedding kernel.
 """
 import argparse
 import os
@@ -182,6 +192,45 @@ def report(path, kind, tsv, append):
     return 0
 
 
+def prefill_report(path):
+    recs, dropped = parse(path)
+    device = sorted((r for r in recs if r.kind != "A"), key=lambda r: r.start)
+    stretches, cur = [], []  # the device's work outside graphs, cut at each graph node
+    for r in device:
+        if r.graph:
+            if cur:
+                stretches.append(cur)
+            cur = []
+        else:
+            cur.append(r)
+    if cur:
+        stretches.append(cur)
+    work = []
+    for st in reversed(stretches):
+        i = next((i for i, r in enumerate(st) if r.kind == "K" and "embed_kernel" in r.name), None)
+        if i is not None:
+            work = st[i:]
+            break
+    if not work:
+        print(f"trace_report: {path}: no embedding kernel outside a graph: no prefill in the trace", file=sys.stderr)
+        return 1
+    first = work[0]
+    names = short_names({r.name for r in work})
+    span = (max(r.end for r in work) - first.start) / 1e3
+    busy = union_us(work)
+    print(f"prefill: {len(work)} kernels and copies, the last prefill up to its decode graph "
+          f"({dropped} records dropped)")
+    print(f"  span {span:.1f} us, busy {busy:.1f} us ({100 * busy / span if span > 0 else 0:.0f}%), "
+          f"idle inside {span - busy:.1f} us")
+    per = {}
+    for r in work:
+        per.setdefault(names[r.name], []).append((r.end - r.start) / 1e3)
+    for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  prefill by kernel: {name}: {len(v)} x, {sum(v):.1f} us "
+              f"({100 * sum(v) / busy if busy > 0 else 0:.0f}% of busy), median {median(v):.2f} us")
+    return 0
+
+
 def union_us(nodes):
     """The time (us) covered by at least one of the nodes' intervals."""
     total, end = 0, None
@@ -198,10 +247,15 @@ def union_us(nodes):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace")
-    ap.add_argument("--kind", required=True, help="the step kind's name in the TSV (greedy, armed-temp1, ...)")
-    ap.add_argument("--tsv", required=True, help="the per-node table to write")
+    ap.add_argument("--kind", help="the step kind's name in the TSV (greedy, armed-temp1, ...)")
+    ap.add_argument("--tsv", help="the per-node table to write")
     ap.add_argument("--append", action="store_true", help="append to the table (its header once)")
+    ap.add_argument("--prefill", action="store_true", help="report the prompt's prefill by kernel instead")
     a = ap.parse_args()
+    if a.prefill:
+        sys.exit(prefill_report(a.trace))
+    if not a.kind or not a.tsv:
+        ap.error("--kind and --tsv are required (or --prefill)")
     sys.exit(report(a.trace, a.kind, a.tsv, a.append))
 
 

@@ -185,6 +185,7 @@ static void print_step_counts(const session *s, long syncs, int n) {
            c.launches, (double)c.launches / s->m.cfg.n_layers, c.graph_nodes, (double)syncs / n);
     char line[512];
     if (cli_tune_line(&c, line, sizeof line)) printf("%s (its timed steps fell in the first run)\n", line);
+    if (cli_persist_line(s->decode_persistent, &c, line, sizeof line)) printf("%s (all runs)\n", line);
 }
 
 // Decode seconds of one generate() run of n tokens under the named sampler.

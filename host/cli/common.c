@@ -237,6 +237,15 @@ int cli_tune_line(const cuda_step_counts *c, char *buf, size_t n) {
     return 1;
 }
 
+int cli_persist_line(int decode_persistent, const cuda_step_counts *c, char *buf, size_t n) {
+    if (decode_persistent != 1) return 0;
+    snprintf(buf, n, "decode kernel: persistent, %ld steps (weight ring %d KiB a block, inputs staged up to %d floats); "
+             "%ld on the graph path instead%s%s%s", c->persist_steps, c->persist_ring / 1024, c->persist_stage,
+             c->persist_fallbacks, c->fallback_why ? " (last: " : "", c->fallback_why ? c->fallback_why : "",
+             c->fallback_why ? ")" : "");
+    return 1;
+}
+
 int cli_lookahead(args *a) { return (int)args_int_range(a, "--lookahead", CUDA_LOOP_DEPTH, 0, CUDA_LOOP_DEPTH); }
 
 void cli_session_opts(args *a, session_opts *o) {

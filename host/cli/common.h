@@ -21,6 +21,9 @@ int cli_decode_persistent(args *a);
 // What --decode-kernel auto chose and why, as a line for --stats and bench, into buf;
 // 0 (buf untouched) when auto was not asked for.
 int cli_tune_line(const cuda_step_counts *c, char *buf, size_t n);
+// --decode-kernel persistent (decode_persistent 1): the steps it ran, its ring and staged
+// inputs, and the steps that took the graph path with the last reason; 0 otherwise.
+int cli_persist_line(int decode_persistent, const cuda_step_counts *c, char *buf, size_t n);
 // --lookahead N (0..CUDA_LOOP_DEPTH, default CUDA_LOOP_DEPTH): session_opts.lookahead.
 int cli_lookahead(args *a);
 // --tp, --tp-timeout, --devices: tensor parallelism under mpirun or over the GPUs of one

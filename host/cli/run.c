@@ -536,11 +536,8 @@ static void run_stats(const session *s, const gen_stats *st, uint64_t seed) {
     cuda_forward_counts(s->cu, &c);
     char line[512];
     if (cli_tune_line(&c, line, sizeof line)) fprintf(stderr, "%s\n", line);
-    if (s->decode_persistent == 1)  // steps the persistent kernel does not support take the graph path
-        fprintf(stderr, "decode kernel: persistent, %ld steps (weight ring %d KiB a block, inputs staged up to %d "
-                "floats); %ld on the graph path instead%s%s%s\n", c.persist_steps, c.persist_ring / 1024,
-                c.persist_stage, c.persist_fallbacks, c.fallback_why ? " (last: " : "", c.fallback_why ? c.fallback_why : "",
-                c.fallback_why ? ")" : "");
+    // steps the persistent kernel does not support take the graph path
+    if (cli_persist_line(s->decode_persistent, &c, line, sizeof line)) fprintf(stderr, "%s\n", line);
 }
 
 // --display-prompt: the prompt as given (or its ids decoded), before the text.

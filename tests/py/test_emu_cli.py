@@ -202,8 +202,27 @@ def test_step_counts(tmp):
         launches, nodes, syncs, line = step_line(d, ("VARENT_CUDA_GRAPHS", "0"))
         check(launches == want and nodes == 0 and syncs == 1.0, f"{name}_no_graph",
               f"{line!r}: want {want} launches, 0 graph nodes")
+    test_bench_persistent(os.path.join(tmp, "llama3-tiny"))
     test_sampler_syncs(os.path.join(tmp, "llama3-tiny"))
     test_prefill_waits(os.path.join(tmp, "llama3-tiny"))
+
+
+def test_bench_persistent(d):
+    """bench --decode-kernel persistent says how many steps ran persistent and how many fell
+    back (the GPU window's A/B variants and its 8B row read it): one launch a greedy step,
+    every decode step of its run persistent, none on the graph path."""
+    import subprocess
+    e = {k: v for k, v in os.environ.items() if not k.startswith("VARENT_CUDA_PERSIST_")}
+    e["VARENT_CUDA_PERSIST_GRID"] = "4"
+    args = ["bench", "-m", d, "--device", "cuda", "-n", 4, "--prompt-len", 5, "--runs", 1, "--sampler", "none",
+            "--decode-kernel", "persistent"]
+    r = subprocess.run([EMU, *map(str, args)], capture_output=True, text=True, timeout=300, env=e)
+    m = re.search(r"^decode kernel: persistent, (\d+) steps \(weight ring \d+ KiB a block, inputs staged up to \d+ "
+                  r"floats\); (\d+) on the graph path instead \(all runs\)$", r.stdout, re.M)
+    step = re.search(r"^decode step (\d+) kernel launches", r.stdout, re.M)
+    ok = r.returncode == 0 and m is not None and int(m.group(1)) >= 3 and m.group(2) == "0" and step is not None \
+        and step.group(1) == "1"
+    check(ok, "emu_bench_persistent_says_its_steps", (r.stdout + r.stderr).strip()[-600:])
 
 
 PREFILL_LINE = re.compile(r"prefill\s+(\d+) tokens: [\d.]+ tok/s \(median of \d+(?:; to the device's finish, "

@@ -39,6 +39,9 @@ typedef struct cuda_ctx {
                                   // until a GPU window times it)
     int att_split_keys;           // decode attention: keys per live split (-1: one key tile;
                                   // 0: every split of the capacity); VARENT_CUDA_ATT_SPLIT_KEYS
+    int prefill_tiled;            // prefill attention in tiles of keys shared by a block's
+                                  // queries (head_dim 64, 128; the same bits as the kernel of
+                                  // one block per query and head); VARENT_CUDA_PREFILL_TILED=0: off
     cudaStream_t stream;          // every op runs on this stream
     struct cublasContext *cublas; // cuBLAS handle bound to stream
     struct cuda_blas *blas;       // the functions cublas is used through (owned)

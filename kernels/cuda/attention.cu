@@ -4,7 +4,8 @@
 // Decode (T == 1) is in attention_decode.cu (flash-decoding, split + fused combine);
 // this file holds the entry point cuda_attention, which sends T == 1 there, and:
 // Prefill (T > 1): attn_prefill_kernel grid (T, n_heads), one block per (query, head),
-//   keys in tiles of blockDim with an online softmax. Simple and correct first.
+//   keys in tiles of blockDim with an online softmax: the shapes the tiled kernel
+//   (attention_prefill.cu, the same bits) does not take, and VARENT_CUDA_PREFILL_TILED=0.
 // Stats (cuda_attn_stats), entropix's four attention metrics from the last query's
 //   captured scores [n_heads, n_keys], the twin of cpu_attn_stats:
 //   attn_stats_head_kernel  grid (n_heads): lse_h, entropy E_h, sum_j |s_h(j)| per head
@@ -258,6 +259,7 @@ extern "C" int cuda_attention_paged(cuda_ctx *ctx, float *out, const float *q, k
                  "cuda_attention: KV buffers must be 16-byte aligned");
     CUDA_REQUIRE(ctx, T <= 65535, "cuda_attention: T=%d exceeds the grid limit", T);
     if (T == 1) return attn_decode_span(ctx, out, q, kv, pg, s, last_scores);
+    if (attn_prefill_tiled_ok(ctx, s)) return attn_prefill_tiled(ctx, out, q, kv, pg, T, s, last_scores);
     const uint16_t *kt = (const uint16_t *)kv.k_trunk, *vt = (const uint16_t *)kv.v_trunk;
     const uint16_t *kl = (const uint16_t *)kv.k_tail, *vl = (const uint16_t *)kv.v_tail;
     dim3 grid(T, s.n_heads);

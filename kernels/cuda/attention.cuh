@@ -42,6 +42,12 @@ __device__ __forceinline__ float dot_q_k(const float *q, const uint16_t *k, int 
     return s;
 }
 
+// attention_prefill.cu: the tiled prefill (T > 1), the same bits as attn_prefill_kernel;
+// for head_dim 64 and 128 and groups of up to 16 heads, when ctx->prefill_tiled.
+extern "C" int attn_prefill_tiled_ok(const cuda_ctx *ctx, attn_shape s);
+int attn_prefill_tiled(cuda_ctx *ctx, float *out, const float *q, kv_span kv, kv_pages pg, int T, attn_shape s,
+                       float *last_scores);
+
 // attention_decode.cu. The decode part of the shape check: the GQA group fits one of the
 // decode kernels' shared memory (error in ctx->err, -1, otherwise 0).
 int attn_decode_shape_check(cuda_ctx *ctx, attn_shape s);

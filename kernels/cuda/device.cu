@@ -51,6 +51,8 @@ extern "C" int cuda_init(cuda_ctx *ctx, int device, verr *err) {
     ctx->mv_deep = deep && !strcmp(deep, "1");
     const char *ask = getenv("VARENT_CUDA_ATT_SPLIT_KEYS");
     ctx->att_split_keys = ask && *ask ? atoi(ask) : -1;
+    const char *pt = getenv("VARENT_CUDA_PREFILL_TILED");
+    ctx->prefill_tiled = !(pt && !strcmp(pt, "0"));
 #undef INIT_CHECK
     ctx->blas = (struct cuda_blas *)calloc(1, sizeof *ctx->blas);
     if (!ctx->blas || cuda_blas_load(ctx->blas, err)) {

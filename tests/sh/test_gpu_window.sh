@@ -72,6 +72,35 @@ EOF
 grep -q 'step span 10.0 us, busy 10.0 us (100%), idle inside 0.0 us; nodes overlapped 2.0 us' "$TMP/overlap.txt"
 ok trace_report_overlapping_nodes $? "$(cat "$TMP/overlap.txt")"
 
+# The prefill report (--prefill) on a planted trace of two runs: the second run's prefill,
+# two chunks (two embedding kernels), a gap of 1.5 us inside, up to its graph's first node.
+cat >"$TMP/prefill.raw" <<'EOF'
+# varent-trace 1
+K	1000	2000	1	0	0	3	embed_kernel
+K	2000	5000	2	0	0	3	cublasGemmEx
+A	5500	5600	3	0	0	9	cudaGraphLaunch_v10000
+K	6000	7000	3	7	30064771072	3	_Z2k1v
+K	10000	11000	4	0	0	3	embed_kernel
+K	11500	14500	5	0	0	3	cublasGemmEx
+K	14500	16500	6	0	0	3	attn_prefill_kernel
+K	17000	17500	7	0	0	3	embed_kernel
+K	17500	19500	8	0	0	3	cublasGemmEx
+M	20000	20500	9	0	0	3	memcpy-DtoH-24
+A	20600	20700	10	0	0	9	cudaGraphLaunch_v10000
+K	21000	22000	10	7	30064771072	3	_Z2k1v
+EOF
+out=$("$PY" tools/trace_report.py "$TMP/prefill.raw" --prefill 2>&1)
+rc=$?
+[ $rc -eq 0 ] && [[ $out == *"prefill: 6 kernels and copies"* ]] &&
+    [[ $out == *"span 10.5 us, busy 9.0 us (86%), idle inside 1.5 us"* ]] &&
+    [[ $out == *$'\n  prefill by kernel: cublasGemmEx: 2 x, 5.0 us (56% of busy), median 2.50 us\n  prefill by kernel: attn_prefill_kernel: 1 x, 2.0 us'* ]] &&
+    [[ $out == *"embed_kernel: 2 x, 1.5 us (17% of busy), median 0.75 us"* ]]
+ok trace_report_prefill_planted $? "rc $rc: $out"
+out=$("$PY" tools/trace_report.py "$TMP/planted.raw" --prefill 2>&1)
+rc=$?
+[ $rc -eq 1 ] && [[ $out == *"no embedding kernel outside a graph"* ]]
+ok trace_report_prefill_none $? "rc $rc: $out"
+
 # ---- the persistent kernel's phase trace (tools/persist_trace.py) on a planted one ------------------
 # grid 2, one layer; qkv: blocks (1000, 3000, 5000) and (900, 2000, 6000): span 5.1 us,
 # waits 2.0 and 1.1 (median 1.55), work 2.0 and 4.0 (3.0); the step 0 to 20 us.
@@ -178,6 +207,16 @@ grep -A3 '^stage trace' "$S" >/dev/null && grep -Eq '^  persist trace .*persist-
     grep -Eq '^  qkv +2 +[0-9.]+ ' "$S" && grep -Eq '^  lm_head +1 +[0-9.]+ ' "$S"
 ok gpu_window_persist_phase_trace $? "$(grep -A10 '^  persist trace' "$S")"
 
+# The trace stage's prefill: the PROMPT-token prefill (4 tokens emulated) kernel by kernel.
+grep -Eq '^  prefill trace of 4 tokens; varent bench \(traced\): +4 tokens: ' "$S" &&
+    grep -Eq '^  prefill: [0-9]+ kernels and copies' "$S" &&
+    grep -Eq '^    prefill by kernel: attn_prefill_kernel: 2 x, ' "$S"
+ok gpu_window_prefill_trace $? "$(grep -i 'prefill' "$S" | head -8)"
+
+# The kbench stage's prefill attention bench: both kernels at the tiny shape.
+grep -Eq '^  prefill attention tiny +hd=64 heads=4/2 T=8 keys=20: simple +[0-9.]+ us, tiled +[0-9.]+ us' "$S"
+ok gpu_window_kbench_prefill_attention $? "$(grep -A5 '^stage kbench' "$S")"
+
 # The A/B: both builds in every round, interleaved, and their ratio.
 n_cur=$(awk '$2 == "current" && $4 + 0 > 0' "$TMP/out/ab.tsv" 2>/dev/null | wc -l)
 n_base=$(awk '$2 == "base" && $4 + 0 > 0' "$TMP/out/ab.tsv" 2>/dev/null | wc -l)
@@ -189,6 +228,19 @@ grep -q 'variant graphs-off (VARENT_CUDA_GRAPHS=0): decode [0-9.]* tok/s (curren
 ok gpu_window_ab_variant_takes_its_env $? "$(grep 'variant' "$S")"
 grep -Eq "the current timed the baseline's way \(VARENT_BENCH_PREFILL_WAIT=0\): prefill [0-9.]+ tok/s, baseline [0-9.]+ tok/s: [0-9.]+x" "$S"
 ok gpu_window_ab_prefill_timed_alike $? "$(grep -i 'prefill' "$S")"
+
+# The big stage (issue 34's 8B row): each decode kernel's decode and its share of the probed
+# read bandwidth ("-": the planted hang left the facts stage without a probe), and the
+# persistent run's steps with none on the graph path.
+if grep -q '^stage big: done (' "$S"; then
+    grep -Eq '^  qwen3-tiny \(graph\): decode +4 tokens: [0-9.]+ tok/s' "$S" &&
+        grep -Eq '^  qwen3-tiny \(persistent\): decode +4 tokens: [0-9.]+ tok/s' "$S" &&
+        grep -Eq '^  qwen3-tiny \(persistent\): - of the probe kernel.s read bandwidth \([0-9.]+ of - GB/s; the goal: 0.85\)' "$S" &&
+        grep -Eq '^  qwen3-tiny \(persistent\): decode kernel: persistent, [0-9]+ steps .*; 0 on the graph path instead' "$S"
+    ok gpu_window_big_on_both_kernels $? "$(grep -A12 '^stage big' "$S")"
+else
+    echo "FAIL gpu_window_big_on_both_kernels: $(grep '^stage big' "$S")"
+fi
 
 # every raw log of the window
 mkdir -p "$TMP/logs"

@@ -167,6 +167,11 @@ int cuda_rmsnorm_residual(cuda_ctx *ctx, float *out, float *x, const float *y, w
 // 16-bit type in scratch (bf16/f16 inputs, fp32 compute and output); f32 weights run
 // a full fp32 GEMM. Needs cuda_matmul_scratch_bytes(T, n_in) of scratch for T > 1.
 int cuda_matmul(cuda_ctx *ctx, float *out, const float *x, wref w, int T, int n_in, int n_out);
+// cuda_matmul over consecutive row ranges of one matrix (a fused q|k|v or gate|up):
+// outs[i][T, n_outs[i]] = x @ (rows n_outs[0] + ... + n_outs[i-1] onward of w)^T, x
+// rounded to 16 bits once for all parts; each part the bits of cuda_matmul on its rows.
+int cuda_matmul_parts(cuda_ctx *ctx, float *const *outs, const float *x, wref w, int T, int n_in,
+                      const int *n_outs, int n_parts);
 // Batch-1 matvec only: out[n_out] = w[n_out, n_in] @ x[n_in]
 int cuda_matvec(cuda_ctx *ctx, float *out, const float *x, wref w, int n_in, int n_out);
 // The matvec for B sequences of one token each (batched decode): row r of x [B, n_in]

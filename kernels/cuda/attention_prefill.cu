@@ -22,21 +22,30 @@
 #define PF_PSTRIDE (PF_TILE + 1)  // floats of a row of p_s: one more, so the rows' threads
                                   // walking their rows key by key read different banks
 
+// the scores: each thread one key of a piece against half the rows
+static_assert(ATT_THREADS == 2 * PF_SUB && PF_ROWS % 2 == 0, "a block is two threads a key of a piece");
+
 // The rows a block takes for a group of G heads (G <= PF_ROWS): whole queries.
 __host__ __device__ __forceinline__ int pf_queries(int G) { return PF_ROWS / G; }
 
-// dot_q_k's sums from a shared-memory key row: the same order, the same bits.
+// Eight rows' scores against one shared-memory key row, each summed as dot_q_k sums it
+// (dimension by dimension: the same bits). The key's chunk is widened once for the eight
+// rows, whose q chunks a warp reads together (all its lanes take the same rows).
 template <int HD>
-__device__ __forceinline__ float pf_dot(const float *q, const uint16_t *k) {
-    float s = 0.f;
-#pragma unroll 4
+__device__ __forceinline__ void pf_dots(float sc[PF_ROWS / 2], const float *q, const uint16_t *k) {
+#pragma unroll
+    for (int rr = 0; rr < PF_ROWS / 2; rr++) sc[rr] = 0.f;
+#pragma unroll 2
     for (int c = 0; c < HD / 8; c++) {
         float f[8];
         unpack8<WT_BF16>(*(const uint4 *)(k + 8 * c), f);
 #pragma unroll
-        for (int e = 0; e < 8; e++) s = fmaf(q[8 * c + e], f[e], s);
+        for (int rr = 0; rr < PF_ROWS / 2; rr++) {
+            const float *qc = q + rr * HD + 8 * c;
+#pragma unroll
+            for (int e = 0; e < 8; e++) sc[rr] = fmaf(qc[e], f[e], sc[rr]);
+        }
     }
-    return s;
 }
 
 // Rows [kb, kb + n) of K or V (KV head kvh) into kv_s: rows of HD + 8 bf16, the 16 bytes
@@ -71,7 +80,7 @@ struct pf_args {
     float scale;
 };
 
-// grid (ceil(T / QB), n_kv), block ATT_THREADS (4 warps).
+// grid (ceil(T / QB), n_kv), block ATT_THREADS (4 warps: 2 x PF_SUB threads).
 // smem: q_s[PF_ROWS][HD] f32 | p_s[PF_ROWS][PF_PSTRIDE] f32 | kv_s[PF_SUB][HD + 8] bf16 |
 //       m_s, c_s[PF_ROWS] f32 | nt_s[PF_ROWS] int.
 // Row r is head kvh * G + r % G of query qb * QB + r / G. For the values, thread
@@ -109,10 +118,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_prefill_tiled_kernel(pf_args
             __syncthreads();  // kv_s and (first piece) p_s are free
             pf_load<HD>(kv_s, a.k_trunk, a.k_tail, a.n_trunk, kb, n, kv_dim, kvh, a.table, a.shift);
             __syncthreads();
-            for (int i = tid; i < R * PF_SUB; i += blockDim.x) {
-                int r = i / PF_SUB, j = i - r * PF_SUB, t = t0 + r / G;
-                if (j >= n || t >= a.T || kb + j >= a.n_keys - a.T + t + 1) continue;
-                float s = pf_dot<HD>(q_s + r * HD, kv_s + j * (HD + 8)) * a.scale;
+            float sc[PF_ROWS / 2];
+            pf_dots<HD>(sc, q_s + (tid / PF_SUB) * (PF_ROWS / 2) * HD, kv_s + (tid % PF_SUB) * (HD + 8));
+#pragma unroll
+            for (int rr = 0; rr < PF_ROWS / 2; rr++) {
+                int r = (tid / PF_SUB) * (PF_ROWS / 2) + rr, j = tid % PF_SUB, t = t0 + r / G;
+                if (r >= R || j >= n || t >= a.T || kb + j >= a.n_keys - a.T + t + 1) continue;
+                float s = sc[rr] * a.scale;
                 p_s[r * PF_PSTRIDE + kb - k0 + j] = s;
                 if (a.last_scores && t == a.T - 1) a.last_scores[(size_t)(kvh * G + r % G) * a.n_keys + kb + j] = s;
             }

@@ -232,12 +232,9 @@ extern "C" size_t cuda_matmul_scratch_bytes(int max_T, int max_n_in) {
     return (size_t)max_T * (size_t)max_n_in * 2;
 }
 
-extern "C" int cuda_matmul(cuda_ctx *ctx, float *out, const float *x, wref w, int T, int n_in,
-                           int n_out) {
-    CUDA_REQUIRE(ctx, T >= 0 && n_in > 0 && n_out > 0, "cuda_matmul: bad shape T=%d n_in=%d n_out=%d",
-                 T, n_in, n_out);
-    if (T == 0) return 0;
-    if (T == 1) return cuda_matvec(ctx, out, x, w, n_in, n_out);
+// out[T, n_out] = x @ w^T by cuBLAS, x given as x (f32 weights) or as its 16-bit
+// rounding in ctx->scratch (bf16 / f16 weights: the caller converted it).
+static int gemm(cuda_ctx *ctx, float *out, const float *x, wref w, int T, int n_in, int n_out) {
     const float alpha = 1.f, beta = 0.f;
     cublasHandle_t h = (cublasHandle_t)ctx->cublas;
     // Row-major out[T, n_out] is column-major out^T [n_out, T] = W x^T with W stored
@@ -248,17 +245,50 @@ extern "C" int cuda_matmul(cuda_ctx *ctx, float *out, const float *x, wref w, in
                                        n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return 0;
     }
-    size_t need = cuda_matmul_scratch_bytes(T, n_in);
-    CUDA_REQUIRE(ctx, ctx->scratch && ctx->scratch_bytes >= need,
-                 "cuda_matmul: scratch too small: need %zu bytes, have %zu (cuda_reserve_scratch)",
-                 need, ctx->scratch_bytes);
-    size_t n = (size_t)T * n_in;
-    int to_f16 = w.type == WT_F16;
-    f32_to_16_kernel<<<cdiv_u(n, 256), 256, 0, ctx->stream>>>((uint16_t *)ctx->scratch, x, n, to_f16);
-    CUDA_CHECK_LAUNCH(ctx, "f32_to_16_kernel");
-    cudaDataType_t dt = to_f16 ? CUDA_R_16F : CUDA_R_16BF;
+    cudaDataType_t dt = w.type == WT_F16 ? CUDA_R_16F : CUDA_R_16BF;
     CUBLAS_CHECK(ctx, ctx->blas->gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, T, n_in, &alpha, w.data, dt,
                                    n_in, ctx->scratch, dt, n_in, &beta, out, CUDA_R_32F, n_out,
                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+// x[T, n_in] rounded to w's 16-bit type into ctx->scratch (nothing for f32 weights).
+static int round_x(cuda_ctx *ctx, const char *who, const float *x, wref w, int T, int n_in) {
+    if (w.type == WT_F32) return 0;
+    size_t need = cuda_matmul_scratch_bytes(T, n_in);
+    CUDA_REQUIRE(ctx, ctx->scratch && ctx->scratch_bytes >= need,
+                 "%s: scratch too small: need %zu bytes, have %zu (cuda_reserve_scratch)", who, need,
+                 ctx->scratch_bytes);
+    size_t n = (size_t)T * n_in;
+    f32_to_16_kernel<<<cdiv_u(n, 256), 256, 0, ctx->stream>>>((uint16_t *)ctx->scratch, x, n, w.type == WT_F16);
+    CUDA_CHECK_LAUNCH(ctx, "f32_to_16_kernel");
+    return 0;
+}
+
+extern "C" int cuda_matmul(cuda_ctx *ctx, float *out, const float *x, wref w, int T, int n_in,
+                           int n_out) {
+    CUDA_REQUIRE(ctx, T >= 0 && n_in > 0 && n_out > 0, "cuda_matmul: bad shape T=%d n_in=%d n_out=%d",
+                 T, n_in, n_out);
+    if (T == 0) return 0;
+    if (T == 1) return cuda_matvec(ctx, out, x, w, n_in, n_out);
+    if (round_x(ctx, "cuda_matmul", x, w, T, n_in)) return -1;
+    return gemm(ctx, out, x, w, T, n_in, n_out);
+}
+
+extern "C" int cuda_matmul_parts(cuda_ctx *ctx, float *const *outs, const float *x, wref w, int T, int n_in,
+                                 const int *n_outs, int n_parts) {
+    CUDA_REQUIRE(ctx, T >= 0 && n_in > 0 && n_parts >= 1, "cuda_matmul_parts: bad shape T=%d n_in=%d, %d parts",
+                 T, n_in, n_parts);
+    for (int i = 0; i < n_parts; i++)
+        CUDA_REQUIRE(ctx, n_outs[i] > 0, "cuda_matmul_parts: part %d has %d rows", i, n_outs[i]);
+    if (T == 0) return 0;
+    if (T > 1 && round_x(ctx, "cuda_matmul_parts", x, w, T, n_in)) return -1;
+    size_t row0 = 0;
+    for (int i = 0; i < n_parts; i++) {
+        wref wi = { (const char *)w.data + row0 * n_in * wtype_size(w.type), w.type };
+        int rc = T == 1 ? cuda_matvec(ctx, outs[i], x, wi, n_in, n_outs[i]) : gemm(ctx, outs[i], x, wi, T, n_in, n_outs[i]);
+        if (rc) return rc;
+        row0 += (size_t)n_outs[i];
+    }
     return 0;
 }

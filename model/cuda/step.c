@@ -80,10 +80,9 @@ static int prefill_layer(cuda_forward *d, int l, int T, int cap, int hk, verr *e
         return 0;
     }
     float *q = f->qkv, *k = q + (size_t)T * q_dim, *v = k + (size_t)T * kv_dim;  // [T,q] [T,kv] [T,kv]
-    OP(cuda_matmul(x, q, f->xb, cuda_rows_of(L->wqkv, 0, dim), T, dim, q_dim));
-    OP(cuda_matmul(x, k, f->xb, cuda_rows_of(L->wqkv, q_dim, dim), T, dim, kv_dim));
-    OP(cuda_matmul(x, v, f->xb, cuda_rows_of(L->wqkv, q_dim + kv_dim, dim), T, dim, kv_dim));
     float *qkv_out[3] = { q, k, v };
+    int qkv_rows[3] = { q_dim, kv_dim, kv_dim };
+    OP(cuda_matmul_parts(x, qkv_out, f->xb, L->wqkv, T, dim, qkv_rows, 3));  // xb rounded once
     for (int p = LORA_Q; p <= LORA_V; p++)
         if (cuda_lora_on(f, &d->lora, l, (lora_proj)p) && cuda_lora_apply(f, &d->lora, l, (lora_proj)p, qkv_out[p], f->xb, T, 0, err))
             return -1;
@@ -112,8 +111,9 @@ static int prefill_layer(cuda_forward *d, int l, int T, int cap, int hk, verr *e
     OP(cuda_rmsnorm_residual(x, f->xb, f->x, f->y, L->ffn_norm, T, dim, eps));
     if (cuda_hooks_point(f, &d->hk, hk, l, HOOK_RESID_MID, f->x, T, err)) return -1;
     float *gate = f->hb, *up = f->hb + (size_t)T * hid;
-    OP(cuda_matmul(x, gate, f->xb, cuda_rows_of(L->w_gu, 0, dim), T, dim, hid));
-    OP(cuda_matmul(x, up, f->xb, cuda_rows_of(L->w_gu, hid, dim), T, dim, hid));
+    float *gu_out[2] = { gate, up };
+    int gu_rows[2] = { hid, hid };
+    OP(cuda_matmul_parts(x, gu_out, f->xb, L->w_gu, T, dim, gu_rows, 2));
     if ((cuda_lora_on(f, &d->lora, l, LORA_GATE) && cuda_lora_apply(f, &d->lora, l, LORA_GATE, gate, f->xb, T, 0, err)) ||
         (cuda_lora_on(f, &d->lora, l, LORA_UP) && cuda_lora_apply(f, &d->lora, l, LORA_UP, up, f->xb, T, 0, err)))
         return -1;

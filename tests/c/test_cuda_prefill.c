@@ -1,5 +1,5 @@
-// test_cuda_prefill.c: the tiled prefill attention (kernels/cuda/attention_prefill.cu),
-// cuda_attention with T > 1 queries:
+// test_cuda_prefill.c: the prefill's device ops. The tiled prefill attention
+// (kernels/cuda/attention_prefill.cu), cuda_attention with T > 1 queries:
 //   - against attn_prefill_kernel, the kernel of one block per (query, head) it stands in
 //     for (C.prefill_tiled = 0, VARENT_CUDA_PREFILL_TILED=0): the outputs and the last
 //     query's scores bit for bit;
@@ -11,6 +11,9 @@
 // shuffled 16-position blocks whose unmapped rows are NaN. The outputs are NaN-poisoned
 // first and a guard past them must stay untouched. Shapes the tiled kernel does not take
 // (head_dim 80, a group of 20 heads) still match the CPU (the other kernel runs).
+// Also cuda_matmul_parts (the prefill's q|k|v and gate|up from one rounding of x): each
+// part bit for bit cuda_matmul on its rows, for bf16, f16 and f32 weights, T = 1 and T > 1,
+// nothing written past a part, and a part of no rows an error.
 // --bench: both kernels at the prefill shapes of the goal tables' models (a 512-token
 // prompt, its second 256-token chunk, a last chunk after 3840 keys), each call timed over
 // 20 (median of 3 rounds), `BENCH prefill attention ...` lines (the GPU window's kbench
@@ -136,6 +139,42 @@ static void prefill_case(pf_case c) {
     cuda_free(dq), cuda_free(dout), cuda_free(dsc);
 }
 
+static void matmul_parts_case(wtype t, int T) {
+    enum { N_IN = 72, P = 3 };
+    int rows[P] = {40, 8, 24}, n_out = 72;
+    void *raw = wmake(t, (size_t)n_out * N_IN, 0.1f), *dw = dup_up(raw, (size_t)n_out * N_IN * wtype_size(t));
+    float *x = fvec((size_t)T * N_IN, 1.f), *dx = dup_up(x, (size_t)T * N_IN * 4);
+    OK(cuda_reserve_scratch(&C, cuda_matmul_scratch_bytes(T, N_IN)));
+    float *parts[P], *want[P];
+    size_t row0 = 0;
+    long diff = 0, guard = 0;
+    for (int i = 0; i < P; i++) {
+        size_t n = (size_t)T * rows[i];
+        parts[i] = dalloc((n + GUARD) * 4);
+        want[i] = dalloc(n * 4);
+        wref wi = {(const char *)dw + row0 * N_IN * wtype_size(t), t};
+        OK(cuda_matmul(&C, want[i], dx, wi, T, N_IN, rows[i]));
+        row0 += rows[i];
+    }
+    wref w = {dw, t};
+    OK(cuda_matmul_parts(&C, parts, dx, w, T, N_IN, rows, P));
+    for (int i = 0; i < P; i++) {
+        size_t n = (size_t)T * rows[i];
+        float *g = fdown(parts[i], n + GUARD), *r = fdown(want[i], n);
+        diff += memcmp(g, r, n * 4) != 0;
+        guard += !guard_kept(g, n);
+        free(g), free(r);
+        cuda_free(parts[i]), cuda_free(want[i]);
+    }
+    CHECK(diff == 0 && guard == 0, NAME("cuda_matmul_parts equals cuda_matmul on each part, %s T=%d", wtype_name(t), T),
+          "%ld parts differ, %ld wrote past their end", diff, guard);
+    int bad[P] = {40, 0, 24};
+    CHECK(cuda_matmul_parts(&C, parts, dx, w, T, N_IN, bad, P) != 0 && strstr(C.err.msg, "part 1 has 0 rows"),
+          NAME("cuda_matmul_parts: a part of no rows is an error, %s T=%d", wtype_name(t), T), "%s", C.err.msg);
+    free(raw), free(x);
+    cuda_free(dw), cuda_free(dx);
+}
+
 // Microseconds a call of cuda_attention (T > 1) takes, tiled or not: the median of 3
 // rounds of `iters` calls each.
 static double time_one(cudaEvent_t e0, cudaEvent_t e1, kv_span ds, const float *dq, float *dout, int T,
@@ -200,6 +239,11 @@ int main(int argc, char **argv) {
         bench(!strcmp(argv[1], "--bench-quick"));
         cuda_destroy(&C);
         return 0;
+    }
+    const wtype types[] = {WT_BF16, WT_F16, WT_F32};
+    for (int i = 0; i < 3; i++) {
+        matmul_parts_case(types[i], 1);
+        matmul_parts_case(types[i], 37);
     }
     const int Gs[] = {1, 2, 3, 4, 5, 8, 16};
     for (int hi = 0; hi < 2; hi++)

@@ -5,7 +5,7 @@
 // attn_prefill_kernel runs one block per (query, head): every block reads all its keys
 // and values from L2, a group's G heads read them G times, each of its 128 threads sums
 // a whole key tile's max and exp sum on its own, and a value is one 2-byte load through
-// the block table per multiply-add. Here one block takes R_MAX = 16 rows, the G heads of
+// the block table per multiply-add. Here one block takes PF_ROWS = 16 rows, the G heads of
 // QB = 16 / G consecutive queries that share a KV head: it copies each 64-key piece of K,
 // then of V, into shared memory once (16-byte loads, every line whole) and every row
 // reads it there.
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_prefill_tiled_kernel(pf_args
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[i][e] = 0.f;
     for (int k0 = 0; k0 < n_max; k0 += PF_TILE) {
-        // 1. scores of the tile, a 64-key piece of K at a time; pair (r, j) per thread
+        // 1. scores of the tile, a 64-key piece of K at a time: a thread's key against 8 rows
         for (int kb = k0; kb < min(k0 + PF_TILE, n_max); kb += PF_SUB) {
             int n = min(PF_SUB, n_max - kb);
             __syncthreads();  // kv_s and (first piece) p_s are free

@@ -23,9 +23,8 @@ instead reports the prompt's last prefill: the device's work outside any graph f
 first embedding kernel (a forward's first launch) of the last stretch between graph nodes
 that has one, to the next graph node or the trace's end (the prefill's chunks, its draw
 and their copies; with `varent bench --runs 2` the second run's, past the first run's
-cold start). It prints the span
-against the busy time and each kernel's launches, total time and share of the busy
-time, the largest first. Exit status 1 when the trace holds no embedding kernel.
+cold start). It prints the span against the busy time and each kernel's launches, total
+time and share of the busy time, the largest first. Exit status 1 when the trace holds no embedding kernel.
 """
 import argparse
 import os
